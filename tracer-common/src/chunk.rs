@@ -1,0 +1,55 @@
+//! What the eBPF programs put into the BPF ring buffer: a [`ChunkHeader`] followed by
+//! `count` [`crate::Record`]s (the used part of a thread's buffer, cut into chunks of at
+//! most [`CHUNK_RECORDS`]).
+
+/// Records per ring-buffer entry at most. 128 × 32 B = 4 KiB per entry.
+pub const CHUNK_RECORDS: usize = 128;
+/// Bytes of one ring-buffer entry (header + full payload); entries are reserved at
+/// this fixed size, `count` says how many records are valid.
+pub const CHUNK_BYTES: usize = core::mem::size_of::<ChunkHeader>() + CHUNK_RECORDS * crate::RECORD_SIZE;
+
+/// Records drained from a thread's buffer (full buffer, thread exit, or before a
+/// uprobe-site record so that order is kept).
+pub const CHUNK_KIND_RECORDS: u32 = 1;
+/// One record emitted directly by the uprobe fallback program.
+pub const CHUNK_KIND_UPROBE: u32 = 2;
+
+/// Why a drain happened (`ChunkHeader::cause`).
+pub const CAUSE_FULL: u32 = 1;
+pub const CAUSE_THREAD_EXIT: u32 = 2;
+pub const CAUSE_TASK_EXIT: u32 = 3;
+pub const CAUSE_UPROBE_SITE: u32 = 4;
+pub const CAUSE_REGISTER: u32 = 5;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChunkHeader {
+    /// `CHUNK_KIND_*`.
+    pub kind: u32,
+    /// Valid records following the header.
+    pub count: u32,
+    /// Process id (tgid) and thread id of the thread whose records these are.
+    pub pid: u32,
+    pub tid: u32,
+    /// Global sequence number of this chunk (one counter per session, in the
+    /// `SEQ` map): the consumer can tell a missing chunk from a late one.
+    pub seq: u64,
+    /// Identity of the binary the sites belong to (`RwHeader::binary_id`).
+    pub binary_id: u64,
+    /// `CAUSE_*`.
+    pub cause: u32,
+    pub _pad: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<ChunkHeader>() == 40);
+
+/// Indices into the per-CPU `STATS` array map.
+pub const STAT_RECORDS_DELIVERED: u32 = 0;
+/// Records that were in a buffer but found no room in the ring buffer.
+pub const STAT_RECORDS_DROPPED: u32 = 1;
+pub const STAT_CHUNKS: u32 = 2;
+/// Drains that could not read the user buffer (bad pointer, page not present).
+pub const STAT_READ_ERRORS: u32 = 3;
+/// Records skipped because an earlier drain already delivered them.
+pub const STAT_RECORDS_SKIPPED: u32 = 4;
+pub const STAT_COUNT: u32 = 8;

@@ -1,0 +1,134 @@
+//! Memory layout of the RW area that the rewriter adds to every instrumented binary.
+//!
+//! The inline stubs, the injected register/flush code, the eBPF programs and the
+//! tracer all address it by these offsets from its start (`rw_base`, the run-time
+//! address of the new RW segment).
+//!
+//! ```text
+//! rw_base + 0             RwHeader                  (in the file; the rest is bss)
+//! rw_base + PRE_TLS_OFF   pre-TLS TCB: %fs points here in static executables until
+//!                         libc installs the real thread pointer
+//! rw_base + INDEX_OFF     index: [u32; INDEX_ENTRIES], h(tp) → byte offset of the
+//!                         thread's Slot from SLOTS_OFF (0 = slot 0, which never matches)
+//! rw_base + SLOTS_OFF     slots: [Slot; nslots]
+//! rw_base + bufs_off      buffers: nslots × buf_bytes, 64 KiB aligned
+//! ```
+//!
+//! A thread's buffer is found from its thread pointer `tp` (`%fs:0` on x86-64,
+//! `tpidr_el0` on AArch64): `h = (tp >> 16) & 0xffff` (a 16-bit load, no shift, so the
+//! stub leaves the flags alone), `slot = SLOTS + index[h]`, hit when `slot.key == tp`.
+
+/// `RwHeader::magic`.
+pub const RW_MAGIC: u64 = u64::from_le_bytes(*b"UTRCRW01");
+pub const RW_VERSION: u32 = 1;
+
+pub const PRE_TLS_OFF: u64 = 0x1000;
+pub const INDEX_OFF: u64 = 0x2000;
+pub const INDEX_ENTRIES: u64 = 1 << 16;
+pub const SLOTS_OFF: u64 = INDEX_OFF + INDEX_ENTRIES * 4;
+pub const SLOT_SIZE: u64 = 64;
+/// Alignment of the buffer area and of every buffer.
+pub const BUF_ALIGN: u64 = 0x10000;
+
+/// `Slot::key` of a slot that was never used.
+pub const KEY_FREE: u64 = 0;
+/// `Slot::key` of a slot whose thread exited (drained and released by the tracer's
+/// thread-exit program); free to claim again.
+pub const KEY_TOMBSTONE: u64 = 1;
+
+/// Slot 0 is the sentinel every empty index entry points at (its key is never a thread
+/// pointer). Slot 1 is reserved for the pre-TLS phase of static executables.
+pub const SLOT_SENTINEL: u32 = 0;
+pub const SLOT_PRE_TLS: u32 = 1;
+pub const FIRST_FREE_SLOT: u32 = 2;
+
+/// Default geometry chosen by the rewriter.
+pub const DEFAULT_SLOTS: u32 = 1024;
+pub const DEFAULT_BUF_RECORDS: u32 = 1024;
+
+/// Start of the RW area; the only part with file contents.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RwHeader {
+    pub magic: u64,
+    pub version: u32,
+    pub nslots: u32,
+    /// Bytes per buffer (a multiple of `RECORD_SIZE`).
+    pub buf_bytes: u64,
+    /// Offset of the buffer area from `rw_base`.
+    pub bufs_off: u64,
+    /// Identity of this binary (first 8 bytes of its build-id, else a content hash);
+    /// copied into every slot so that the eBPF drain can tag chunks.
+    pub binary_id: u64,
+    /// Records dropped because no slot was free (the table was full).
+    pub no_slot_drops: u64,
+    /// Threads that registered a slot (slow path).
+    pub registrations: u64,
+    /// 1 when the binary is a static executable and the pre-TLS TCB is in use.
+    pub pre_tls: u64,
+}
+
+pub const RWH_MAGIC: u64 = 0;
+pub const RWH_NSLOTS: u64 = 12;
+pub const RWH_BUF_BYTES: u64 = 16;
+pub const RWH_BUFS_OFF: u64 = 24;
+pub const RWH_BINARY_ID: u64 = 32;
+pub const RWH_NO_SLOT_DROPS: u64 = 40;
+pub const RWH_REGISTRATIONS: u64 = 48;
+
+/// One thread's buffer descriptor. 64 bytes, one cache line.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Slot {
+    /// Owner's thread pointer, or `KEY_FREE` / `KEY_TOMBSTONE`.
+    pub key: u64,
+    /// Next free record (absolute address). The stub reserves by storing `cur + 32`
+    /// before it writes the record.
+    pub cur: u64,
+    /// End of the buffer (absolute); `cur == end` after a reservation → flush.
+    pub end: u64,
+    /// Start of the buffer (absolute).
+    pub start: u64,
+    /// Run-time address of the RW area this slot lives in.
+    pub rw_base: u64,
+    /// Copy of `RwHeader::binary_id`.
+    pub binary_id: u64,
+    /// Thread id of the thread that claimed the slot (raw `gettid`).
+    pub owner_tid: u32,
+    /// Incremented every time the slot is claimed.
+    pub generation: u32,
+    pub _reserved: u64,
+}
+
+pub const SLOT_KEY: u64 = 0;
+pub const SLOT_CUR: u64 = 8;
+pub const SLOT_END: u64 = 16;
+pub const SLOT_START: u64 = 24;
+pub const SLOT_RW_BASE: u64 = 32;
+pub const SLOT_BINARY_ID: u64 = 40;
+pub const SLOT_OWNER_TID: u64 = 48;
+pub const SLOT_GENERATION: u64 = 52;
+
+const _: () = assert!(core::mem::size_of::<Slot>() as u64 == SLOT_SIZE);
+const _: () = assert!(core::mem::offset_of!(Slot, owner_tid) as u64 == SLOT_OWNER_TID);
+const _: () = assert!(core::mem::offset_of!(RwHeader, registrations) as u64 == RWH_REGISTRATIONS);
+
+/// Offset of the buffer area for `nslots` slots.
+pub const fn bufs_off(nslots: u32) -> u64 {
+    let end = SLOTS_OFF + nslots as u64 * SLOT_SIZE;
+    (end + BUF_ALIGN - 1) & !(BUF_ALIGN - 1)
+}
+
+/// Total size of the RW area.
+pub const fn rw_size(nslots: u32, buf_bytes: u64) -> u64 {
+    bufs_off(nslots) + nslots as u64 * buf_bytes
+}
+
+/// Index entry for a thread pointer.
+pub const fn index_of(tp: u64) -> u64 {
+    (tp >> 16) & 0xffff
+}
+
+/// Arch codes used in metadata and trace files.
+pub const ARCH_X86_64: u32 = 1;
+pub const ARCH_AARCH64: u32 = 2;

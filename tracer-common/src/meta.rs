@@ -1,0 +1,362 @@
+//! The metadata the rewriter leaves in an instrumented binary, in a note section
+//! named [`META_SECTION`] (note name [`META_NOTE_NAME`], type [`META_NOTE_TYPE`]).
+//!
+//! Descriptor layout (little-endian), version [`META_VERSION`]:
+//!
+//! ```text
+//! 0    magic  "UTRCMETA"
+//! 8    u32 version          12  u32 arch (ARCH_*)
+//! 16   u32 record_version   20  u32 record_size
+//! 24   u32 nsites           28  u32 strtab_len
+//! 32   u32 build_id_len     36  [u8; 32] build_id of the ORIGINAL binary
+//! 68   u32 nslots           72  u32 buf_records
+//! 76   u32 flags (META_FLAG_*)
+//! 80   u64 binary_id        88  u64 flush_vaddr      96  u64 flush_file_off
+//! 104  u64 rw_vaddr         112 u64 rw_size          120 u64 text_vaddr
+//! 128  u64 text_size        136 u64 original_size    144 u64 reserved
+//! 152  sites: nsites × 32 bytes:
+//!        u64 vaddr, u64 file_off, u32 id, u32 name_off, u8 kind, u8 mode, u16 reserved,
+//!        u32 reserved
+//! ...  strtab: NUL-terminated names, referenced by name_off
+//! ```
+//! `vaddr`s are link-time addresses; `file_off`s are offsets in the rewritten file.
+
+use std::fmt;
+
+pub const META_SECTION: &str = ".note.utrace";
+pub const META_NOTE_NAME: &[u8] = b"UTRACE";
+pub const META_NOTE_TYPE: u32 = 0x5554_0001;
+pub const META_MAGIC: [u8; 8] = *b"UTRCMETA";
+pub const META_VERSION: u32 = 1;
+const HEADER_LEN: usize = 152;
+const SITE_LEN: usize = 32;
+
+/// The binary is a static executable: its entry shim installs the pre-TLS TCB.
+pub const META_FLAG_PRE_TLS: u32 = 1;
+/// The binary is a shared library.
+pub const META_FLAG_SHARED_LIB: u32 = 2;
+/// The binary is position independent (PIE or shared library).
+pub const META_FLAG_PIC: u32 = 4;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum SiteKind {
+    FunctionEntry = 1,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum SiteMode {
+    /// An inline buffer-store stub.
+    Inline = 1,
+    /// A plain uprobe attached by the tracer, emitting the same record.
+    Uprobe = 2,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Site {
+    pub id: u32,
+    pub vaddr: u64,
+    pub file_off: u64,
+    pub name: String,
+    pub kind: SiteKind,
+    pub mode: SiteMode,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Metadata {
+    pub arch: u32,
+    pub record_version: u32,
+    pub record_size: u32,
+    pub build_id: Vec<u8>,
+    pub nslots: u32,
+    pub buf_records: u32,
+    pub flags: u32,
+    pub binary_id: u64,
+    pub flush_vaddr: u64,
+    pub flush_file_off: u64,
+    pub rw_vaddr: u64,
+    pub rw_size: u64,
+    pub text_vaddr: u64,
+    pub text_size: u64,
+    pub original_size: u64,
+    pub sites: Vec<Site>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetaError {
+    Truncated(&'static str),
+    BadMagic,
+    UnsupportedVersion(u32),
+    BadSite(u32),
+}
+
+impl fmt::Display for MetaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MetaError::Truncated(what) => write!(f, "utrace metadata truncated ({what})"),
+            MetaError::BadMagic => write!(f, "utrace metadata has a bad magic"),
+            MetaError::UnsupportedVersion(v) => write!(
+                f,
+                "utrace metadata version {v} is not supported (this build reads {META_VERSION})"
+            ),
+            MetaError::BadSite(i) => write!(f, "utrace metadata: site {i} is malformed"),
+        }
+    }
+}
+
+impl std::error::Error for MetaError {}
+
+impl SiteKind {
+    pub fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(SiteKind::FunctionEntry),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            SiteKind::FunctionEntry => "entry",
+        }
+    }
+}
+
+impl SiteMode {
+    pub fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(SiteMode::Inline),
+            2 => Some(SiteMode::Uprobe),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            SiteMode::Inline => "inline",
+            SiteMode::Uprobe => "uprobe",
+        }
+    }
+}
+
+fn rd_u32(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
+}
+fn rd_u64(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
+}
+
+impl Metadata {
+    /// Serialise to the note descriptor described in the module docs.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut strtab = Vec::new();
+        let mut name_offs = Vec::with_capacity(self.sites.len());
+        for s in &self.sites {
+            name_offs.push(strtab.len() as u32);
+            strtab.extend_from_slice(s.name.as_bytes());
+            strtab.push(0);
+        }
+        let mut out = Vec::with_capacity(HEADER_LEN + self.sites.len() * SITE_LEN + strtab.len());
+        out.extend_from_slice(&META_MAGIC);
+        for v in [
+            META_VERSION,
+            self.arch,
+            self.record_version,
+            self.record_size,
+            self.sites.len() as u32,
+            strtab.len() as u32,
+            self.build_id.len().min(32) as u32,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        let mut bid = [0u8; 32];
+        let n = self.build_id.len().min(32);
+        bid[..n].copy_from_slice(&self.build_id[..n]);
+        out.extend_from_slice(&bid);
+        for v in [self.nslots, self.buf_records, self.flags] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [
+            self.binary_id,
+            self.flush_vaddr,
+            self.flush_file_off,
+            self.rw_vaddr,
+            self.rw_size,
+            self.text_vaddr,
+            self.text_size,
+            self.original_size,
+            0,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        debug_assert_eq!(out.len(), HEADER_LEN);
+        for (s, name_off) in self.sites.iter().zip(name_offs) {
+            out.extend_from_slice(&s.vaddr.to_le_bytes());
+            out.extend_from_slice(&s.file_off.to_le_bytes());
+            out.extend_from_slice(&s.id.to_le_bytes());
+            out.extend_from_slice(&name_off.to_le_bytes());
+            out.push(s.kind as u8);
+            out.push(s.mode as u8);
+            out.extend_from_slice(&[0u8; 6]);
+        }
+        out.extend_from_slice(&strtab);
+        out
+    }
+
+    /// Parse a note descriptor.
+    pub fn parse(b: &[u8]) -> Result<Self, MetaError> {
+        if b.len() < 12 {
+            return Err(MetaError::Truncated("header"));
+        }
+        if b[..8] != META_MAGIC {
+            return Err(MetaError::BadMagic);
+        }
+        let version = rd_u32(b, 8);
+        if version != META_VERSION {
+            return Err(MetaError::UnsupportedVersion(version));
+        }
+        if b.len() < HEADER_LEN {
+            return Err(MetaError::Truncated("header"));
+        }
+        let nsites = rd_u32(b, 24) as usize;
+        let strtab_len = rd_u32(b, 28) as usize;
+        let bid_len = (rd_u32(b, 32) as usize).min(32);
+        let sites_end = nsites
+            .checked_mul(SITE_LEN)
+            .and_then(|n| n.checked_add(HEADER_LEN))
+            .ok_or(MetaError::Truncated("sites"))?;
+        let total = sites_end
+            .checked_add(strtab_len)
+            .ok_or(MetaError::Truncated("strtab"))?;
+        if b.len() < total {
+            return Err(MetaError::Truncated("sites"));
+        }
+        let strtab = &b[sites_end..total];
+        let mut sites = Vec::with_capacity(nsites);
+        for i in 0..nsites {
+            let o = HEADER_LEN + i * SITE_LEN;
+            let name_off = rd_u32(b, o + 20) as usize;
+            let bad = || MetaError::BadSite(i as u32);
+            let name_bytes = strtab.get(name_off..).ok_or_else(bad)?;
+            let end = name_bytes.iter().position(|&c| c == 0).ok_or_else(bad)?;
+            sites.push(Site {
+                vaddr: rd_u64(b, o),
+                file_off: rd_u64(b, o + 8),
+                id: rd_u32(b, o + 16),
+                name: String::from_utf8_lossy(&name_bytes[..end]).into_owned(),
+                kind: SiteKind::from_u8(b[o + 24]).ok_or_else(bad)?,
+                mode: SiteMode::from_u8(b[o + 25]).ok_or_else(bad)?,
+            });
+        }
+        Ok(Metadata {
+            arch: rd_u32(b, 12),
+            record_version: rd_u32(b, 16),
+            record_size: rd_u32(b, 20),
+            build_id: b[36..36 + bid_len].to_vec(),
+            nslots: rd_u32(b, 68),
+            buf_records: rd_u32(b, 72),
+            flags: rd_u32(b, 76),
+            binary_id: rd_u64(b, 80),
+            flush_vaddr: rd_u64(b, 88),
+            flush_file_off: rd_u64(b, 96),
+            rw_vaddr: rd_u64(b, 104),
+            rw_size: rd_u64(b, 112),
+            text_vaddr: rd_u64(b, 120),
+            text_size: rd_u64(b, 128),
+            original_size: rd_u64(b, 136),
+            sites,
+        })
+    }
+
+    /// Find the descriptor of our note inside the raw contents of an SHT_NOTE
+    /// section (a sequence of 4-aligned notes).
+    pub fn from_note_section(data: &[u8]) -> Option<Result<Self, MetaError>> {
+        let mut o = 0usize;
+        while o + 12 <= data.len() {
+            let namesz = rd_u32(data, o) as usize;
+            let descsz = rd_u32(data, o + 4) as usize;
+            let ty = rd_u32(data, o + 8);
+            let name_start = o + 12;
+            let desc_start = name_start + namesz.div_ceil(4) * 4;
+            let next = desc_start + descsz.div_ceil(4) * 4;
+            if desc_start + descsz > data.len() {
+                return None;
+            }
+            let name = &data[name_start..name_start + namesz];
+            let name = name.strip_suffix(&[0]).unwrap_or(name);
+            if ty == META_NOTE_TYPE && name == META_NOTE_NAME {
+                return Some(Self::parse(&data[desc_start..desc_start + descsz]));
+            }
+            o = next;
+        }
+        None
+    }
+
+    /// Encode as a complete ELF note (namesz, descsz, type, name, desc, padding).
+    pub fn to_note(&self) -> Vec<u8> {
+        let desc = self.to_bytes();
+        let mut out = Vec::with_capacity(desc.len() + 32);
+        let name_len = META_NOTE_NAME.len() + 1;
+        out.extend_from_slice(&(name_len as u32).to_le_bytes());
+        out.extend_from_slice(&(desc.len() as u32).to_le_bytes());
+        out.extend_from_slice(&META_NOTE_TYPE.to_le_bytes());
+        out.extend_from_slice(META_NOTE_NAME);
+        out.push(0);
+        while out.len() % 4 != 0 {
+            out.push(0);
+        }
+        out.extend_from_slice(&desc);
+        while out.len() % 4 != 0 {
+            out.push(0);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundtrip() {
+        let m = Metadata {
+            arch: crate::ARCH_X86_64,
+            record_version: 1,
+            record_size: 32,
+            build_id: vec![1, 2, 3, 4],
+            nslots: 8,
+            buf_records: 16,
+            flags: META_FLAG_PIC,
+            binary_id: 0x1122,
+            flush_vaddr: 0x5000,
+            flush_file_off: 0x4000,
+            rw_vaddr: 0x9000,
+            rw_size: 0x100000,
+            text_vaddr: 0x8000,
+            text_size: 0x100,
+            original_size: 1234,
+            sites: vec![
+                Site {
+                    id: 0,
+                    vaddr: 0x1130,
+                    file_off: 0x1130,
+                    name: "main".into(),
+                    kind: SiteKind::FunctionEntry,
+                    mode: SiteMode::Inline,
+                },
+                Site {
+                    id: 1,
+                    vaddr: 0x1200,
+                    file_off: 0x1200,
+                    name: "f".into(),
+                    kind: SiteKind::FunctionEntry,
+                    mode: SiteMode::Uprobe,
+                },
+            ],
+        };
+        let note = m.to_note();
+        assert_eq!(Metadata::from_note_section(&note).unwrap().unwrap(), m);
+        let bytes = m.to_bytes();
+        for cut in [0, 11, 100, bytes.len() - 1] {
+            assert!(Metadata::parse(&bytes[..cut]).is_err());
+        }
+    }
+}
