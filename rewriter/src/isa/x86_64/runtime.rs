@@ -1,0 +1,242 @@
+//! Code injected once per binary: the flush function (uprobe point), the register
+//! routine (a thread's first record) and, for static executables, the entry shim that
+//! installs a stand-in thread pointer until libc sets the real one.
+
+use iced_x86::code_asm::*;
+use iced_x86::{BlockEncoderOptions, Register};
+
+use super::super::{Layout, Runtime};
+use super::stub::lea_rip;
+use tracer_common::*;
+
+const SYS_GETPID: u32 = 39;
+const SYS_GETTID: u32 = 186;
+const SYS_TGKILL: u32 = 234;
+const SYS_ARCH_PRCTL: u32 = 158;
+const ARCH_SET_FS: u32 = 0x1002;
+const ESRCH: i32 = 3;
+
+pub(super) fn emit(
+    layout: &Layout,
+    at: u64,
+    original_entry: u64,
+) -> Result<(Vec<u8>, Runtime), IcedError> {
+    let mut a = CodeAssembler::new(64)?;
+    let mut flush = a.create_label();
+    let mut register = a.create_label();
+    let mut shim = a.create_label();
+
+    // flush(%rsi = slot): the uprobe sits on the leading 5-byte NOP (the kernel can
+    // optimise a uprobe on nop5 into a call). Then discard the records: with a tracer
+    // attached its eBPF program has already copied them. Clobbers %rcx only.
+    a.set_label(&mut flush)?;
+    a.db(&[0x0f, 0x1f, 0x44, 0x00, 0x00])?;
+    a.mov(rcx, qword_ptr(rsi + SLOT_START as i32))?;
+    a.mov(qword_ptr(rsi + SLOT_CUR as i32), rcx)?;
+    a.ret()?;
+    a.int3()?;
+
+    emit_register(&mut a, layout, &mut register, flush)?;
+
+    if layout.pre_tls {
+        // Process entry: %rdx (rtld_fini) and %rsp must survive; the rest is scratch.
+        a.set_label(&mut shim)?;
+        lea_rip(&mut a, Register::RSI, layout.rw_vaddr + PRE_TLS_OFF)?;
+        a.mov(qword_ptr(rsi), rsi)?; // TCB self pointer: %fs:0 reads the TCB address
+        a.mov(edi, ARCH_SET_FS)?;
+        a.mov(eax, SYS_ARCH_PRCTL)?;
+        a.syscall()?;
+        a.jmp(original_entry)?;
+    }
+
+    let res = a.assemble_options(at, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)?;
+    let rt = Runtime {
+        flush: res.label_ip(&flush)?,
+        register: res.label_ip(&register)?,
+        entry_shim: if layout.pre_tls {
+            Some(res.label_ip(&shim)?)
+        } else {
+            None
+        },
+    };
+    Ok((res.inner.code_buffer, rt))
+}
+
+/// register(%r11 = thread pointer) → %rcx != 0 when the thread now owns a slot.
+///
+/// Called from a stub that saved %rax %rcx %rdx %rsi %r11; everything else, flags
+/// included, is preserved. Steps: (1) a slot already keyed by this thread pointer
+/// (index collision) → just re-point the index; (2) claim a free or tombstoned slot
+/// with `lock cmpxchg`; (3) else reclaim a slot whose owner thread is dead (`tgkill(pid,
+/// tid, 0)` = -ESRCH); (4) else count a dropped record and fail. A claimed slot is
+/// initialised, the index entry installed, and the flush function called once on the
+/// empty buffer so that a tracer learns about the slot.
+fn emit_register(
+    a: &mut CodeAssembler,
+    l: &Layout,
+    register: &mut CodeLabel,
+    flush: CodeLabel,
+) -> Result<(), IcedError> {
+    let mut scan = a.create_label();
+    let mut scan_next = a.create_label();
+    let mut claim_start = a.create_label();
+    let mut claim = a.create_label();
+    let mut claim_next = a.create_label();
+    let mut reclaim = a.create_label();
+    let mut reclaim_next = a.create_label();
+    let mut fail = a.create_label();
+    let mut claimed = a.create_label();
+    let mut found = a.create_label();
+    let mut done = a.create_label();
+    let mut pre_tls_slot = a.create_label();
+    let mut no_handover = a.create_label();
+
+    let slot_at = |n: u32| (SLOTS_OFF + n as u64 * SLOT_SIZE) as i32;
+    let pre_tls_key_off = PRE_TLS_OFF as i32;
+
+    a.set_label(register)?;
+    a.pushfq()?;
+    for r in [rdi, r8, r9, r10, r12] {
+        a.push(r)?;
+    }
+    a.mov(r8, r11)?; // r8 = tp
+    lea_rip(a, Register::RDX, l.rw_vaddr)?; // rdx = rw_base
+
+    // Static executables before libc's TLS: the stand-in TCB always maps to slot 1.
+    if l.pre_tls {
+        a.lea(rax, ptr(rdx + pre_tls_key_off))?;
+        a.cmp(r8, rax)?;
+        a.je(pre_tls_slot)?;
+    }
+
+    // (1) already own a slot?
+    a.lea(rsi, ptr(rdx + slot_at(FIRST_FREE_SLOT)))?;
+    a.mov(ecx, l.nslots - FIRST_FREE_SLOT)?;
+    a.set_label(&mut scan)?;
+    a.cmp(qword_ptr(rsi), r8)?;
+    a.je(found)?;
+    a.set_label(&mut scan_next)?;
+    a.add(rsi, SLOT_SIZE as i32)?;
+    a.dec(ecx)?;
+    a.jnz(scan)?;
+
+    // (2) claim a free or tombstoned slot.
+    a.set_label(&mut claim_start)?;
+    a.lea(rsi, ptr(rdx + slot_at(FIRST_FREE_SLOT)))?;
+    a.mov(r9d, l.nslots - FIRST_FREE_SLOT)?;
+    a.set_label(&mut claim)?;
+    a.mov(rax, qword_ptr(rsi))?;
+    a.cmp(rax, KEY_TOMBSTONE as i32)?;
+    a.ja(claim_next)?;
+    a.lock().cmpxchg(qword_ptr(rsi), r8)?;
+    a.je(claimed)?;
+    a.set_label(&mut claim_next)?;
+    a.add(rsi, SLOT_SIZE as i32)?;
+    a.dec(r9d)?;
+    a.jnz(claim)?;
+
+    // (3) reclaim a slot whose owner died without a tracer releasing it.
+    a.mov(eax, SYS_GETPID)?;
+    a.syscall()?;
+    a.mov(r12d, eax)?; // r12 = pid (rdx survives syscalls)
+    a.lea(rsi, ptr(rdx + slot_at(FIRST_FREE_SLOT)))?;
+    a.mov(r9d, l.nslots - FIRST_FREE_SLOT)?;
+    a.set_label(&mut reclaim)?;
+    a.push(rdx)?;
+    a.mov(edi, r12d)?;
+    a.mov(r10d, dword_ptr(rsi + SLOT_OWNER_TID as i32))?;
+    a.mov(eax, SYS_TGKILL)?;
+    a.push(rsi)?;
+    a.mov(esi, r10d)?;
+    a.xor(edx, edx)?;
+    a.syscall()?;
+    a.pop(rsi)?;
+    a.pop(rdx)?;
+    a.cmp(eax, -ESRCH)?;
+    a.jne(reclaim_next)?;
+    a.mov(rax, qword_ptr(rsi))?;
+    a.lock().cmpxchg(qword_ptr(rsi), r8)?;
+    a.je(claimed)?;
+    a.set_label(&mut reclaim_next)?;
+    a.add(rsi, SLOT_SIZE as i32)?;
+    a.dec(r9d)?;
+    a.jnz(reclaim)?;
+
+    a.set_label(&mut fail)?;
+    a.lock().inc(qword_ptr(rdx + RWH_NO_SLOT_DROPS as i32))?;
+    a.xor(ecx, ecx)?;
+    a.jmp(done)?;
+
+    if l.pre_tls {
+        a.set_label(&mut pre_tls_slot)?;
+        a.lea(rsi, ptr(rdx + slot_at(SLOT_PRE_TLS)))?;
+        a.cmp(qword_ptr(rsi), r8)?;
+        a.je(found)?;
+        a.mov(qword_ptr(rsi), r8)?;
+        // fall through into `claimed` with rsi = slot 1
+    }
+
+    // rsi = claimed slot: initialise it.
+    a.set_label(&mut claimed)?;
+    a.mov(rax, rsi)?;
+    a.sub(rax, rdx)?;
+    a.sub(rax, SLOTS_OFF as i32)?;
+    a.shr(rax, 6)?; // slot number (SLOT_SIZE = 64)
+    a.mov(rcx, l.buf_bytes)?;
+    a.imul_2(rax, rcx)?;
+    a.add(rax, rdx)?;
+    a.mov(rcx, bufs_off(l.nslots))?;
+    a.add(rax, rcx)?;
+    a.mov(qword_ptr(rsi + SLOT_START as i32), rax)?;
+    a.mov(qword_ptr(rsi + SLOT_CUR as i32), rax)?;
+    a.mov(rcx, l.buf_bytes)?;
+    a.add(rax, rcx)?;
+    a.mov(qword_ptr(rsi + SLOT_END as i32), rax)?;
+    a.mov(qword_ptr(rsi + SLOT_RW_BASE as i32), rdx)?;
+    a.mov(rax, l.binary_id)?;
+    a.mov(qword_ptr(rsi + SLOT_BINARY_ID as i32), rax)?;
+    a.mov(eax, SYS_GETTID)?;
+    a.syscall()?;
+    a.mov(dword_ptr(rsi + SLOT_OWNER_TID as i32), eax)?;
+    a.inc(dword_ptr(rsi + SLOT_GENERATION as i32))?;
+    a.lock().inc(qword_ptr(rdx + RWH_REGISTRATIONS as i32))?;
+    if l.pre_tls {
+        // The thread got its real thread pointer: hand over what it recorded before
+        // (slot 1) and release slot 1.
+        a.lea(rdi, ptr(rdx + slot_at(SLOT_PRE_TLS)))?;
+        a.cmp(rdi, rsi)?;
+        a.je(no_handover)?;
+        a.lea(rcx, ptr(rdx + pre_tls_key_off))?;
+        a.cmp(qword_ptr(rdi), rcx)?;
+        a.jne(no_handover)?;
+        a.cmp(dword_ptr(rdi + SLOT_OWNER_TID as i32), eax)?;
+        a.jne(no_handover)?;
+        a.push(rsi)?;
+        a.mov(rsi, rdi)?;
+        a.call(flush)?;
+        a.mov(qword_ptr(rsi), KEY_TOMBSTONE as i32)?;
+        a.pop(rsi)?;
+        a.set_label(&mut no_handover)?;
+    }
+    a.call(flush)?; // empty drain: tells the tracer about this slot
+
+    // rsi = this thread's slot: point index[h(tp)] at it.
+    a.set_label(&mut found)?;
+    a.mov(rax, r8)?;
+    a.shr(rax, 16)?;
+    a.movzx(eax, ax)?;
+    a.mov(rcx, rsi)?;
+    a.sub(rcx, rdx)?;
+    a.sub(rcx, SLOTS_OFF as i32)?;
+    a.mov(dword_ptr(rdx + rax * 4 + INDEX_OFF as i32), ecx)?;
+    a.mov(ecx, 1)?;
+
+    a.set_label(&mut done)?;
+    for r in [r12, r10, r9, r8, rdi] {
+        a.pop(r)?;
+    }
+    a.popfq()?;
+    a.ret()?;
+    let _ = (&mut claim_start, &mut scan_next);
+    Ok(())
+}

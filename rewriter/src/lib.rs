@@ -1,0 +1,83 @@
+//! Static ELF rewriter: inserts inline buffer-store stubs at function entries.
+//!
+//! Read side: [`input`] parses and checks the binary. Decide: [`sites`] picks the
+//! sites, the [`isa`] backend decides inline vs uprobe and emits code. Write side:
+//! [`output`] appends the new segments, program header table, metadata note and
+//! section headers to an unmodified copy of the input and patches the sites.
+
+pub mod error;
+pub mod input;
+pub mod isa;
+pub mod output;
+pub mod sites;
+
+use std::io::Write as _;
+use std::path::Path;
+
+pub use error::{Error, Result};
+pub use output::Report;
+
+/// What to instrument and how big the buffers are.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Function-name globs; empty means every function.
+    pub functions: Vec<String>,
+    /// Per-thread buffer slots (maximum threads alive at once, per binary).
+    pub nslots: u32,
+    /// Records per thread buffer.
+    pub buf_records: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            functions: Vec::new(),
+            nslots: tracer_common::DEFAULT_SLOTS,
+            buf_records: tracer_common::DEFAULT_BUF_RECORDS,
+        }
+    }
+}
+
+/// Rewrite an in-memory image. `name` is used in messages.
+pub fn rewrite(name: &str, data: &[u8], opts: &Options) -> Result<(Vec<u8>, Report)> {
+    let input = input::Input::parse(name, data)?;
+    let isa = isa::x86_64::X86_64;
+    output::build(&input, &isa, opts)
+}
+
+/// Rewrite `input` into `output` atomically (temp file + rename), with the input's
+/// permission bits. The input is only read.
+pub fn rewrite_file(input: &Path, output: &Path, opts: &Options) -> Result<Report> {
+    let data = std::fs::read(input).map_err(|e| Error::Read(input.into(), e))?;
+    let meta = std::fs::metadata(input).map_err(|e| Error::Read(input.into(), e))?;
+    let (bytes, report) = rewrite(&input.display().to_string(), &data, opts)?;
+    write_atomically(output, &bytes, meta.permissions())?;
+    Ok(report)
+}
+
+fn write_atomically(path: &Path, bytes: &[u8], perms: std::fs::Permissions) -> Result<()> {
+    let werr = |e| Error::Write(path.into(), e);
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| werr(std::io::Error::other("no file name")))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        file_name.to_string_lossy(),
+        std::process::id()
+    ));
+    let res = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.set_permissions(perms)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res.map_err(werr)
+}

@@ -1,0 +1,405 @@
+//! Writing the rewritten binary. Append-only: the input's bytes stay where they are
+//! (except the patched sites and a few header fields); everything new goes after them:
+//!
+//! ```text
+//! [original file, sites patched] [pad]
+//! [RX segment: new program header table | runtime | trampolines]   PT_LOAD R+X
+//! [RW segment: RwHeader page (file) + index, slots, buffers (bss)]  PT_LOAD R+W
+//! [.note.utrace] [.shstrtab with the new names] [section header table]
+//! ```
+//!
+//! The RX segment gets `vaddr = base + offset` (the first PT_LOAD's `vaddr - offset`)
+//! whenever the padding that needs stays small, because qemu-user computes AT_PHDR as
+//! load base + e_phoff.
+
+use object::elf;
+
+use crate::error::{Error, Result};
+use crate::input::{Input, Phdr};
+use crate::isa::{EntryPatch, Isa, Layout};
+use crate::{Options, sites};
+use tracer_common::meta::{self, Metadata, Site, SiteKind, SiteMode};
+use tracer_common::*;
+
+const PHDR_SIZE: u64 = 56;
+/// Upper bound of one trampoline (stub + relocated instructions + branches).
+const MAX_TRAMPOLINE: u64 = 256;
+/// Largest padding we accept to keep `vaddr = base + offset` for the new segments.
+const MAX_QEMU_PAD: u64 = 64 << 20;
+/// File part of the RW segment: the RwHeader page.
+const RW_FILESZ: u64 = 0x1000;
+
+/// What the rewrite did, for the user.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub kind: &'static str,
+    pub sites: usize,
+    pub inline: usize,
+    pub uprobe: usize,
+    /// (function, reason) for every uprobe site.
+    pub uprobe_reasons: Vec<(String, String)>,
+    pub input_size: u64,
+    pub output_size: u64,
+}
+
+fn align_up(v: u64, a: u64) -> u64 {
+    v.div_ceil(a) * a
+}
+
+fn fnv1a(h: &mut u64, bytes: &[u8]) {
+    for &b in bytes {
+        *h ^= u64::from(b);
+        *h = h.wrapping_mul(0x100_0000_01b3);
+    }
+}
+
+pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, Report)> {
+    let layout_err = |m: String| Error::Layout(input.name.clone(), m);
+    if opts.nslots < FIRST_FREE_SLOT + 1 || opts.nslots > 1 << 20 {
+        return Err(layout_err(format!(
+            "--slots must be between 3 and {}",
+            1 << 20
+        )));
+    }
+    if opts.buf_records < 2 || opts.buf_records > 1 << 24 {
+        return Err(layout_err(
+            "--buffer-records must be between 2 and 16777216".into(),
+        ));
+    }
+    let chosen = sites::select(input, &opts.functions)?;
+    let targets = isa.branch_targets(input);
+    let plans: Vec<std::result::Result<EntryPatch, String>> = chosen
+        .iter()
+        .map(|(f, _)| isa.plan_entry(input, f, &targets))
+        .collect();
+    let n_inline = plans.iter().filter(|p| p.is_ok()).count() as u64;
+
+    // binary_id: the original's identity plus what was chosen.
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    match &input.build_id {
+        Some(b) => fnv1a(&mut h, b),
+        None => fnv1a(&mut h, input.data),
+    }
+    for (f, _) in &chosen {
+        fnv1a(&mut h, &f.addr.to_le_bytes());
+    }
+    let binary_id = h;
+
+    // ---- Layout of the new segments.
+    let a = isa.segment_align();
+    let loads: Vec<&Phdr> = input.loads().collect();
+    let base = loads[0].vaddr - loads[0].offset;
+    let max_vend = loads.iter().map(|p| p.vaddr + p.memsz).max().unwrap_or(0);
+    let file_len = input.data.len() as u64;
+    let new_phnum = input.phdrs.len() as u64 + 2;
+    let tx_vaddr_min = align_up(max_vend, a);
+    let mut tx_off = align_up(file_len, a);
+    let tx_vaddr = if base + tx_off >= tx_vaddr_min {
+        base + tx_off
+    } else if tx_vaddr_min - base - tx_off <= MAX_QEMU_PAD {
+        tx_off = tx_vaddr_min - base;
+        tx_vaddr_min
+    } else {
+        tx_vaddr_min
+    };
+    let code_at = tx_vaddr + align_up(new_phnum * PHDR_SIZE, 16);
+    let tx_bound = (code_at - tx_vaddr) + 4096 + n_inline * MAX_TRAMPOLINE;
+    let rw_vaddr = align_up(tx_vaddr + tx_bound, BUF_ALIGN);
+    let buf_bytes = u64::from(opts.buf_records) * RECORD_SIZE as u64;
+    let layout = Layout {
+        rw_vaddr,
+        nslots: opts.nslots,
+        buf_bytes,
+        binary_id,
+        pre_tls: input.kind.is_static(),
+    };
+
+    // ---- Code.
+    let enc_err = |m: String| Error::Encode(input.name.clone(), m);
+    let (mut code, rt) = isa
+        .emit_runtime(&layout, code_at, input.entry)
+        .map_err(enc_err)?;
+    let mut patches: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut sites_meta = Vec::with_capacity(chosen.len());
+    let mut report = Report {
+        kind: input.kind.name(),
+        sites: chosen.len(),
+        input_size: file_len,
+        ..Default::default()
+    };
+    for (id, ((f, name), plan)) in chosen.iter().zip(&plans).enumerate() {
+        let id = id as u32;
+        let mode = match plan {
+            Ok(patch) => {
+                while code.len() % 16 != 0 {
+                    code.push(0xcc);
+                }
+                let at = code_at + code.len() as u64;
+                let tramp = isa
+                    .emit_entry_stub(input, &layout, &rt, id, patch, at)
+                    .map_err(enc_err)?;
+                code.extend_from_slice(&tramp);
+                patches.push((
+                    patch.patch_at,
+                    isa.patch_bytes(patch.patch_at, at, patch.len)
+                        .map_err(enc_err)?,
+                ));
+                report.inline += 1;
+                SiteMode::Inline
+            }
+            Err(why) => {
+                report.uprobe += 1;
+                report.uprobe_reasons.push((name.clone(), why.clone()));
+                SiteMode::Uprobe
+            }
+        };
+        // A uprobe goes after `endbr64`, where the inline branch would go.
+        let probe_at = match plan {
+            Ok(p) => p.patch_at,
+            Err(_)
+                if input
+                    .bytes_at(f.addr)
+                    .is_some_and(|b| b.starts_with(&[0xf3, 0x0f, 0x1e, 0xfa])) =>
+            {
+                f.addr + 4
+            }
+            Err(_) => f.addr,
+        };
+        let file_off = input
+            .vaddr_to_offset(probe_at)
+            .ok_or_else(|| layout_err(format!("function {name} is not file-backed")))?;
+        sites_meta.push(Site {
+            id,
+            vaddr: f.addr,
+            file_off,
+            name: name.clone(),
+            kind: SiteKind::FunctionEntry,
+            mode,
+        });
+    }
+    let tx_size = (code_at - tx_vaddr) + code.len() as u64;
+    if tx_vaddr + tx_size > rw_vaddr {
+        return Err(layout_err("trampolines larger than planned".into()));
+    }
+
+    // ---- File offsets of the RW segment and the trailing parts.
+    let rw_off = align_up(tx_off + tx_size, a) + (rw_vaddr % a);
+    let rw_size = rw_size(opts.nslots, buf_bytes);
+    let mut out = input.data.to_vec();
+    out.resize(tx_off as usize, 0);
+
+    // New program header table: old entries (PT_PHDR moved), new PT_LOADs after the
+    // last PT_LOAD so that PT_LOADs stay sorted by address.
+    let mut phdrs = input.phdrs.clone();
+    for p in phdrs.iter_mut().filter(|p| p.p_type == elf::PT_PHDR) {
+        p.offset = tx_off;
+        p.vaddr = tx_vaddr;
+        p.paddr = tx_vaddr;
+        p.filesz = new_phnum * PHDR_SIZE;
+        p.memsz = new_phnum * PHDR_SIZE;
+    }
+    let last_load = phdrs
+        .iter()
+        .rposition(|p| p.p_type == elf::PT_LOAD)
+        .unwrap_or(0);
+    let new_loads = [
+        Phdr {
+            p_type: elf::PT_LOAD,
+            p_flags: elf::PF_R | elf::PF_X,
+            offset: tx_off,
+            vaddr: tx_vaddr,
+            paddr: tx_vaddr,
+            filesz: tx_size,
+            memsz: tx_size,
+            align: a,
+        },
+        Phdr {
+            p_type: elf::PT_LOAD,
+            p_flags: elf::PF_R | elf::PF_W,
+            offset: rw_off,
+            vaddr: rw_vaddr,
+            paddr: rw_vaddr,
+            filesz: RW_FILESZ,
+            memsz: rw_size,
+            align: a,
+        },
+    ];
+    phdrs.splice(last_load + 1..last_load + 1, new_loads);
+    for p in &phdrs {
+        put_phdr(&mut out, p);
+    }
+    out.resize((code_at - tx_vaddr + tx_off) as usize, 0);
+    out.extend_from_slice(&code);
+
+    // RW header page.
+    out.resize(rw_off as usize, 0);
+    let hdr_at = out.len();
+    out.resize(hdr_at + RW_FILESZ as usize, 0);
+    let mut put = |o: usize, v: &[u8]| out[hdr_at + o..hdr_at + o + v.len()].copy_from_slice(v);
+    put(0, &RW_MAGIC.to_le_bytes());
+    put(8, &RW_VERSION.to_le_bytes());
+    put(RWH_NSLOTS as usize, &opts.nslots.to_le_bytes());
+    put(RWH_BUF_BYTES as usize, &buf_bytes.to_le_bytes());
+    put(RWH_BUFS_OFF as usize, &bufs_off(opts.nslots).to_le_bytes());
+    put(RWH_BINARY_ID as usize, &binary_id.to_le_bytes());
+    put(56, &u64::from(layout.pre_tls).to_le_bytes());
+
+    // Patch the sites.
+    for (vaddr, bytes) in &patches {
+        let off = input
+            .vaddr_to_offset(*vaddr)
+            .ok_or_else(|| layout_err(format!("site {vaddr:#x} not file-backed")))?
+            as usize;
+        out[off..off + bytes.len()].copy_from_slice(bytes);
+    }
+
+    // Metadata note.
+    let mut flags = 0;
+    if layout.pre_tls {
+        flags |= meta::META_FLAG_PRE_TLS;
+    }
+    if input.kind == crate::input::Kind::SharedLib {
+        flags |= meta::META_FLAG_SHARED_LIB;
+    }
+    if input.kind.is_pic() {
+        flags |= meta::META_FLAG_PIC;
+    }
+    let metadata = Metadata {
+        arch: ARCH_X86_64,
+        record_version: RECORD_VERSION,
+        record_size: RECORD_SIZE as u32,
+        build_id: input.build_id.clone().unwrap_or_default(),
+        nslots: opts.nslots,
+        buf_records: opts.buf_records,
+        flags,
+        binary_id,
+        flush_vaddr: rt.flush,
+        flush_file_off: rt.flush - tx_vaddr + tx_off,
+        rw_vaddr,
+        rw_size,
+        text_vaddr: tx_vaddr,
+        text_size: tx_size,
+        original_size: file_len,
+        sites: sites_meta,
+    };
+    out.resize(align_up(out.len() as u64, 8) as usize, 0);
+    let note_off = out.len() as u64;
+    let note = metadata.to_note();
+    out.extend_from_slice(&note);
+
+    // Section headers: the old ones, then ours; .shstrtab rewritten with the new names.
+    let mut shdrs: Vec<[u8; 64]> = Vec::new();
+    let mut strtab: Vec<u8>;
+    let shstrndx: usize;
+    if input.shnum == 0 {
+        shdrs.push([0u8; 64]);
+        strtab = vec![0];
+        shstrndx = usize::MAX;
+    } else {
+        let so = input.shoff as usize;
+        for i in 0..input.shnum as usize {
+            let b = out.get(so + i * 64..so + i * 64 + 64).ok_or_else(|| {
+                Error::Malformed(input.name.clone(), "section header table truncated".into())
+            })?;
+            shdrs.push(b.try_into().unwrap());
+        }
+        let s = &input.sections[input.shstrndx as usize];
+        strtab = input.data[s.offset as usize..(s.offset + s.size) as usize].to_vec();
+        shstrndx = input.shstrndx as usize;
+    }
+    let add_name = |strtab: &mut Vec<u8>, n: &str| {
+        let o = strtab.len() as u32;
+        strtab.extend_from_slice(n.as_bytes());
+        strtab.push(0);
+        o
+    };
+    let x = u64::from(elf::SHF_ALLOC | elf::SHF_EXECINSTR);
+    let w = u64::from(elf::SHF_ALLOC | elf::SHF_WRITE);
+    let n1 = add_name(&mut strtab, ".utrace.text");
+    let n2 = add_name(&mut strtab, ".utrace.data");
+    let n3 = add_name(&mut strtab, ".utrace.bss");
+    let n4 = add_name(&mut strtab, meta::META_SECTION);
+    shdrs.push(shdr(
+        n1,
+        elf::SHT_PROGBITS,
+        x,
+        tx_vaddr,
+        tx_off,
+        tx_size,
+        16,
+    ));
+    shdrs.push(shdr(
+        n2,
+        elf::SHT_PROGBITS,
+        w,
+        rw_vaddr,
+        rw_off,
+        RW_FILESZ,
+        64,
+    ));
+    shdrs.push(shdr(
+        n3,
+        elf::SHT_NOBITS,
+        w,
+        rw_vaddr + RW_FILESZ,
+        rw_off + RW_FILESZ,
+        rw_size - RW_FILESZ,
+        64,
+    ));
+    shdrs.push(shdr(
+        n4,
+        elf::SHT_NOTE,
+        0,
+        0,
+        note_off,
+        note.len() as u64,
+        4,
+    ));
+    let shstrndx = if shstrndx == usize::MAX {
+        let n = add_name(&mut strtab, ".shstrtab");
+        shdrs.push(shdr(n, elf::SHT_STRTAB, 0, 0, 0, 0, 1));
+        shdrs.len() - 1
+    } else {
+        shstrndx
+    };
+    let strtab_off = out.len() as u64;
+    out.extend_from_slice(&strtab);
+    shdrs[shstrndx][24..32].copy_from_slice(&strtab_off.to_le_bytes());
+    shdrs[shstrndx][32..40].copy_from_slice(&(strtab.len() as u64).to_le_bytes());
+    out.resize(align_up(out.len() as u64, 8) as usize, 0);
+    let shoff = out.len() as u64;
+    for s in &shdrs {
+        out.extend_from_slice(s);
+    }
+
+    // ELF header.
+    out[24..32].copy_from_slice(&rt.entry_shim.unwrap_or(input.entry).to_le_bytes());
+    out[32..40].copy_from_slice(&tx_off.to_le_bytes());
+    out[40..48].copy_from_slice(&shoff.to_le_bytes());
+    out[56..58].copy_from_slice(&(phdrs.len() as u16).to_le_bytes());
+    out[60..62].copy_from_slice(&(shdrs.len() as u16).to_le_bytes());
+    out[62..64].copy_from_slice(&(shstrndx as u16).to_le_bytes());
+
+    report.output_size = out.len() as u64;
+    Ok((out, report))
+}
+
+fn put_phdr(out: &mut Vec<u8>, p: &Phdr) {
+    out.extend_from_slice(&p.p_type.to_le_bytes());
+    out.extend_from_slice(&p.p_flags.to_le_bytes());
+    for v in [p.offset, p.vaddr, p.paddr, p.filesz, p.memsz, p.align] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+}
+
+fn shdr(name: u32, ty: u32, flags: u64, addr: u64, off: u64, size: u64, align: u64) -> [u8; 64] {
+    let mut b = [0u8; 64];
+    b[0..4].copy_from_slice(&name.to_le_bytes());
+    b[4..8].copy_from_slice(&ty.to_le_bytes());
+    b[8..16].copy_from_slice(&flags.to_le_bytes());
+    b[16..24].copy_from_slice(&addr.to_le_bytes());
+    b[24..32].copy_from_slice(&off.to_le_bytes());
+    b[32..40].copy_from_slice(&size.to_le_bytes());
+    b[48..56].copy_from_slice(&align.to_le_bytes());
+    b
+}
