@@ -6,7 +6,8 @@
 pub const CHUNK_RECORDS: usize = 128;
 /// Bytes of one ring-buffer entry (header + full payload); entries are reserved at
 /// this fixed size, `count` says how many records are valid.
-pub const CHUNK_BYTES: usize = core::mem::size_of::<ChunkHeader>() + CHUNK_RECORDS * crate::RECORD_SIZE;
+pub const CHUNK_BYTES: usize =
+    core::mem::size_of::<ChunkHeader>() + CHUNK_RECORDS * crate::RECORD_SIZE;
 
 /// Records drained from a thread's buffer (full buffer, thread exit, or before a
 /// uprobe-site record so that order is kept).

@@ -7,6 +7,7 @@
 #![cfg_attr(not(feature = "std"), no_std)]
 
 pub mod chunk;
+pub mod ebpf;
 pub mod layout;
 #[cfg(feature = "std")]
 pub mod meta;

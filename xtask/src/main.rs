@@ -1,1 +1,162 @@
-fn main() {}
+//! `cargo xtask <task>`: setup, build, rewrite, demo, test, bench.
+//!
+//! Every external command is printed (`$ ...`) before it runs.
+
+mod bench;
+mod setup;
+mod util;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+use util::cmd;
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Developer tasks for utrace (run as root)")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what the build and the tests need (apt packages, rust-src, bpf-linker),
+    /// mount tracefs. Idempotent.
+    Setup,
+    /// setup, then `cargo build --release` (rewriter, tracer with its eBPF object).
+    Build,
+    /// build, then run the rewriter on BINARY with the same arguments.
+    Rewrite {
+        binary: PathBuf,
+        /// Output file (default: BINARY.traced).
+        #[arg(short = 'o', long = "output")]
+        output: Option<PathBuf>,
+        /// Only instrument functions whose symbol matches GLOB (repeatable).
+        #[arg(long = "functions", value_name = "GLOB")]
+        functions: Vec<String>,
+    },
+    /// build, then compile xtask/demo/demo.c, rewrite it, trace it and report.
+    Demo,
+    /// build, then `cargo test --release` (the integration tests need root).
+    /// Arguments after `--` go to cargo test, e.g. `cargo xtask test -- --test matrix`.
+    Test {
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Compare ns/event: untraced, inline stub, under the tracer, hand-written store, uprobe.
+    Bench(bench::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.task {
+        Task::Setup => setup::setup(),
+        Task::Build => build(),
+        Task::Rewrite { binary, output, functions } => rewrite(&binary, output.as_deref(), &functions),
+        Task::Demo => demo(),
+        Task::Test { args } => test(&args),
+        Task::Bench(args) => bench::bench(&args),
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// `cargo build --release` of the default members, with `~/.cargo/bin` (bpf-linker) on PATH.
+fn build() -> Result<()> {
+    setup::setup()?;
+    println!("== cargo xtask build");
+    util::run(
+        cmd("cargo")
+            .args(["build", "--release"])
+            .current_dir(util::workspace_root()),
+    )
+}
+
+fn rewriter_bin() -> PathBuf {
+    util::release_dir().join("rewriter")
+}
+
+fn tracer_bin() -> PathBuf {
+    util::release_dir().join("tracer")
+}
+
+fn rewrite(binary: &Path, output: Option<&Path>, functions: &[String]) -> Result<()> {
+    build()?;
+    let mut c = cmd(rewriter_bin());
+    c.arg(binary);
+    if let Some(o) = output {
+        c.arg("-o").arg(o);
+    }
+    for f in functions {
+        c.arg("--functions").arg(f);
+    }
+    let st = util::status(&mut c)?;
+    if !st.success() {
+        bail!("rewriter failed ({})", util::describe(st));
+    }
+    Ok(())
+}
+
+fn demo() -> Result<()> {
+    if !util::is_root() {
+        println!("warning: not root: `tracer record` needs root (BPF, uprobes)");
+    }
+    build()?;
+    println!("== cargo xtask demo");
+    let dir = util::scratch_dir("demo")?;
+    let src = util::workspace_root().join("xtask/demo/demo.c");
+    let exe = dir.join("demo");
+    let traced = dir.join("demo.traced");
+    let trace = dir.join("demo.utrace");
+    util::run(cmd("gcc").args(["-O2", "-g", "-pthread"]).arg(&src).arg("-o").arg(&exe))?;
+    println!("-- the original program:");
+    util::run(&mut cmd(&exe))?;
+    println!("-- rewrite it:");
+    util::run(cmd(rewriter_bin()).arg(&exe).arg("-o").arg(&traced))?;
+    println!("-- run the rewritten program under the tracer:");
+    util::run(
+        cmd(tracer_bin())
+            .arg("record")
+            .arg("-o")
+            .arg(&trace)
+            .arg("--")
+            .arg(&traced),
+    )?;
+    println!("-- report:");
+    util::run(cmd(tracer_bin()).arg("report").arg(&trace))?;
+    println!(
+        "-- files in {}: demo (original), demo.traced (rewritten), demo.utrace (trace); \
+         try `{} dump {}`",
+        dir.display(),
+        tracer_bin().display(),
+        trace.display()
+    );
+    Ok(())
+}
+
+fn test(args: &[String]) -> Result<()> {
+    if !util::is_root() {
+        bail!(
+            "`cargo xtask test` must run as root: the integration tests load eBPF programs, \
+             attach uprobes and use tracefs (try: sudo -E cargo xtask test)"
+        );
+    }
+    build()?;
+    println!("== cargo xtask test");
+    let st = util::status(
+        cmd("cargo")
+            .args(["test", "--release"])
+            .args(args)
+            .current_dir(util::workspace_root()),
+    )
+    .context("cannot run cargo test")?;
+    if !st.success() {
+        bail!("tests failed ({})", util::describe(st));
+    }
+    println!("== all tests passed");
+    Ok(())
+}

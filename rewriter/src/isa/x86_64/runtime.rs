@@ -78,8 +78,6 @@ fn emit_register(
     flush: CodeLabel,
 ) -> Result<(), IcedError> {
     let mut scan = a.create_label();
-    let mut scan_next = a.create_label();
-    let mut claim_start = a.create_label();
     let mut claim = a.create_label();
     let mut claim_next = a.create_label();
     let mut reclaim = a.create_label();
@@ -115,13 +113,11 @@ fn emit_register(
     a.set_label(&mut scan)?;
     a.cmp(qword_ptr(rsi), r8)?;
     a.je(found)?;
-    a.set_label(&mut scan_next)?;
     a.add(rsi, SLOT_SIZE as i32)?;
     a.dec(ecx)?;
     a.jnz(scan)?;
 
     // (2) claim a free or tombstoned slot.
-    a.set_label(&mut claim_start)?;
     a.lea(rsi, ptr(rdx + slot_at(FIRST_FREE_SLOT)))?;
     a.mov(r9d, l.nslots - FIRST_FREE_SLOT)?;
     a.set_label(&mut claim)?;
@@ -237,6 +233,5 @@ fn emit_register(
     }
     a.popfq()?;
     a.ret()?;
-    let _ = (&mut claim_start, &mut scan_next);
     Ok(())
 }
