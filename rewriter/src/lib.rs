@@ -26,6 +26,8 @@ pub struct Options {
     pub nslots: u32,
     /// Records per thread buffer.
     pub buf_records: u32,
+    /// Make every site a uprobe site (for comparisons and as an escape hatch).
+    pub force_uprobe: bool,
 }
 
 impl Default for Options {
@@ -34,6 +36,7 @@ impl Default for Options {
             functions: Vec::new(),
             nslots: tracer_common::DEFAULT_SLOTS,
             buf_records: tracer_common::DEFAULT_BUF_RECORDS,
+            force_uprobe: false,
         }
     }
 }

@@ -25,6 +25,9 @@ struct Args {
     /// Records per thread buffer.
     #[arg(long, default_value_t = tracer_common::DEFAULT_BUF_RECORDS)]
     buffer_records: u32,
+    /// Trace every selected site with a plain uprobe instead of an inline stub.
+    #[arg(long)]
+    force_uprobe: bool,
     /// List every uprobe site with the reason it could not be patched inline.
     #[arg(short, long)]
     verbose: bool,
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
         functions: args.functions.clone(),
         nslots: args.slots,
         buf_records: args.buffer_records,
+        force_uprobe: args.force_uprobe,
     };
     match rewriter::rewrite_file(&args.input, &output, &opts) {
         Ok(r) => {

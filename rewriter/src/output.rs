@@ -70,7 +70,10 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
     let targets = isa.branch_targets(input);
     let plans: Vec<std::result::Result<EntryPatch, String>> = chosen
         .iter()
-        .map(|(f, _)| isa.plan_entry(input, f, &targets))
+        .map(|(f, _)| match opts.force_uprobe {
+            true => Err("--force-uprobe".to_string()),
+            false => isa.plan_entry(input, f, &targets),
+        })
         .collect();
     let n_inline = plans.iter().filter(|p| p.is_ok()).count() as u64;
 
