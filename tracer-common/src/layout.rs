@@ -11,7 +11,7 @@
 //! rw_base + INDEX_OFF     index: [u32; INDEX_ENTRIES], h(tp) → byte offset of the
 //!                         thread's Slot from SLOTS_OFF (0 = slot 0, which never matches)
 //! rw_base + SLOTS_OFF     slots: [Slot; nslots]
-//! rw_base + bufs_off      buffers: nslots × buf_bytes, 64 KiB aligned
+//! rw_base + bufs_off      buffers: nslots × buf_stride(buf_bytes), area 64 KiB aligned
 //! ```
 //!
 //! A thread's buffer is found from its thread pointer `tp` (`%fs:0` on x86-64,
@@ -27,7 +27,7 @@ pub const INDEX_OFF: u64 = 0x2000;
 pub const INDEX_ENTRIES: u64 = 1 << 16;
 pub const SLOTS_OFF: u64 = INDEX_OFF + INDEX_ENTRIES * 4;
 pub const SLOT_SIZE: u64 = 64;
-/// Alignment of the buffer area and of every buffer.
+/// Alignment of the buffer area.
 pub const BUF_ALIGN: u64 = 0x10000;
 
 /// `Slot::key` of a slot that was never used.
@@ -35,6 +35,14 @@ pub const KEY_FREE: u64 = 0;
 /// `Slot::key` of a slot whose thread exited (drained and released by the tracer's
 /// thread-exit program); free to claim again.
 pub const KEY_TOMBSTONE: u64 = 1;
+/// `Slot::key` while the register routine initialises a slot it has just claimed: it
+/// matches no thread, so a signal handler's stub cannot use a half-made slot.
+pub const KEY_CLAIMING: u64 = 2;
+
+/// Records of room after `end` in every buffer. A signal handler that records while
+/// the interrupted stub has taken the last record but not yet flushed reserves past
+/// `end`; this slack absorbs up to this many nested handlers.
+pub const BUF_SLACK_RECORDS: u64 = 8;
 
 /// Slot 0 is the sentinel every empty index entry points at (its key is never a thread
 /// pointer). Slot 1 is reserved for the pre-TLS phase of static executables.
@@ -97,7 +105,11 @@ pub struct Slot {
     pub owner_tid: u32,
     /// Incremented every time the slot is claimed.
     pub generation: u32,
-    pub _reserved: u64,
+    /// Stubs of this thread between `inflight += 1` (before reserving) and
+    /// `inflight -= 1` (after the record is written): non-zero means a record is being
+    /// written by code that a signal handler interrupted, so a drain now would read it
+    /// half-written. Flush and uprobe-site drains skip while it is non-zero.
+    pub inflight: u64,
 }
 
 pub const SLOT_KEY: u64 = 0;
@@ -108,9 +120,11 @@ pub const SLOT_RW_BASE: u64 = 32;
 pub const SLOT_BINARY_ID: u64 = 40;
 pub const SLOT_OWNER_TID: u64 = 48;
 pub const SLOT_GENERATION: u64 = 52;
+pub const SLOT_INFLIGHT: u64 = 56;
 
 const _: () = assert!(core::mem::size_of::<Slot>() as u64 == SLOT_SIZE);
 const _: () = assert!(core::mem::offset_of!(Slot, owner_tid) as u64 == SLOT_OWNER_TID);
+const _: () = assert!(core::mem::offset_of!(Slot, inflight) as u64 == SLOT_INFLIGHT);
 const _: () = assert!(core::mem::offset_of!(RwHeader, registrations) as u64 == RWH_REGISTRATIONS);
 
 /// Offset of the buffer area for `nslots` slots.
@@ -119,9 +133,14 @@ pub const fn bufs_off(nslots: u32) -> u64 {
     (end + BUF_ALIGN - 1) & !(BUF_ALIGN - 1)
 }
 
+/// Distance between two buffers: the records plus the slack, cache-line aligned.
+pub const fn buf_stride(buf_bytes: u64) -> u64 {
+    (buf_bytes + BUF_SLACK_RECORDS * crate::RECORD_SIZE as u64 + 63) & !63
+}
+
 /// Total size of the RW area.
 pub const fn rw_size(nslots: u32, buf_bytes: u64) -> u64 {
-    bufs_off(nslots) + nslots as u64 * buf_bytes
+    bufs_off(nslots) + nslots as u64 * buf_stride(buf_bytes)
 }
 
 /// Index entry for a thread pointer.

@@ -27,12 +27,21 @@ pub(super) fn emit(
     let mut shim = a.create_label();
 
     // flush(%rsi = slot): the uprobe sits on the leading 5-byte NOP (the kernel can
-    // optimise a uprobe on nop5 into a call). Then discard the records: with a tracer
-    // attached its eBPF program has already copied them. Clobbers %rcx only.
+    // optimise a uprobe on nop5 into a call); the tracer's eBPF program drains the
+    // buffer and resets it. Then, with no tracer, discard the records: reset unless a
+    // record is still being written (`inflight`, a signal handler interrupted a stub)
+    // or the buffer is no longer full (the tracer reset it). Clobbers %rcx and flags.
+    let mut flush_done = a.create_label();
     a.set_label(&mut flush)?;
     a.db(&[0x0f, 0x1f, 0x44, 0x00, 0x00])?;
+    a.cmp(qword_ptr(rsi + SLOT_INFLIGHT as i32), 0)?;
+    a.jne(flush_done)?;
+    a.mov(rcx, qword_ptr(rsi + SLOT_CUR as i32))?;
+    a.cmp(rcx, qword_ptr(rsi + SLOT_END as i32))?;
+    a.jb(flush_done)?;
     a.mov(rcx, qword_ptr(rsi + SLOT_START as i32))?;
     a.mov(qword_ptr(rsi + SLOT_CUR as i32), rcx)?;
+    a.set_label(&mut flush_done)?;
     a.ret()?;
     a.int3()?;
 
@@ -94,10 +103,11 @@ fn emit_register(
 
     a.set_label(register)?;
     a.pushfq()?;
-    for r in [rdi, r8, r9, r10, r12] {
+    for r in [rdi, r8, r9, r10, r12, r13] {
         a.push(r)?;
     }
     a.mov(r8, r11)?; // r8 = tp
+    a.mov(r13d, KEY_CLAIMING as u32)?;
     lea_rip(a, Register::RDX, l.rw_vaddr)?; // rdx = rw_base
 
     // Static executables before libc's TLS: the stand-in TCB always maps to slot 1.
@@ -124,7 +134,7 @@ fn emit_register(
     a.mov(rax, qword_ptr(rsi))?;
     a.cmp(rax, KEY_TOMBSTONE as i32)?;
     a.ja(claim_next)?;
-    a.lock().cmpxchg(qword_ptr(rsi), r8)?;
+    a.lock().cmpxchg(qword_ptr(rsi), r13)?;
     a.je(claimed)?;
     a.set_label(&mut claim_next)?;
     a.add(rsi, SLOT_SIZE as i32)?;
@@ -151,7 +161,9 @@ fn emit_register(
     a.cmp(eax, -ESRCH)?;
     a.jne(reclaim_next)?;
     a.mov(rax, qword_ptr(rsi))?;
-    a.lock().cmpxchg(qword_ptr(rsi), r8)?;
+    a.cmp(rax, KEY_CLAIMING as i32)?;
+    a.jbe(reclaim_next)?;
+    a.lock().cmpxchg(qword_ptr(rsi), r13)?;
     a.je(claimed)?;
     a.set_label(&mut reclaim_next)?;
     a.add(rsi, SLOT_SIZE as i32)?;
@@ -168,7 +180,7 @@ fn emit_register(
         a.lea(rsi, ptr(rdx + slot_at(SLOT_PRE_TLS)))?;
         a.cmp(qword_ptr(rsi), r8)?;
         a.je(found)?;
-        a.mov(qword_ptr(rsi), r8)?;
+        a.mov(qword_ptr(rsi), KEY_CLAIMING as i32)?;
         // fall through into `claimed` with rsi = slot 1
     }
 
@@ -178,7 +190,7 @@ fn emit_register(
     a.sub(rax, rdx)?;
     a.sub(rax, SLOTS_OFF as i32)?;
     a.shr(rax, 6)?; // slot number (SLOT_SIZE = 64)
-    a.mov(rcx, l.buf_bytes)?;
+    a.mov(rcx, buf_stride(l.buf_bytes))?;
     a.imul_2(rax, rcx)?;
     a.add(rax, rdx)?;
     a.mov(rcx, bufs_off(l.nslots))?;
@@ -195,6 +207,8 @@ fn emit_register(
     a.syscall()?;
     a.mov(dword_ptr(rsi + SLOT_OWNER_TID as i32), eax)?;
     a.inc(dword_ptr(rsi + SLOT_GENERATION as i32))?;
+    a.mov(qword_ptr(rsi + SLOT_INFLIGHT as i32), 0)?;
+    a.mov(qword_ptr(rsi), r8)?; // publish: now the thread's stubs can hit it
     a.lock().inc(qword_ptr(rdx + RWH_REGISTRATIONS as i32))?;
     if l.pre_tls {
         // The thread got its real thread pointer: hand over what it recorded before
@@ -228,7 +242,7 @@ fn emit_register(
     a.mov(ecx, 1)?;
 
     a.set_label(&mut done)?;
-    for r in [r12, r10, r9, r8, rdi] {
+    for r in [r13, r12, r10, r9, r8, rdi] {
         a.pop(r)?;
     }
     a.popfq()?;

@@ -2,24 +2,28 @@
 //!
 //! ```text
 //!   lea   -128(%rsp),%rsp          ; below the red zone
-//!   push  %rax,%rcx,%rdx,%rsi,%r11
+//!   push  %rax ; lahf ; seto %al ; push %rax        ; save RFLAGS (cheaper than pushf/popf)
+//!   push  %rcx,%rdx,%rsi,%r11
 //! retry:
 //!   mov   %fs:0,%r11               ; thread pointer
-//!   push  %r11 ; movzwl 2(%rsp),%ecx ; lea 8(%rsp),%rsp   ; h = (tp>>16)&0xffff, no flags
+//!   mov   %r11,%rcx ; shr $16,%rcx ; movzwl %cx,%ecx    ; h
 //!   lea   INDEX(%rip),%rsi ; mov (%rsi,%rcx,4),%ecx
-//!   lea   SLOTS(%rip),%rsi ; lea (%rsi,%rcx),%rsi          ; slot
-//!   mov   (%rsi),%rcx ; not %rcx ; lea 1(%rcx,%r11),%rcx   ; tp - key
-//!   jrcxz hit
-//!   call  register ; jrcxz out ; jmp retry                  ; first record of a thread
-//! hit:
-//!   mov   8(%rsi),%r11 ; lea 32(%r11),%rcx ; mov %rcx,8(%rsi)   ; reserve first
+//!   lea   SLOTS(%rip),%rsi ; add %rcx,%rsi               ; slot
+//!   cmp   (%rsi),%r11 ; jne miss
+//!   incq  56(%rsi)                                       ; inflight
+//!   mov   $32,%r11d ; xadd %r11,8(%rsi)                  ; reserve: one instruction,
+//!                                                        ; so a signal cannot split it
 //!   rdtsc ; mov %eax,8(%r11) ; mov %edx,12(%r11)
 //!   movl  $site,(%r11) ; movl $0,4(%r11) ; mov %rdi,16(%r11)
-//!   mov   168(%rsp),%rax ; mov %rax,24(%r11)                 ; return address
-//!   mov   16(%rsi),%rax ; not %rcx ; lea 1(%rcx,%rax),%rcx ; jrcxz full   ; end - cur
+//!   mov   176(%rsp),%rax ; mov %rax,24(%r11)             ; return address
+//!   decq  56(%rsi)
+//!   add   $32,%r11 ; cmp 16(%rsi),%r11 ; jae full
 //! out:
-//!   pop   ... ; lea 128(%rsp),%rsp
+//!   pop   %r11,%rsi,%rdx,%rcx ; pop %rax ; add $0x7f,%al ; sahf ; pop %rax
+//!   lea   128(%rsp),%rsp
 //!   <displaced instructions> ; jmp back
+//! miss:
+//!   call  register ; test %rcx,%rcx ; jz out ; jmp retry   ; first record of a thread
 //! full:
 //!   call  flush ; jmp out
 //! ```
@@ -28,10 +32,10 @@ use iced_x86::code_asm::*;
 use iced_x86::{BlockEncoderOptions, Code, Instruction, MemoryOperand, Register};
 
 use super::super::{Layout, Runtime};
-use tracer_common::{INDEX_OFF, SLOT_CUR, SLOT_END, SLOTS_OFF};
+use tracer_common::{INDEX_OFF, RECORD_SIZE, SLOT_CUR, SLOT_END, SLOT_INFLIGHT, SLOTS_OFF};
 
 /// Bytes between the stub's `%rsp` after its pushes and the original `%rsp`.
-const FRAME: i32 = 128 + 5 * 8;
+const FRAME: i32 = 128 + 6 * 8;
 
 pub(super) fn lea_rip(a: &mut CodeAssembler, reg: Register, addr: u64) -> Result<(), IcedError> {
     a.add_instruction(Instruction::with2(
@@ -51,35 +55,33 @@ pub(super) fn emit_entry(
 ) -> Result<Vec<u8>, IcedError> {
     let mut a = CodeAssembler::new(64)?;
     let mut retry = a.create_label();
-    let mut hit = a.create_label();
+    let mut miss = a.create_label();
     let mut out = a.create_label();
     let mut full = a.create_label();
 
     a.lea(rsp, ptr(rsp - 128))?;
-    for r in [rax, rcx, rdx, rsi, r11] {
+    a.push(rax)?;
+    a.lahf()?;
+    a.seto(al)?;
+    a.push(rax)?;
+    for r in [rcx, rdx, rsi, r11] {
         a.push(r)?;
     }
     a.set_label(&mut retry)?;
     a.mov(r11, qword_ptr(0u64).fs())?;
-    a.push(r11)?;
-    a.movzx(ecx, word_ptr(rsp + 2))?;
-    a.lea(rsp, ptr(rsp + 8))?;
+    a.mov(rcx, r11)?;
+    a.shr(rcx, 16)?;
+    a.movzx(ecx, cx)?;
     lea_rip(&mut a, Register::RSI, layout.rw_vaddr + INDEX_OFF)?;
     a.mov(ecx, dword_ptr(rsi + rcx * 4))?;
     lea_rip(&mut a, Register::RSI, layout.rw_vaddr + SLOTS_OFF)?;
-    a.lea(rsi, ptr(rsi + rcx))?;
-    a.mov(rcx, qword_ptr(rsi))?;
-    a.not(rcx)?;
-    a.lea(rcx, ptr(rcx + r11 + 1))?;
-    a.jrcxz(hit)?;
-    a.call(rt.register)?;
-    a.jrcxz(out)?;
-    a.jmp(retry)?;
+    a.add(rsi, rcx)?;
+    a.cmp(qword_ptr(rsi), r11)?;
+    a.jne(miss)?;
 
-    a.set_label(&mut hit)?;
-    a.mov(r11, qword_ptr(rsi + SLOT_CUR as i32))?;
-    a.lea(rcx, ptr(r11 + 32))?;
-    a.mov(qword_ptr(rsi + SLOT_CUR as i32), rcx)?;
+    a.inc(qword_ptr(rsi + SLOT_INFLIGHT as i32))?;
+    a.mov(r11d, RECORD_SIZE as u32)?;
+    a.xadd(qword_ptr(rsi + SLOT_CUR as i32), r11)?;
     a.rdtsc()?;
     a.mov(dword_ptr(r11 + 8), eax)?;
     a.mov(dword_ptr(r11 + 12), edx)?;
@@ -88,15 +90,19 @@ pub(super) fn emit_entry(
     a.mov(qword_ptr(r11 + 16), rdi)?;
     a.mov(rax, qword_ptr(rsp + FRAME))?;
     a.mov(qword_ptr(r11 + 24), rax)?;
-    a.mov(rax, qword_ptr(rsi + SLOT_END as i32))?;
-    a.not(rcx)?;
-    a.lea(rcx, ptr(rcx + rax + 1))?;
-    a.jrcxz(full)?;
+    a.dec(qword_ptr(rsi + SLOT_INFLIGHT as i32))?;
+    a.add(r11, RECORD_SIZE as i32)?;
+    a.cmp(r11, qword_ptr(rsi + SLOT_END as i32))?;
+    a.jae(full)?;
 
     a.set_label(&mut out)?;
-    for r in [r11, rsi, rdx, rcx, rax] {
+    for r in [r11, rsi, rdx, rcx] {
         a.pop(r)?;
     }
+    a.pop(rax)?;
+    a.add(al, 0x7f)?;
+    a.sahf()?;
+    a.pop(rax)?;
     a.lea(rsp, ptr(rsp + 128))?;
     for ins in displaced {
         let mut ins = *ins;
@@ -105,6 +111,12 @@ pub(super) fn emit_entry(
         a.add_instruction(ins)?;
     }
     a.jmp(back)?;
+
+    a.set_label(&mut miss)?;
+    a.call(rt.register)?;
+    a.test(rcx, rcx)?;
+    a.jz(out)?;
+    a.jmp(retry)?;
 
     a.set_label(&mut full)?;
     a.call(rt.flush)?;
