@@ -1,1 +1,142 @@
-fn main() {}
+//! `tracer`: records traces of instrumented binaries (see the `record`, `report` and
+//! `dump` commands) with the eBPF programs of crate `tracer-ebpf`.
+
+mod binaries;
+mod btf;
+mod clock;
+mod consumer;
+mod kernel;
+mod process;
+mod report;
+mod session;
+mod tracefile;
+
+use std::{
+    ffi::OsString,
+    io::{BufWriter, ErrorKind},
+    path::PathBuf,
+    time::Duration,
+};
+
+use anyhow::{Result, bail};
+use clap::{Parser, Subcommand};
+use tracer_common::ebpf::DEFAULT_RING_BYTES;
+
+use crate::session::{RecordOptions, Target};
+
+#[derive(Parser)]
+#[command(
+    name = "tracer",
+    version,
+    about = "Trace instrumented binaries with eBPF"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a command (`record -- CMD ARGS...`) or attach to a process (`record -p PID`)
+    /// and record its instrumented binaries' records; exits with the command's status.
+    Record {
+        /// Trace file to write.
+        #[arg(short, long, default_value = session::default_output().as_os_str())]
+        output: PathBuf,
+        /// Size of the kernel ring buffer (power of two; suffixes K, M, G).
+        #[arg(long, value_parser = parse_size, default_value_t = DEFAULT_RING_BYTES)]
+        ring_bytes: u32,
+        /// Attach to this running process instead of running a command.
+        #[arg(short, long, conflicts_with = "command")]
+        pid: Option<u32>,
+        /// With -p: stop after this many seconds.
+        #[arg(long, requires = "pid")]
+        duration: Option<f64>,
+        /// The command and its arguments (after `--`).
+        #[arg(last = true)]
+        command: Vec<OsString>,
+    },
+    /// Per-function and per-thread record counts of a trace.
+    Report {
+        file: PathBuf,
+        /// One JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One tab-separated line per record, in delivery order:
+    /// pid tid binary site symbol value aux time_ns flags.
+    Dump { file: PathBuf },
+}
+
+fn parse_size(s: &str) -> Result<u32, String> {
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&s[..i], 1u64 << 10),
+        Some((i, 'm' | 'M')) => (&s[..i], 1 << 20),
+        Some((i, 'g' | 'G')) => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| format!("{s:?} is not a size below 4G"))
+}
+
+fn run(cli: Cli) -> Result<i32> {
+    match cli.command {
+        Cmd::Record {
+            output,
+            ring_bytes,
+            pid,
+            duration,
+            command,
+        } => {
+            let target = match (pid, command.is_empty()) {
+                (Some(pid), true) => Target::Attach {
+                    pid,
+                    duration: duration
+                        .map(Duration::try_from_secs_f64)
+                        .transpose()
+                        .map_err(|e| anyhow::anyhow!("--duration: {e}"))?,
+                },
+                (None, false) => Target::Exec(command),
+                _ => bail!("give either a command (`tracer record -- CMD ARGS...`) or -p PID"),
+            };
+            session::record(RecordOptions {
+                output,
+                ring_bytes,
+                target,
+            })
+        }
+        Cmd::Report { file, json } => {
+            report::report(&file, json, &mut BufWriter::new(std::io::stdout().lock()))?;
+            Ok(0)
+        }
+        Cmd::Dump { file } => {
+            report::dump(&file, &mut BufWriter::new(std::io::stdout().lock()))?;
+            Ok(0)
+        }
+    }
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let code = match run(cli) {
+        Ok(code) => code,
+        // `tracer dump FILE | head` is not an error.
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == ErrorKind::BrokenPipe)
+            }) =>
+        {
+            0
+        }
+        Err(e) => {
+            eprintln!("tracer: error: {e:#}");
+            1
+        }
+    };
+    std::process::exit(code);
+}

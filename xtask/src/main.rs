@@ -14,7 +14,11 @@ use clap::{Parser, Subcommand};
 use util::cmd;
 
 #[derive(Parser)]
-#[command(name = "cargo xtask", about = "Developer tasks for utrace (run as root)")]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "Developer tasks for utrace (run as root)"
+)]
 struct Cli {
     #[command(subcommand)]
     task: Task,
@@ -54,7 +58,11 @@ fn main() {
     let r = match cli.task {
         Task::Setup => setup::setup(),
         Task::Build => build(),
-        Task::Rewrite { binary, output, functions } => rewrite(&binary, output.as_deref(), &functions),
+        Task::Rewrite {
+            binary,
+            output,
+            functions,
+        } => rewrite(&binary, output.as_deref(), &functions),
         Task::Demo => demo(),
         Task::Test { args } => test(&args),
         Task::Bench(args) => bench::bench(&args),
@@ -112,7 +120,13 @@ fn demo() -> Result<()> {
     let exe = dir.join("demo");
     let traced = dir.join("demo.traced");
     let trace = dir.join("demo.utrace");
-    util::run(cmd("gcc").args(["-O2", "-g", "-pthread"]).arg(&src).arg("-o").arg(&exe))?;
+    util::run(
+        cmd("gcc")
+            .args(["-O2", "-g", "-pthread"])
+            .arg(&src)
+            .arg("-o")
+            .arg(&exe),
+    )?;
     println!("-- the original program:");
     util::run(&mut cmd(&exe))?;
     println!("-- rewrite it:");
@@ -149,7 +163,8 @@ fn test(args: &[String]) -> Result<()> {
     println!("== cargo xtask test");
     let st = util::status(
         cmd("cargo")
-            .args(["test", "--release"])
+            // Run every test binary even after a failure; the exit code still says.
+            .args(["test", "--release", "--no-fail-fast"])
             .args(args)
             .current_dir(util::workspace_root()),
     )

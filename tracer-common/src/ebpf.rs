@@ -1,0 +1,76 @@
+//! The interface between the eBPF object (`tracer-ebpf`) and the tracer that loads it:
+//! program, map and global names, map sizes and the uprobe-site cookie encoding.
+//!
+//! Only names and sizes live here; the map value layouts are the types of the other
+//! modules (`ChunkHeader`, `Record`, `u64` counters).
+
+/// Uprobe on the injected flush function (drains a full buffer, learns rw_bases).
+pub const PROG_FLUSH: &str = "flush";
+/// Uprobe on an unpatchable site (cookie = [`site_cookie`]).
+pub const PROG_SITE: &str = "site";
+/// Tracepoint `syscalls:sys_enter_exit`: drain and release the exiting thread's slots.
+pub const PROG_THREAD_EXIT: &str = "thread_exit";
+/// Tracepoint `sched:sched_process_exit`: read-only drain of whatever is left.
+pub const PROG_TASK_EXIT: &str = "task_exit";
+/// Tracepoint `sched:sched_process_fork`: children of targets become targets.
+pub const PROG_FORK: &str = "fork";
+
+/// Ring buffer of chunks (`ChunkHeader` + records).
+pub const MAP_EVENTS: &str = "EVENTS";
+/// `Array<u64>`, one entry: the session's chunk sequence counter.
+pub const MAP_SEQ: &str = "SEQ";
+/// `PerCpuArray<u64>` indexed by `STAT_*`.
+pub const MAP_STATS: &str = "STATS";
+/// `HashMap<u32 tgid, [u64; TABLE_BINARIES]>`: the rw_bases of the instrumented binaries
+/// mapped into a process (0 = unused entry).
+pub const MAP_TABLES: &str = "TABLES";
+/// `HashMap<u32 tgid, u8>`: the traced processes (ignored when `SYSTEM_WIDE` != 0).
+pub const MAP_TARGETS: &str = "TARGETS";
+/// `Array<u64>`: binary ordinal (the high half of a site cookie) → binary_id.
+pub const MAP_BINARIES: &str = "BINARIES";
+
+/// `LruHashMap<[u64; 2] = [tgid, slot address], u64>`: how far a slot's buffer was
+/// delivered, used when the kernel forbids `bpf_probe_write_user` (lockdown).
+pub const MAP_DRAINED: &str = "DRAINED";
+
+/// Instrumented binaries per process that the eBPF side can track.
+pub const TABLE_BINARIES: usize = 8;
+/// Entries of `BINARIES` (instrumented binaries per session).
+pub const MAX_BINARIES: u32 = 64;
+/// Entries of `TABLES`.
+pub const MAX_PROCESSES: u32 = 4096;
+/// Entries of `TARGETS` (processes, plus threads until they exit, see `fork`).
+pub const MAX_TARGETS: u32 = 65536;
+/// Entries of `DRAINED` (slots with a partly delivered buffer).
+pub const MAX_DRAINED: u32 = 65536;
+/// Default size of `EVENTS` in bytes (a power of two, multiple of the page size).
+pub const DEFAULT_RING_BYTES: u32 = 16 << 20;
+/// Upper bound on one drain (bytes between `start` and `cur`), a sanity limit against a
+/// corrupt slot; larger spans are counted as read errors.
+pub const MAX_DRAIN_BYTES: u64 = 64 << 20;
+
+/// Global (u64): byte offset of the thread pointer inside `task_struct`
+/// (x86-64: `thread.fsbase`; AArch64: `thread.uw.tp_value`). 0 = unknown.
+pub const GLOBAL_TP_OFFSET: &str = "FSBASE_OFFSET";
+/// Global (u8): 1 = the programs may use `bpf_probe_write_user` to reset and release
+/// slots in place; 0 = they keep delivery positions in `DRAINED` instead (for kernels
+/// in lockdown, where that helper is unavailable).
+pub const GLOBAL_WRITE_USER: &str = "WRITE_USER";
+/// Global (u8): 1 = trace every process that runs an instrumented binary.
+pub const GLOBAL_SYSTEM_WIDE: &str = "SYSTEM_WIDE";
+/// Global (u32): offset of `child_pid` in the `sched_process_fork` record.
+pub const GLOBAL_FORK_CHILD_PID_OFF: &str = "FORK_CHILD_PID_OFF";
+/// Global (u32): offset of `group_dead` in the `sched_process_exit` record (0 = absent).
+pub const GLOBAL_EXIT_GROUP_DEAD_OFF: &str = "EXIT_GROUP_DEAD_OFF";
+
+/// Index in the per-CPU `STATS` map (next to `chunk::STAT_*`): flushes of a process
+/// that has more than `TABLE_BINARIES` instrumented binaries, whose extra RW areas the
+/// exit and uprobe-site programs cannot find.
+pub const STAT_TABLE_FULL: u32 = 5;
+const _: () = assert!(STAT_TABLE_FULL < crate::STAT_COUNT);
+
+/// The attach cookie of a uprobe site: binary ordinal (index into `BINARIES`) in the
+/// high half, site id in the low half.
+pub const fn site_cookie(ordinal: u32, site_id: u32) -> u64 {
+    ((ordinal as u64) << 32) | site_id as u64
+}

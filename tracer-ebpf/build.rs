@@ -1,0 +1,10 @@
+//! Fails early, with a clear message, when `bpf-linker` (needed to link the eBPF object)
+//! is missing, and relinks when it changes.
+fn main() {
+    // aya-build passes --cfg bpf_target_arch="<host arch>" when it builds us.
+    println!("cargo::rustc-check-cfg=cfg(bpf_target_arch, values(\"x86_64\", \"aarch64\"))");
+    match which::which("bpf-linker") {
+        Ok(path) => println!("cargo:rerun-if-changed={}", path.display()),
+        Err(e) => panic!("bpf-linker not found on PATH ({e}); install it with `cargo xtask setup`"),
+    }
+}

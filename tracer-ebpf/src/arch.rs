@@ -1,0 +1,92 @@
+//! Architecture-specific access: registers of a uprobe context and the thread pointer.
+//!
+//! x86-64 is implemented; AArch64 (slot in x1, first argument x0, return address x30,
+//! thread pointer `thread.uw.tp_value`) has the same shape so it can be added here.
+
+use aya_ebpf::{helpers::bpf_probe_read_kernel, helpers::generated::bpf_get_current_task};
+
+use crate::maps::FSBASE_OFFSET;
+
+#[cfg(bpf_target_arch = "x86_64")]
+mod regs {
+    use aya_ebpf::programs::ProbeContext;
+
+    use crate::user::read_user;
+
+    /// The slot pointer the stub passes to the flush function (%rsi).
+    #[inline(always)]
+    pub fn slot_arg(ctx: &ProbeContext) -> u64 {
+        // SAFETY: ctx.regs is the program's pt_regs context, readable for its lifetime.
+        unsafe { (*ctx.regs).rsi }
+    }
+
+    /// First integer argument (%rdi).
+    #[inline(always)]
+    pub fn first_arg(ctx: &ProbeContext) -> u64 {
+        // SAFETY: as above.
+        unsafe { (*ctx.regs).rdi }
+    }
+
+    /// Return address at function entry: the word at %rsp.
+    #[inline(always)]
+    pub fn return_address(ctx: &ProbeContext) -> u64 {
+        // SAFETY: as above.
+        let sp = unsafe { (*ctx.regs).rsp };
+        read_user::<u64>(sp).unwrap_or(0)
+    }
+}
+
+#[cfg(bpf_target_arch = "aarch64")]
+mod regs {
+    use aya_ebpf::programs::ProbeContext;
+
+    /// The start of the kernel's arm64 `struct pt_regs` (`user_pt_regs`).
+    #[repr(C)]
+    struct UserPtRegs {
+        regs: [u64; 31],
+        sp: u64,
+        pc: u64,
+        pstate: u64,
+    }
+
+    #[inline(always)]
+    fn reg(ctx: &ProbeContext, n: usize) -> u64 {
+        // SAFETY: ctx.regs is the program's pt_regs context, which starts with user_pt_regs.
+        unsafe { (*ctx.regs.cast::<UserPtRegs>()).regs[n] }
+    }
+
+    #[inline(always)]
+    pub fn slot_arg(ctx: &ProbeContext) -> u64 {
+        reg(ctx, 1)
+    }
+
+    #[inline(always)]
+    pub fn first_arg(ctx: &ProbeContext) -> u64 {
+        reg(ctx, 0)
+    }
+
+    /// At function entry the return address is still in the link register.
+    #[inline(always)]
+    pub fn return_address(ctx: &ProbeContext) -> u64 {
+        reg(ctx, 30)
+    }
+}
+
+pub use regs::{first_arg, return_address, slot_arg};
+
+/// The current thread's thread pointer (the key of its slots), 0 if unknown. Read from
+/// `task_struct` at the offset the loader found in BTF. The kernel sets that field at
+/// clone (CLONE_SETTLS) and arch_prctl(ARCH_SET_FS) and saves it on context switch, so
+/// it is the thread pointer unless the program changes it with `wrfsbase` behind the
+/// kernel's back (libc does not).
+#[inline(always)]
+pub fn thread_pointer() -> u64 {
+    let off = FSBASE_OFFSET.load();
+    if off == 0 {
+        return 0;
+    }
+    // SAFETY: bpf_get_current_task has no preconditions.
+    let task = unsafe { bpf_get_current_task() };
+    // SAFETY: bpf_probe_read_kernel validates the address.
+    unsafe { bpf_probe_read_kernel((task + off) as *const u64) }.unwrap_or(0)
+}

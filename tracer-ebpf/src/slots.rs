@@ -1,0 +1,187 @@
+//! Finding and releasing a thread's slot in an RW area (see tracer_common::layout).
+
+use core::ffi::c_void;
+
+use aya_ebpf::helpers::generated::bpf_loop;
+use tracer_common::{
+    FIRST_FREE_SLOT, INDEX_OFF, KEY_CLAIMING, KEY_TOMBSTONE, PRE_TLS_OFF, RECORD_SIZE, RWH_NSLOTS,
+    SLOT_CUR, SLOT_KEY, SLOT_PRE_TLS, SLOT_SIZE, SLOTS_OFF, STAT_RECORDS_SKIPPED, Slot, index_of,
+};
+
+use crate::{
+    drain::drain,
+    maps::{DRAINED, WRITE_USER, stat_add},
+    user::{read_user, write_user},
+};
+
+/// Upper bound on the slot scan (the table is nslots long, 1024 by default).
+const MAX_SCAN: u32 = 1 << 20;
+
+/// Address of the slot owned by thread pointer `tp` in the RW area at `rw`, 0 if none.
+/// Fast path through the index; on a miss (index collision, or the thread has no slot)
+/// a scan of the table.
+#[inline(never)]
+pub fn find_slot(rw: u64, tp: u64) -> u64 {
+    if tp <= KEY_CLAIMING {
+        return 0;
+    }
+    // A static executable's pre-TLS phase: %fs points into the RW area itself.
+    if tp == rw + PRE_TLS_OFF {
+        return pre_tls_slot(rw);
+    }
+    let h = index_of(tp);
+    if let Ok(off) = read_user::<u32>(rw + INDEX_OFF + h * 4) {
+        let slot = rw + SLOTS_OFF + off as u64;
+        if read_user::<u64>(slot + SLOT_KEY) == Ok(tp) {
+            return slot;
+        }
+    }
+    let nslots = read_user::<u32>(rw + RWH_NSLOTS).unwrap_or(0);
+    if nslots <= FIRST_FREE_SLOT {
+        return 0;
+    }
+    let mut s = ScanCtx { rw, tp, found: 0 };
+    let n = nslots - FIRST_FREE_SLOT;
+    // SAFETY: callback and context as bpf_loop expects; `s` outlives the call.
+    unsafe {
+        bpf_loop(
+            if n > MAX_SCAN { MAX_SCAN } else { n },
+            scan_slot as *const () as *mut c_void,
+            (&raw mut s).cast(),
+            0,
+        );
+    }
+    s.found
+}
+
+#[inline(always)]
+pub fn pre_tls_slot(rw: u64) -> u64 {
+    rw + SLOTS_OFF + SLOT_PRE_TLS as u64 * SLOT_SIZE
+}
+
+#[repr(C)]
+struct ScanCtx {
+    rw: u64,
+    tp: u64,
+    found: u64,
+}
+
+#[inline(never)]
+extern "C" fn scan_slot(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop hands back the ScanCtx pointer that find_slot() passed in.
+    let s = unsafe { &mut *ctx.cast::<ScanCtx>() };
+    let slot = s.rw + SLOTS_OFF + (index + FIRST_FREE_SLOT as u64) * SLOT_SIZE;
+    match read_user::<u64>(slot + SLOT_KEY) {
+        Ok(key) if key == s.tp => {
+            s.found = slot;
+            1
+        }
+        Ok(_) => 0,
+        Err(_) => 1,
+    }
+}
+
+/// What [`drain_slot`] does after draining a slot.
+///
+/// With `WRITE_USER` (the kernel allows bpf_probe_write_user) the slot itself is
+/// updated, as the design says. Without it (kernel lockdown) the programs never write
+/// user memory; the `DRAINED` map remembers how far each slot was delivered instead
+/// (see [`delivered_up_to`]).
+///
+/// The thread goes on using the buffer (flush, uprobe site): reset it (`cur = start`).
+/// The flush function's own reset then sees a buffer that is no longer full and keeps
+/// whatever a signal handler recorded in between.
+pub const AFTER_RESET: u32 = 1;
+/// The thread is exiting (sys_enter_exit): reset, unindex and tombstone the slot, so
+/// that a new thread with the same thread pointer registers afresh.
+pub const AFTER_RELEASE: u32 = 2;
+/// The task is dying (sched_process_exit, no user writes possible): nothing.
+pub const AFTER_EXIT: u32 = 3;
+
+/// Error: the slot could not be read or written back.
+pub const E_SLOT_IO: i64 = -3000;
+/// Error: the DRAINED map could not be updated (records may be delivered twice).
+pub const E_DRAINED_MAP: i64 = -3001;
+
+/// Where the previous drain of `slot` stopped, if that is still meaningful.
+///
+/// `DRAINED[tgid, slot]` holds `[pos, stamp]`: `cur` after that drain and the time field
+/// of the record just before it. The user code resets `cur` behind our back, and a reset
+/// buffer may well fill up to `pos` again, so `pos` only counts while the record before
+/// it is still the one we delivered (its rdtsc stamp is unchanged).
+#[inline(always)]
+fn delivered_up_to(key: [u64; 2], slot: &Slot) -> Option<u64> {
+    let p = DRAINED.get_ptr(key)?;
+    // SAFETY: p points at a live map value, copied at once.
+    let [pos, stamp] = unsafe { *p };
+    let valid = pos > slot.start
+        && pos <= slot.cur
+        && read_user::<u64>(pos - RECORD_SIZE as u64 + RECORD_TIME_OFF) == Ok(stamp);
+    valid.then_some(pos)
+}
+
+/// Offset of `Record::time`.
+const RECORD_TIME_OFF: u64 = 8;
+
+/// Drain the slot at `slot_addr` (in the RW area at `rw`) from where the last drain
+/// stopped, then do what `after` says (`AFTER_*`). Returns records delivered or a
+/// negative error.
+#[inline(never)]
+pub fn drain_slot(slot_addr: u64, rw: u64, pid_tid: u64, cause: u32, after: u32) -> i64 {
+    let Ok(slot) = read_user::<Slot>(slot_addr) else {
+        return E_SLOT_IO;
+    };
+    // A stub interrupted by a signal handler is still writing a record: leave the
+    // buffer alone (it has slack after `end`); the thread's next flush drains it.
+    if slot.inflight != 0 && after == AFTER_RESET {
+        return 0;
+    }
+    let write = WRITE_USER.load() != 0;
+    let key = [pid_tid >> 32, slot_addr];
+    let mut from = slot.start;
+    if !write && let Some(pos) = delivered_up_to(key, &slot) {
+        from = pos;
+        stat_add(
+            STAT_RECORDS_SKIPPED,
+            (pos - slot.start) / RECORD_SIZE as u64,
+        );
+    }
+    let delivered = drain(&slot, from, pid_tid, cause);
+    if delivered < 0 {
+        return delivered;
+    }
+    if !write {
+        let r = if slot.cur == slot.start {
+            match DRAINED.get_ptr(key) {
+                Some(_) => DRAINED.remove(key),
+                None => Ok(()),
+            }
+        } else {
+            // Unreadable stamp: 0, so the position is not trusted later (duplicates
+            // rather than losses).
+            let stamp =
+                read_user::<u64>(slot.cur - RECORD_SIZE as u64 + RECORD_TIME_OFF).unwrap_or(0);
+            DRAINED.insert(key, [slot.cur, stamp], 0)
+        };
+        return if r.is_err() { E_DRAINED_MAP } else { delivered };
+    }
+    if after == AFTER_EXIT {
+        return delivered;
+    }
+    if slot.cur != slot.start && write_user(slot_addr + SLOT_CUR, slot.start).is_err() {
+        return E_SLOT_IO;
+    }
+    if after == AFTER_RELEASE {
+        // Unindex first, tombstone last: once the key is a tombstone another thread
+        // may claim the slot and install its own index entry.
+        let idx = rw + INDEX_OFF + index_of(slot.key) * 4;
+        let off = slot_addr.wrapping_sub(rw + SLOTS_OFF);
+        if read_user::<u32>(idx).map(u64::from) == Ok(off) {
+            let _ = write_user::<u32>(idx, 0);
+        }
+        if write_user(slot_addr + SLOT_KEY, KEY_TOMBSTONE).is_err() {
+            return E_SLOT_IO;
+        }
+    }
+    delivered
+}

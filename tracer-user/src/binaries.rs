@@ -1,0 +1,281 @@
+//! Which binaries of a command or process are instrumented, and their metadata
+//! (the `.note.utrace` section the rewriter adds).
+
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail};
+use object::{
+    Endianness, Object, ObjectSection,
+    elf::PT_INTERP,
+    read::elf::{ElfFile64, ProgramHeader},
+};
+use tracer_common::meta::{META_SECTION, Metadata};
+
+/// An instrumented binary.
+#[derive(Clone, Debug)]
+pub struct Instrumented {
+    pub path: PathBuf,
+    pub meta: Metadata,
+    /// Raw contents of the note section (stored in the trace file).
+    pub note: Vec<u8>,
+}
+
+/// The metadata of `path` if it is an instrumented binary. Files that are not ELF or
+/// have no note give None; a note that does not parse gives None and a warning.
+pub fn read_instrumented(path: &Path) -> Result<Option<Instrumented>> {
+    let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let Ok(file) = object::File::parse(&*data) else {
+        return Ok(None);
+    };
+    let Some(section) = file.section_by_name(META_SECTION) else {
+        return Ok(None);
+    };
+    let note = section
+        .data()
+        .with_context(|| format!("{}: cannot read {META_SECTION}", path.display()))?;
+    match Metadata::from_note_section(note) {
+        Some(Ok(meta)) => Ok(Some(Instrumented {
+            path: path.to_path_buf(),
+            meta,
+            note: note.to_vec(),
+        })),
+        Some(Err(e)) => {
+            log::warn!("{}: ignoring broken {META_SECTION}: {e}", path.display());
+            Ok(None)
+        }
+        None => {
+            log::warn!(
+                "{}: {META_SECTION} holds no utrace note; ignoring",
+                path.display()
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// The program interpreter (PT_INTERP) of an ELF executable, None for static ones.
+fn interpreter(exe: &Path) -> Result<Option<PathBuf>> {
+    let data = std::fs::read(exe).with_context(|| format!("cannot read {}", exe.display()))?;
+    let elf = ElfFile64::<Endianness>::parse(&*data)
+        .with_context(|| format!("{} is not a 64-bit ELF file", exe.display()))?;
+    let endian = elf.endian();
+    for ph in elf.elf_program_headers() {
+        if ph.p_type(endian) == PT_INTERP {
+            let raw = ph
+                .data(endian, &*data)
+                .map_err(|()| anyhow::anyhow!("{}: bad PT_INTERP", exe.display()))?;
+            let raw = raw.split(|&c| c == 0).next().unwrap_or(raw);
+            let s = std::str::from_utf8(raw)
+                .with_context(|| format!("{}: PT_INTERP is not UTF-8", exe.display()))?;
+            return Ok(Some(PathBuf::from(s)));
+        }
+    }
+    Ok(None)
+}
+
+/// Parse `ld.so --list` output: the resolved path of every loaded object.
+fn parse_ld_list(out: &str) -> Vec<PathBuf> {
+    let mut paths = Vec::new();
+    for line in out.lines().map(str::trim) {
+        let target = match line.split_once(" => ") {
+            Some((name, rest)) => {
+                if rest.starts_with("not found") {
+                    log::warn!("{name}: not found by the dynamic loader");
+                    continue;
+                }
+                rest
+            }
+            None => line,
+        };
+        if !target.starts_with('/') {
+            continue; // vdso, or "statically linked" and the like
+        }
+        let path = target.rsplit_once(" (0x").map_or(target, |(p, _)| p);
+        paths.push(PathBuf::from(path.trim_end()));
+    }
+    paths
+}
+
+/// The objects `exe` loads, resolved the way the dynamic loader does (it is asked:
+/// `<PT_INTERP> --list exe`, honouring LD_LIBRARY_PATH and friends).
+fn shared_libraries(exe: &Path) -> Result<Vec<PathBuf>> {
+    let Some(interp) = interpreter(exe)? else {
+        return Ok(Vec::new());
+    };
+    let out = Command::new(&interp)
+        .arg("--list")
+        .arg(exe)
+        .output()
+        .with_context(|| format!("cannot run {} --list", interp.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} --list {} failed ({}): {}",
+            interp.display(),
+            exe.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(parse_ld_list(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The instrumented binaries among `exe` and the shared libraries it links.
+pub fn for_command(exe: &Path) -> Result<Vec<Instrumented>> {
+    let mut candidates = vec![exe.to_path_buf()];
+    candidates.extend(shared_libraries(exe)?);
+    collect(candidates)
+}
+
+fn collect(candidates: Vec<PathBuf>) -> Result<Vec<Instrumented>> {
+    let mut seen = BTreeSet::new();
+    let mut found: Vec<Instrumented> = Vec::new();
+    for path in candidates {
+        let key = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+        if !seen.insert(key) {
+            continue;
+        }
+        if let Some(b) = read_instrumented(&path)? {
+            if let Some(other) = found.iter().find(|o| o.meta.binary_id == b.meta.binary_id) {
+                log::warn!(
+                    "{} and {} have the same binary_id {:#x}; tracing only the first",
+                    other.path.display(),
+                    b.path.display(),
+                    b.meta.binary_id
+                );
+                continue;
+            }
+            found.push(b);
+        }
+    }
+    Ok(found)
+}
+
+/// A file mapping of a process.
+#[derive(Clone, Debug)]
+pub struct Mapping {
+    pub start: u64,
+    pub offset: u64,
+    pub path: PathBuf,
+}
+
+/// File-backed mappings from /proc/PID/maps.
+pub fn process_mappings(pid: u32) -> Result<Vec<Mapping>> {
+    let maps_path = format!("/proc/{pid}/maps");
+    let text = std::fs::read_to_string(&maps_path)
+        .with_context(|| format!("cannot read {maps_path} (is process {pid} alive?)"))?;
+    let mut maps = Vec::new();
+    for line in text.lines() {
+        // start-end perms offset dev inode path
+        let mut f = line.splitn(6, ' ');
+        let (Some(range), Some(_perms), Some(offset), Some(_dev), Some(_inode), Some(path)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            continue;
+        };
+        let path = path.trim_start();
+        if !path.starts_with('/') || path.ends_with(" (deleted)") {
+            continue;
+        }
+        let (Some(start), Ok(offset)) = (
+            range
+                .split_once('-')
+                .and_then(|(s, _)| u64::from_str_radix(s, 16).ok()),
+            u64::from_str_radix(offset, 16),
+        ) else {
+            continue;
+        };
+        maps.push(Mapping {
+            start,
+            offset,
+            path: PathBuf::from(path),
+        });
+    }
+    Ok(maps)
+}
+
+/// The instrumented binaries mapped into process `pid`, each with its load bias
+/// (run-time address − link-time address).
+pub fn for_process(pid: u32) -> Result<Vec<(Instrumented, u64)>> {
+    let maps = process_mappings(pid)?;
+    let mut paths: Vec<PathBuf> = Vec::new();
+    for m in &maps {
+        if !paths.contains(&m.path) {
+            paths.push(m.path.clone());
+        }
+    }
+    let mut out = Vec::new();
+    for b in collect(paths)? {
+        match load_bias(&b.path, &maps) {
+            Ok(bias) => out.push((b, bias)),
+            Err(e) => log::warn!("{}: {e:#}; not traced", b.path.display()),
+        }
+    }
+    Ok(out)
+}
+
+/// Load bias of `path` in a process: where its first PT_LOAD segment was mapped.
+fn load_bias(path: &Path, maps: &[Mapping]) -> Result<u64> {
+    let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let elf = ElfFile64::<Endianness>::parse(&*data).context("not a 64-bit ELF file")?;
+    let endian = elf.endian();
+    let first = elf
+        .elf_program_headers()
+        .iter()
+        .filter(|ph| ph.p_type(endian) == object::elf::PT_LOAD)
+        .min_by_key(|ph| ph.p_vaddr(endian))
+        .context("no PT_LOAD segment")?;
+    let page = 4096u64;
+    let (vaddr, offset) = (first.p_vaddr(endian), first.p_offset(endian));
+    let m = maps
+        .iter()
+        .find(|m| m.path == path && m.offset == offset & !(page - 1))
+        .context("first segment not found in /proc/PID/maps")?;
+    Ok(m.start.wrapping_sub(vaddr & !(page - 1)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ld_list_output() {
+        let out = "\tlinux-vdso.so.1 (0x00007ffd5c9f2000)\n\
+                   \tlibtraced.so => /opt/lib/libtraced.so (0x00007f2a1c000000)\n\
+                   \tlibmissing.so => not found\n\
+                   \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f2a1be00000)\n\
+                   \t/lib64/ld-linux-x86-64.so.2 (0x00007f2a1c200000)\n";
+        assert_eq!(
+            parse_ld_list(out),
+            [
+                "/opt/lib/libtraced.so",
+                "/lib/x86_64-linux-gnu/libc.so.6",
+                "/lib64/ld-linux-x86-64.so.2"
+            ]
+            .map(PathBuf::from)
+        );
+    }
+
+    #[test]
+    fn uninstrumented_system_binary() {
+        let sh = Path::new("/bin/sh");
+        if sh.exists() {
+            assert!(read_instrumented(sh).unwrap().is_none());
+            assert!(for_command(sh).unwrap().is_empty());
+            assert!(!shared_libraries(sh).unwrap().is_empty());
+        }
+    }
+
+    #[test]
+    fn own_mappings() {
+        let maps = process_mappings(std::process::id()).unwrap();
+        assert!(!maps.is_empty());
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let bias = load_bias(&exe, &maps).unwrap();
+        // PIE test binaries load high, non-PIE at bias 0.
+        assert!(bias == 0 || bias > 0x1000);
+    }
+}

@@ -1,0 +1,174 @@
+//! Getting chunks out of the `EVENTS` ring buffer and into the trace file.
+//!
+//! Two threads: the consumer polls the ring buffer (and the aya-log buffer) with a
+//! short timeout, turns entries into chunk sections and hands batches to the writer
+//! over a bounded channel; the writer appends them to the file. The ring buffer is
+//! emptied quickly even when the disk is slow, until the channel fills up. Both threads
+//! run at real-time priority when allowed (see `raise_priority`).
+
+use std::{
+    collections::HashSet,
+    os::fd::{AsRawFd, RawFd},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+        mpsc::{Receiver, SyncSender, sync_channel},
+    },
+    thread::JoinHandle,
+};
+
+use anyhow::{Context, Result, anyhow};
+use aya::maps::{MapData, RingBuf};
+use aya_log::EbpfLogger;
+
+use crate::tracefile::{Writer, encode_chunk};
+
+/// Batches handed to the writer at once (bytes, soft limit).
+const BATCH_BYTES: usize = 1 << 20;
+/// Batches in flight between consumer and writer.
+const CHANNEL_BATCHES: usize = 64;
+const POLL_MS: i32 = 50;
+
+pub type Logger = EbpfLogger<&'static dyn log::Log>;
+
+/// What the consumer saw.
+#[derive(Debug, Default)]
+pub struct Consumed {
+    pub records: u64,
+    pub chunks: u64,
+    pub bad_entries: u64,
+    pub threads: HashSet<(u32, u32)>,
+}
+
+pub struct Pipeline {
+    stop: Arc<AtomicBool>,
+    consumer: JoinHandle<Result<Consumed>>,
+    writer: JoinHandle<Result<Writer>>,
+}
+
+impl Pipeline {
+    /// Start consuming `ring` into `writer` (which already holds the file's head).
+    pub fn start(ring: RingBuf<MapData>, logger: Option<Logger>, writer: Writer) -> Result<Self> {
+        let (tx, rx) = sync_channel::<Vec<u8>>(CHANNEL_BATCHES);
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = std::thread::Builder::new()
+            .name("utrace-writer".into())
+            .spawn(move || write_loop(writer, rx))
+            .context("cannot start the writer thread")?;
+        let stop2 = stop.clone();
+        let consumer = std::thread::Builder::new()
+            .name("utrace-consumer".into())
+            .spawn(move || consume_loop(ring, logger, tx, &stop2))
+            .context("cannot start the consumer thread")?;
+        Ok(Pipeline {
+            stop,
+            consumer,
+            writer,
+        })
+    }
+
+    /// Empty the ring buffer one last time, stop both threads and return the writer.
+    /// Call when nothing more is produced (the traced processes are gone).
+    pub fn finish(self) -> Result<(Consumed, Writer)> {
+        self.stop.store(true, Ordering::SeqCst);
+        let consumed = self
+            .consumer
+            .join()
+            .map_err(|_| anyhow!("the consumer thread panicked"))?;
+        let writer = self
+            .writer
+            .join()
+            .map_err(|_| anyhow!("the writer thread panicked"))?;
+        // A write error explains a consumer error ("writer stopped"), so it goes first.
+        let writer = writer?;
+        let consumed = consumed?;
+        Ok((consumed, writer))
+    }
+}
+
+fn poll_readable(fds: &[RawFd], timeout_ms: i32) {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: p is a valid array of p.len() pollfds. Errors (EINTR) just mean "look again".
+    unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout_ms) };
+}
+
+fn consume_loop(
+    mut ring: RingBuf<MapData>,
+    mut logger: Option<Logger>,
+    tx: SyncSender<Vec<u8>>,
+    stop: &AtomicBool,
+) -> Result<Consumed> {
+    raise_priority();
+    let mut seen = Consumed::default();
+    let mut fds = vec![ring.as_raw_fd()];
+    fds.extend(logger.as_ref().map(|l| l.as_raw_fd()));
+    let mut batch = Vec::with_capacity(BATCH_BYTES + 8192);
+    loop {
+        // Read the flag before draining: entries produced before it was set are in
+        // the buffer by now, so one more full drain gets everything.
+        let stopping = stop.load(Ordering::SeqCst);
+        if !stopping {
+            poll_readable(&fds, POLL_MS);
+        }
+        while let Some(item) = ring.next() {
+            match encode_chunk(&item, &mut batch) {
+                Some(h) => {
+                    seen.records += u64::from(h.count);
+                    seen.chunks += 1;
+                    seen.threads.insert((h.pid, h.tid));
+                }
+                None => seen.bad_entries += 1,
+            }
+            drop(item);
+            if batch.len() >= BATCH_BYTES {
+                let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH_BYTES + 8192));
+                tx.send(full)
+                    .map_err(|_| anyhow!("the writer thread stopped"))?;
+            }
+        }
+        if !batch.is_empty() {
+            let b = std::mem::replace(&mut batch, Vec::with_capacity(BATCH_BYTES + 8192));
+            tx.send(b)
+                .map_err(|_| anyhow!("the writer thread stopped"))?;
+        }
+        if let Some(l) = logger.as_mut() {
+            l.flush();
+        }
+        if stopping {
+            return Ok(seen);
+        }
+    }
+}
+
+/// Traced threads can fill the ring buffer much faster than a fair share of the CPU
+/// lets us empty it (an instrumented tight loop makes GB/s of records). The consumer
+/// and the writer therefore run SCHED_FIFO (lowest real-time priority): whenever they
+/// have work they run ahead of the traced threads, so a burst slows the program down
+/// instead of being dropped. Both block (poll, channel, write) when idle, and the
+/// kernel's real-time throttling bounds them anyway. Best effort (needs CAP_SYS_NICE).
+fn raise_priority() {
+    let p = libc::sched_param { sched_priority: 1 };
+    // SAFETY: p is a valid sched_param; pid 0 is the calling thread.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } != 0 {
+        log::debug!(
+            "cannot make {:?} real-time: {}",
+            std::thread::current().name(),
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+fn write_loop(mut writer: Writer, rx: Receiver<Vec<u8>>) -> Result<Writer> {
+    raise_priority();
+    for batch in rx {
+        writer.write_raw(&batch)?;
+    }
+    Ok(writer)
+}

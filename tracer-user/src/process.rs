@@ -1,0 +1,308 @@
+//! The traced process: starting a command held at a gate until the tracer is ready,
+//! waiting for it, and waiting for a process we did not start.
+
+use std::{
+    ffi::{CString, OsStr, OsString},
+    io,
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+        unix::ffi::OsStrExt,
+    },
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+/// Find `cmd` the way execvp does: as given if it contains a slash, else in $PATH.
+pub fn resolve_command(cmd: &OsStr) -> Result<PathBuf> {
+    let is_exec = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| {
+            use std::os::unix::fs::PermissionsExt;
+            m.is_file() && m.permissions().mode() & 0o111 != 0
+        })
+    };
+    if cmd.as_bytes().contains(&b'/') {
+        let p = PathBuf::from(cmd);
+        if !is_exec(&p) {
+            bail!("{}: no such executable file", p.display());
+        }
+        return Ok(p);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/bin:/bin"));
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(cmd))
+        .find(|p| is_exec(p))
+        .with_context(|| format!("{}: command not found in PATH", cmd.to_string_lossy()))
+}
+
+fn pipe_cloexec() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: fds has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 just returned these two descriptors; nothing else owns them.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A forked child that waits at a gate (blocked reading a pipe) before it execs the
+/// command, so the tracer can make it a target first. Stdio is inherited untouched.
+pub struct GatedChild {
+    pub pid: u32,
+    go: Option<OwnedFd>,
+    exec_error: OwnedFd,
+}
+
+impl GatedChild {
+    pub fn spawn(exe: &Path, argv: &[OsString]) -> Result<Self> {
+        // Everything the child needs is prepared before fork: after it, only
+        // async-signal-safe calls.
+        let c_exe = CString::new(exe.as_os_str().as_bytes())
+            .with_context(|| format!("{}: NUL in path", exe.display()))?;
+        let c_args = argv
+            .iter()
+            .map(|a| CString::new(a.as_bytes()))
+            .collect::<Result<Vec<_>, _>>()
+            .context("NUL in an argument")?;
+        let mut c_argv: Vec<*const libc::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
+        c_argv.push(std::ptr::null());
+        let (gate_r, gate_w) = pipe_cloexec().context("pipe")?;
+        let (err_r, err_w) = pipe_cloexec().context("pipe")?;
+
+        // SAFETY: the child only calls async-signal-safe functions (read, write,
+        // execv, _exit) on memory prepared above.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(io::Error::last_os_error()).context("fork");
+        }
+        if pid == 0 {
+            // SAFETY: child side, see above; never returns.
+            unsafe {
+                child_after_fork(
+                    [gate_r.as_raw_fd(), err_w.as_raw_fd()],
+                    [gate_w.as_raw_fd(), err_r.as_raw_fd()],
+                    &c_exe,
+                    &c_argv,
+                )
+            }
+        }
+        drop((gate_r, err_w));
+        Ok(GatedChild {
+            pid: pid as u32,
+            go: Some(gate_w),
+            exec_error: err_r,
+        })
+    }
+
+    /// Open the gate; returns once the child has exec'd (or reports why it could not).
+    pub fn release(&mut self) -> Result<()> {
+        let go = self.go.take().context("child already released")?;
+        // SAFETY: writing one byte from a valid buffer to our pipe descriptor.
+        if unsafe { libc::write(go.as_raw_fd(), b"g".as_ptr().cast(), 1) } != 1 {
+            return Err(io::Error::last_os_error()).context("cannot release the child");
+        }
+        drop(go);
+        // The error pipe is close-on-exec: EOF means exec succeeded.
+        let mut errno = [0u8; 4];
+        let mut n = 0;
+        while n < 4 {
+            // SAFETY: reading into the valid remainder of `errno`.
+            let r = unsafe {
+                libc::read(
+                    self.exec_error.as_raw_fd(),
+                    errno[n..].as_mut_ptr().cast(),
+                    4 - n,
+                )
+            };
+            match r {
+                0 => return Ok(()),
+                r if r > 0 => n += r as usize,
+                _ if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
+                _ => return Err(io::Error::last_os_error()).context("reading exec status"),
+            }
+        }
+        Err(io::Error::from_raw_os_error(i32::from_ne_bytes(errno))).context("cannot execute")
+    }
+}
+
+/// # Safety
+/// Only in the child right after fork; `argv` is NULL-terminated and points into
+/// strings that live in the (copied) parent memory. `[gate, err]` are the ends the
+/// child uses, `parent_ends` the ones it must not keep.
+unsafe fn child_after_fork(
+    [gate, err]: [RawFd; 2],
+    parent_ends: [RawFd; 2],
+    exe: &CString,
+    argv: &[*const libc::c_char],
+) -> ! {
+    // Our copy of the gate's write end would keep the read below from ever seeing EOF.
+    for fd in parent_ends {
+        // SAFETY: closing descriptors of this (child) process; async-signal-safe.
+        unsafe { libc::close(fd) };
+    }
+    let mut b = 0u8;
+    loop {
+        // SAFETY: one byte into a valid local.
+        let r = unsafe { libc::read(gate, (&raw mut b).cast(), 1) };
+        if r == 1 {
+            break;
+        }
+        // EOF: the tracer gave up before releasing us; do not run the command untraced.
+        // SAFETY: __errno_location is async-signal-safe; _exit never returns.
+        if r == 0 || unsafe { *libc::__errno_location() } != libc::EINTR {
+            unsafe { libc::_exit(127) };
+        }
+    }
+    // SAFETY: exe and argv are valid C strings / a NULL-terminated array.
+    unsafe { libc::execv(exe.as_ptr(), argv.as_ptr()) };
+    // SAFETY: reporting errno over the pipe, then _exit; all async-signal-safe.
+    unsafe {
+        let e = (*libc::__errno_location()).to_ne_bytes();
+        libc::write(err, e.as_ptr().cast(), 4);
+        libc::_exit(127)
+    }
+}
+
+/// Wait for child `pid`; its exit code, 128+signal if it was killed.
+pub fn wait_child(pid: u32) -> Result<i32> {
+    let mut status = 0;
+    loop {
+        // SAFETY: status is a valid int; pid is our child.
+        let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+        if r == pid as libc::pid_t {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e).with_context(|| format!("waitpid({pid})"));
+        }
+    }
+    Ok(if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else if libc::WIFSIGNALED(status) {
+        128 + libc::WTERMSIG(status)
+    } else {
+        1
+    })
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// While a command runs in the foreground, Ctrl-C and Ctrl-\ are for it: the tracer
+/// ignores them so it can still write the trace when the command dies of them.
+/// Called after the fork (ignored dispositions would survive exec).
+pub fn ignore_terminal_signals() {
+    // SAFETY: SIG_IGN is a valid disposition for these signals.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+    }
+}
+
+/// Ctrl-C / SIGTERM end an attach session (checked by [`wait_process`]).
+pub fn catch_stop_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: a zeroed sigaction with a valid handler that only stores an atomic.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Why [`wait_process`] returned.
+#[derive(Debug, PartialEq, Eq)]
+pub enum WaitEnd {
+    Exited,
+    Interrupted,
+    Timeout,
+}
+
+/// Wait for process `pid` (not our child) to exit, for a signal from
+/// [`catch_stop_signals`], or for `duration`.
+pub fn wait_process(pid: u32, duration: Option<Duration>) -> Result<WaitEnd> {
+    // SAFETY: pidfd_open takes a pid and flags, returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error()).with_context(|| format!("pidfd_open({pid})"));
+    }
+    // SAFETY: a descriptor pidfd_open just returned, owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    let deadline = duration.map(|d| Instant::now() + d);
+    loop {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            return Ok(WaitEnd::Interrupted);
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(WaitEnd::Timeout);
+        }
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, 100) };
+        if r > 0 {
+            return Ok(WaitEnd::Exited);
+        }
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e).context("poll(pidfd)");
+            }
+        }
+    }
+}
+
+/// A process's command line from /proc, for the session record.
+pub fn cmdline(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| {
+            b.split(|&c| c == 0)
+                .filter(|s| !s.is_empty())
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_like_execvp() {
+        assert!(resolve_command(OsStr::new("sh")).unwrap().is_absolute());
+        assert!(resolve_command(OsStr::new("no-such-command-xyz")).is_err());
+        assert!(resolve_command(OsStr::new("./no/such")).is_err());
+    }
+
+    #[test]
+    fn gate_and_exit_codes() {
+        let sh = resolve_command(OsStr::new("sh")).unwrap();
+        let args = |s: &str| vec![OsString::from("sh"), "-c".into(), s.into()];
+        let mut c = GatedChild::spawn(&sh, &args("exit 3")).unwrap();
+        c.release().unwrap();
+        assert_eq!(wait_child(c.pid).unwrap(), 3);
+        let mut c = GatedChild::spawn(&sh, &args("kill -9 $$")).unwrap();
+        c.release().unwrap();
+        assert_eq!(wait_child(c.pid).unwrap(), 128 + 9);
+        // Dropped without release: the child exits without running the command.
+        let c = GatedChild::spawn(&sh, &args("exit 0")).unwrap();
+        let pid = c.pid;
+        drop(c);
+        assert_eq!(wait_child(pid).unwrap(), 127);
+        let mut c = GatedChild::spawn(Path::new("/nonexistent"), &args("")).unwrap();
+        assert!(c.release().is_err());
+        assert_eq!(wait_child(c.pid).unwrap(), 127);
+    }
+}

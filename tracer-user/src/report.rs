@@ -1,0 +1,255 @@
+//! `tracer report` and `tracer dump`: reading a trace file back.
+
+use std::{collections::HashMap, io::Write, path::Path};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use tracer_common::{FLAG_KTIME, FLAG_UPROBE, Record};
+
+use crate::{
+    clock::Calibration,
+    tracefile::{self, BinaryInfo, FinalStats, Reader, Section, SessionInfo, Truncation},
+};
+
+/// Names for the (binary_id, site id) pairs of a trace, from its binary sections.
+#[derive(Default)]
+struct Names {
+    binaries: HashMap<u64, (String, HashMap<u32, String>)>,
+}
+
+impl Names {
+    fn add(&mut self, b: &BinaryInfo) {
+        let sites = match b.metadata() {
+            Ok(m) => m.sites.into_iter().map(|s| (s.id, s.name)).collect(),
+            Err(e) => {
+                log::warn!("{}: cannot parse its metadata: {e}", b.path);
+                HashMap::new()
+            }
+        };
+        self.binaries
+            .insert(b.binary_id, (b.name().to_string(), sites));
+    }
+
+    fn binary(&self, id: u64) -> &str {
+        self.binaries.get(&id).map_or("?", |(n, _)| n)
+    }
+
+    fn symbol(&self, id: u64, site: u32) -> &str {
+        self.binaries
+            .get(&id)
+            .and_then(|(_, s)| s.get(&site))
+            .map_or("?", String::as_str)
+    }
+}
+
+fn truncation_warning(path: &Path, t: Option<&Truncation>, stats: Option<&FinalStats>) {
+    if let Some(t) = t {
+        eprintln!(
+            "utrace: warning: {} is truncated: incomplete {} at byte {}; reading what precedes it",
+            path.display(),
+            t.what,
+            t.offset
+        );
+    } else if stats.is_none() {
+        eprintln!(
+            "utrace: warning: {} has no stats section (the recording did not finish)",
+            path.display()
+        );
+    }
+}
+
+/// Print one line per record, in delivery order:
+/// `pid tid binary site symbol value aux time_ns flags` (tab separated; value and aux
+/// in 0x-hex; time in CLOCK_MONOTONIC ns; flags in decimal).
+pub fn dump(path: &Path, out: &mut impl Write) -> Result<()> {
+    let end = tracefile::read_stats(path)?.and_then(|s| s.clock_end);
+    let mut r = Reader::open(path)?;
+    let mut names = Names::default();
+    let mut clock: Option<Calibration> = None;
+    let mut stats = None;
+    while let Some(section) = r.next_section()? {
+        match section {
+            Section::Session(s) => clock = Some(s.clock.refined(end)),
+            Section::Binary(b) => names.add(&b),
+            Section::Chunk(c) => {
+                let h = c.header;
+                let bin = names.binary(h.binary_id);
+                for rec in &c.records {
+                    writeln!(
+                        out,
+                        "{}\t{}\t{}\t{}\t{}\t{:#x}\t{:#x}\t{}\t{}",
+                        h.pid,
+                        h.tid,
+                        bin,
+                        rec.site,
+                        names.symbol(h.binary_id, rec.site),
+                        rec.value,
+                        rec.aux,
+                        time_ns(rec, clock.as_ref()),
+                        rec.flags
+                    )?;
+                }
+            }
+            Section::Stats(s) => stats = Some(s),
+            Section::Unknown(kind) => log::debug!("skipping section of unknown kind {kind}"),
+        }
+    }
+    out.flush()?;
+    truncation_warning(path, r.truncated(), stats.as_ref());
+    Ok(())
+}
+
+/// CLOCK_MONOTONIC ns of a record: uprobe records already are; inline records carry
+/// the cycle counter.
+fn time_ns(rec: &Record, clock: Option<&Calibration>) -> u64 {
+    if rec.flags & FLAG_KTIME != 0 {
+        rec.time
+    } else {
+        clock.map_or(rec.time, |c| c.monotonic_ns_of(rec.time))
+    }
+}
+
+#[derive(Serialize)]
+struct FunctionCount {
+    binary: String,
+    symbol: String,
+    site: u32,
+    count: u64,
+}
+
+#[derive(Serialize)]
+struct ThreadCount {
+    pid: u32,
+    tid: u32,
+    count: u64,
+}
+
+#[derive(Serialize)]
+struct Summary {
+    records: u64,
+    dropped: u64,
+    inline: u64,
+    uprobe: u64,
+    read_errors: u64,
+    /// Chunks the kernel numbered but that never reached the file.
+    chunks_lost: u64,
+    truncated: bool,
+    functions: Vec<FunctionCount>,
+    threads: Vec<ThreadCount>,
+}
+
+fn summarize(path: &Path) -> Result<(Summary, Option<SessionInfo>)> {
+    let mut r = Reader::open(path)?;
+    let mut names = Names::default();
+    let mut session = None;
+    let mut stats: Option<FinalStats> = None;
+    let mut functions: HashMap<(u64, u32), u64> = HashMap::new();
+    let mut threads: HashMap<(u32, u32), u64> = HashMap::new();
+    let (mut records, mut inline, mut uprobe, mut chunks) = (0u64, 0u64, 0u64, 0u64);
+    while let Some(section) = r.next_section()? {
+        match section {
+            Section::Session(s) => session = Some(s),
+            Section::Binary(b) => names.add(&b),
+            Section::Chunk(c) => {
+                chunks += 1;
+                let h = c.header;
+                *threads.entry((h.pid, h.tid)).or_default() += c.records.len() as u64;
+                for rec in &c.records {
+                    records += 1;
+                    if rec.flags & FLAG_UPROBE != 0 {
+                        uprobe += 1;
+                    } else {
+                        inline += 1;
+                    }
+                    *functions.entry((h.binary_id, rec.site)).or_default() += 1;
+                }
+            }
+            Section::Stats(s) => stats = Some(s),
+            Section::Unknown(kind) => log::debug!("skipping section of unknown kind {kind}"),
+        }
+    }
+    truncation_warning(path, r.truncated(), stats.as_ref());
+    let mut functions: Vec<FunctionCount> = functions
+        .into_iter()
+        .map(|((bin, site), count)| FunctionCount {
+            binary: names.binary(bin).to_string(),
+            symbol: names.symbol(bin, site).to_string(),
+            site,
+            count,
+        })
+        .collect();
+    functions.sort_by(|a, b| {
+        b.count
+            .cmp(&a.count)
+            .then_with(|| a.binary.cmp(&b.binary))
+            .then(a.site.cmp(&b.site))
+    });
+    let mut threads: Vec<ThreadCount> = threads
+        .into_iter()
+        .map(|((pid, tid), count)| ThreadCount { pid, tid, count })
+        .collect();
+    threads.sort_by_key(|t| (t.pid, t.tid));
+    let st = stats.unwrap_or_default();
+    Ok((
+        Summary {
+            records,
+            dropped: st.records_dropped,
+            inline,
+            uprobe,
+            read_errors: st.read_errors,
+            chunks_lost: st.seq_issued.saturating_sub(chunks),
+            truncated: r.truncated().is_some(),
+            functions,
+            threads,
+        },
+        session,
+    ))
+}
+
+/// Per-function and per-thread counts, as text or one JSON object.
+pub fn report(path: &Path, json: bool, out: &mut impl Write) -> Result<()> {
+    let (s, session) = summarize(path)?;
+    if json {
+        serde_json::to_writer(&mut *out, &s).context("cannot write JSON")?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    writeln!(out, "trace: {}", path.display())?;
+    if let Some(session) = &session {
+        let pids: Vec<String> = session.pids.iter().map(u32::to_string).collect();
+        writeln!(
+            out,
+            "command: {} ({} pid {})",
+            session.command.join(" "),
+            session.mode,
+            pids.join(",")
+        )?;
+    }
+    writeln!(
+        out,
+        "records: {} ({} inline, {} uprobe), dropped: {}, read errors: {}",
+        s.records, s.inline, s.uprobe, s.dropped, s.read_errors
+    )?;
+    if s.chunks_lost > 0 {
+        writeln!(out, "chunks lost: {}", s.chunks_lost)?;
+    }
+    writeln!(out, "\nfunctions ({}):", s.functions.len())?;
+    writeln!(
+        out,
+        "{:>12}  {:<24} {:>6}  symbol",
+        "count", "binary", "site"
+    )?;
+    for f in &s.functions {
+        writeln!(
+            out,
+            "{:>12}  {:<24} {:>6}  {}",
+            f.count, f.binary, f.site, f.symbol
+        )?;
+    }
+    writeln!(out, "\nthreads ({}):", s.threads.len())?;
+    writeln!(out, "{:>8} {:>8} {:>12}", "pid", "tid", "count")?;
+    for t in &s.threads {
+        writeln!(out, "{:>8} {:>8} {:>12}", t.pid, t.tid, t.count)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,397 @@
+//! `cargo xtask setup`: make a fresh Debian 12 machine (root, crates.io + Debian apt
+//! reachable) able to build, test, demo and bench. Idempotent: every step first checks
+//! whether there is anything to do and says what it did or skipped.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+
+use crate::util::{self, cmd};
+
+/// Every Debian package the build, the tests, the demo and the bench need: the one place
+/// to add more. (Planned for the AArch64 work: gcc-aarch64-linux-gnu, qemu-user,
+/// qemu-system-arm.)
+pub const APT_PACKAGES: &[&str] = &[
+    "gcc",
+    "clang",
+    "binutils",
+    // Headers, crt files and libc.a (static fixtures); only a Recommends of gcc.
+    "libc6-dev",
+    // bpf-linker links libz next to libLLVM.
+    "zlib1g-dev",
+];
+
+pub const BPF_LINKER_VERSION: &str = "0.13.0";
+/// bpf-linker cargo features that select an LLVM major ("llvm-<major>").
+const BPF_LINKER_LLVM_FEATURES: &[u32] = &[21, 22, 23];
+
+pub const TRACEFS: &str = "/sys/kernel/tracing";
+
+struct Log(Vec<String>);
+
+impl Log {
+    fn did(&mut self, s: impl Into<String>) {
+        let s = s.into();
+        println!("setup: did: {s}");
+        self.0.push(format!("did      {s}"));
+    }
+    fn skipped(&mut self, s: impl Into<String>) {
+        let s = s.into();
+        println!("setup: skipped: {s}");
+        self.0.push(format!("skipped  {s}"));
+    }
+}
+
+pub fn setup() -> Result<()> {
+    println!("== cargo xtask setup");
+    let mut log = Log(Vec::new());
+    apt(&mut log)?;
+    tracefs(&mut log)?;
+    let nightly_llvm = rust_src(&mut log)?;
+    bpf_linker(&mut log, &nightly_llvm)?;
+    println!("== setup summary");
+    for l in &log.0 {
+        println!("   {l}");
+    }
+    Ok(())
+}
+
+fn apt(log: &mut Log) -> Result<()> {
+    let missing = missing_packages()?;
+    if missing.is_empty() {
+        log.skipped(format!(
+            "apt: already installed: {}",
+            APT_PACKAGES.join(" ")
+        ));
+        return Ok(());
+    }
+    if !util::is_root() {
+        bail!(
+            "missing Debian packages: {} (run `cargo xtask setup` as root, or apt-get install them)",
+            missing.join(" ")
+        );
+    }
+    util::run(
+        cmd("apt-get")
+            .arg("update")
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )?;
+    util::run(
+        cmd("apt-get")
+            .args(["install", "-y", "-q"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )?;
+    let still = missing_packages()?;
+    if !still.is_empty() {
+        bail!("apt-get install did not install: {}", still.join(" "));
+    }
+    log.did(format!("apt: installed {}", missing.join(" ")));
+    Ok(())
+}
+
+/// Packages of `APT_PACKAGES` that dpkg does not report as installed.
+fn missing_packages() -> Result<Vec<String>> {
+    if util::which("dpkg-query").is_none() {
+        bail!("dpkg-query not found: `cargo xtask setup` supports Debian only");
+    }
+    // Non-zero exit when a package is unknown to dpkg; we only read what it prints.
+    let o = util::output(
+        cmd("dpkg-query")
+            .arg("-W")
+            .arg("-f=${Package} ${Status}\n")
+            .args(APT_PACKAGES),
+    )?;
+    let text = String::from_utf8_lossy(&o.stdout);
+    let installed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.ends_with("install ok installed"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    Ok(APT_PACKAGES
+        .iter()
+        .filter(|p| !installed.contains(p))
+        .map(|p| p.to_string())
+        .collect())
+}
+
+fn tracefs(log: &mut Log) -> Result<()> {
+    if Path::new(TRACEFS).join("events").is_dir() {
+        log.skipped(format!("tracefs already mounted at {TRACEFS}"));
+        return Ok(());
+    }
+    if !util::is_root() {
+        println!(
+            "setup: warning: {TRACEFS} is not mounted and we are not root; the tracer mounts it itself"
+        );
+        log.skipped("tracefs mount (not root)");
+        return Ok(());
+    }
+    std::fs::create_dir_all(TRACEFS).ok();
+    util::run(cmd("mount").args(["-t", "tracefs", "nodev", TRACEFS]))?;
+    log.did(format!("mounted tracefs at {TRACEFS}"));
+    Ok(())
+}
+
+/// LLVM version of a toolchain component.
+#[derive(Clone, Debug)]
+pub struct LlvmVersion {
+    pub full: String,
+    pub major: u32,
+}
+
+fn parse_llvm_version(text: &str, marker: &str) -> Option<LlvmVersion> {
+    let i = text.find(marker)? + marker.len();
+    let full: String = text[i..]
+        .trim_start()
+        .chars()
+        .take_while(|c| !c.is_whitespace())
+        .collect();
+    let major = full.split('.').next()?.parse().ok()?;
+    Some(LlvmVersion { full, major })
+}
+
+/// Nightly toolchain with rust-src (needed by `-Z build-std` for the eBPF crate).
+/// Returns the LLVM version of `rustc +nightly`.
+fn rust_src(log: &mut Log) -> Result<LlvmVersion> {
+    let toolchains = util::output_ok(cmd("rustup").args(["toolchain", "list"]))?;
+    let have_nightly = toolchains
+        .lines()
+        .any(|l| l.starts_with("nightly-") || l.starts_with("nightly "));
+    if !have_nightly {
+        // RUSTUP_AUTO_INSTALL=0: nothing installs a toolchain implicitly.
+        util::run(cmd("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+            "--component",
+            "rust-src",
+        ]))?;
+        log.did("rustup: installed toolchain nightly with rust-src");
+    } else {
+        let comps = util::output_ok(cmd("rustup").args([
+            "component",
+            "list",
+            "--installed",
+            "--toolchain",
+            "nightly",
+        ]))?;
+        if comps
+            .lines()
+            .any(|l| l.trim() == "rust-src" || l.starts_with("rust-src"))
+        {
+            log.skipped("rustup: rust-src already installed for nightly");
+        } else {
+            util::run(cmd("rustup").args([
+                "component",
+                "add",
+                "rust-src",
+                "--toolchain",
+                "nightly",
+            ]))?;
+            log.did("rustup: added rust-src to nightly");
+        }
+    }
+    let vv = util::output_ok(cmd("rustc").args(["+nightly", "-vV"]))?;
+    parse_llvm_version(&vv, "LLVM version:")
+        .with_context(|| format!("cannot find the LLVM version in `rustc +nightly -vV`:\n{vv}"))
+}
+
+/// What a bpf-linker binary says about itself.
+struct BpfLinkerInfo {
+    version: String,
+    llvm: LlvmVersion,
+}
+
+fn probe_bpf_linker(path: &Path) -> Result<BpfLinkerInfo> {
+    let o = util::output(cmd(path).arg("--version"))?;
+    if !o.status.success() {
+        bail!(
+            "`{} --version` failed: {}",
+            path.display(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+    }
+    let text = String::from_utf8_lossy(&o.stdout);
+    let version = text
+        .split_whitespace()
+        .nth(1)
+        .context("unexpected `bpf-linker --version` output")?
+        .to_string();
+    // LLVM's own option parser answers --version (and exits) before any input is read.
+    let dir = util::target_dir().join("xtask");
+    std::fs::create_dir_all(&dir)?;
+    let o = util::output(
+        cmd(path)
+            .arg("--llvm-args=--version")
+            .arg("-o")
+            .arg(dir.join("bpf-linker-probe.o"))
+            .arg("/dev/null"),
+    )?;
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let llvm = parse_llvm_version(&all, "LLVM version")
+        .with_context(|| format!("cannot find bpf-linker's LLVM version in:\n{all}"))?;
+    Ok(BpfLinkerInfo { version, llvm })
+}
+
+fn bpf_linker(log: &mut Log, nightly: &LlvmVersion) -> Result<()> {
+    let installed = util::cargo_bin_dir().join("bpf-linker");
+    let candidate = if installed.exists() {
+        Some(installed.clone())
+    } else {
+        util::which("bpf-linker")
+    };
+    if let Some(path) = &candidate {
+        match probe_bpf_linker(path) {
+            Ok(info) if info.version == BPF_LINKER_VERSION && info.llvm.major == nightly.major => {
+                println!(
+                    "setup: rustc +nightly LLVM {} / bpf-linker ({}) LLVM {}: majors match",
+                    nightly.full,
+                    path.display(),
+                    info.llvm.full
+                );
+                log.skipped(format!(
+                    "bpf-linker {} already works: {} (LLVM {})",
+                    info.version,
+                    path.display(),
+                    info.llvm.full
+                ));
+                return Ok(());
+            }
+            Ok(info) => println!(
+                "setup: {} is bpf-linker {} with LLVM {}; need {} with LLVM {}: reinstalling",
+                path.display(),
+                info.version,
+                info.llvm.full,
+                BPF_LINKER_VERSION,
+                nightly.major
+            ),
+            Err(e) => println!(
+                "setup: {} does not work ({e:#}): reinstalling",
+                path.display()
+            ),
+        }
+    }
+    install_bpf_linker(nightly)?;
+    let info =
+        probe_bpf_linker(&installed).context("the freshly installed bpf-linker does not run")?;
+    println!(
+        "setup: rustc +nightly LLVM {} / bpf-linker LLVM {}",
+        nightly.full, info.llvm.full
+    );
+    if info.llvm.major != nightly.major {
+        bail!(
+            "bpf-linker uses LLVM {} but rustc +nightly uses LLVM {}",
+            info.llvm.full,
+            nightly.full
+        );
+    }
+    log.did(format!(
+        "installed bpf-linker {} into {} (LLVM {})",
+        info.version,
+        installed.display(),
+        info.llvm.full
+    ));
+    Ok(())
+}
+
+/// Build bpf-linker against the nightly toolchain's own libLLVM.
+///
+/// The prefix only holds `lib/libLLVM.so` and `lib/<soname>`, both symlinks to the
+/// sysroot's `libLLVM.so.*`. The build bakes the prefix's lib/ into bpf-linker's RUNPATH,
+/// so the prefix lives next to the installed binary (`$CARGO_HOME`), not in `target/`
+/// (a `cargo clean` would otherwise break bpf-linker).
+fn install_bpf_linker(nightly: &LlvmVersion) -> Result<()> {
+    if !BPF_LINKER_LLVM_FEATURES.contains(&nightly.major) {
+        bail!(
+            "rustc +nightly uses LLVM {}, bpf-linker {} supports LLVM {:?}",
+            nightly.full,
+            BPF_LINKER_VERSION,
+            BPF_LINKER_LLVM_FEATURES
+        );
+    }
+    let sysroot = util::output_ok(cmd("rustc").args(["+nightly", "--print", "sysroot"]))?;
+    let libdir = PathBuf::from(sysroot.trim()).join("lib");
+    let mut libs: Vec<PathBuf> = std::fs::read_dir(&libdir)
+        .with_context(|| format!("cannot read {}", libdir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libLLVM.so."))
+        })
+        .collect();
+    libs.sort();
+    let lib = match libs.as_slice() {
+        [one] => one.clone(),
+        [] => bail!(
+            "no libLLVM.so.* in {} (the nightly toolchain ships LLVM as a shared library)",
+            libdir.display()
+        ),
+        many => bail!("several libLLVM.so.* in {}: {many:?}", libdir.display()),
+    };
+    let soname = lib.file_name().unwrap().to_owned();
+    let prefix = util::cargo_home().join("bpf-linker-llvm-prefix");
+    let prefix_lib = prefix.join("lib");
+    std::fs::create_dir_all(&prefix_lib)?;
+    for name in [std::ffi::OsStr::new("libLLVM.so"), soname.as_os_str()] {
+        let link = prefix_lib.join(name);
+        if std::fs::read_link(&link).ok().as_deref() != Some(lib.as_path()) {
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&lib, &link)
+                .with_context(|| format!("cannot create symlink {}", link.display()))?;
+            println!("setup: symlink {} -> {}", link.display(), lib.display());
+        }
+    }
+    let mut c = cmd("cargo");
+    c.args([
+        "install",
+        "bpf-linker",
+        "--version",
+        BPF_LINKER_VERSION,
+        "--no-default-features",
+        "--features",
+    ])
+    .arg(format!("llvm-{}", nightly.major))
+    .arg("--force")
+    .env("LLVM_PREFIX", &prefix);
+    // llvm-sys reads LLVM_SYS_<its crate major>_PREFIX, e.g. 221 for llvm-sys 221.x (LLVM 22).
+    for minor in 0..3 {
+        c.env(
+            format!("LLVM_SYS_{}{}_PREFIX", nightly.major, minor),
+            &prefix,
+        );
+    }
+    println!(
+        "setup: building bpf-linker against {} (takes a few minutes)",
+        lib.display()
+    );
+    util::run(&mut c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llvm_versions() {
+        let v = parse_llvm_version("rustc 1.97\nLLVM version: 22.1.4\n", "LLVM version:").unwrap();
+        assert_eq!((v.full.as_str(), v.major), ("22.1.4", 22));
+        let v = parse_llvm_version(
+            "LLVM (http://llvm.org/):\n  LLVM version 22.1.4-rust-1.97.0-nightly\n",
+            "LLVM version",
+        )
+        .unwrap();
+        assert_eq!(
+            (v.full.as_str(), v.major),
+            ("22.1.4-rust-1.97.0-nightly", 22)
+        );
+        assert!(parse_llvm_version("nothing", "LLVM version").is_none());
+    }
+}
