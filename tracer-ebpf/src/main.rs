@@ -68,7 +68,6 @@ pub fn flush(ctx: ProbeContext) -> u32 {
     if !is_target(tgid) {
         return 0;
     }
-    stat_add(6, 1);
     let slot_addr = arch::slot_arg(&ctx);
     let slot = match read_user::<Slot>(slot_addr) {
         Ok(s) => s,

@@ -443,7 +443,6 @@ fn final_stats(
             .with_context(|| format!("no {MAP_SEQ} map"))?,
     )?;
     let stat = |i: u32| sums[i as usize];
-    eprintln!("DEBUG flush invocations {}", sums[6]);
     Ok(FinalStats {
         records_delivered: stat(STAT_RECORDS_DELIVERED),
         records_dropped: stat(STAT_RECORDS_DROPPED),
