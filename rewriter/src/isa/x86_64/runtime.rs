@@ -14,6 +14,9 @@ const SYS_GETTID: u32 = 186;
 const SYS_TGKILL: u32 = 234;
 const SYS_ARCH_PRCTL: u32 = 158;
 const ARCH_SET_FS: u32 = 0x1002;
+const SYS_RT_SIGPROCMASK: u32 = 14;
+const SIG_BLOCK: u32 = 0;
+const SIG_SETMASK: u32 = 2;
 const ESRCH: i32 = 3;
 
 pub(super) fn emit(
@@ -74,7 +77,8 @@ pub(super) fn emit(
 /// register(%r11 = thread pointer) → %rcx != 0 when the thread now owns a slot.
 ///
 /// Called from a stub that saved %rax %rcx %rdx %rsi %r11; everything else, flags
-/// included, is preserved. Steps: (1) a slot already keyed by this thread pointer
+/// included, is preserved. Signals are blocked while it runs (two rt_sigprocmask
+/// calls, once per thread). Steps: (1) a slot already keyed by this thread pointer
 /// (index collision) → just re-point the index; (2) claim a free or tombstoned slot
 /// with `lock cmpxchg`; (3) else reclaim a slot whose owner thread is dead (`tgkill(pid,
 /// tid, 0)` = -ESRCH); (4) else count a dropped record and fail. A claimed slot is
@@ -106,7 +110,17 @@ fn emit_register(
     for r in [rdi, r8, r9, r10, r12, r13] {
         a.push(r)?;
     }
-    a.mov(r8, r11)?; // r8 = tp
+    a.mov(r8, r11)?; // r8 = tp (before any syscall clobbers r11)
+    // Block signals: a handler that records while we hold a half-made claim would
+    // claim a second slot for this thread. [rsp] = all signals, [rsp+8] = old mask.
+    a.sub(rsp, 16)?;
+    a.mov(qword_ptr(rsp), -1)?;
+    a.mov(edi, SIG_BLOCK)?;
+    a.mov(rsi, rsp)?;
+    a.lea(rdx, ptr(rsp + 8))?;
+    a.mov(r10d, 8u32)?;
+    a.mov(eax, SYS_RT_SIGPROCMASK)?;
+    a.syscall()?;
     a.mov(r13d, KEY_CLAIMING as u32)?;
     lea_rip(a, Register::RDX, l.rw_vaddr)?; // rdx = rw_base
 
@@ -242,6 +256,15 @@ fn emit_register(
     a.mov(ecx, 1)?;
 
     a.set_label(&mut done)?;
+    a.mov(r12d, ecx)?;
+    a.mov(edi, SIG_SETMASK)?;
+    a.lea(rsi, ptr(rsp + 8))?;
+    a.xor(edx, edx)?;
+    a.mov(r10d, 8u32)?;
+    a.mov(eax, SYS_RT_SIGPROCMASK)?;
+    a.syscall()?;
+    a.mov(ecx, r12d)?;
+    a.add(rsp, 16)?;
     for r in [r13, r12, r10, r9, r8, rdi] {
         a.pop(r)?;
     }
