@@ -4,8 +4,9 @@
 
 /// Records per ring-buffer entry at most. 128 × 32 B = 4 KiB per entry.
 pub const CHUNK_RECORDS: usize = 128;
-/// Bytes of one ring-buffer entry (header + full payload); entries are reserved at
-/// this fixed size, `count` says how many records are valid.
+/// Bytes of the largest ring-buffer entry (header + full payload). The drain reserves
+/// entries of a few fixed sizes (room for 4, 16 or 128 records, whichever fits) so that
+/// small drains do not waste ring space; `count` says how many records are valid.
 pub const CHUNK_BYTES: usize =
     core::mem::size_of::<ChunkHeader>() + CHUNK_RECORDS * crate::RECORD_SIZE;
 
