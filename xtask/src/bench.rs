@@ -89,25 +89,26 @@ pub fn bench(args: &Args) -> Result<()> {
             Err(e) => Err(e.clone()),
         },
     });
+    // One fixture run under `tracer record`, the trace file thrown away.
+    let under_tracer = |fixture: &std::path::Path, iterations: u64| {
+        let mut c = cmd(&tracer);
+        c.arg("record")
+            .arg("-o")
+            .arg(&trace_file)
+            .arg("--")
+            .arg(fixture)
+            .arg(iterations.to_string());
+        let r = measure(&mut c);
+        let _ = std::fs::remove_file(&trace_file);
+        r
+    };
     let nt = args.tracer_iterations;
     rows.push(Row {
         name: "inline stub, under tracer record",
         iterations: nt,
-        ns: match &rewritten {
-            Ok(()) => best(runs, || {
-                let mut c = cmd(&tracer);
-                c.arg("record")
-                    .arg("-o")
-                    .arg(&trace_file)
-                    .arg("--")
-                    .arg(&traced)
-                    .arg(nt.to_string());
-                let r = measure(&mut c);
-                let _ = std::fs::remove_file(&trace_file);
-                r
-            }),
-            Err(e) => Err(e.clone()),
-        },
+        ns: rewritten
+            .clone()
+            .and_then(|()| best(runs, || under_tracer(&traced, nt))),
     });
     rows.push(Row {
         name: "hand-written inline store (limit)",
@@ -118,21 +119,9 @@ pub fn bench(args: &Args) -> Result<()> {
     rows.push(Row {
         name: "kernel uprobe + eBPF",
         iterations: nu,
-        ns: match &uprobe_rewritten {
-            Ok(()) => best(runs, || {
-                let mut c = cmd(&tracer);
-                c.arg("record")
-                    .arg("-o")
-                    .arg(&trace_file)
-                    .arg("--")
-                    .arg(&uprobed)
-                    .arg(nu.to_string());
-                let r = measure(&mut c);
-                let _ = std::fs::remove_file(&trace_file);
-                r
-            }),
-            Err(e) => Err(e.clone()),
-        },
+        ns: uprobe_rewritten
+            .clone()
+            .and_then(|()| best(runs, || under_tracer(&uprobed, nu))),
     });
 
     print_table(&rows);
