@@ -22,8 +22,9 @@ use tracer_common::meta::{self, Metadata, Site, SiteKind, SiteMode};
 use tracer_common::*;
 
 const PHDR_SIZE: u64 = 56;
-/// Upper bound of one trampoline (stub + relocated instructions + branches).
-const MAX_TRAMPOLINE: u64 = 256;
+/// Upper bound of one trampoline (x86-64: ~190 bytes of stub + relocated instructions;
+/// only address space is reserved, so be generous).
+const MAX_TRAMPOLINE: u64 = 512;
 /// Largest padding we accept to keep `vaddr = base + offset` for the new segments.
 const MAX_QEMU_PAD: u64 = 64 << 20;
 /// File part of the RW segment: the RwHeader page.
