@@ -491,9 +491,21 @@ pub fn tracing_lock() -> MutexGuard<'static, ()> {
 /// `tracer record -o TRACE -- PROG ARGS...` with extra environment for the tracer (and
 /// so for PROG).
 pub fn tracer_record(trace: &Path, prog: &Path, args: &[&str], env: &[(&str, &OsStr)]) -> Out {
+    tracer_record_with(&[], trace, prog, args, env)
+}
+
+/// `tracer record FLAGS -o TRACE -- PROG ARGS` (e.g. FLAGS = ["--user"]).
+pub fn tracer_record_with(
+    flags: &[&str],
+    trace: &Path,
+    prog: &Path,
+    args: &[&str],
+    env: &[(&str, &OsStr)],
+) -> Out {
     let _g = tracing_lock();
     let mut c = Command::new(tracer_bin());
     c.arg("record")
+        .args(flags)
         .arg("-o")
         .arg(trace)
         .arg("--")

@@ -6,6 +6,9 @@
 //! - 2,000 short-lived threads (at most 64 alive), thread k calls hit 100 + k times:
 //!   exact counts per thread, values in order, no record of thread k under another tid
 //!   (more threads than buffer slots: slots must be released and reused).
+//!
+//! Each runs twice: through the kernel (flush uprobe + eBPF) and with the user-space
+//! drain (`tracer record --user`: socket + ptrace, no eBPF).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -48,7 +51,7 @@ fn build(tag: &str) -> Built {
 
 /// Runs original, rewritten and rewritten-under-tracer with `args`; all must print
 /// `want` and exit 0. Returns the records of `hit` and all records.
-fn run_all(b: &Built, args: &[&str], want: &str) -> Vec<Rec> {
+fn run_all(b: &Built, flags: &[&str], args: &[&str], want: &str) -> Vec<Rec> {
     for bin in [&b.orig, &b.traced] {
         let o = run(Command::new(bin).args(args), TRACE_TIMEOUT);
         assert_eq!(
@@ -58,7 +61,7 @@ fn run_all(b: &Built, args: &[&str], want: &str) -> Vec<Rec> {
             o.describe()
         );
     }
-    let r = tracer_record(&b.trace, &b.traced, args, &[]);
+    let r = tracer_record_with(flags, &b.trace, &b.traced, args, &[]);
     assert_eq!(
         (r.stdout_str().as_str(), r.status()),
         (want, 0),
@@ -73,11 +76,10 @@ fn run_all(b: &Built, args: &[&str], want: &str) -> Vec<Rec> {
     recs
 }
 
-#[test]
-fn one_thread_million_calls() {
+fn one_thread_million_calls(flags: &[&str]) {
     let b = build("stress-one");
     let n = 1_000_000u64;
-    let recs = run_all(&b, &["one", "1000000"], "one total=1000000\n");
+    let recs = run_all(&b, flags, &["one", "1000000"], "one total=1000000\n");
     let hits: Vec<&Rec> = recs.iter().filter(|r| &*r.symbol == "hit").collect();
     assert_eq!(hits.len() as u64, n, "records of hit");
     let pid = hits[0].pid;
@@ -93,11 +95,15 @@ fn one_thread_million_calls() {
     assert_eq!(rep.count_of("hit"), n, "report count of hit");
 }
 
-#[test]
-fn eight_threads_100k_calls_each() {
+fn eight_threads_100k_calls_each(flags: &[&str]) {
     let b = build("stress-threads");
     let n = 100_000u64;
-    let recs = run_all(&b, &["threads", "8", "100000"], "threads total=800000\n");
+    let recs = run_all(
+        &b,
+        flags,
+        &["threads", "8", "100000"],
+        "threads total=800000\n",
+    );
     let pid = recs[0].pid;
     let hits: Vec<&Rec> = recs.iter().filter(|r| &*r.symbol == "hit").collect();
     let threads = by_tid(hits.iter().copied());
@@ -122,13 +128,13 @@ fn eight_threads_100k_calls_each() {
     assert_eq!(tags, (0..8).collect::<Vec<u64>>(), "thread tags");
 }
 
-#[test]
-fn two_thousand_short_lived_threads() {
+fn two_thousand_short_lived_threads(flags: &[&str]) {
     let b = build("stress-churn");
     let (k_threads, base) = (2000u64, 100u64);
     let total: u64 = (0..k_threads).map(|k| base + k).sum();
     let recs = run_all(
         &b,
+        flags,
         &["churn", "2000", "64", "100"],
         &format!("churn total={total}\n"),
     );
@@ -186,4 +192,34 @@ fn two_thousand_short_lived_threads() {
             "tid {tid}: records of threads {ks:?} interleaved"
         );
     }
+}
+
+#[test]
+fn kernel_one_thread_million_calls() {
+    one_thread_million_calls(&[]);
+}
+
+#[test]
+fn kernel_eight_threads_100k_calls_each() {
+    eight_threads_100k_calls_each(&[]);
+}
+
+#[test]
+fn kernel_two_thousand_short_lived_threads() {
+    two_thousand_short_lived_threads(&[]);
+}
+
+#[test]
+fn user_one_thread_million_calls() {
+    one_thread_million_calls(&["--user"]);
+}
+
+#[test]
+fn user_eight_threads_100k_calls_each() {
+    eight_threads_100k_calls_each(&["--user"]);
+}
+
+#[test]
+fn user_two_thousand_short_lived_threads() {
+    two_thousand_short_lived_threads(&["--user"]);
 }

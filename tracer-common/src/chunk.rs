@@ -15,6 +15,10 @@ pub const CHUNK_BYTES: usize =
 pub const CHUNK_KIND_RECORDS: u32 = 1;
 /// One record emitted directly by the uprobe fallback program.
 pub const CHUNK_KIND_UPROBE: u32 = 2;
+/// User-space drain only: a thread registered a slot. `count` = 0; the header is
+/// followed by the slot's address and its RW area's address (two u64). Not written to
+/// trace files.
+pub const CHUNK_KIND_SLOT: u32 = 3;
 
 /// Why a drain happened (`ChunkHeader::cause`).
 pub const CAUSE_FULL: u32 = 1;

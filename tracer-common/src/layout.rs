@@ -74,7 +74,29 @@ pub struct RwHeader {
     pub registrations: u64,
     /// 1 when the binary is a static executable and the pre-TLS TCB is in use.
     pub pre_tls: u64,
+    /// User-space drain (`tracer record --user`): `USER_*`, decided once per process at
+    /// the first registration by looking at descriptor [`USER_DRAIN_FD`].
+    pub user_state: u32,
+    pub user_fd: u32,
+    /// Sequence number of the next chunk sent by the user-space drain.
+    pub user_seq: u64,
 }
+
+pub const RWH_USER_STATE: u64 = 64;
+pub const RWH_USER_FD: u64 = 68;
+pub const RWH_USER_SEQ: u64 = 72;
+/// Not looked at yet.
+pub const USER_UNKNOWN: u32 = 0;
+/// No user-space drain: full buffers go through the flush uprobe (or are discarded).
+pub const USER_OFF: u32 = 1;
+/// Full buffers are sent to [`USER_DRAIN_FD`] with `sendmsg`.
+pub const USER_ON: u32 = 2;
+/// Where `tracer record --user` puts its end of a `SOCK_SEQPACKET` socket pair in the
+/// traced process. The injected code uses it only if it is such a socket.
+pub const USER_DRAIN_FD: u32 = 1021;
+/// Records per message of the user-space drain (32 KiB, well under the socket's
+/// send buffer).
+pub const USER_MSG_RECORDS: u64 = 1024;
 
 pub const RWH_MAGIC: u64 = 0;
 pub const RWH_NSLOTS: u64 = 12;
@@ -126,6 +148,7 @@ const _: () = assert!(core::mem::size_of::<Slot>() as u64 == SLOT_SIZE);
 const _: () = assert!(core::mem::offset_of!(Slot, owner_tid) as u64 == SLOT_OWNER_TID);
 const _: () = assert!(core::mem::offset_of!(Slot, inflight) as u64 == SLOT_INFLIGHT);
 const _: () = assert!(core::mem::offset_of!(RwHeader, registrations) as u64 == RWH_REGISTRATIONS);
+const _: () = assert!(core::mem::offset_of!(RwHeader, user_seq) as u64 == RWH_USER_SEQ);
 
 /// Offset of the buffer area for `nslots` slots.
 pub const fn bufs_off(nslots: u32) -> u64 {

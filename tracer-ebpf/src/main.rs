@@ -49,6 +49,7 @@ use tracer_common::{
     CHUNK_KIND_UPROBE, ChunkHeader, FLAG_KTIME, FLAG_UPROBE, Record, STAT_CHUNKS, STAT_READ_ERRORS,
     STAT_RECORDS_DELIVERED, STAT_RECORDS_DROPPED, Slot, ebpf::STAT_TABLE_FULL,
 };
+use tracer_common::{RWH_USER_STATE, USER_ON};
 
 use crate::{
     arch::thread_pointer,
@@ -77,6 +78,11 @@ pub fn flush(ctx: ProbeContext) -> u32 {
             return 0;
         }
     };
+    // Never both drains for one buffer: with the user-space drain on, the injected
+    // code sends this buffer itself.
+    if read_user::<u32>(slot.rw_base + RWH_USER_STATE) == Ok(USER_ON) {
+        return 0;
+    }
     let r = remember_rw_base(tgid, slot.rw_base);
     if r == E_BAD_RW {
         error!(

@@ -10,6 +10,7 @@ mod process;
 mod report;
 mod session;
 mod tracefile;
+mod userdrain;
 
 use std::{
     ffi::OsString,
@@ -52,6 +53,10 @@ enum Cmd {
         /// With -p: stop after this many seconds.
         #[arg(long, requires = "pid")]
         duration: Option<f64>,
+        /// User-space drain: no eBPF, no privileges; full buffers come over a socket
+        /// and leftovers at thread exit are read with ptrace.
+        #[arg(long, conflicts_with = "pid")]
+        user: bool,
         /// The command and its arguments (after `--`).
         #[arg(last = true)]
         command: Vec<OsString>,
@@ -89,8 +94,20 @@ fn run(cli: Cli) -> Result<i32> {
             ring_bytes,
             pid,
             duration,
+            user,
             command,
         } => {
+            if user {
+                if command.is_empty() {
+                    bail!("--user needs a command: `tracer record --user -- CMD ARGS...`");
+                }
+                let opts = RecordOptions {
+                    output,
+                    ring_bytes,
+                    target: Target::Exec(command.clone()),
+                };
+                return userdrain::record(opts, command);
+            }
             let target = match (pid, command.is_empty()) {
                 (Some(pid), true) => Target::Attach {
                     pid,

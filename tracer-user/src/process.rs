@@ -57,6 +57,16 @@ pub struct GatedChild {
 
 impl GatedChild {
     pub fn spawn(exe: &Path, argv: &[OsString]) -> Result<Self> {
+        Self::spawn_with_drain(exe, argv, None)
+    }
+
+    /// Like `spawn`; `drain_fd`, if given, becomes descriptor USER_DRAIN_FD of the
+    /// command (the user-space drain's socket).
+    pub fn spawn_with_drain(
+        exe: &Path,
+        argv: &[OsString],
+        drain_fd: Option<RawFd>,
+    ) -> Result<Self> {
         // Everything the child needs is prepared before fork: after it, only
         // async-signal-safe calls.
         let c_exe = CString::new(exe.as_os_str().as_bytes())
@@ -83,6 +93,7 @@ impl GatedChild {
                 child_after_fork(
                     [gate_r.as_raw_fd(), err_w.as_raw_fd()],
                     [gate_w.as_raw_fd(), err_r.as_raw_fd()],
+                    drain_fd,
                     &c_exe,
                     &c_argv,
                 )
@@ -134,6 +145,7 @@ impl GatedChild {
 unsafe fn child_after_fork(
     [gate, err]: [RawFd; 2],
     parent_ends: [RawFd; 2],
+    drain_fd: Option<RawFd>,
     exe: &CString,
     argv: &[*const libc::c_char],
 ) -> ! {
@@ -152,6 +164,13 @@ unsafe fn child_after_fork(
         // EOF: the tracer gave up before releasing us; do not run the command untraced.
         // SAFETY: __errno_location is async-signal-safe; _exit never returns.
         if r == 0 || unsafe { *libc::__errno_location() } != libc::EINTR {
+            unsafe { libc::_exit(127) };
+        }
+    }
+    if let Some(fd) = drain_fd {
+        // dup2 leaves the copy without close-on-exec.
+        // SAFETY: dup2 on descriptors of this process; async-signal-safe.
+        if unsafe { libc::dup2(fd, tracer_common::USER_DRAIN_FD as RawFd) } < 0 {
             unsafe { libc::_exit(127) };
         }
     }

@@ -67,7 +67,7 @@ pub struct RecordOptions {
 }
 
 /// An instrumented binary to trace and, when attaching, its load bias in the process.
-type Traced = (Instrumented, Option<u64>);
+pub type Traced = (Instrumented, Option<u64>);
 
 /// Record a trace; returns the exit code for the tracer (the command's, when it ran one).
 pub fn record(opts: RecordOptions) -> Result<i32> {
@@ -103,16 +103,7 @@ pub fn record(opts: RecordOptions) -> Result<i32> {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
     };
-    let infos: Vec<BinaryInfo> = list
-        .iter()
-        .enumerate()
-        .map(|(i, b)| BinaryInfo {
-            ordinal: i as u32,
-            binary_id: b.meta.binary_id,
-            path: b.path.to_string_lossy().into_owned(),
-            note: b.note.clone(),
-        })
-        .collect();
+    let infos = binary_infos(&binaries);
     let start_writer = |session: &SessionInfo| -> Result<Writer> {
         let mut w = Writer::create(&opts.output)?;
         w.write_session(session)?;
@@ -170,6 +161,26 @@ pub fn record(opts: RecordOptions) -> Result<i32> {
     Ok(exit_code.unwrap_or(0))
 }
 
+/// What the trace file says about each traced binary (ordinal = position).
+pub fn binary_infos(binaries: &[Traced]) -> Vec<BinaryInfo> {
+    binaries
+        .iter()
+        .enumerate()
+        .map(|(i, (b, _))| BinaryInfo {
+            ordinal: i as u32,
+            binary_id: b.meta.binary_id,
+            path: b.path.to_string_lossy().into_owned(),
+            note: b.note.clone(),
+        })
+        .collect()
+}
+
+/// The instrumented binaries of a command and its resolved path.
+pub fn discover_command(argv: &[OsString]) -> Result<(Vec<Traced>, PathBuf)> {
+    let (binaries, exe) = discover(&Target::Exec(argv.to_vec()))?;
+    Ok((binaries, exe.context("no executable to run")?))
+}
+
 /// The instrumented binaries of the target (and the resolved command when running
 /// one); an error if there are none, or too many.
 fn discover(target: &Target) -> Result<(Vec<Traced>, Option<PathBuf>)> {
@@ -223,7 +234,7 @@ fn discover(target: &Target) -> Result<(Vec<Traced>, Option<PathBuf>)> {
 }
 
 /// The one-line summary on stderr, and warnings about lost records.
-fn print_summary(consumed: &Consumed, stats: &FinalStats, path: &Path) {
+pub fn print_summary(consumed: &Consumed, stats: &FinalStats, path: &Path) {
     eprintln!(
         "utrace: {} records from {} threads, {} dropped -> {}",
         consumed.records,

@@ -18,6 +18,13 @@ const SYS_RT_SIGPROCMASK: u32 = 14;
 const SIG_BLOCK: u32 = 0;
 const SIG_SETMASK: u32 = 2;
 const ESRCH: i32 = 3;
+const EINTR: i32 = 4;
+const SYS_SENDMSG: u32 = 46;
+const SYS_GETSOCKOPT: u32 = 55;
+const SOL_SOCKET: u32 = 1;
+const SO_TYPE: u32 = 3;
+const SOCK_SEQPACKET: i32 = 5;
+const MSG_NOSIGNAL: u32 = 0x4000;
 
 pub(super) fn emit(
     layout: &Layout,
@@ -33,8 +40,13 @@ pub(super) fn emit(
     // optimise a uprobe on nop5 into a call); the tracer's eBPF program drains the
     // buffer and resets it. Then, with no tracer, discard the records: reset unless a
     // record is still being written (`inflight`, a signal handler interrupted a stub)
-    // or the buffer is no longer full (the tracer reset it). Clobbers %rcx and flags.
+    // or the buffer is no longer full (the tracer reset it). With the user-space drain
+    // on, send the records instead. Clobbers %rax %rcx %rdx %r11 and flags (the stub
+    // saved them).
     let mut flush_done = a.create_label();
+    let mut flush_user = a.create_label();
+    let mut user_drain = a.create_label();
+    let mut user_send = a.create_label();
     a.set_label(&mut flush)?;
     a.db(&[0x0f, 0x1f, 0x44, 0x00, 0x00])?;
     a.cmp(qword_ptr(rsi + SLOT_INFLIGHT as i32), 0)?;
@@ -42,13 +54,23 @@ pub(super) fn emit(
     a.mov(rcx, qword_ptr(rsi + SLOT_CUR as i32))?;
     a.cmp(rcx, qword_ptr(rsi + SLOT_END as i32))?;
     a.jb(flush_done)?;
+    a.mov(rcx, qword_ptr(rsi + SLOT_RW_BASE as i32))?;
+    a.cmp(dword_ptr(rcx + RWH_USER_STATE as i32), USER_ON)?;
+    a.je(flush_user)?;
     a.mov(rcx, qword_ptr(rsi + SLOT_START as i32))?;
     a.mov(qword_ptr(rsi + SLOT_CUR as i32), rcx)?;
     a.set_label(&mut flush_done)?;
     a.ret()?;
+    a.set_label(&mut flush_user)?;
+    a.mov(r10, chunk_kind_cause(CHUNK_KIND_RECORDS, CAUSE_FULL))?;
+    a.call(user_drain)?;
+    a.ret()?;
     a.int3()?;
 
-    emit_register(&mut a, layout, &mut register, flush)?;
+    emit_user_drain(&mut a, &mut user_drain, user_send)?;
+    emit_user_send(&mut a, &mut user_send)?;
+
+    emit_register(&mut a, layout, &mut register, flush, user_drain, user_send)?;
 
     if layout.pre_tls {
         // Process entry: %rdx (rtld_fini) and %rsp must survive; the rest is scratch.
@@ -89,6 +111,8 @@ fn emit_register(
     l: &Layout,
     register: &mut CodeLabel,
     flush: CodeLabel,
+    user_drain: CodeLabel,
+    user_send: CodeLabel,
 ) -> Result<(), IcedError> {
     let mut scan = a.create_label();
     let mut claim = a.create_label();
@@ -237,11 +261,25 @@ fn emit_register(
         a.jne(no_handover)?;
         a.push(rsi)?;
         a.mov(rsi, rdi)?;
+        let mut handover_probe = a.create_label();
+        let mut handover_done = a.create_label();
+        a.cmp(dword_ptr(rdx + RWH_USER_STATE as i32), USER_ON)?;
+        a.jne(handover_probe)?;
+        a.push(rdx)?;
+        a.push(r8)?;
+        a.mov(r10, chunk_kind_cause(CHUNK_KIND_RECORDS, CAUSE_FULL))?;
+        a.call(user_drain)?;
+        a.pop(r8)?;
+        a.pop(rdx)?;
+        a.jmp(handover_done)?;
+        a.set_label(&mut handover_probe)?;
         a.call(flush)?;
+        a.set_label(&mut handover_done)?;
         a.mov(qword_ptr(rsi), KEY_TOMBSTONE as i32)?;
         a.pop(rsi)?;
         a.set_label(&mut no_handover)?;
     }
+    emit_user_discovery(a, user_send)?;
     a.call(flush)?; // empty drain: tells the tracer about this slot
 
     // rsi = this thread's slot: point index[h(tp)] at it.
@@ -270,5 +308,169 @@ fn emit_register(
     }
     a.popfq()?;
     a.ret()?;
+    Ok(())
+}
+
+const fn chunk_kind_cause(kind: u32, cause: u32) -> u64 {
+    kind as u64 | (cause as u64) << 32
+}
+
+/// In `register` after a slot was claimed (%rsi = slot, %rdx = rw_base, %r8 = tp):
+/// decide once per process whether the user-space drain is on (descriptor
+/// USER_DRAIN_FD is a SOCK_SEQPACKET socket), and if so tell the tracer about the slot.
+/// Clobbers %rax %rcx %rdi %r9 %r10 %r11.
+fn emit_user_discovery(a: &mut CodeAssembler, user_send: CodeLabel) -> Result<(), IcedError> {
+    let mut known = a.create_label();
+    let mut not_socket = a.create_label();
+    let mut off = a.create_label();
+    a.cmp(dword_ptr(rdx + RWH_USER_STATE as i32), USER_UNKNOWN)?;
+    a.jne(known)?;
+    for r in [rdx, rsi, r8] {
+        a.push(r)?;
+    }
+    a.sub(rsp, 16)?; // [rsp] = option value, [rsp+8] = its length
+    a.mov(dword_ptr(rsp + 8), 4)?;
+    a.mov(edi, USER_DRAIN_FD)?;
+    a.mov(esi, SOL_SOCKET)?;
+    a.mov(edx, SO_TYPE)?;
+    a.mov(r10, rsp)?;
+    a.lea(r8, ptr(rsp + 8))?;
+    a.mov(eax, SYS_GETSOCKOPT)?;
+    a.syscall()?;
+    a.mov(ecx, USER_OFF)?;
+    a.test(rax, rax)?;
+    a.jne(not_socket)?;
+    a.cmp(dword_ptr(rsp), SOCK_SEQPACKET)?;
+    a.jne(not_socket)?;
+    a.mov(ecx, USER_ON)?;
+    a.set_label(&mut not_socket)?;
+    a.add(rsp, 16)?;
+    for r in [r8, rsi, rdx] {
+        a.pop(r)?;
+    }
+    a.mov(dword_ptr(rdx + RWH_USER_FD as i32), USER_DRAIN_FD)?;
+    a.mov(dword_ptr(rdx + RWH_USER_STATE as i32), ecx)?;
+    a.set_label(&mut known)?;
+    a.cmp(dword_ptr(rdx + RWH_USER_STATE as i32), USER_ON)?;
+    a.jne(off)?;
+    // Payload [slot, rw_base] on the stack.
+    a.push(r8)?;
+    a.push(rdx)?;
+    a.push(rsi)?;
+    a.mov(r8, rsp)?;
+    a.mov(r9d, 16u32)?;
+    a.mov(r10, chunk_kind_cause(CHUNK_KIND_SLOT, CAUSE_REGISTER))?;
+    a.xor(ecx, ecx)?;
+    a.call(user_send)?;
+    a.pop(rsi)?;
+    a.pop(rdx)?;
+    a.pop(r8)?;
+    a.set_label(&mut off)?;
+    Ok(())
+}
+
+/// user_drain(%rsi = slot, %r10 = kind | cause << 32): send `[start, cur)` in messages of
+/// at most USER_MSG_RECORDS records, then reset the buffer. Preserves %rsi, %rdi,
+/// %r8-%r10; clobbers %rax %rcx %rdx %r11 and flags.
+fn emit_user_drain(
+    a: &mut CodeAssembler,
+    label: &mut CodeLabel,
+    user_send: CodeLabel,
+) -> Result<(), IcedError> {
+    let mut next = a.create_label();
+    let mut small = a.create_label();
+    let mut done = a.create_label();
+    let max = (USER_MSG_RECORDS * RECORD_SIZE as u64) as i32;
+    a.set_label(label)?;
+    for r in [rdi, r8, r9, r10, r12, r13] {
+        a.push(r)?;
+    }
+    a.mov(r12, r10)?;
+    a.mov(r13, qword_ptr(rsi + SLOT_START as i32))?; // next record to send
+    a.set_label(&mut next)?;
+    a.mov(r9, qword_ptr(rsi + SLOT_CUR as i32))?;
+    a.sub(r9, r13)?;
+    a.jbe(done)?;
+    a.cmp(r9, max)?;
+    a.jbe(small)?;
+    a.mov(r9d, max as u32)?;
+    a.set_label(&mut small)?;
+    a.mov(r8, r13)?;
+    a.add(r13, r9)?;
+    a.mov(rcx, r9)?;
+    a.shr(rcx, 5)?; // RECORD_SIZE = 32
+    a.mov(r10, r12)?;
+    a.call(user_send)?;
+    a.jmp(next)?;
+    a.set_label(&mut done)?;
+    a.mov(rcx, qword_ptr(rsi + SLOT_START as i32))?;
+    a.mov(qword_ptr(rsi + SLOT_CUR as i32), rcx)?;
+    for r in [r13, r12, r10, r9, r8, rdi] {
+        a.pop(r)?;
+    }
+    a.ret()?;
+    a.int3()?;
+    Ok(())
+}
+
+/// user_send(%rsi = slot, %r8 = payload, %r9 = payload bytes, %r10 = kind | cause << 32,
+/// %ecx = record count): one `sendmsg(USER_DRAIN_FD, [ChunkHeader, payload],
+/// MSG_NOSIGNAL)`, retried on EINTR. Any other failure (the tracer is gone) turns the
+/// drain off for the process. Preserves %rsi; clobbers %rax %rcx %rdx %rdi %r8-%r11.
+fn emit_user_send(a: &mut CodeAssembler, label: &mut CodeLabel) -> Result<(), IcedError> {
+    let mut retry = a.create_label();
+    let mut sent = a.create_label();
+    a.set_label(label)?;
+    a.sub(rsp, 144)?;
+    a.mov(qword_ptr(rsp + 136), rsi)?;
+    // ChunkHeader at [rsp]: kind, count, pid, tid, seq, binary_id, cause, pad.
+    a.mov(dword_ptr(rsp), r10d)?;
+    a.mov(dword_ptr(rsp + 4), ecx)?;
+    a.mov(eax, SYS_GETPID)?;
+    a.syscall()?;
+    a.mov(dword_ptr(rsp + 8), eax)?;
+    a.mov(eax, dword_ptr(rsi + SLOT_OWNER_TID as i32))?;
+    a.mov(dword_ptr(rsp + 12), eax)?;
+    a.mov(rdx, qword_ptr(rsi + SLOT_RW_BASE as i32))?;
+    a.mov(eax, 1)?;
+    a.lock().xadd(qword_ptr(rdx + RWH_USER_SEQ as i32), rax)?;
+    a.mov(qword_ptr(rsp + 16), rax)?;
+    a.mov(rax, qword_ptr(rsi + SLOT_BINARY_ID as i32))?;
+    a.mov(qword_ptr(rsp + 24), rax)?;
+    a.mov(rax, r10)?;
+    a.shr(rax, 32)?;
+    a.mov(qword_ptr(rsp + 32), rax)?; // cause, pad = 0
+    // iovec[2] at [rsp+48]
+    a.mov(qword_ptr(rsp + 48), rsp)?;
+    a.mov(qword_ptr(rsp + 56), 40)?;
+    a.mov(qword_ptr(rsp + 64), r8)?;
+    a.mov(qword_ptr(rsp + 72), r9)?;
+    // msghdr at [rsp+80]: name, namelen, iov, iovlen, control, controllen, flags
+    a.xor(eax, eax)?;
+    a.mov(qword_ptr(rsp + 80), rax)?;
+    a.mov(qword_ptr(rsp + 88), rax)?;
+    a.lea(rax, ptr(rsp + 48))?;
+    a.mov(qword_ptr(rsp + 96), rax)?;
+    a.mov(qword_ptr(rsp + 104), 2)?;
+    a.mov(qword_ptr(rsp + 112), 0)?;
+    a.mov(qword_ptr(rsp + 120), 0)?;
+    a.mov(qword_ptr(rsp + 128), 0)?;
+    a.mov(r8, rdx)?; // rw_base
+    a.set_label(&mut retry)?;
+    a.mov(edi, dword_ptr(r8 + RWH_USER_FD as i32))?;
+    a.lea(rsi, ptr(rsp + 80))?;
+    a.mov(edx, MSG_NOSIGNAL)?;
+    a.mov(eax, SYS_SENDMSG)?;
+    a.syscall()?;
+    a.cmp(rax, -EINTR)?;
+    a.je(retry)?;
+    a.test(rax, rax)?;
+    a.jns(sent)?;
+    a.mov(dword_ptr(r8 + RWH_USER_STATE as i32), USER_OFF)?;
+    a.set_label(&mut sent)?;
+    a.mov(rsi, qword_ptr(rsp + 136))?;
+    a.add(rsp, 144)?;
+    a.ret()?;
+    a.int3()?;
     Ok(())
 }

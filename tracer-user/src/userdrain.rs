@@ -1,0 +1,420 @@
+//! `tracer record --user -- CMD`: the user-space drain, no eBPF and no privileges.
+//!
+//! The command gets one end of a `SOCK_SEQPACKET` socket pair as descriptor
+//! `USER_DRAIN_FD`. The injected code notices it at a thread's first record and then
+//! sends every full buffer there (`sendmsg`, one message per ≤ 1024 records, a
+//! `ChunkHeader` in front) instead of going through the flush uprobe, plus one
+//! `CHUNK_KIND_SLOT` message per slot it claims. What is still buffered when a thread
+//! exits is collected here: the tracer ptrace-seizes the command (its own child, so no
+//! privilege is needed) with `PTRACE_O_TRACEEXIT`, and at each exit stop reads the
+//! thread's slots with `process_vm_readv`, then tombstones them with
+//! `process_vm_writev` so that a new thread reusing the thread pointer registers afresh.
+//!
+//! Everything runs on one thread: the socket is always emptied before an exit is
+//! handled, so a thread's last records follow its earlier ones in the file.
+
+use std::{
+    collections::{HashMap, HashSet},
+    ffi::OsString,
+    io,
+    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, Result};
+use tracer_common::{
+    CAUSE_THREAD_EXIT, CHUNK_KIND_RECORDS, CHUNK_KIND_SLOT, CHUNK_RECORDS, ChunkHeader,
+    KEY_TOMBSTONE, RECORD_SIZE, RECORD_VERSION, SLOT_SIZE, Slot, USER_MSG_RECORDS,
+};
+
+use crate::{
+    clock,
+    process::{self, GatedChild},
+    session::{RecordOptions, binary_infos, discover_command, print_summary},
+    tracefile::{FinalStats, SessionInfo, Writer, chunk_header, encode_chunk},
+};
+
+const HDR: usize = size_of::<ChunkHeader>();
+/// Largest message: header + USER_MSG_RECORDS records (bigger means a bad sender).
+const MAX_MSG: usize = HDR + USER_MSG_RECORDS as usize * RECORD_SIZE;
+
+/// A slot a thread announced: (process, slot address).
+type SlotRef = (u32, u64);
+
+struct State {
+    writer: Writer,
+    /// tid → the slots it registered.
+    slots: HashMap<u32, Vec<SlotRef>>,
+    records: u64,
+    chunks: u64,
+    bad: u64,
+    threads: HashSet<(u32, u32)>,
+    buf: Vec<u8>,
+}
+
+pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
+    let (binaries, exe) = discover_command(&argv)?;
+    let (ours, theirs) = seqpacket_pair()?;
+    let mut child = GatedChild::spawn_with_drain(&exe, &argv, Some(theirs.as_raw_fd()))?;
+    drop(theirs);
+    seize(child.pid)?;
+
+    let session = SessionInfo {
+        command: argv
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        pids: vec![child.pid],
+        mode: "user".into(),
+        arch: std::env::consts::ARCH.into(),
+        record_version: RECORD_VERSION,
+        ring_bytes: 0,
+        write_user: false,
+        clock: clock::calibrate(Duration::from_millis(20)),
+        start_unix_s: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    let mut writer = Writer::create(&opts.output)?;
+    writer.write_session(&session)?;
+    for b in binary_infos(&binaries) {
+        writer.write_binary(&b)?;
+    }
+    let mut st = State {
+        writer,
+        slots: HashMap::new(),
+        records: 0,
+        chunks: 0,
+        bad: 0,
+        threads: HashSet::new(),
+        buf: vec![0u8; MAX_MSG + 1],
+    };
+
+    process::ignore_terminal_signals();
+    child.release().with_context(|| exe.display().to_string())?;
+    let exit_code = run(&mut st, &ours, child.pid)?;
+    st.drain_socket(&ours)?;
+
+    let stats = FinalStats {
+        records_delivered: st.records,
+        chunks: st.chunks,
+        records_received: st.records,
+        chunks_received: st.chunks,
+        bad_entries: st.bad,
+        threads: st.threads.len() as u64,
+        clock_end: Some(clock::anchor()),
+        exit_code: Some(exit_code),
+        ..Default::default()
+    };
+    let consumed = crate::consumer::Consumed {
+        records: st.records,
+        chunks: st.chunks,
+        bad_entries: st.bad,
+        threads: st.threads.clone(),
+    };
+    let path = st.writer.finish(&stats)?;
+    print_summary(&consumed, &stats, &path);
+    Ok(exit_code)
+}
+
+fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: fds is a valid out-array of two descriptors.
+    let r = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error()).context("socketpair");
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    let pair = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let big: libc::c_int = 8 << 20;
+    for (fd, opt) in [(&pair.0, libc::SO_RCVBUF), (&pair.1, libc::SO_SNDBUF)] {
+        // SAFETY: a valid int option value of the right size. Best effort (capped by
+        // net.core.*mem_max); a small buffer only makes senders wait.
+        unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&raw const big).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+    }
+    Ok(pair)
+}
+
+/// The type of ptrace requests: glibc declares them `c_uint`, musl `c_int`.
+#[cfg(target_env = "musl")]
+type PtraceRequest = libc::c_int;
+#[cfg(not(target_env = "musl"))]
+type PtraceRequest = libc::c_uint;
+
+fn ptrace(req: PtraceRequest, pid: u32, data: usize) -> io::Result<()> {
+    // SAFETY: the requests used here take an integer `data` and no address.
+    let r = unsafe { libc::ptrace(req, pid as libc::pid_t, 0usize, data) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+fn seize(pid: u32) -> Result<()> {
+    let opts = libc::PTRACE_O_TRACECLONE
+        | libc::PTRACE_O_TRACEFORK
+        | libc::PTRACE_O_TRACEVFORK
+        | libc::PTRACE_O_TRACEEXEC
+        | libc::PTRACE_O_TRACEEXIT
+        | libc::PTRACE_O_EXITKILL;
+    ptrace(libc::PTRACE_SEIZE, pid, opts as usize)
+        .with_context(|| format!("cannot ptrace the command (pid {pid}); is ptrace restricted?"))
+}
+
+/// Serve the socket and the ptrace stops until every traced task is gone; returns the
+/// command's exit code.
+fn run(st: &mut State, sock: &OwnedFd, main: u32) -> Result<i32> {
+    let mut exit_code = None;
+    loop {
+        let mut p = libc::pollfd {
+            fd: sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd. A timeout or EINTR just means "look again".
+        unsafe { libc::poll(&mut p, 1, 5) };
+        st.drain_socket(sock)?;
+        loop {
+            let mut status = 0;
+            // SAFETY: status is a valid out-pointer.
+            let tid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::__WALL) };
+            if tid == 0 {
+                break;
+            }
+            if tid < 0 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::ECHILD) {
+                    return exit_code.context("the command's exit status was never seen");
+                }
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e).context("waitpid");
+            }
+            let tid = tid as u32;
+            if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+                if tid == main {
+                    exit_code = Some(if libc::WIFEXITED(status) {
+                        libc::WEXITSTATUS(status)
+                    } else {
+                        128 + libc::WTERMSIG(status)
+                    });
+                }
+                continue;
+            }
+            if !libc::WIFSTOPPED(status) {
+                continue;
+            }
+            let sig = libc::WSTOPSIG(status);
+            let event = status >> 16;
+            let r = if event == libc::PTRACE_EVENT_EXIT {
+                // Its earlier messages are in the socket already (sendmsg returned).
+                st.drain_socket(sock)?;
+                st.collect_exiting(tid)?;
+                ptrace(libc::PTRACE_CONT, tid, 0)
+            } else if event == libc::PTRACE_EVENT_STOP {
+                match sig {
+                    libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU => {
+                        ptrace(libc::PTRACE_LISTEN, tid, 0)
+                    }
+                    _ => ptrace(libc::PTRACE_CONT, tid, 0),
+                }
+            } else if event != 0 {
+                ptrace(libc::PTRACE_CONT, tid, 0)
+            } else {
+                // A signal on its way to the task: deliver it.
+                ptrace(libc::PTRACE_CONT, tid, sig as usize)
+            };
+            // ESRCH: the task was killed meanwhile (SIGKILL, exit_group).
+            if let Err(e) = r
+                && e.raw_os_error() != Some(libc::ESRCH)
+            {
+                return Err(e).context(format!("ptrace(CONT) of {tid}"));
+            }
+        }
+    }
+}
+
+impl State {
+    /// Read every message waiting in the socket.
+    fn drain_socket(&mut self, sock: &OwnedFd) -> Result<()> {
+        loop {
+            // SAFETY: recv into our buffer of buf.len() bytes.
+            let n = unsafe {
+                libc::recv(
+                    sock.as_raw_fd(),
+                    self.buf.as_mut_ptr().cast(),
+                    self.buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::WouldBlock => return Ok(()),
+                    io::ErrorKind::Interrupted => continue,
+                    _ => return Err(e).context("recv from the user-space drain"),
+                }
+            }
+            if n == 0 {
+                return Ok(()); // every sender is gone
+            }
+            let msg = self.buf[..n as usize].to_vec();
+            self.message(&msg)?;
+        }
+    }
+
+    fn message(&mut self, msg: &[u8]) -> Result<()> {
+        let Some(h) = chunk_header(msg) else {
+            self.bad += 1;
+            return Ok(());
+        };
+        match h.kind {
+            CHUNK_KIND_SLOT if msg.len() >= HDR + 16 => {
+                let slot = u64::from_le_bytes(msg[HDR..HDR + 8].try_into().unwrap());
+                let list = self.slots.entry(h.tid).or_default();
+                if !list.contains(&(h.pid, slot)) {
+                    list.push((h.pid, slot));
+                }
+                Ok(())
+            }
+            CHUNK_KIND_RECORDS if msg.len() == HDR + h.count as usize * RECORD_SIZE => {
+                self.records_out(h, &msg[HDR..])
+            }
+            _ => {
+                self.bad += 1;
+                Ok(())
+            }
+        }
+    }
+
+    /// Write records as chunk sections of at most CHUNK_RECORDS (what readers expect).
+    fn records_out(&mut self, h: ChunkHeader, records: &[u8]) -> Result<()> {
+        let mut out = Vec::with_capacity(records.len() + 64 * (records.len() / 4096 + 1));
+        for piece in records.chunks(CHUNK_RECORDS * RECORD_SIZE) {
+            let mut hh = h;
+            hh.kind = CHUNK_KIND_RECORDS;
+            hh.count = (piece.len() / RECORD_SIZE) as u32;
+            let mut entry = Vec::with_capacity(HDR + piece.len());
+            push_header(&mut entry, &hh);
+            entry.extend_from_slice(piece);
+            if encode_chunk(&entry, &mut out).is_none() {
+                self.bad += 1;
+                continue;
+            }
+            self.records += u64::from(hh.count);
+            self.chunks += 1;
+        }
+        self.threads.insert((h.pid, h.tid));
+        self.writer.write_raw(&out)
+    }
+
+    /// Thread `tid` stopped on its way out: deliver what its slots still hold, then
+    /// release them.
+    fn collect_exiting(&mut self, tid: u32) -> Result<()> {
+        let Some(list) = self.slots.remove(&tid) else {
+            return Ok(());
+        };
+        for (pid, addr) in list {
+            let mut raw = [0u8; SLOT_SIZE as usize];
+            if read_mem(pid, addr, &mut raw).is_err() {
+                continue;
+            }
+            // SAFETY: Slot is repr(C) plain data of exactly SLOT_SIZE bytes.
+            let slot: Slot = unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) };
+            if slot.owner_tid != tid || slot.cur < slot.start {
+                continue; // claimed by another thread since
+            }
+            let bytes = slot.cur - slot.start;
+            if bytes % RECORD_SIZE as u64 != 0 || bytes > slot.end.saturating_sub(slot.start) + 4096
+            {
+                self.bad += 1;
+                continue;
+            }
+            if bytes > 0 {
+                let mut records = vec![0u8; bytes as usize];
+                read_mem(pid, slot.start, &mut records)
+                    .with_context(|| format!("reading the buffer of thread {tid}"))?;
+                let h = ChunkHeader {
+                    kind: CHUNK_KIND_RECORDS,
+                    count: 0,
+                    pid,
+                    tid,
+                    seq: 0,
+                    binary_id: slot.binary_id,
+                    cause: CAUSE_THREAD_EXIT,
+                    _pad: 0,
+                };
+                self.records_out(h, &records)?;
+            }
+            // Release: key = tombstone, cur = start (the first two words).
+            let mut release = [0u8; 16];
+            release[..8].copy_from_slice(&KEY_TOMBSTONE.to_le_bytes());
+            release[8..].copy_from_slice(&slot.start.to_le_bytes());
+            let _ = write_mem(pid, addr, &release);
+        }
+        Ok(())
+    }
+}
+
+fn push_header(out: &mut Vec<u8>, h: &ChunkHeader) {
+    for v in [h.kind, h.count, h.pid, h.tid] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&h.seq.to_le_bytes());
+    out.extend_from_slice(&h.binary_id.to_le_bytes());
+    out.extend_from_slice(&h.cause.to_le_bytes());
+    out.extend_from_slice(&h._pad.to_le_bytes());
+}
+
+fn read_mem(pid: u32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: local covers our buffer; the kernel checks the remote range.
+    let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+    match n {
+        n if n < 0 => Err(io::Error::last_os_error()),
+        n if n as usize != buf.len() => Err(io::Error::other("short read")),
+        _ => Ok(()),
+    }
+}
+
+fn write_mem(pid: u32, addr: u64, buf: &[u8]) -> io::Result<()> {
+    let local = libc::iovec {
+        iov_base: buf.as_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: local covers our buffer (only read); the kernel checks the remote range.
+    let n = unsafe { libc::process_vm_writev(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+    match n {
+        n if n < 0 => Err(io::Error::last_os_error()),
+        n if n as usize != buf.len() => Err(io::Error::other("short write")),
+        _ => Ok(()),
+    }
+}
