@@ -12,9 +12,7 @@ pub enum Error {
     Elf32(String),
     #[error("{0}: big-endian ELF files are not supported")]
     BigEndian(String),
-    #[error("{0}: AArch64 binaries are not supported yet (only x86-64)")]
-    Aarch64NotYet(String),
-    #[error("{0}: unsupported machine {1:#x} (only x86-64)")]
+    #[error("{0}: unsupported machine {1:#x} (only x86-64 and AArch64)")]
     UnsupportedMachine(String, u16),
     #[error("{0}: unsupported ELF type {1} (need an executable or a shared library)")]
     UnsupportedType(String, u16),

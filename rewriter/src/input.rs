@@ -76,6 +76,8 @@ pub struct Function {
 pub struct Input<'a> {
     pub name: String,
     pub data: &'a [u8],
+    /// `e_machine`: `EM_X86_64` or `EM_AARCH64` (checked); selects the backend.
+    pub machine: u16,
     pub kind: Kind,
     pub entry: u64,
     pub phdrs: Vec<Phdr>,
@@ -116,8 +118,7 @@ impl<'a> Input<'a> {
         let e = LE;
         let machine = fh.e_machine.get(e);
         match machine {
-            elf::EM_X86_64 => {}
-            elf::EM_AARCH64 => return Err(Error::Aarch64NotYet(name.into())),
+            elf::EM_X86_64 | elf::EM_AARCH64 => {}
             m => return Err(Error::UnsupportedMachine(name.into(), m)),
         }
         let e_type = fh.e_type.get(e);
@@ -293,6 +294,7 @@ impl<'a> Input<'a> {
         Ok(Input {
             name: name.into(),
             data,
+            machine,
             kind,
             entry: fh.e_entry.get(e),
             phdrs,

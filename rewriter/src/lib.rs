@@ -44,8 +44,11 @@ impl Default for Options {
 /// Rewrite an in-memory image. `name` is used in messages.
 pub fn rewrite(name: &str, data: &[u8], opts: &Options) -> Result<(Vec<u8>, Report)> {
     let input = input::Input::parse(name, data)?;
-    let isa = isa::x86_64::X86_64;
-    output::build(&input, &isa, opts)
+    let isa: &dyn isa::Isa = match input.machine {
+        object::elf::EM_AARCH64 => &isa::aarch64::Aarch64,
+        _ => &isa::x86_64::X86_64,
+    };
+    output::build(&input, isa, opts)
 }
 
 /// Rewrite `input` into `output` atomically (temp file + rename), with the input's

@@ -133,41 +133,36 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
     };
     for (id, ((f, name), plan)) in chosen.iter().zip(&plans).enumerate() {
         let id = id as u32;
-        let mode = match plan {
-            Ok(patch) => {
-                while code.len() % 16 != 0 {
-                    code.push(0xcc);
-                }
-                let at = code_at + code.len() as u64;
+        // The branch to the trampoline is encoded first: when the trampoline is out of
+        // the backend's branch range the site becomes a uprobe site (its trampoline
+        // bytes, already placed, are then just unused).
+        let placed = plan.as_ref().map_err(Clone::clone).and_then(|patch| {
+            while code.len() % 16 != 0 {
+                code.push(isa.code_fill());
+            }
+            let at = code_at + code.len() as u64;
+            let bytes = isa.patch_bytes(patch.patch_at, at, patch.len)?;
+            Ok((patch, at, bytes))
+        });
+        let mode = match placed {
+            Ok((patch, at, bytes)) => {
                 let tramp = isa
                     .emit_entry_stub(input, &layout, &rt, id, patch, at)
                     .map_err(enc_err)?;
                 code.extend_from_slice(&tramp);
-                patches.push((
-                    patch.patch_at,
-                    isa.patch_bytes(patch.patch_at, at, patch.len)
-                        .map_err(enc_err)?,
-                ));
+                patches.push((patch.patch_at, bytes));
                 report.inline += 1;
                 SiteMode::Inline
             }
             Err(why) => {
                 report.uprobe += 1;
-                report.uprobe_reasons.push((name.clone(), why.clone()));
+                report.uprobe_reasons.push((name.clone(), why));
                 SiteMode::Uprobe
             }
         };
-        // A uprobe goes after `endbr64`, where the inline branch would go.
-        let probe_at = match plan {
-            Ok(p) => p.patch_at,
-            Err(_)
-                if input
-                    .bytes_at(f.addr)
-                    .is_some_and(|b| b.starts_with(&[0xf3, 0x0f, 0x1e, 0xfa])) =>
-            {
-                f.addr + 4
-            }
-            Err(_) => f.addr,
+        let probe_at = match (&mode, plan) {
+            (SiteMode::Inline, Ok(p)) => p.patch_at,
+            _ => isa.probe_addr(input, f),
         };
         let file_off = input
             .vaddr_to_offset(probe_at)
@@ -269,7 +264,7 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
         flags |= meta::META_FLAG_PIC;
     }
     let metadata = Metadata {
-        arch: ARCH_X86_64,
+        arch: isa.arch(),
         record_version: RECORD_VERSION,
         record_size: RECORD_SIZE as u32,
         build_id: input.build_id.clone().unwrap_or_default(),

@@ -19,6 +19,12 @@ pub const APT_PACKAGES: &[&str] = &[
     "libc6-dev",
     // bpf-linker links libz next to libLLVM.
     "zlib1g-dev",
+    // AArch64 fixtures (tests/tests/aarch64.rs): cross gcc + binutils (objdump checks
+    // the hand encoders), the arm64 sysroot, and qemu-user to run them.
+    "gcc-aarch64-linux-gnu",
+    "binutils-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
+    "qemu-user",
 ];
 
 pub const BPF_LINKER_VERSION: &str = "0.13.0";

@@ -4,6 +4,7 @@
 
 use crate::input::{Function, Input};
 
+pub mod aarch64;
 pub mod x86_64;
 
 /// Where the new code and data will live, fixed before any code is emitted.
@@ -21,10 +22,14 @@ pub struct Layout {
 /// How a function entry is patched inline.
 #[derive(Clone, Debug)]
 pub struct EntryPatch {
-    /// Address where the branch to the trampoline is written (after `endbr64` / `bti c`).
+    /// Address where the branch to the trampoline is written (after a landing pad:
+    /// `endbr64`, `bti c`, `paciasp`).
     pub patch_at: u64,
     /// Bytes overwritten there (the displaced instructions).
     pub len: usize,
+    /// The return address register holds a signed pointer at the patch point (AArch64:
+    /// after `paciasp`/`pacibsp`); the stub strips the signature before recording it.
+    pub signed_lr: bool,
 }
 
 /// Addresses of the injected run-time routines.
@@ -37,6 +42,8 @@ pub struct Runtime {
 }
 
 pub trait Isa {
+    /// `ARCH_*` code stored in the metadata.
+    fn arch(&self) -> u32;
     /// Sorted, deduplicated addresses that some known branch can land on.
     fn branch_targets(&self, input: &Input) -> Vec<u64>;
     /// Can this function's entry take an inline stub? `Err` says why not (→ uprobe site).
@@ -46,6 +53,9 @@ pub trait Isa {
         f: &Function,
         targets: &[u64],
     ) -> Result<EntryPatch, String>;
+    /// Where a uprobe goes for a function that is not patched inline: after a
+    /// landing pad (`endbr64`, `bti c`, `paciasp`), where the inline branch would go.
+    fn probe_addr(&self, input: &Input, f: &Function) -> u64;
     /// Emit flush, register and (if `layout.pre_tls`) the entry shim at `at`.
     fn emit_runtime(
         &self,
@@ -66,6 +76,8 @@ pub trait Isa {
     ) -> Result<Vec<u8>, String>;
     /// The bytes written over the displaced range: a branch to `to`, then padding.
     fn patch_bytes(&self, from: u64, to: u64, len: usize) -> Result<Vec<u8>, String>;
+    /// Byte that pads between trampolines (never executed): a trap where possible.
+    fn code_fill(&self) -> u8;
     /// Alignment the new segments need (page size the binaries assume).
     fn segment_align(&self) -> u64;
 }

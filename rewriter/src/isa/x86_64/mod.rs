@@ -57,6 +57,17 @@ fn displaced(bytes: &[u8], at: u64, limit: u64) -> Result<Vec<Instruction>, Stri
 }
 
 impl Isa for X86_64 {
+    fn arch(&self) -> u32 {
+        tracer_common::ARCH_X86_64
+    }
+
+    fn probe_addr(&self, input: &Input, f: &Function) -> u64 {
+        match input.bytes_at(f.addr) {
+            Some(b) if b.starts_with(&ENDBR64) => f.addr + 4,
+            _ => f.addr,
+        }
+    }
+
     fn branch_targets(&self, input: &Input) -> Vec<u64> {
         let mut targets: Vec<u64> = input.functions.iter().map(|f| f.addr).collect();
         for s in &input.sections {
@@ -118,7 +129,11 @@ impl Isa for X86_64 {
         if let Some(&t) = targets.get(lo).filter(|&&t| t < at + len as u64) {
             return Err(format!("branch target {t:#x} inside the displaced bytes"));
         }
-        Ok(EntryPatch { patch_at: at, len })
+        Ok(EntryPatch {
+            patch_at: at,
+            len,
+            signed_lr: false,
+        })
     }
 
     fn emit_runtime(
@@ -163,6 +178,10 @@ impl Isa for X86_64 {
         // Nothing can land in the rest of the displaced range (checked), so trap there.
         out.resize(len, 0xcc);
         Ok(out)
+    }
+
+    fn code_fill(&self) -> u8 {
+        0xcc // int3
     }
 
     fn segment_align(&self) -> u64 {

@@ -1,0 +1,678 @@
+//! AArch64 under qemu-user: the fixtures of matrix.rs and shared_lib.rs built with
+//! aarch64-linux-gnu-gcc and clang --target=aarch64-linux-gnu × {PIE, -no-pie, -static,
+//! -static-pie, -mbranch-protection=standard} × {-O0, -O2}, rewritten, and run under
+//! `qemu-aarch64 -L /usr/aarch64-linux-gnu` (binfmt is off, so qemu is named).
+//!
+//! qemu-user runs no kernel uprobes, so no tracer drains the buffers: the fixtures link
+//! fixtures/inspect.c, whose destructor dumps every record still in the buffers, and
+//! the binaries are rewritten with a buffer larger than the run, so that none is
+//! flushed. For each build: identical stdout and exit code, and per thread exactly the
+//! expected entries with their first argument (x0) and a return address (x30) inside
+//! the program.
+//!
+//! Skipped (with a message) when qemu-aarch64 or the cross compiler is missing.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use tests::*;
+
+const SYSROOT: &str = "/usr/aarch64-linux-gnu";
+const GCC: &str = "aarch64-linux-gnu-gcc";
+/// Large enough for every record of a fixture run: nothing is flushed (and discarded).
+const BUF_RECORDS: &str = "65536";
+
+fn have(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// (compiler, its target flags), or None (skip) when the toolchain or qemu is missing.
+fn toolchain(cc: &str, dir: &Path, flags: &[&str]) -> Option<Vec<String>> {
+    if !have("qemu-aarch64") {
+        eprintln!("SKIP: qemu-aarch64 not installed (apt-get install qemu-user)");
+        return None;
+    }
+    let mut f: Vec<String> = match cc {
+        "clang" => vec!["--target=aarch64-linux-gnu".into()],
+        _ => vec![],
+    };
+    f.extend(flags.iter().map(|s| s.to_string()));
+    let probe: Vec<&str> = f.iter().map(String::as_str).collect();
+    if !can_link(cc, &probe, dir) {
+        eprintln!(
+            "SKIP: {cc} {} cannot link an AArch64 program",
+            probe.join(" ")
+        );
+        return None;
+    }
+    Some(f)
+}
+
+fn qemu(prog: &Path, env: &[(&str, &OsStr)]) -> Out {
+    qemu_args(prog, &[], env)
+}
+
+fn qemu_args(prog: &Path, args: &[&str], env: &[(&str, &OsStr)]) -> Out {
+    let mut c = Command::new("qemu-aarch64");
+    c.arg("-L").arg(SYSROOT).arg(prog).args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    run(&mut c, RUN_TIMEOUT)
+}
+
+/// Rewrite with the large buffer; the rewriter's counts and the metadata.
+fn rewrite_a64(input: &Path, output: &Path) -> (SiteCounts, tracer_common::meta::Metadata) {
+    rewrite_a64_with(input, output, &[])
+}
+
+fn rewrite_a64_with(
+    input: &Path,
+    output: &Path,
+    extra: &[&str],
+) -> (SiteCounts, tracer_common::meta::Metadata) {
+    let mut args: Vec<&OsStr> = vec![input.as_os_str(), "-o".as_ref(), output.as_os_str()];
+    if !extra.contains(&"--buffer-records") {
+        args.extend([OsStr::new("--buffer-records"), OsStr::new(BUF_RECORDS)]);
+    }
+    args.push("-v".as_ref());
+    args.extend(extra.iter().map(OsStr::new));
+    let out = rewriter(&args).ok();
+    let counts = parse_site_counts(&out.stdout_str())
+        .unwrap_or_else(|| panic!("no site-count line: {}", out.describe()));
+    let meta = metadata(output);
+    assert_eq!(meta.arch, tracer_common::ARCH_AARCH64, "metadata arch");
+    assert_eq!(meta.sites.len() as u64, counts.total);
+    (counts, meta)
+}
+
+/// One record of the inspect dump.
+#[derive(Debug, Clone)]
+struct Dumped {
+    object: String,
+    slot: u32,
+    tid: u32,
+    site: u32,
+    value: u64,
+    aux: u64,
+}
+
+fn read_dump(path: &Path) -> Vec<Dumped> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(f.len(), 6, "bad dump line {l:?}");
+            Dumped {
+                object: f[0].to_string(),
+                slot: f[1].parse().unwrap(),
+                tid: f[2].parse().unwrap(),
+                site: f[3].parse().unwrap(),
+                value: f[4].parse().unwrap(),
+                aux: f[5].parse().unwrap(),
+            }
+        })
+        .collect()
+}
+
+/// Per thread (in order of first slot), the (function, x0) of the followed functions.
+/// `names`: object → site id → name.
+fn per_thread(
+    recs: &[Dumped],
+    names: &dyn Fn(&str, u32) -> String,
+    followed: &[&str],
+) -> Vec<(u32, Vec<(String, u64)>)> {
+    let mut recs: Vec<&Dumped> = recs.iter().collect();
+    // Buffer order within a slot is record order; a thread's slot 1 (static pre-TLS
+    // phase) precedes its real slot. The dump lists objects, then slots, in order.
+    recs.sort_by_key(|r| (r.tid, r.slot));
+    let mut out: Vec<(u32, Vec<(String, u64)>)> = Vec::new();
+    for r in recs {
+        let name = names(&r.object, r.site);
+        if !followed.contains(&name.as_str()) {
+            continue;
+        }
+        match out.iter_mut().find(|(t, _)| *t == r.tid) {
+            Some((_, v)) => v.push((name, r.value)),
+            None => out.push((r.tid, vec![(name, r.value)])),
+        }
+    }
+    out
+}
+
+// ---- matrix.c (see matrix.rs for the sequences)
+
+const FOLLOWED: [&str; 5] = ["main", "fx_leaf", "fx_mid", "fx_fib", "fx_worker"];
+const WORKER_ARG: u64 = 1_000_000;
+
+fn leaf(x: u64) -> u64 {
+    x * 3 + 1
+}
+fn fib(n: u64) -> u64 {
+    if n < 2 { n } else { fib(n - 1) + fib(n - 2) }
+}
+fn fib_preorder(n: u64, out: &mut Vec<(String, u64)>) {
+    out.push(("fx_fib".into(), n));
+    if n >= 2 {
+        fib_preorder(n - 1, out);
+        fib_preorder(n - 2, out);
+    }
+}
+fn expected_main_thread() -> Vec<(String, u64)> {
+    let mut v = vec![("main".to_string(), 1)];
+    for i in 0..1000 {
+        v.push(("fx_mid".into(), i));
+        v.push(("fx_leaf".into(), i + 1));
+        v.push(("fx_leaf".into(), i + 2));
+    }
+    fib_preorder(12, &mut v);
+    v
+}
+fn expected_worker_thread() -> Vec<(String, u64)> {
+    let mut v = vec![("fx_worker".to_string(), WORKER_ARG)];
+    v.extend((0..100).map(|i| ("fx_leaf".to_string(), WORKER_ARG + i)));
+    v
+}
+fn expected_output() -> (String, i32) {
+    let mut r: u64 = (0..1000).map(|i| leaf(i + 1) + leaf(i + 2)).sum();
+    r += fib(12);
+    r += (0..100).map(|i| leaf(WORKER_ARG + i)).sum::<u64>();
+    (format!("matrix r={r} argc=1\n"), (r % 97) as i32 + 1)
+}
+
+fn site_names(meta: &tracer_common::meta::Metadata) -> HashMap<u32, String> {
+    meta.sites.iter().map(|s| (s.id, s.name.clone())).collect()
+}
+
+/// Load range of an ELF file's PT_LOADs (link-time addresses).
+fn text_range(path: &Path) -> (u64, u64) {
+    use object::{Object, ObjectSegment};
+    let data = std::fs::read(path).unwrap();
+    let f = object::File::parse(&*data).unwrap();
+    let lo = f.segments().map(|s| s.address()).min().unwrap_or(0);
+    let hi = f
+        .segments()
+        .map(|s| s.address() + s.size())
+        .max()
+        .unwrap_or(0);
+    (lo, hi)
+}
+
+fn matrix_case(cc: &str, variant: &str, flags: &[&str]) {
+    let tmp = TempDir::new(&format!("a64-{cc}-{variant}"));
+    let Some(target_flags) = toolchain(cc, tmp.path(), flags) else {
+        return;
+    };
+    let (want_stdout, want_code) = expected_output();
+    for opt in ["-O0", "-O2"] {
+        let what = format!("{cc} {variant} {opt}");
+        let orig = tmp.join(format!("matrix{opt}"));
+        let traced = tmp.join(format!("matrix{opt}.traced"));
+        let mut all: Vec<&str> = target_flags.iter().map(String::as_str).collect();
+        all.extend([opt, "-pthread"]);
+        compile(
+            cc,
+            &[fixture("matrix.c"), fixture("inspect.c")],
+            &all,
+            &orig,
+        );
+        let (counts, meta) = rewrite_a64(&orig, &traced);
+        let names = site_names(&meta);
+        for f in FOLLOWED {
+            let s = meta.sites.iter().find(|s| s.name == f);
+            assert!(
+                s.is_some_and(|s| s.mode == tracer_common::meta::SiteMode::Inline),
+                "{what}: {f} is not an inline site ({counts:?})"
+            );
+        }
+
+        let (d0, d1) = (
+            tmp.join(format!("orig{opt}.dump")),
+            tmp.join(format!("traced{opt}.dump")),
+        );
+        let o = qemu(&orig, &[("UTRACE_INSPECT", d0.as_os_str())]);
+        let t = qemu(&traced, &[("UTRACE_INSPECT", d1.as_os_str())]);
+        assert_eq!(
+            (o.stdout_str(), o.status()),
+            (want_stdout.clone(), want_code),
+            "{what}: original: {}",
+            o.describe()
+        );
+        assert_eq!(
+            (t.stdout_str(), t.status()),
+            (o.stdout_str(), o.status()),
+            "{what}: rewritten differs from the original: {}",
+            t.describe()
+        );
+        assert!(
+            read_dump(&d0).is_empty(),
+            "{what}: the original has records?"
+        );
+
+        let recs = read_dump(&d1);
+        let threads = per_thread(
+            &recs,
+            &|_, id| names.get(&id).cloned().unwrap_or_default(),
+            &FOLLOWED,
+        );
+        assert_eq!(threads.len(), 2, "{what}: threads with followed records");
+        let main = threads
+            .iter()
+            .find(|(_, v)| v.first().is_some_and(|e| e.0 == "main"))
+            .unwrap_or_else(|| panic!("{what}: no thread starts with main"));
+        let worker = threads
+            .iter()
+            .find(|(t, _)| *t != main.0)
+            .expect("worker thread");
+        assert_seq_eq(
+            &main.1,
+            &expected_main_thread(),
+            &format!("{what}: main thread"),
+        );
+        assert_seq_eq(
+            &worker.1,
+            &expected_worker_thread(),
+            &format!("{what}: worker thread"),
+        );
+        // Return addresses: non-zero, and inside the program's link-time image when it
+        // is not position independent.
+        // (Only followed functions: `_start` is entered from the kernel with x30 = 0.)
+        let (lo, hi) = text_range(&orig);
+        for r in &recs {
+            let n = names.get(&r.site).cloned().unwrap_or_default();
+            if !FOLLOWED.contains(&n.as_str()) {
+                continue;
+            }
+            assert!(r.aux != 0, "{what}: {n} without return address: {r:?}");
+            // No pointer-authentication code (BTI+PAC builds sign x30 before the site).
+            assert!(
+                r.aux < 1 << 48,
+                "{what}: {n}: return address {:#x} still signed",
+                r.aux
+            );
+            let in_libc = n == "main" || n == "fx_worker"; // called from libc
+            if !matches!(variant, "pie" | "bti" | "static-pie") && !in_libc {
+                assert!(
+                    (lo..hi).contains(&r.aux),
+                    "{what}: {n} returns to {:#x}, outside {lo:#x}..{hi:#x}",
+                    r.aux
+                );
+            }
+        }
+    }
+}
+
+macro_rules! matrix {
+    ($name:ident, $cc:expr, $variant:expr, [$($flag:expr),*]) => {
+        #[test]
+        fn $name() {
+            matrix_case($cc, $variant, &[$($flag),*]);
+        }
+    };
+}
+
+matrix!(gcc_pie, GCC, "pie", []);
+matrix!(gcc_no_pie, GCC, "no-pie", ["-no-pie"]);
+matrix!(gcc_static, GCC, "static", ["-static"]);
+matrix!(gcc_static_pie, GCC, "static-pie", ["-static-pie"]);
+matrix!(gcc_bti_pac, GCC, "bti", ["-mbranch-protection=standard"]);
+matrix!(clang_pie, "clang", "pie", []);
+matrix!(clang_no_pie, "clang", "no-pie", ["-no-pie"]);
+matrix!(clang_static, "clang", "static", ["-static"]);
+matrix!(clang_static_pie, "clang", "static-pie", ["-static-pie"]);
+matrix!(
+    clang_bti_pac,
+    "clang",
+    "bti",
+    ["-mbranch-protection=standard"]
+);
+
+// ---- shared library (see shared_lib.rs)
+
+fn shlib_expected() -> Vec<(String, u64)> {
+    let mut v = vec![("main".to_string(), 1)];
+    for i in 0..50 {
+        v.push(("fx_app".into(), i));
+        v.push(("fxlib_square".into(), i));
+    }
+    v.push(("fxlib_sum".into(), 200));
+    v.extend((0..200).map(|i| ("fxlib_square".to_string(), i)));
+    v
+}
+
+fn shlib_case(cc: &str) {
+    let tmp = TempDir::new(&format!("a64-shlib-{cc}"));
+    let Some(target_flags) = toolchain(cc, tmp.path(), &[]) else {
+        return;
+    };
+    let tf: Vec<&str> = target_flags.iter().map(String::as_str).collect();
+    for opt in ["-O0", "-O2"] {
+        let what = format!("{cc} shared library {opt}");
+        let (od, td) = (
+            tmp.join(format!("orig{opt}")),
+            tmp.join(format!("traced{opt}")),
+        );
+        std::fs::create_dir_all(&od).unwrap();
+        std::fs::create_dir_all(&td).unwrap();
+        let (lib, app) = (od.join("libfx.so"), od.join("app"));
+        let mut f = tf.clone();
+        f.extend([opt, "-shared", "-fPIC"]);
+        compile(cc, &[fixture("libfx.c")], &f, &lib);
+        let ldir = format!("-L{}", od.display());
+        let mut f = tf.clone();
+        f.extend([opt, ldir.as_str(), "-lfx"]);
+        compile(cc, &[fixture("app_so.c"), fixture("inspect.c")], &f, &app);
+        let (_, lib_meta) = rewrite_a64(&lib, &td.join("libfx.so"));
+        let (_, app_meta) = rewrite_a64(&app, &td.join("app"));
+        let (lib_names, app_names) = (site_names(&lib_meta), site_names(&app_meta));
+
+        let run_in = |dir: &Path, dump: &PathBuf| {
+            let mut c = Command::new("qemu-aarch64");
+            c.arg("-L")
+                .arg(SYSROOT)
+                .arg(dir.join("app"))
+                .env("LD_LIBRARY_PATH", dir)
+                .env("UTRACE_INSPECT", dump);
+            run(&mut c, RUN_TIMEOUT)
+        };
+        let (d0, d1) = (
+            tmp.join(format!("o{opt}.dump")),
+            tmp.join(format!("t{opt}.dump")),
+        );
+        let o = run_in(&od, &d0);
+        let t = run_in(&td, &d1);
+        assert!(
+            o.stdout_str().starts_with("app_so r="),
+            "{what}: {}",
+            o.describe()
+        );
+        assert_eq!(
+            (t.stdout_str(), t.status()),
+            (o.stdout_str(), o.status()),
+            "{what}: rewritten differs: {}",
+            t.describe()
+        );
+        let recs = read_dump(&d1);
+        let name = |obj: &str, id: u32| {
+            let m = if obj.ends_with("libfx.so") {
+                &lib_names
+            } else {
+                &app_names
+            };
+            m.get(&id).cloned().unwrap_or_default()
+        };
+        let threads = per_thread(
+            &recs,
+            &name,
+            &["main", "fx_app", "fxlib_square", "fxlib_sum"],
+        );
+        assert_eq!(threads.len(), 1, "{what}: one thread");
+        // Records of the two objects live in two RW areas: merge by thread is not
+        // by time, so compare each object's part of the expected sequence.
+        let (app_part, lib_part): (Vec<_>, Vec<_>) = shlib_expected()
+            .into_iter()
+            .partition(|(n, _)| n == "main" || n == "fx_app");
+        let got = &threads[0].1;
+        let (got_app, got_lib): (Vec<_>, Vec<_>) = got
+            .iter()
+            .cloned()
+            .partition(|(n, _)| n == "main" || n == "fx_app");
+        assert_seq_eq(&got_app, &app_part, &format!("{what}: app records"));
+        assert_seq_eq(&got_lib, &lib_part, &format!("{what}: libfx records"));
+    }
+}
+
+#[test]
+fn gcc_shared_lib() {
+    shlib_case(GCC);
+}
+
+#[test]
+fn clang_shared_lib() {
+    shlib_case("clang");
+}
+
+/// A machine the rewriter does not support is still refused (bad_input.rs covers the
+/// message); AArch64 itself is accepted and its metadata says so.
+#[test]
+fn aarch64_accepted() {
+    let tmp = TempDir::new("a64-accepted");
+    if toolchain(GCC, tmp.path(), &[]).is_none() {
+        return;
+    }
+    let p = tmp.join("tiny");
+    compile(GCC, &[fixture("tiny.c")], &["-O2"], &p);
+    let (_, counts, meta) = rewrite(&p, None, &[]);
+    assert!(counts.inline >= 1, "{counts:?}");
+    assert_eq!(meta.arch, tracer_common::ARCH_AARCH64);
+}
+
+/// reloc_a64.S: a function per relocated class (its first instruction, or the one after
+/// a landing pad, is ADR / ADRP / LDR / LDRSW / PRFM literal / B / BL / B.cond / CBZ /
+/// CBNZ / TBZ / TBNZ), run from the trampolines under qemu: same results as the
+/// original, one record per call. r_excl (entry inside LDXR…STXR) and r_loop (displaced
+/// instruction is a branch target) must be uprobe sites with those reasons.
+#[test]
+fn relocation_classes_run() {
+    let tmp = TempDir::new("a64-reloc");
+    let Some(_) = toolchain(GCC, tmp.path(), &[]) else {
+        return;
+    };
+    for pie in ["-pie", "-no-pie"] {
+        let what = format!("reloc_a64 {pie}");
+        let (orig, traced) = (tmp.join(format!("rl{pie}")), tmp.join(format!("rl{pie}.t")));
+        compile(
+            GCC,
+            &[
+                fixture("reloc_a64.c"),
+                fixture("reloc_a64.S"),
+                fixture("inspect.c"),
+            ],
+            &["-O2", pie],
+            &orig,
+        );
+        let out = rewriter(&[
+            orig.as_os_str(),
+            "-o".as_ref(),
+            traced.as_os_str(),
+            "--buffer-records".as_ref(),
+            BUF_RECORDS.as_ref(),
+            "-v".as_ref(),
+        ])
+        .ok();
+        let text = out.stdout_str() + &out.stderr_str();
+        assert!(
+            text.contains("uprobe site r_excl: inside an exclusive load/store sequence"),
+            "{what}: {text}"
+        );
+        assert!(
+            text.contains("uprobe site r_loop: branch target"),
+            "{what}: {text}"
+        );
+        let meta = metadata(&traced);
+        for s in &meta.sites {
+            if s.name.starts_with("r_") || s.name.starts_with("t_") {
+                let want = if s.name == "r_excl" || s.name == "r_loop" {
+                    tracer_common::meta::SiteMode::Uprobe
+                } else {
+                    tracer_common::meta::SiteMode::Inline
+                };
+                assert_eq!(s.mode, want, "{what}: {}", s.name);
+            }
+        }
+        let d = tmp.join(format!("rl{pie}.dump"));
+        let o = qemu(&orig, &[]);
+        let t = qemu(&traced, &[("UTRACE_INSPECT", d.as_os_str())]);
+        assert!(
+            o.stdout_str().contains("bl 0x33\n"),
+            "{what}: {}",
+            o.describe()
+        );
+        assert_eq!(
+            (t.stdout_str(), t.status()),
+            (o.stdout_str(), o.status()),
+            "{what}: rewritten differs: {}",
+            t.describe()
+        );
+        let names = site_names(&meta);
+        let recs = read_dump(&d);
+        let count = |n: &str| recs.iter().filter(|r| names[&r.site] == n).count();
+        for (n, calls) in [
+            ("r_adr", 1),
+            ("r_adrp", 1),
+            ("r_ldr", 1),
+            ("r_ldrw", 1),
+            ("r_ldrsw", 1),
+            ("r_prfm", 1),
+            ("r_b", 1),
+            ("r_bl", 1),
+            ("t_bl", 1),
+            ("r_bcond", 2),
+            ("t_bcond", 2),
+            ("r_cbz", 2),
+            ("r_cbnzw", 2),
+            ("r_tbz", 2),
+            ("r_tbnz", 2),
+            ("r_bti_adr", 1),
+            ("r_pac", 1),
+            ("r_excl", 0),
+            ("r_loop", 0),
+        ] {
+            assert_eq!(count(n), calls, "{what}: records of {n}");
+        }
+    }
+}
+
+/// SIGALRM every 20 µs while the main loop records: the handler's records interrupt
+/// stubs mid-reservation (the exclusive pair retries). Exactly N loop records in order,
+/// exactly H handler records with distinct tags, nothing torn.
+#[test]
+fn signals_under_qemu() {
+    const N: u64 = 20_000;
+    const TAG: u64 = 0x51_0000_0000;
+    let tmp = TempDir::new("a64-signals");
+    let Some(_) = toolchain(GCC, tmp.path(), &[]) else {
+        return;
+    };
+    let (orig, traced) = (tmp.join("signal"), tmp.join("signal.t"));
+    compile(
+        GCC,
+        &[fixture("signal.c"), fixture("inspect.c")],
+        &["-O2"],
+        &orig,
+    );
+    let (_, meta) = rewrite_a64_with(
+        &orig,
+        &traced,
+        &[
+            "--functions",
+            "fx_*",
+            "--buffer-records",
+            "1048576",
+            "--slots",
+            "8",
+        ],
+    );
+    let names = site_names(&meta);
+    let d = tmp.join("signal.dump");
+    let n = N.to_string();
+    let o = qemu_args(&orig, &[&n], &[]);
+    let t = qemu_args(&traced, &[&n], &[("UTRACE_INSPECT", d.as_os_str())]);
+    assert_eq!(
+        (t.stdout_str(), t.status()),
+        (o.stdout_str(), o.status()),
+        "rewritten differs: {}",
+        t.describe()
+    );
+    let h: u64 = t
+        .stderr_str()
+        .lines()
+        .find_map(|l| l.strip_prefix("handler_calls="))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no handler_calls: {}", t.describe()));
+    let recs = read_dump(&d);
+    let loop_vals: Vec<u64> = recs
+        .iter()
+        .filter(|r| names.get(&r.site).is_some_and(|n| n == "fx_in_loop"))
+        .map(|r| r.value)
+        .collect();
+    assert_seq_eq(&loop_vals, &(0..N).collect::<Vec<_>>(), "fx_in_loop values");
+    let mut hv: Vec<u64> = recs
+        .iter()
+        .filter(|r| names.get(&r.site).is_some_and(|n| n == "fx_in_handler"))
+        .map(|r| r.value)
+        .collect();
+    assert_eq!(hv.len() as u64, h, "handler records vs handler calls");
+    hv.sort_unstable();
+    assert_eq!(
+        hv,
+        (0..h).map(|k| TAG | k).collect::<Vec<_>>(),
+        "handler values"
+    );
+    assert_eq!(recs.len() as u64, N + h, "records of other sites");
+    eprintln!("signals under qemu: {N} loop records, {h} handler records");
+}
+
+/// Threads: each of 8 threads records exactly its 3000 values, in order, in its own
+/// slot; then thread churn with few slots (claim, tombstone-free reuse, dead-owner
+/// reclaim through tgkill) runs to the same output as the original.
+#[test]
+fn threads_under_qemu() {
+    let tmp = TempDir::new("a64-threads");
+    let Some(_) = toolchain(GCC, tmp.path(), &[]) else {
+        return;
+    };
+    let (orig, traced) = (tmp.join("stress"), tmp.join("stress.t"));
+    compile(
+        GCC,
+        &[fixture("stress.c"), fixture("inspect.c")],
+        &["-O2", "-pthread"],
+        &orig,
+    );
+    let (_, meta) = rewrite_a64_with(&orig, &traced, &["--functions", "hit", "--slots", "12"]);
+    let d = tmp.join("threads.dump");
+    let args = ["threads", "8", "3000"];
+    let o = qemu_args(&orig, &args, &[]);
+    let t = qemu_args(&traced, &args, &[("UTRACE_INSPECT", d.as_os_str())]);
+    assert_eq!(
+        (t.stdout_str(), t.status()),
+        (o.stdout_str(), o.status()),
+        "rewritten differs: {}",
+        t.describe()
+    );
+    let names = site_names(&meta);
+    let threads = per_thread(
+        &read_dump(&d),
+        &|_, id| names.get(&id).cloned().unwrap_or_default(),
+        &["hit"],
+    );
+    assert_eq!(threads.len(), 8, "threads with records");
+    let mut tags: Vec<u64> = Vec::new();
+    for (tid, v) in &threads {
+        let tag = v[0].1 >> 32;
+        let want: Vec<(String, u64)> = (0..3000).map(|i| ("hit".into(), tag << 32 | i)).collect();
+        assert_seq_eq(v, &want, &format!("thread {tid}"));
+        tags.push(tag);
+    }
+    tags.sort_unstable();
+    tags.dedup();
+    assert_eq!(tags.len(), 8, "one tag per thread");
+
+    // 200 short-lived threads, at most 6 alive, 10 usable slots: slots are reclaimed
+    // from dead owners. Records of reclaimed slots are overwritten (no tracer drains
+    // here), so only the program's behaviour is compared.
+    let args = ["churn", "200", "6", "10"];
+    let o = qemu_args(&orig, &args, &[]);
+    let t = qemu_args(&traced, &args, &[]);
+    assert_eq!(
+        (t.stdout_str(), t.status()),
+        (o.stdout_str(), o.status()),
+        "churn: rewritten differs: {}",
+        t.describe()
+    );
+}
