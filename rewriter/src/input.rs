@@ -327,6 +327,22 @@ impl<'a> Input<'a> {
         self.data.get(off..end)
     }
 
+    /// Executable PROGBITS sections with their address and bytes (what a linear sweep
+    /// for branch targets decodes).
+    pub fn code_sections(&self) -> impl Iterator<Item = (u64, &'a [u8])> + '_ {
+        self.sections
+            .iter()
+            .filter(|s| {
+                s.flags & u64::from(elf::SHF_EXECINSTR) != 0 && s.sh_type == elf::SHT_PROGBITS
+            })
+            .filter_map(|s| {
+                let bytes = self
+                    .data
+                    .get(s.offset as usize..(s.offset + s.size) as usize)?;
+                Some((s.addr, bytes))
+            })
+    }
+
     pub fn loads(&self) -> impl Iterator<Item = &Phdr> {
         self.phdrs.iter().filter(|p| p.p_type == elf::PT_LOAD)
     }

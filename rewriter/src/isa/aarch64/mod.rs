@@ -36,21 +36,10 @@ impl Isa for Aarch64 {
 
     fn branch_targets(&self, input: &Input) -> Vec<u64> {
         let mut targets: Vec<u64> = input.functions.iter().map(|f| f.addr).collect();
-        for s in &input.sections {
-            if s.flags & u64::from(object::elf::SHF_EXECINSTR) == 0
-                || s.sh_type != object::elf::SHT_PROGBITS
-            {
-                continue;
-            }
-            let Some(bytes) = input
-                .data
-                .get(s.offset as usize..(s.offset + s.size) as usize)
-            else {
-                continue;
-            };
+        for (addr, bytes) in input.code_sections() {
             for (i, c) in bytes.chunks_exact(INSN).enumerate() {
                 let w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                if let Some(t) = reloc::branch_target(w, s.addr + (i * INSN) as u64) {
+                if let Some(t) = reloc::branch_target(w, addr + (i * INSN) as u64) {
                     targets.push(t);
                 }
             }

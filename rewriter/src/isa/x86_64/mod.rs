@@ -70,19 +70,8 @@ impl Isa for X86_64 {
 
     fn branch_targets(&self, input: &Input) -> Vec<u64> {
         let mut targets: Vec<u64> = input.functions.iter().map(|f| f.addr).collect();
-        for s in &input.sections {
-            if s.flags & u64::from(object::elf::SHF_EXECINSTR) == 0
-                || s.sh_type != object::elf::SHT_PROGBITS
-            {
-                continue;
-            }
-            let Some(bytes) = input
-                .data
-                .get(s.offset as usize..(s.offset + s.size) as usize)
-            else {
-                continue;
-            };
-            let mut dec = Decoder::with_ip(64, bytes, s.addr, DecoderOptions::NONE);
+        for (addr, bytes) in input.code_sections() {
+            let mut dec = Decoder::with_ip(64, bytes, addr, DecoderOptions::NONE);
             let mut ins = Instruction::default();
             while dec.can_decode() {
                 dec.decode_out(&mut ins);
