@@ -118,19 +118,25 @@ fn check_sequences(threads: &[(u32, Seq)], main_tid: u32, what: &str) {
 }
 
 fn run_case(cc: &str, link: &[&str], opt: &str) {
-    let tag = format!("{cc}{}{opt}", link.join("")).replace(['=', '-'], "_");
+    run_case_with(cc, link, opt, &[]);
+}
+
+/// `tflags`: extra `tracer record` flags (`--user`: the user-space drain).
+fn run_case_with(cc: &str, link: &[&str], opt: &str, tflags: &[&str]) {
+    let tag = format!("{cc}{}{opt}{}", link.join(""), tflags.join("")).replace(['=', '-'], "_");
     let tmp = TempDir::new(&format!("matrix-{tag}"));
     let orig = tmp.join("matrix");
     let mut flags = vec![opt, "-g", "-pthread"];
     flags.extend_from_slice(link);
     compile(cc, &[fixture("matrix.c")], &flags, &orig);
     let what = format!(
-        "{cc} {} {opt}",
+        "{cc} {} {opt} {}",
         if link.is_empty() {
             "(PIE)".to_string()
         } else {
             link.join(" ")
-        }
+        },
+        tflags.join(" ")
     );
 
     // 1. The original.
@@ -198,7 +204,7 @@ fn run_case(cc: &str, link: &[&str], opt: &str) {
         t.describe()
     );
     let trace = tmp.join("matrix.utrace");
-    let r = tracer_record(&trace, &traced, &[], &[]);
+    let r = tracer_record_with(tflags, &trace, &traced, &[], &[]);
     assert_eq!(
         (r.stdout_str(), r.status()),
         (o.stdout_str(), o.status()),
@@ -285,3 +291,14 @@ case!(clang_static_pie_o0, "clang", STATIC_PIE, "-O0");
 case!(clang_static_pie_o2, "clang", STATIC_PIE, "-O2");
 case!(clang_cet_o0, "clang", CET, "-O0");
 case!(clang_cet_o2, "clang", CET, "-O2");
+
+// The user-space drain (`tracer record --user`) on static executables: records of the
+// pre-TLS phase (slot 1) are handed over through the socket.
+#[test]
+fn user_gcc_static_o2() {
+    run_case_with("gcc", STATIC, "-O2", &["--user"]);
+}
+#[test]
+fn user_gcc_static_pie_o2() {
+    run_case_with("gcc", STATIC_PIE, "-O2", &["--user"]);
+}

@@ -30,8 +30,13 @@ const APP_FNS: [&str; 2] = ["main", "fx_app"];
 const LIB_FNS: [&str; 2] = ["fxlib_square", "fxlib_sum"];
 
 fn run_case(cc: &str, opt: &str) {
-    let what = format!("shared library, {cc} {opt}");
-    let tmp = TempDir::new(&format!("shlib-{cc}{opt}"));
+    run_case_with(cc, opt, &[]);
+}
+
+/// `tflags`: extra `tracer record` flags (`--user`: the user-space drain).
+fn run_case_with(cc: &str, opt: &str, tflags: &[&str]) {
+    let what = format!("shared library, {cc} {opt} {}", tflags.join(" "));
+    let tmp = TempDir::new(&format!("shlib-{cc}{opt}{}", tflags.join("")));
     let (od, td) = (tmp.join("orig"), tmp.join("traced"));
     std::fs::create_dir_all(&od).unwrap();
     std::fs::create_dir_all(&td).unwrap();
@@ -97,7 +102,13 @@ fn run_case(cc: &str, opt: &str) {
     );
 
     let trace = tmp.join("app.utrace");
-    let r = tracer_record(&trace, &tapp, &[], &[("LD_LIBRARY_PATH", td.as_os_str())]);
+    let r = tracer_record_with(
+        tflags,
+        &trace,
+        &tapp,
+        &[],
+        &[("LD_LIBRARY_PATH", td.as_os_str())],
+    );
     assert_eq!(
         (r.stdout_str(), r.status()),
         (o.stdout_str(), o.status()),
@@ -203,4 +214,9 @@ fn shared_lib_clang_o0() {
 #[test]
 fn shared_lib_clang_o2() {
     run_case("clang", "-O2");
+}
+/// The user-space drain: two RW areas (app and library) send over the same socket.
+#[test]
+fn user_shared_lib_gcc_o2() {
+    run_case_with("gcc", "-O2", &["--user"]);
 }

@@ -14,6 +14,13 @@ pub const PROG_THREAD_EXIT: &str = "thread_exit";
 pub const PROG_TASK_EXIT: &str = "task_exit";
 /// Tracepoint `sched:sched_process_fork`: children of targets become targets.
 pub const PROG_FORK: &str = "fork";
+/// Tracepoint `syscalls:sys_enter_exit_group`: the calling thread drains its slots while
+/// its memory is still there (kernels before 6.16 fire `sched_process_exit` after
+/// `exit_mm`, when user memory can no longer be read).
+pub const PROG_GROUP_EXIT: &str = "group_exit";
+/// Tracepoint `signal:signal_deliver`: a thread taking SIGKILL (killed, or zapped by
+/// another thread's exit_group) drains its slots before `do_exit`, for the same reason.
+pub const PROG_KILLED: &str = "killed";
 
 /// Ring buffer of chunks (`ChunkHeader` + records).
 pub const MAP_EVENTS: &str = "EVENTS";

@@ -1,7 +1,9 @@
 //! Architecture-specific access: registers of a uprobe context and the thread pointer.
 //!
-//! x86-64 is implemented; AArch64 (slot in x1, first argument x0, return address x30,
-//! thread pointer `thread.uw.tp_value`) has the same shape so it can be added here.
+//! x86-64: slot in %rsi, first argument %rdi, return address at [%rsp], thread pointer
+//! `thread.fsbase`. AArch64 (the rewriter's convention): slot in x9, first argument x0,
+//! return address x30 (PAC bits stripped), thread pointer `thread.uw.tp_value` (which
+//! the kernel only refreshes at context switch, see [`THREAD_POINTER_MAY_BE_STALE`]).
 
 use aya_ebpf::{helpers::bpf_probe_read_kernel, helpers::generated::bpf_get_current_task};
 
@@ -55,9 +57,11 @@ mod regs {
         unsafe { (*ctx.regs.cast::<UserPtRegs>()).regs[n] }
     }
 
+    /// The slot pointer the stub passes to the flush function (x9, an intra-procedure
+    /// scratch register: the stub saved it, so no argument register is disturbed).
     #[inline(always)]
     pub fn slot_arg(ctx: &ProbeContext) -> u64 {
-        reg(ctx, 1)
+        reg(ctx, 9)
     }
 
     #[inline(always)]
@@ -65,14 +69,28 @@ mod regs {
         reg(ctx, 0)
     }
 
-    /// At function entry the return address is still in the link register.
+    /// User addresses are below 2^48 (Debian's arm64 kernels: 48-bit VA); the bits
+    /// above hold a pointer-authentication code when x30 was signed.
+    const USER_VA_MASK: u64 = (1 << 48) - 1;
+
+    /// At function entry the return address is still in the link register. A uprobe
+    /// site sits after a `paciasp`/`pacibsp` landing pad, so x30 may carry a PAC:
+    /// strip it (as `xpaclri` would) so that aux is the plain return address.
     #[inline(always)]
     pub fn return_address(ctx: &ProbeContext) -> u64 {
-        reg(ctx, 30)
+        reg(ctx, 30) & USER_VA_MASK
     }
 }
 
 pub use regs::{first_arg, return_address, slot_arg};
+
+/// AArch64 user space sets its thread pointer with `msr tpidr_el0` (no system call), and
+/// the kernel copies the register into `thread.uw.tp_value` only when the task is
+/// switched out (or at clone with CLONE_SETTLS). A main thread that installed its TLS
+/// after exec and has not been switched out since still shows 0 (or a static
+/// executable's pre-TLS TCB) there, so lookups by thread pointer fall back to the
+/// slot's `owner_tid`.
+pub const THREAD_POINTER_MAY_BE_STALE: bool = cfg!(bpf_target_arch = "aarch64");
 
 /// The current thread's thread pointer (the key of its slots), 0 if unknown. Read from
 /// `task_struct` at the offset the loader found in BTF. The kernel sets that field at

@@ -162,7 +162,12 @@ fn emit<const RECORDS: usize>(c: &DrainCtx, first: u64, count: u64) -> Emit {
     // SAFETY: the reservation is at least HDR bytes long and 8-byte aligned.
     unsafe { base.cast::<ChunkHeader>().write(header) };
     // count is in [1, RECORDS]; the mask spells that out for the verifier, which must
-    // see that the copy stays inside the reservation.
+    // see that the copy stays inside the reservation. The volatile read keeps LLVM from
+    // proving the mask redundant (it knows the caller's `count <= RECORDS`) and
+    // dropping it: older verifiers (Linux 6.1) do not carry that comparison over to
+    // this register and reject the program.
+    // SAFETY: reading a local.
+    let count = unsafe { core::ptr::read_volatile(&count) };
     let len = (((count - 1) & (RECORDS as u64 - 1)) + 1) * RECORD_SIZE as u64;
     let src = c.start + first * RECORD_SIZE as u64;
     // SAFETY: dst is HDR + len <= the reserved size; the helper validates src.

@@ -13,6 +13,9 @@
 //! Flush and site leave a buffer alone while `slot.inflight != 0` (a signal handler
 //! interrupted a stub that is still writing its record).
 //! - `thread_exit` (syscalls:sys_enter_exit): drains and releases the thread's slots.
+//! - `group_exit` (syscalls:sys_enter_exit_group) and `killed` (signal:signal_deliver,
+//!   SIGKILL): drain the thread's slots before do_exit, while user memory is still
+//!   mapped (kernels before 6.16 run `sched_process_exit` after `exit_mm`).
 //! - `task_exit` (sched:sched_process_exit): read-only drain of what is left (threads
 //!   killed by exit_group or a signal), and forgets finished processes.
 //! - `fork` (sched:sched_process_fork): children of traced processes are traced.
@@ -174,6 +177,46 @@ pub fn thread_exit(ctx: TracePointContext) -> u32 {
         if r < 0 {
             error!(&ctx, "thread_exit: drain failed: {}", r);
         }
+    }
+    0
+}
+
+/// The thread calling exit_group drains (and resets) its own slots while its memory is
+/// still mapped: before Linux 6.16 `sched_process_exit` fires after `exit_mm`, too late
+/// to read user memory, so `task_exit` alone would lose what the buffers hold.
+#[tracepoint]
+pub fn group_exit(ctx: TracePointContext) -> u32 {
+    let pid_tid = bpf_get_current_pid_tgid();
+    if is_target((pid_tid >> 32) as u32) {
+        let r = drain_exiting(pid_tid, CAUSE_THREAD_EXIT, AFTER_RESET);
+        if r < 0 {
+            error!(&ctx, "group_exit: drain failed: {}", r);
+        }
+    }
+    0
+}
+
+/// `int sig` in the signal_deliver record (after the 8 bytes of common fields; stable
+/// since the tracepoint exists).
+const SIGNAL_DELIVER_SIG_OFF: usize = 8;
+const SIGKILL: i32 = 9;
+
+/// A thread dequeuing SIGKILL (a kill, or another thread's exit_group zapping it) is
+/// about to run do_exit: drain its slots now, while its memory is still mapped (see
+/// `group_exit`). SIGKILL cannot be caught, so the thread never records again.
+#[tracepoint]
+pub fn killed(ctx: TracePointContext) -> u32 {
+    let pid_tid = bpf_get_current_pid_tgid();
+    if !is_target((pid_tid >> 32) as u32) {
+        return 0;
+    }
+    // SAFETY: read_at checks the access (bpf_probe_read_kernel).
+    if unsafe { ctx.read_at::<i32>(SIGNAL_DELIVER_SIG_OFF) } != Ok(SIGKILL) {
+        return 0;
+    }
+    let r = drain_exiting(pid_tid, CAUSE_TASK_EXIT, AFTER_RESET);
+    if r < 0 {
+        error!(&ctx, "killed: drain failed: {}", r);
     }
     0
 }

@@ -5,7 +5,8 @@ use core::ffi::c_void;
 use aya_ebpf::helpers::generated::bpf_loop;
 use tracer_common::{
     FIRST_FREE_SLOT, INDEX_OFF, KEY_CLAIMING, KEY_TOMBSTONE, PRE_TLS_OFF, RECORD_SIZE, RWH_NSLOTS,
-    SLOT_CUR, SLOT_KEY, SLOT_PRE_TLS, SLOT_SIZE, SLOTS_OFF, STAT_RECORDS_SKIPPED, Slot, index_of,
+    SLOT_CUR, SLOT_KEY, SLOT_OWNER_TID, SLOT_PRE_TLS, SLOT_SIZE, SLOTS_OFF, STAT_RECORDS_SKIPPED,
+    Slot, index_of,
 };
 
 use crate::{
@@ -52,6 +53,58 @@ pub fn find_slot(rw: u64, tp: u64) -> u64 {
         );
     }
     s.found
+}
+
+/// Address of the slot that thread `tid` claimed in the RW area at `rw` (a scan of the
+/// table for `owner_tid`), 0 if none. Only for when the thread pointer the kernel
+/// keeps is not the live one (see `arch::THREAD_POINTER_MAY_BE_STALE`).
+#[inline(never)]
+pub fn find_slot_by_tid(rw: u64, tid: u32) -> u64 {
+    let nslots = read_user::<u32>(rw + RWH_NSLOTS).unwrap_or(0);
+    if nslots <= FIRST_FREE_SLOT {
+        return 0;
+    }
+    let mut s = TidScanCtx {
+        rw,
+        tid: tid as u64,
+        found: 0,
+    };
+    let n = nslots - FIRST_FREE_SLOT;
+    // SAFETY: callback and context as bpf_loop expects; `s` outlives the call.
+    unsafe {
+        bpf_loop(
+            if n > MAX_SCAN { MAX_SCAN } else { n },
+            scan_slot_tid as *const () as *mut c_void,
+            (&raw mut s).cast(),
+            0,
+        );
+    }
+    s.found
+}
+
+#[repr(C)]
+struct TidScanCtx {
+    rw: u64,
+    tid: u64,
+    found: u64,
+}
+
+#[inline(never)]
+extern "C" fn scan_slot_tid(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop hands back the TidScanCtx pointer that find_slot_by_tid() passed in.
+    let s = unsafe { &mut *ctx.cast::<TidScanCtx>() };
+    let slot = s.rw + SLOTS_OFF + (index + FIRST_FREE_SLOT as u64) * SLOT_SIZE;
+    match (
+        read_user::<u64>(slot + SLOT_KEY),
+        read_user::<u32>(slot + SLOT_OWNER_TID),
+    ) {
+        (Ok(key), Ok(tid)) if key > KEY_CLAIMING && tid as u64 == s.tid => {
+            s.found = slot;
+            1
+        }
+        (Ok(_), Ok(_)) => 0,
+        _ => 1,
+    }
 }
 
 #[inline(always)]

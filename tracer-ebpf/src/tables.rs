@@ -4,22 +4,25 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::helpers::generated::bpf_loop;
+use aya_ebpf::helpers::{bpf_get_current_pid_tgid, generated::bpf_loop};
 use tracer_common::{KEY_CLAIMING, RWH_BINARY_ID, SLOT_KEY, SLOT_OWNER_TID, ebpf::TABLE_BINARIES};
 
 use crate::{
-    arch::thread_pointer,
+    arch::{THREAD_POINTER_MAY_BE_STALE, thread_pointer},
     maps::TABLES,
-    slots::{drain_slot, find_slot, pre_tls_slot},
+    slots::{drain_slot, find_slot, find_slot_by_tid, pre_tls_slot},
     user::read_user,
 };
 
 const INDEX_MASK: u64 = TABLE_BINARIES as u64 - 1;
 const _: () = assert!(TABLE_BINARIES.is_power_of_two());
 
+/// Small on purpose: the chain task_exit → drain_exiting → exit_one (bpf_loop callback)
+/// → drain_slot → drain → drain_chunk must fit the verifier's 512-byte combined stack,
+/// which Linux 6.1 also charges for callbacks; so no copy of the table here, the
+/// callback looks it up.
 #[repr(C)]
 struct ExitCtx {
-    table: [u64; TABLE_BINARIES],
     pid_tid: u64,
     tp: u64,
     cause: u64,
@@ -33,12 +36,10 @@ struct ExitCtx {
 /// error.
 #[inline(never)]
 pub fn drain_exiting(pid_tid: u64, cause: u32, after: u32) -> i64 {
-    let Some(p) = TABLES.get_ptr((pid_tid >> 32) as u32) else {
+    if TABLES.get_ptr((pid_tid >> 32) as u32).is_none() {
         return 0;
-    };
+    }
     let mut c = ExitCtx {
-        // SAFETY: p points at a live TABLES value; copied to the stack at once.
-        table: unsafe { *p },
         pid_tid,
         tp: thread_pointer(),
         cause: cause as u64,
@@ -61,12 +62,22 @@ pub fn drain_exiting(pid_tid: u64, cause: u32, after: u32) -> i64 {
 extern "C" fn exit_one(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop hands back the ExitCtx pointer that drain_exiting() passed in.
     let c = unsafe { &mut *ctx.cast::<ExitCtx>() };
-    let rw = c.table[(index & INDEX_MASK) as usize];
+    let Some(p) = TABLES.get_ptr((c.pid_tid >> 32) as u32) else {
+        return 1;
+    };
+    // SAFETY: p points at a live TABLES value; one entry is read at once.
+    let rw = unsafe { (*p)[(index & INDEX_MASK) as usize] };
     if rw == 0 {
         return 1;
     }
     let (cause, after) = (c.cause as u32, c.after as u32);
-    let slot = find_slot(rw, c.tp);
+    let mut slot = find_slot(rw, c.tp);
+    if THREAD_POINTER_MAY_BE_STALE && (slot == 0 || slot == pre_tls_slot(rw)) {
+        let own = find_slot_by_tid(rw, c.pid_tid as u32);
+        if own != 0 {
+            slot = own;
+        }
+    }
     if slot != 0 {
         let r = drain_slot(slot, rw, c.pid_tid, cause, after);
         c.total = if r < 0 { r } else { c.total + r };
@@ -89,6 +100,7 @@ struct FindCtx {
     tp: u64,
     rw: u64,
     slot: u64,
+    tid: u32,
 }
 
 /// The current thread's slot in the RW area of binary `binary_id` in process `tgid`:
@@ -104,6 +116,7 @@ pub fn find_binary_slot(tgid: u32, binary_id: u64, tp: u64) -> Option<(u64, u64)
         tp,
         rw: 0,
         slot: 0,
+        tid: bpf_get_current_pid_tgid() as u32,
     };
     // SAFETY: callback and context as bpf_loop expects; `c` outlives the call.
     unsafe {
@@ -130,5 +143,8 @@ extern "C" fn find_one(index: u64, ctx: *mut c_void) -> i64 {
     }
     c.rw = rw;
     c.slot = find_slot(rw, c.tp);
+    if THREAD_POINTER_MAY_BE_STALE && c.slot == 0 {
+        c.slot = find_slot_by_tid(rw, c.tid);
+    }
     1
 }

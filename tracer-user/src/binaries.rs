@@ -130,6 +130,42 @@ pub fn for_command(exe: &Path) -> Result<Vec<Instrumented>> {
     collect(candidates)
 }
 
+/// Binaries named on the command line (`tracer record --binary PATH`): each must be an
+/// instrumented binary, since the user asked for it by name.
+pub fn named(paths: &[PathBuf]) -> Result<Vec<Instrumented>> {
+    let mut found = Vec::with_capacity(paths.len());
+    for path in paths {
+        match read_instrumented(path).with_context(|| format!("--binary {}", path.display()))? {
+            Some(b) => found.push(b),
+            None => bail!(
+                "--binary {}: not an instrumented binary (no {META_SECTION} note; run the rewriter on it first)",
+                path.display()
+            ),
+        }
+    }
+    Ok(found)
+}
+
+/// `extra` appended to `found`, skipping files already there (same path or same
+/// binary_id).
+pub fn merge(found: &mut Vec<Instrumented>, extra: Vec<Instrumented>) {
+    let key = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    for b in extra {
+        if let Some(other) = found.iter().find(|o| o.meta.binary_id == b.meta.binary_id) {
+            if key(&other.path) != key(&b.path) {
+                log::warn!(
+                    "{} and {} have the same binary_id {:#x}; tracing only the first",
+                    other.path.display(),
+                    b.path.display(),
+                    b.meta.binary_id
+                );
+            }
+            continue;
+        }
+        found.push(b);
+    }
+}
+
 fn collect(candidates: Vec<PathBuf>) -> Result<Vec<Instrumented>> {
     let mut seen = BTreeSet::new();
     let mut found: Vec<Instrumented> = Vec::new();

@@ -154,7 +154,10 @@ fn consume_loop(
 /// instead of being dropped. Both block (poll, channel, write) when idle, and the
 /// kernel's real-time throttling bounds them anyway. Best effort (needs CAP_SYS_NICE).
 fn raise_priority() {
-    let p = libc::sched_param { sched_priority: 1 };
+    // Zeroed, then set: musl's sched_param has more fields than glibc's.
+    // SAFETY: sched_param is plain integers; all-zero is a valid value.
+    let mut p: libc::sched_param = unsafe { std::mem::zeroed() };
+    p.sched_priority = 1;
     // SAFETY: p is a valid sched_param; pid 0 is the calling thread.
     if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } != 0 {
         log::debug!(

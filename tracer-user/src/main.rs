@@ -57,6 +57,11 @@ enum Cmd {
         /// and leftovers at thread exit are read with ptrace.
         #[arg(long, conflicts_with = "pid")]
         user: bool,
+        /// Also trace this instrumented binary (repeatable): for a command that is not
+        /// itself instrumented but runs one, e.g. `--user --binary ./prog.traced --
+        /// qemu-aarch64 ./prog.traced`. Its metadata goes into the trace file.
+        #[arg(long = "binary", value_name = "PATH", conflicts_with = "pid")]
+        binaries: Vec<PathBuf>,
         /// The command and its arguments (after `--`).
         #[arg(last = true)]
         command: Vec<OsString>,
@@ -95,6 +100,7 @@ fn run(cli: Cli) -> Result<i32> {
             pid,
             duration,
             user,
+            binaries,
             command,
         } => {
             if user {
@@ -105,6 +111,7 @@ fn run(cli: Cli) -> Result<i32> {
                     output,
                     ring_bytes,
                     target: Target::Exec(command.clone()),
+                    binaries,
                 };
                 return userdrain::record(opts, command);
             }
@@ -123,6 +130,7 @@ fn run(cli: Cli) -> Result<i32> {
                 output,
                 ring_bytes,
                 target,
+                binaries,
             })
         }
         Cmd::Report { file, json } => {

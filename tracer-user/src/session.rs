@@ -26,8 +26,9 @@ use tracer_common::{
     ebpf::{
         DEFAULT_RING_BYTES, GLOBAL_EXIT_GROUP_DEAD_OFF, GLOBAL_FORK_CHILD_PID_OFF,
         GLOBAL_SYSTEM_WIDE, GLOBAL_TP_OFFSET, GLOBAL_WRITE_USER, MAP_BINARIES, MAP_EVENTS, MAP_SEQ,
-        MAP_STATS, MAP_TABLES, MAP_TARGETS, MAX_BINARIES, PROG_FLUSH, PROG_FORK, PROG_SITE,
-        PROG_TASK_EXIT, PROG_THREAD_EXIT, STAT_TABLE_FULL, TABLE_BINARIES, site_cookie,
+        MAP_STATS, MAP_TABLES, MAP_TARGETS, MAX_BINARIES, PROG_FLUSH, PROG_FORK, PROG_GROUP_EXIT,
+        PROG_KILLED, PROG_SITE, PROG_TASK_EXIT, PROG_THREAD_EXIT, STAT_TABLE_FULL, TABLE_BINARIES,
+        site_cookie,
     },
     meta::SiteMode,
 };
@@ -44,8 +45,10 @@ use crate::{
 /// The eBPF object built by build.rs.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
 
-const TRACEPOINTS: [(&str, &str, &str); 3] = [
+const TRACEPOINTS: [(&str, &str, &str); 5] = [
     (PROG_THREAD_EXIT, "syscalls", "sys_enter_exit"),
+    (PROG_GROUP_EXIT, "syscalls", "sys_enter_exit_group"),
+    (PROG_KILLED, "signal", "signal_deliver"),
     (PROG_TASK_EXIT, "sched", "sched_process_exit"),
     (PROG_FORK, "sched", "sched_process_fork"),
 ];
@@ -64,6 +67,9 @@ pub struct RecordOptions {
     pub output: PathBuf,
     pub ring_bytes: u32,
     pub target: Target,
+    /// `--binary`: instrumented binaries to trace besides those found from the target
+    /// (e.g. the program run by an uninstrumented loader such as qemu-user).
+    pub binaries: Vec<PathBuf>,
 }
 
 /// An instrumented binary to trace and, when attaching, its load bias in the process.
@@ -75,7 +81,7 @@ pub fn record(opts: RecordOptions) -> Result<i32> {
     kernel::ensure_tracefs()?;
     kernel::raise_memlock();
 
-    let (binaries, exe) = discover(&opts.target)?;
+    let (binaries, exe) = discover(&opts.target, &opts.binaries)?;
     let list: Vec<&Instrumented> = binaries.iter().map(|(b, _)| b).collect();
     let (mut ebpf, write_user) = load_and_attach(opts.ring_bytes, &list)?;
     let logger = match EbpfLogger::init(&mut ebpf) {
@@ -175,21 +181,35 @@ pub fn binary_infos(binaries: &[Traced]) -> Vec<BinaryInfo> {
         .collect()
 }
 
-/// The instrumented binaries of a command and its resolved path.
-pub fn discover_command(argv: &[OsString]) -> Result<(Vec<Traced>, PathBuf)> {
-    let (binaries, exe) = discover(&Target::Exec(argv.to_vec()))?;
+/// The instrumented binaries of a command (plus `extra`) and its resolved path.
+pub fn discover_command(argv: &[OsString], extra: &[PathBuf]) -> Result<(Vec<Traced>, PathBuf)> {
+    let (binaries, exe) = discover(&Target::Exec(argv.to_vec()), extra)?;
     Ok((binaries, exe.context("no executable to run")?))
 }
 
-/// The instrumented binaries of the target (and the resolved command when running
-/// one); an error if there are none, or too many.
-fn discover(target: &Target) -> Result<(Vec<Traced>, Option<PathBuf>)> {
+/// The instrumented binaries of the target plus `extra` (`--binary`), and the resolved
+/// command when running one; an error if there are none, or too many.
+fn discover(target: &Target, extra: &[PathBuf]) -> Result<(Vec<Traced>, Option<PathBuf>)> {
+    let named = binaries::named(extra)?;
     let (binaries, exe): (Vec<Traced>, _) = match target {
         Target::Exec(argv) => {
             let cmd = argv.first().context("no command given")?;
             let exe = process::resolve_command(cmd)?;
-            let found = binaries::for_command(&exe)?;
+            let mut found = match binaries::for_command(&exe) {
+                Ok(found) => found,
+                // The command may be a loader we cannot inspect (say, a foreign or
+                // static one); the named binaries are what the user wants traced.
+                Err(e) if !named.is_empty() => {
+                    log::warn!("{}: cannot list its libraries: {e:#}", exe.display());
+                    Vec::new()
+                }
+                Err(e) => return Err(e),
+            };
+            binaries::merge(&mut found, named);
             (found.into_iter().map(|b| (b, None)).collect(), Some(exe))
+        }
+        Target::Attach { .. } if !named.is_empty() => {
+            bail!("--binary is only for running a command, not with -p")
         }
         Target::Attach { pid, .. } => {
             let found = binaries::for_process(*pid)?;

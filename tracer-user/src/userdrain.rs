@@ -53,7 +53,7 @@ struct State {
 }
 
 pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
-    let (binaries, exe) = discover_command(&argv)?;
+    let (binaries, exe) = discover_command(&argv, &opts.binaries)?;
     let (ours, theirs) = seqpacket_pair()?;
     let mut child = GatedChild::spawn_with_drain(&exe, &argv, Some(theirs.as_raw_fd()))?;
     drop(theirs);
@@ -94,6 +94,14 @@ pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
     child.release().with_context(|| exe.display().to_string())?;
     let exit_code = run(&mut st, &ours, child.pid)?;
     st.drain_socket(&ours)?;
+    if !st.slots.is_empty() {
+        // Threads whose exit the tracer never saw with their memory still readable
+        // (e.g. killed from outside, which skips every exit stop).
+        eprintln!(
+            "utrace: warning: the records left in the buffers of {} threads at their exit could not be collected",
+            st.slots.len()
+        );
+    }
 
     let stats = FinalStats {
         records_delivered: st.records,
@@ -327,30 +335,83 @@ impl State {
 
     /// Thread `tid` stopped on its way out: deliver what its slots still hold, then
     /// release them.
+    ///
+    /// When the thread is not leaving alone (exit_group, a fatal signal, exec), the
+    /// other threads of its process are dying too, and they may never stop at their
+    /// own exit: the kernel skips the exit stop of a thread with SIGKILL pending. Their
+    /// slots are collected now, while this stopped thread keeps the memory mapped.
+    /// This matters under qemu-user, where a guest `pthread_join` returns before the
+    /// joined host thread has exited, so `exit_group` regularly overtakes it.
     fn collect_exiting(&mut self, tid: u32) -> Result<()> {
+        self.collect_thread(tid, tid)?;
+        if exits_alone(tid) {
+            return Ok(());
+        }
+        log::debug!("thread {tid} takes its process with it: collecting the other threads");
+        let Some(pid) = tgid_of(tid) else {
+            return Ok(());
+        };
+        let doomed: Vec<u32> = self
+            .slots
+            .iter()
+            .filter(|(_, list)| list.iter().any(|&(p, _)| p == pid))
+            .map(|(&t, _)| t)
+            .collect();
+        for t in doomed {
+            self.collect_thread(t, tid)?;
+        }
+        Ok(())
+    }
+
+    /// Deliver and release the slots of thread `tid`, reading memory through thread
+    /// `via` (stopped, same process) or else the process id. Not the process id first:
+    /// the thread group leader may be past its exit_mm already while `via` still has
+    /// the mm. And not `via` alone: a SIGKILL (another thread's exit_group) wakes a
+    /// thread out of its exit stop, and it may then drop its mm before we read. A slot
+    /// that cannot be read stays listed, for a later stop of another thread of the
+    /// process (see `collect_exiting`).
+    fn collect_thread(&mut self, tid: u32, via: u32) -> Result<()> {
         let Some(list) = self.slots.remove(&tid) else {
             return Ok(());
         };
+        let mut unread = Vec::new();
         for (pid, addr) in list {
             let mut raw = [0u8; SLOT_SIZE as usize];
-            if read_mem(pid, addr, &mut raw).is_err() {
+            let Some(through) = [via, pid]
+                .into_iter()
+                .find(|&t| read_mem(t, addr, &mut raw).is_ok())
+            else {
+                log::debug!("thread {tid}: cannot read its slot at {addr:#x} yet");
+                unread.push((pid, addr));
                 continue;
-            }
+            };
             // SAFETY: Slot is repr(C) plain data of exactly SLOT_SIZE bytes.
             let slot: Slot = unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) };
             if slot.owner_tid != tid || slot.cur < slot.start {
+                log::debug!(
+                    "thread {tid}: slot {addr:#x} now owned by {}",
+                    slot.owner_tid
+                );
                 continue; // claimed by another thread since
             }
             let bytes = slot.cur - slot.start;
-            if bytes % RECORD_SIZE as u64 != 0 || bytes > slot.end.saturating_sub(slot.start) + 4096
+            log::debug!(
+                "thread {tid}: slot {addr:#x} holds {} records (read through {through})",
+                bytes / RECORD_SIZE as u64
+            );
+            if !bytes.is_multiple_of(RECORD_SIZE as u64)
+                || bytes > slot.end.saturating_sub(slot.start) + 4096
             {
                 self.bad += 1;
                 continue;
             }
             if bytes > 0 {
                 let mut records = vec![0u8; bytes as usize];
-                read_mem(pid, slot.start, &mut records)
-                    .with_context(|| format!("reading the buffer of thread {tid}"))?;
+                if let Err(e) = read_mem(through, slot.start, &mut records) {
+                    log::debug!("thread {tid}: cannot read its buffer yet: {e}");
+                    unread.push((pid, addr));
+                    continue;
+                }
                 let h = ChunkHeader {
                     kind: CHUNK_KIND_RECORDS,
                     count: 0,
@@ -367,10 +428,35 @@ impl State {
             let mut release = [0u8; 16];
             release[..8].copy_from_slice(&KEY_TOMBSTONE.to_le_bytes());
             release[8..].copy_from_slice(&slot.start.to_le_bytes());
-            let _ = write_mem(pid, addr, &release);
+            let _ = write_mem(through, addr, &release);
+        }
+        if !unread.is_empty() {
+            self.slots.insert(tid, unread);
         }
         Ok(())
     }
+}
+
+/// Whether thread `tid`, stopped at its exit, is leaving by the `exit` system call
+/// (its process lives on) rather than by exit_group, a fatal signal or exec. Unknown
+/// (no /proc entry) counts as alone.
+fn exits_alone(tid: u32) -> bool {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{tid}/syscall")) else {
+        return true;
+    };
+    // "NR arg1 ... sp pc", "-1 sp pc" outside a system call, or "running".
+    text.split_whitespace()
+        .next()
+        .and_then(|nr| nr.parse::<i64>().ok())
+        .is_none_or(|nr| nr == libc::SYS_exit)
+}
+
+/// Thread group id of a thread, from /proc.
+fn tgid_of(tid: u32) -> Option<u32> {
+    let text = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 fn push_header(out: &mut Vec<u8>, h: &ChunkHeader) {

@@ -1,7 +1,8 @@
-//! `cargo xtask <task>`: setup, build, rewrite, demo, test, bench.
+//! `cargo xtask <task>`: setup, build, rewrite, demo, test, test-arm64-vm, bench.
 //!
 //! Every external command is printed (`$ ...`) before it runs.
 
+mod arm64_vm;
 mod bench;
 mod setup;
 mod util;
@@ -43,12 +44,20 @@ enum Task {
     },
     /// build, then compile xtask/demo/demo.c, rewrite it, trace it and report.
     Demo,
-    /// build, then `cargo test --release` (the integration tests need root).
-    /// Arguments after `--` go to cargo test, e.g. `cargo xtask test -- --test matrix`.
+    /// build, then `cargo test --release` (the integration tests need root), then
+    /// test-arm64-vm. Arguments after `--` go to cargo test, e.g.
+    /// `cargo xtask test -- --test matrix`.
     Test {
+        /// Skip the arm64 VM test.
+        #[arg(long)]
+        no_arm64_vm: bool,
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// build, then boot Debian's arm64 kernel under qemu-system-aarch64 and trace
+    /// AArch64 programs there with an aarch64 tracer (real uprobes, eBPF, ring buffer);
+    /// passes on exact counts read from the console.
+    TestArm64Vm(arm64_vm::Args),
     /// Compare ns/event: untraced, inline stub, under the tracer, hand-written store, uprobe.
     Bench(bench::Args),
 }
@@ -64,7 +73,8 @@ fn main() {
             functions,
         } => rewrite(&binary, output.as_deref(), &functions),
         Task::Demo => demo(),
-        Task::Test { args } => test(&args),
+        Task::Test { no_arm64_vm, args } => test(&args, !no_arm64_vm),
+        Task::TestArm64Vm(args) => build().and_then(|()| arm64_vm::test_arm64_vm(&args)),
         Task::Bench(args) => bench::bench(&args),
     };
     if let Err(e) = r {
@@ -152,7 +162,7 @@ fn demo() -> Result<()> {
     Ok(())
 }
 
-fn test(args: &[String]) -> Result<()> {
+fn test(args: &[String], arm64_vm: bool) -> Result<()> {
     if !util::is_root() {
         bail!(
             "`cargo xtask test` must run as root: the integration tests load eBPF programs, \
@@ -169,9 +179,22 @@ fn test(args: &[String]) -> Result<()> {
             .current_dir(util::workspace_root()),
     )
     .context("cannot run cargo test")?;
+    if st.success() {
+        println!("== host tests passed");
+    }
+    // The VM test runs even after a host failure: its result is independent.
+    let vm = if arm64_vm {
+        arm64_vm::test_arm64_vm(&arm64_vm::Args::default())
+    } else {
+        Ok(())
+    };
     if !st.success() {
+        if let Err(e) = &vm {
+            println!("== {e:#}");
+        }
         bail!("tests failed ({})", util::describe(st));
     }
+    vm?;
     println!("== all tests passed");
     Ok(())
 }

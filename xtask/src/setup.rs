@@ -9,8 +9,7 @@ use anyhow::{Context, Result, bail};
 use crate::util::{self, cmd};
 
 /// Every Debian package the build, the tests, the demo and the bench need: the one place
-/// to add more. (Planned for the AArch64 work: gcc-aarch64-linux-gnu, qemu-user,
-/// qemu-system-arm.)
+/// to add more.
 pub const APT_PACKAGES: &[&str] = &[
     "gcc",
     "clang",
@@ -25,7 +24,13 @@ pub const APT_PACKAGES: &[&str] = &[
     "binutils-aarch64-linux-gnu",
     "libc6-dev-arm64-cross",
     "qemu-user",
+    // `cargo xtask test-arm64-vm`: qemu-system-aarch64 boots Debian's arm64 kernel
+    // (fetched with `apt-get download` under a private arm64 apt configuration).
+    "qemu-system-arm",
 ];
+
+/// The Rust target of the aarch64 tracer run in the arm64 VM (linked with rust-lld).
+pub const RUST_CROSS_TARGETS: &[&str] = &[crate::arm64_vm::MUSL_TARGET];
 
 pub const BPF_LINKER_VERSION: &str = "0.13.0";
 /// bpf-linker cargo features that select an LLVM major ("llvm-<major>").
@@ -55,6 +60,7 @@ pub fn setup() -> Result<()> {
     tracefs(&mut log)?;
     let nightly_llvm = rust_src(&mut log)?;
     bpf_linker(&mut log, &nightly_llvm)?;
+    rust_targets(&mut log)?;
     println!("== setup summary");
     for l in &log.0 {
         println!("   {l}");
@@ -136,6 +142,27 @@ fn tracefs(log: &mut Log) -> Result<()> {
     std::fs::create_dir_all(TRACEFS).ok();
     util::run(cmd("mount").args(["-t", "tracefs", "nodev", TRACEFS]))?;
     log.did(format!("mounted tracefs at {TRACEFS}"));
+    Ok(())
+}
+
+/// `rustup target add` for the cross targets (RUSTUP_AUTO_INSTALL=0: nothing adds them
+/// implicitly), for the default toolchain that `cargo build` uses.
+fn rust_targets(log: &mut Log) -> Result<()> {
+    let installed = util::output_ok(cmd("rustup").args(["target", "list", "--installed"]))?;
+    let missing: Vec<&str> = RUST_CROSS_TARGETS
+        .iter()
+        .copied()
+        .filter(|t| !installed.lines().any(|l| l.trim() == *t))
+        .collect();
+    if missing.is_empty() {
+        log.skipped(format!(
+            "rustup: targets already installed: {}",
+            RUST_CROSS_TARGETS.join(" ")
+        ));
+        return Ok(());
+    }
+    util::run(cmd("rustup").args(["target", "add"]).args(&missing))?;
+    log.did(format!("rustup: added targets {}", missing.join(" ")));
     Ok(())
 }
 

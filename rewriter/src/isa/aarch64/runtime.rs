@@ -13,6 +13,13 @@ const SYS_RT_SIGPROCMASK: u64 = 135;
 const SIG_BLOCK: u64 = 0;
 const SIG_SETMASK: u64 = 2;
 const ESRCH: u32 = 3;
+const EINTR: u32 = 4;
+const SYS_SENDMSG: u32 = 211;
+const SYS_GETSOCKOPT: u32 = 209;
+const SOL_SOCKET: u32 = 1;
+const SO_TYPE: u32 = 3;
+const SOCK_SEQPACKET: u32 = 5;
+const MSG_NOSIGNAL: u32 = 0x4000;
 
 /// `add rd, rn, #v` for any v < 2^24 (one or two instructions).
 fn add_big(a: &mut Asm, rd: u32, rn: u32, v: u64) {
@@ -49,8 +56,10 @@ pub(super) fn emit(
     // flush(x9 = slot): the uprobe sits on the leading NOP; the eBPF program drains
     // and resets the buffer. Then, with no tracer, discard the records: reset unless
     // a record is still being written (`inflight`) or the buffer is no longer full.
-    // Clobbers x10, x11 only; flags untouched.
-    let flush_done = a.label();
+    // With the user-space drain on, send the records instead (user_drain saves what
+    // it uses). Clobbers x10, x11 only; flags untouched.
+    let (flush_done, flush_user) = (a.label(), a.label());
+    let (user_drain, user_send) = (a.label(), a.label());
     a.bind(flush);
     a.put(NOP);
     a.put(ldr_x(10, 9, SLOT_INFLIGHT as u32));
@@ -59,12 +68,26 @@ pub(super) fn emit(
     a.put(ldr_x(11, 9, SLOT_END as u32));
     a.put(sub_reg(10, 10, 11));
     a.tbz_l(true, 10, 63, flush_done);
+    a.put(ldr_x(10, 9, SLOT_RW_BASE as u32));
+    a.put(ldr_w(10, 10, RWH_USER_STATE as u32));
+    a.put(sub_imm(10, 10, USER_ON, false));
+    a.cbz_l(true, false, 10, flush_user);
     a.put(ldr_x(10, 9, SLOT_START as u32));
     a.put(str_x(10, 9, SLOT_CUR as u32));
     a.bind(flush_done);
     a.put(RET);
+    a.bind(flush_user);
+    // Tail call: user_drain returns to flush's caller (x30 is still its return).
+    a.put_all(&mov_imm64(
+        10,
+        chunk_kind_cause(CHUNK_KIND_RECORDS, CAUSE_FULL),
+    ));
+    a.b_l(user_drain);
 
-    emit_register(&mut a, layout, register, flush)?;
+    emit_user_drain(&mut a, user_drain, user_send);
+    emit_user_send(&mut a, user_send);
+
+    emit_register(&mut a, layout, register, flush, user_drain, user_send)?;
 
     if layout.pre_tls {
         // Process entry: x0 (rtld_fini) and sp must survive; x9 is scratch.
@@ -91,7 +114,14 @@ pub(super) fn emit(
 ///
 /// Called from a stub that saved x9..x13 and x30; everything else, NZCV included, is
 /// preserved. Frame: x0..x8, x14, x30 and NZCV, then the new and old signal masks.
-fn emit_register(a: &mut Asm, l: &Layout, register: Label, flush: Label) -> Result<(), String> {
+fn emit_register(
+    a: &mut Asm,
+    l: &Layout,
+    register: Label,
+    flush: Label,
+    user_drain: Label,
+    user_send: Label,
+) -> Result<(), String> {
     const NEWMASK: u32 = 96;
     const OLDMASK: u32 = 104;
     const FRAME: i32 = 112;
@@ -252,12 +282,27 @@ fn emit_register(a: &mut Asm, l: &Layout, register: Label, flush: Label) -> Resu
         a.cbz_l(false, true, 2, no_handover);
         a.put(mov_reg(4, 9));
         a.put(mov_reg(9, 1));
+        // The user-space drain was decided at slot 1's own registration: send slot 1's
+        // records over the socket, else let the flush uprobe (or the reset) have them.
+        let (handover_probe, handover_done) = (a.label(), a.label());
+        a.put(ldr_w(2, 6, RWH_USER_STATE as u32));
+        a.put(sub_imm(2, 2, USER_ON, false));
+        a.cbz_l(true, true, 2, handover_probe);
+        a.put_all(&mov_imm64(
+            10,
+            chunk_kind_cause(CHUNK_KIND_RECORDS, CAUSE_FULL),
+        ));
+        a.bl_l(user_drain); // preserves x0..x8
+        a.b_l(handover_done);
+        a.bind(handover_probe);
         a.bl_l(flush);
+        a.bind(handover_done);
         a.put(movz(2, KEY_TOMBSTONE as u32, 0));
         a.put(str_x(2, 9, 0));
         a.put(mov_reg(9, 4));
         a.bind(no_handover);
     }
+    emit_user_discovery(a, user_send);
     a.bl_l(flush); // empty drain: tells the tracer about this slot
 
     // x9 = this thread's slot: point index[h(tp)] at it.
@@ -286,4 +331,185 @@ fn emit_register(a: &mut Asm, l: &Layout, register: Label, flush: Label) -> Resu
     a.put(ldp_post(0, 1, SP, FRAME));
     a.put(RET);
     Ok(())
+}
+
+const fn chunk_kind_cause(kind: u32, cause: u32) -> u64 {
+    kind as u64 | (cause as u64) << 32
+}
+
+/// In `register` after a slot was claimed (x9 = slot, x6 = rw_base, x7 = tp): decide
+/// once per process whether the user-space drain is on (descriptor USER_DRAIN_FD is a
+/// SOCK_SEQPACKET socket), and if so tell the tracer about the slot. Clobbers x0..x4,
+/// x8, x10, x11 (register saved them); keeps x5..x7, x9. Flag-free.
+fn emit_user_discovery(a: &mut Asm, user_send: Label) {
+    let (known, not_socket, off) = (a.label(), a.label(), a.label());
+    a.put(ldr_w(0, 6, RWH_USER_STATE as u32));
+    const _: () = assert!(USER_UNKNOWN == 0);
+    a.cbz_l(false, true, 0, known);
+    a.put(sub_imm(SP, SP, 16, false)); // [sp] = option value, [sp+8] = its length
+    a.put(movz(0, 4, 0));
+    a.put(str_w(0, SP, 8));
+    a.put(movz(0, USER_DRAIN_FD, 0));
+    a.put(movz(1, SOL_SOCKET, 0));
+    a.put(movz(2, SO_TYPE, 0));
+    a.put(add_imm(3, SP, 0, false));
+    a.put(add_imm(4, SP, 8, false));
+    a.put(movz(8, SYS_GETSOCKOPT, 0));
+    a.put(SVC0);
+    a.put(movz(1, USER_OFF, 0));
+    a.cbz_l(true, true, 0, not_socket); // error: not a socket, or no such descriptor
+    a.put(ldr_w(2, SP, 0));
+    a.put(movz(3, SOCK_SEQPACKET, 0));
+    a.put(sub_w_reg(2, 2, 3));
+    a.cbz_l(false, true, 2, not_socket);
+    a.put(movz(1, USER_ON, 0));
+    a.bind(not_socket);
+    a.put(add_imm(SP, SP, 16, false));
+    a.put(movz(2, USER_DRAIN_FD, 0));
+    a.put(str_w(2, 6, RWH_USER_FD as u32));
+    a.put(str_w(1, 6, RWH_USER_STATE as u32));
+    a.bind(known);
+    a.put(ldr_w(0, 6, RWH_USER_STATE as u32));
+    a.put(sub_imm(0, 0, USER_ON, false));
+    a.cbz_l(true, true, 0, off);
+    // Payload [slot, rw_base] on the stack.
+    a.put(sub_imm(SP, SP, 16, false));
+    a.put(stp(9, 6, SP, 0));
+    a.put_all(&mov_imm64(
+        0,
+        chunk_kind_cause(CHUNK_KIND_SLOT, CAUSE_REGISTER),
+    ));
+    a.put(movz(1, 0, 0));
+    a.put(add_imm(2, SP, 0, false));
+    a.put(movz(3, 16, 0));
+    a.bl_l(user_send);
+    a.put(add_imm(SP, SP, 16, false));
+    a.bind(off);
+}
+
+/// user_drain(x9 = slot, x10 = kind | cause << 32): send `[start, cur)` in messages of at
+/// most USER_MSG_RECORDS records, then reset the buffer. Reached from flush (whose
+/// callers expect only x10, x11 to change) and from register: clobbers x10, x11 only,
+/// NZCV included (saved, though the body is flag-free).
+fn emit_user_drain(a: &mut Asm, label: Label, user_send: Label) {
+    // [sp+112] = all signals, [sp+120] = the old mask.
+    const FRAME: i32 = 128;
+    let (next, small, done) = (a.label(), a.label(), a.label());
+    let max = USER_MSG_RECORDS * RECORD_SIZE as u64;
+    a.bind(label);
+    a.put(stp_pre(0, 1, SP, -FRAME));
+    a.put(stp(2, 3, SP, 16));
+    a.put(stp(4, 5, SP, 32));
+    a.put(stp(6, 7, SP, 48));
+    a.put(stp(8, 12, SP, 64));
+    a.put(stp(13, 14, SP, 80));
+    a.put(mrs(14, NZCV));
+    a.put(stp(LR, 14, SP, 96));
+    // Block signals while sending: a handler that filled the buffer again would send
+    // the records we are sending a second time.
+    a.put_all(&mov_imm64(0, u64::MAX));
+    a.put(str_x(0, SP, 112));
+    a.put(movz(0, SIG_BLOCK as u32, 0));
+    a.put(add_imm(1, SP, 112, false));
+    a.put(add_imm(2, SP, 120, false));
+    a.put(movz(3, 8, 0));
+    a.put(movz(8, SYS_RT_SIGPROCMASK as u32, 0));
+    a.put(SVC0);
+    a.put(mov_reg(12, 10)); // x12 = kind | cause << 32
+    a.put(ldr_x(13, 9, SLOT_START as u32)); // x13 = next record to send
+    a.bind(next);
+    a.put(ldr_x(3, 9, SLOT_CUR as u32));
+    a.put(sub_reg(3, 3, 13)); // x3 = bytes left
+    a.cbz_l(true, false, 3, done);
+    a.tbz_l(true, 3, 63, done);
+    a.put_all(&mov_imm64(4, max));
+    a.put(sub_reg(5, 3, 4));
+    a.tbz_l(true, 5, 63, small); // fewer than max left
+    a.put(mov_reg(3, 4));
+    a.bind(small);
+    a.put(mov_reg(2, 13));
+    a.put(add_reg(13, 13, 3));
+    a.put(lsr(1, 3, 5)); // RECORD_SIZE = 32
+    a.put(mov_reg(0, 12));
+    a.bl_l(user_send);
+    a.b_l(next);
+    a.bind(done);
+    a.put(ldr_x(10, 9, SLOT_START as u32));
+    a.put(str_x(10, 9, SLOT_CUR as u32));
+    a.put(movz(0, SIG_SETMASK as u32, 0));
+    a.put(add_imm(1, SP, 120, false));
+    a.put(movz(2, 0, 0));
+    a.put(movz(3, 8, 0));
+    a.put(movz(8, SYS_RT_SIGPROCMASK as u32, 0));
+    a.put(SVC0);
+    a.put(ldp(LR, 14, SP, 96));
+    a.put(msr(NZCV, 14));
+    a.put(ldp(13, 14, SP, 80));
+    a.put(ldp(8, 12, SP, 64));
+    a.put(ldp(6, 7, SP, 48));
+    a.put(ldp(4, 5, SP, 32));
+    a.put(ldp(2, 3, SP, 16));
+    a.put(ldp_post(0, 1, SP, FRAME));
+    a.put(RET);
+}
+
+/// user_send(x9 = slot, x0 = kind | cause << 32, w1 = record count, x2 = payload,
+/// x3 = payload bytes): one `sendmsg(USER_DRAIN_FD, [ChunkHeader, payload],
+/// MSG_NOSIGNAL)`, retried on EINTR. Any other failure (the tracer is gone) turns the
+/// drain off for the process. Clobbers x0..x8, x10, x11; keeps x9, x12.., x30 (a leaf);
+/// flag-free.
+fn emit_user_send(a: &mut Asm, label: Label) {
+    const FRAME: u32 = 144;
+    const _: () = assert!(RECORD_SIZE == 32 && core::mem::size_of::<ChunkHeader>() == 40);
+    let (seq, retry, sent) = (a.label(), a.label(), a.label());
+    a.bind(label);
+    a.put(sub_imm(SP, SP, FRAME, false));
+    // ChunkHeader at [sp]: kind, count, pid, tid, seq, binary_id, cause, pad.
+    a.put(str_w(0, SP, 0));
+    a.put(str_w(1, SP, 4));
+    a.put(lsr(4, 0, 32));
+    a.put(str_x(4, SP, 32)); // cause, pad = 0
+    a.put(movz(8, SYS_GETPID as u32, 0));
+    a.put(SVC0);
+    a.put(str_w(0, SP, 8));
+    a.put(ldr_w(4, 9, SLOT_OWNER_TID as u32));
+    a.put(str_w(4, SP, 12));
+    a.put(ldr_x(5, 9, SLOT_RW_BASE as u32)); // x5 = rw_base
+    a.put(add_imm(6, 5, RWH_USER_SEQ as u32, false));
+    a.bind(seq);
+    a.put(ldxr(4, 6));
+    a.put(add_imm(7, 4, 1, false));
+    a.put(stxr(8, 7, 6));
+    a.cbz_l(false, true, 8, seq);
+    a.put(str_x(4, SP, 16));
+    a.put(ldr_x(4, 9, SLOT_BINARY_ID as u32));
+    a.put(str_x(4, SP, 24));
+    // iovec[2] at [sp+48]
+    a.put(add_imm(4, SP, 0, false));
+    a.put(str_x(4, SP, 48));
+    a.put(movz(4, 40, 0));
+    a.put(str_x(4, SP, 56));
+    a.put(str_x(2, SP, 64));
+    a.put(str_x(3, SP, 72));
+    // msghdr at [sp+80]: name, namelen, iov, iovlen, control, controllen, flags
+    a.put(stp(XZR, XZR, SP, 80));
+    a.put(add_imm(4, SP, 48, false));
+    a.put(movz(7, 2, 0));
+    a.put(stp(4, 7, SP, 96));
+    a.put(stp(XZR, XZR, SP, 112));
+    a.put(str_x(XZR, SP, 128));
+    a.bind(retry);
+    a.put(ldr_w(0, 5, RWH_USER_FD as u32));
+    a.put(add_imm(1, SP, 80, false));
+    a.put(movz(2, MSG_NOSIGNAL, 0));
+    a.put(movz(8, SYS_SENDMSG, 0));
+    a.put(SVC0);
+    a.put(add_imm(4, 0, EINTR, false)); // x0 == -EINTR?
+    a.cbz_l(true, false, 4, retry);
+    a.tbz_l(false, 0, 63, sent);
+    a.put(movz(4, USER_OFF, 0));
+    a.put(str_w(4, 5, RWH_USER_STATE as u32));
+    a.bind(sent);
+    a.put(add_imm(SP, SP, FRAME, false));
+    a.put(RET);
 }

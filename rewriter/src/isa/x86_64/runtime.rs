@@ -385,7 +385,19 @@ fn emit_user_drain(
     for r in [rdi, r8, r9, r10, r12, r13] {
         a.push(r)?;
     }
-    a.mov(r12, r10)?;
+    // Block signals while sending: a handler that filled the buffer again would send
+    // the records we are sending a second time. [rsp] = all signals, [rsp+8] = old mask.
+    a.sub(rsp, 16)?;
+    a.mov(qword_ptr(rsp), -1)?;
+    a.push(rsi)?;
+    a.mov(edi, SIG_BLOCK)?;
+    a.lea(rsi, ptr(rsp + 8))?;
+    a.lea(rdx, ptr(rsp + 16))?;
+    a.mov(r10d, 8u32)?;
+    a.mov(eax, SYS_RT_SIGPROCMASK)?;
+    a.syscall()?;
+    a.pop(rsi)?;
+    a.mov(r12, qword_ptr(rsp + 32))?; // kind | cause: the caller's %r10, saved above
     a.mov(r13, qword_ptr(rsi + SLOT_START as i32))?; // next record to send
     a.set_label(&mut next)?;
     a.mov(r9, qword_ptr(rsi + SLOT_CUR as i32))?;
@@ -405,6 +417,15 @@ fn emit_user_drain(
     a.set_label(&mut done)?;
     a.mov(rcx, qword_ptr(rsi + SLOT_START as i32))?;
     a.mov(qword_ptr(rsi + SLOT_CUR as i32), rcx)?;
+    a.push(rsi)?;
+    a.mov(edi, SIG_SETMASK)?;
+    a.lea(rsi, ptr(rsp + 16))?;
+    a.xor(edx, edx)?;
+    a.mov(r10d, 8u32)?;
+    a.mov(eax, SYS_RT_SIGPROCMASK)?;
+    a.syscall()?;
+    a.pop(rsi)?;
+    a.add(rsp, 16)?;
     for r in [r13, r12, r10, r9, r8, rdi] {
         a.pop(r)?;
     }
