@@ -342,7 +342,7 @@ fn kernel_and_busybox(cache: &Path) -> Result<(PathBuf, PathBuf)> {
 /// with rust-lld (the linker is set for this target only, in this command's
 /// environment: host builds are unaffected). tracer-user's build script builds the
 /// eBPF object for the target's architecture.
-fn cross_build_tracer() -> Result<PathBuf> {
+pub fn cross_build_tracer() -> Result<PathBuf> {
     let var = format!(
         "CARGO_TARGET_{}_LINKER",
         MUSL_TARGET.to_uppercase().replace('-', "_")

@@ -170,12 +170,15 @@ fn test(args: &[String], arm64_vm: bool) -> Result<()> {
         );
     }
     build()?;
+    // The portability test reads traces with the aarch64 tracer too.
+    let a64_tracer = arm64_vm::cross_build_tracer()?;
     println!("== cargo xtask test");
     let st = util::status(
         cmd("cargo")
             // Run every test binary even after a failure; the exit code still says.
             .args(["test", "--release", "--no-fail-fast"])
             .args(args)
+            .env("UTRACE_AARCH64_TRACER", &a64_tracer)
             .current_dir(util::workspace_root()),
     )
     .context("cannot run cargo test")?;
