@@ -44,8 +44,19 @@ pub struct Runtime {
 pub trait Isa {
     /// `ARCH_*` code stored in the metadata.
     fn arch(&self) -> u32;
-    /// Sorted, deduplicated addresses that some known branch can land on.
-    fn branch_targets(&self, input: &Input) -> Vec<u64>;
+    /// Push the targets of the direct branches in `bytes` (code at `addr`).
+    fn direct_branch_targets(&self, addr: u64, bytes: &[u8], out: &mut Vec<u64>);
+    /// Sorted, deduplicated addresses that some known branch can land on: function
+    /// symbols and the direct branches of a linear sweep of every code section.
+    fn branch_targets(&self, input: &Input) -> Vec<u64> {
+        let mut targets: Vec<u64> = input.functions.iter().map(|f| f.addr).collect();
+        for (addr, bytes) in input.code_sections() {
+            self.direct_branch_targets(addr, bytes, &mut targets);
+        }
+        targets.sort_unstable();
+        targets.dedup();
+        targets
+    }
     /// Can this function's entry take an inline stub? `Err` says why not (→ uprobe site).
     fn plan_entry(
         &self,

@@ -34,19 +34,13 @@ impl Isa for Aarch64 {
         tracer_common::ARCH_AARCH64
     }
 
-    fn branch_targets(&self, input: &Input) -> Vec<u64> {
-        let mut targets: Vec<u64> = input.functions.iter().map(|f| f.addr).collect();
-        for (addr, bytes) in input.code_sections() {
-            for (i, c) in bytes.chunks_exact(INSN).enumerate() {
-                let w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                if let Some(t) = reloc::branch_target(w, addr + (i * INSN) as u64) {
-                    targets.push(t);
-                }
+    fn direct_branch_targets(&self, addr: u64, bytes: &[u8], out: &mut Vec<u64>) {
+        for (i, c) in bytes.chunks_exact(INSN).enumerate() {
+            let w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            if let Some(t) = reloc::branch_target(w, addr + (i * INSN) as u64) {
+                out.push(t);
             }
         }
-        targets.sort_unstable();
-        targets.dedup();
-        targets
     }
 
     fn plan_entry(

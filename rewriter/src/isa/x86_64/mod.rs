@@ -68,29 +68,23 @@ impl Isa for X86_64 {
         }
     }
 
-    fn branch_targets(&self, input: &Input) -> Vec<u64> {
-        let mut targets: Vec<u64> = input.functions.iter().map(|f| f.addr).collect();
-        for (addr, bytes) in input.code_sections() {
-            let mut dec = Decoder::with_ip(64, bytes, addr, DecoderOptions::NONE);
-            let mut ins = Instruction::default();
-            while dec.can_decode() {
-                dec.decode_out(&mut ins);
-                match ins.flow_control() {
-                    FlowControl::UnconditionalBranch
-                    | FlowControl::ConditionalBranch
-                    | FlowControl::Call
-                    | FlowControl::XbeginXabortXend => {
-                        if matches!(ins.op0_kind(), OpKind::NearBranch64) {
-                            targets.push(ins.near_branch_target());
-                        }
+    fn direct_branch_targets(&self, addr: u64, bytes: &[u8], out: &mut Vec<u64>) {
+        let mut dec = Decoder::with_ip(64, bytes, addr, DecoderOptions::NONE);
+        let mut ins = Instruction::default();
+        while dec.can_decode() {
+            dec.decode_out(&mut ins);
+            match ins.flow_control() {
+                FlowControl::UnconditionalBranch
+                | FlowControl::ConditionalBranch
+                | FlowControl::Call
+                | FlowControl::XbeginXabortXend => {
+                    if matches!(ins.op0_kind(), OpKind::NearBranch64) {
+                        out.push(ins.near_branch_target());
                     }
-                    _ => {}
                 }
+                _ => {}
             }
         }
-        targets.sort_unstable();
-        targets.dedup();
-        targets
     }
 
     fn plan_entry(
