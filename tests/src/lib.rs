@@ -767,6 +767,57 @@ pub fn by_tid<'a>(recs: impl IntoIterator<Item = &'a Rec>) -> Vec<(u32, Vec<&'a 
         .collect()
 }
 
+/// Records of many short-lived threads, values `k << 32 | i` (thread tag k, call i):
+/// exactly tags 0..k_threads, thread k under one tid with values 0..base+k in order,
+/// and under each tid (tids are reused) every thread's records form one run.
+pub fn check_thread_runs<'a>(recs: impl IntoIterator<Item = &'a Rec>, k_threads: u64, base: u64) {
+    let mut per_k: HashMap<u64, (Vec<u32>, Vec<u64>)> = HashMap::new();
+    let mut per_tid: HashMap<u32, Vec<u64>> = HashMap::new();
+    for r in recs {
+        let k = r.value >> 32;
+        let e = per_k.entry(k).or_default();
+        if !e.0.contains(&r.tid) {
+            e.0.push(r.tid);
+        }
+        e.1.push(r.value & 0xffff_ffff);
+        let ks = per_tid.entry(r.tid).or_default();
+        if ks.last() != Some(&k) {
+            ks.push(k);
+        }
+    }
+    let missing: Vec<u64> = (0..k_threads).filter(|k| !per_k.contains_key(k)).collect();
+    assert!(missing.is_empty(), "no records of threads {missing:?}");
+    let mut unexpected: Vec<u64> = per_k.keys().copied().filter(|k| *k >= k_threads).collect();
+    unexpected.sort_unstable();
+    assert!(
+        unexpected.is_empty(),
+        "unexpected thread tags {unexpected:?}"
+    );
+    for k in 0..k_threads {
+        let (tids, vals) = &per_k[&k];
+        assert_eq!(
+            tids.len(),
+            1,
+            "records of thread {k} under several tids {tids:?}"
+        );
+        assert_seq_eq(
+            vals,
+            &(0..base + k).collect::<Vec<_>>(),
+            &format!("thread {k}"),
+        );
+    }
+    for (tid, ks) in &per_tid {
+        let mut sorted = ks.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(
+            sorted.len(),
+            ks.len(),
+            "tid {tid}: records of threads {ks:?} interleaved"
+        );
+    }
+}
+
 /// Assert two sequences are equal, reporting the first difference with context.
 pub fn assert_seq_eq<T: PartialEq + std::fmt::Debug>(actual: &[T], expected: &[T], what: &str) {
     let first = actual.iter().zip(expected).position(|(a, e)| a != e);

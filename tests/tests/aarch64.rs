@@ -742,42 +742,7 @@ fn churn_under_qemu() {
         &["churn-stacks", "300", "6", "2000"],
         &format!("churn-stacks total={total}\n"),
     );
-    let mut per_k: HashMap<u64, (Vec<u32>, Vec<u64>)> = HashMap::new();
-    let mut per_tid: HashMap<u32, Vec<u64>> = HashMap::new();
-    for r in &recs {
-        let k = r.value >> 32;
-        let e = per_k.entry(k).or_default();
-        if !e.0.contains(&r.tid) {
-            e.0.push(r.tid);
-        }
-        e.1.push(r.value & 0xffff_ffff);
-        let ks = per_tid.entry(r.tid).or_default();
-        if ks.last() != Some(&k) {
-            ks.push(k);
-        }
-    }
-    assert_eq!(per_k.len() as u64, k_threads, "threads with records");
-    for k in 0..k_threads {
-        let (tids, vals) = per_k
-            .get(&k)
-            .unwrap_or_else(|| panic!("no records of thread {k}"));
-        assert_eq!(tids.len(), 1, "thread {k} under several tids {tids:?}");
-        assert_seq_eq(
-            vals,
-            &(0..base + k).collect::<Vec<_>>(),
-            &format!("thread {k}"),
-        );
-    }
-    for (tid, ks) in &per_tid {
-        let mut sorted = ks.clone();
-        sorted.sort_unstable();
-        sorted.dedup();
-        assert_eq!(
-            sorted.len(),
-            ks.len(),
-            "tid {tid}: threads {ks:?} interleaved"
-        );
-    }
+    check_thread_runs(&recs, k_threads, base);
 }
 
 /// `--binary` with a file that is not instrumented is refused with a clear message.

@@ -10,7 +10,6 @@
 //! Each runs twice: through the kernel (flush uprobe + eBPF) and with the user-space
 //! drain (`tracer record --user`: socket + ptrace, no eBPF).
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -138,60 +137,7 @@ fn two_thousand_short_lived_threads(flags: &[&str]) {
         &["churn", "2000", "64", "100"],
         &format!("churn total={total}\n"),
     );
-    // Per thread tag k: the tids its records carry, and its values in delivery order.
-    let mut per_k: HashMap<u64, (Vec<u32>, Vec<u64>)> = HashMap::new();
-    // Per tid: the sequence of tags (a tid may be reused by a later thread, but each
-    // thread's records must form one contiguous run under its tid).
-    let mut per_tid: HashMap<u32, Vec<u64>> = HashMap::new();
-    for r in recs.iter().filter(|r| &*r.symbol == "hit") {
-        let k = r.value >> 32;
-        let e = per_k.entry(k).or_default();
-        if !e.0.contains(&r.tid) {
-            e.0.push(r.tid);
-        }
-        e.1.push(r.value & 0xffff_ffff);
-        let ks = per_tid.entry(r.tid).or_default();
-        if ks.last() != Some(&k) {
-            ks.push(k);
-        }
-    }
-    let mut ks: Vec<u64> = per_k.keys().copied().collect();
-    ks.sort_unstable();
-    let missing: Vec<u64> = (0..k_threads).filter(|k| !per_k.contains_key(k)).collect();
-    assert!(missing.is_empty(), "no records of threads {missing:?}");
-    assert_eq!(
-        ks.len() as u64,
-        k_threads,
-        "unexpected thread tags: {:?}",
-        ks.iter().filter(|k| **k >= k_threads).collect::<Vec<_>>()
-    );
-    for k in 0..k_threads {
-        let (tids, vals) = &per_k[&k];
-        assert_eq!(
-            tids.len(),
-            1,
-            "records of thread {k} under several tids {tids:?}"
-        );
-        assert_eq!(
-            vals.len() as u64,
-            base + k,
-            "records of thread {k} (tid {})",
-            tids[0]
-        );
-        for (i, v) in vals.iter().enumerate() {
-            assert_eq!(*v, i as u64, "thread {k} record #{i}");
-        }
-    }
-    for (tid, ks) in &per_tid {
-        let mut sorted = ks.clone();
-        sorted.sort_unstable();
-        sorted.dedup();
-        assert_eq!(
-            sorted.len(),
-            ks.len(),
-            "tid {tid}: records of threads {ks:?} interleaved"
-        );
-    }
+    check_thread_runs(recs.iter().filter(|r| &*r.symbol == "hit"), k_threads, base);
 }
 
 #[test]

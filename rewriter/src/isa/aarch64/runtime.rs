@@ -145,15 +145,7 @@ fn emit_register(
 
     // Block signals: a handler that records while we hold a half-made claim would
     // claim a second slot for this thread.
-    a.put(movz(0, 0, 0));
-    a.put(sub_imm(0, 0, 1, false)); // x0 = -1: all signals
-    a.put(str_x(0, SP, NEWMASK));
-    a.put_all(&mov_imm64(0, SIG_BLOCK));
-    a.put(add_imm(1, SP, NEWMASK, false));
-    a.put(add_imm(2, SP, OLDMASK, false));
-    a.put(movz(3, 8, 0));
-    a.put(movz(8, SYS_RT_SIGPROCMASK as u32, 0));
-    a.put(SVC0);
+    block_signals(a, NEWMASK, OLDMASK);
     a.addr(6, l.rw_vaddr)?; // x6 = rw_base
     a.put(movz(5, KEY_CLAIMING as u32, 0)); // x5 = KEY_CLAIMING
 
@@ -315,12 +307,7 @@ fn emit_register(
 
     a.bind(done);
     a.put(mov_reg(4, 9));
-    a.put(movz(0, SIG_SETMASK as u32, 0));
-    a.put(add_imm(1, SP, OLDMASK, false));
-    a.put(movz(2, 0, 0));
-    a.put(movz(3, 8, 0));
-    a.put(movz(8, SYS_RT_SIGPROCMASK as u32, 0));
-    a.put(SVC0);
+    restore_signals(a, OLDMASK);
     a.put(mov_reg(9, 4));
     a.put(ldp(LR, 14, SP, 80));
     a.put(msr(NZCV, 14));
@@ -407,14 +394,7 @@ fn emit_user_drain(a: &mut Asm, label: Label, user_send: Label) {
     a.put(stp(LR, 14, SP, 96));
     // Block signals while sending: a handler that filled the buffer again would send
     // the records we are sending a second time.
-    a.put_all(&mov_imm64(0, u64::MAX));
-    a.put(str_x(0, SP, 112));
-    a.put(movz(0, SIG_BLOCK as u32, 0));
-    a.put(add_imm(1, SP, 112, false));
-    a.put(add_imm(2, SP, 120, false));
-    a.put(movz(3, 8, 0));
-    a.put(movz(8, SYS_RT_SIGPROCMASK as u32, 0));
-    a.put(SVC0);
+    block_signals(a, 112, 120);
     a.put(mov_reg(12, 10)); // x12 = kind | cause << 32
     a.put(ldr_x(13, 9, SLOT_START as u32)); // x13 = next record to send
     a.bind(next);
@@ -436,12 +416,7 @@ fn emit_user_drain(a: &mut Asm, label: Label, user_send: Label) {
     a.bind(done);
     a.put(ldr_x(10, 9, SLOT_START as u32));
     a.put(str_x(10, 9, SLOT_CUR as u32));
-    a.put(movz(0, SIG_SETMASK as u32, 0));
-    a.put(add_imm(1, SP, 120, false));
-    a.put(movz(2, 0, 0));
-    a.put(movz(3, 8, 0));
-    a.put(movz(8, SYS_RT_SIGPROCMASK as u32, 0));
-    a.put(SVC0);
+    restore_signals(a, 120);
     a.put(ldp(LR, 14, SP, 96));
     a.put(msr(NZCV, 14));
     a.put(ldp(13, 14, SP, 80));
@@ -512,4 +487,28 @@ fn emit_user_send(a: &mut Asm, label: Label) {
     a.bind(sent);
     a.put(add_imm(SP, SP, FRAME, false));
     a.put(RET);
+}
+
+/// Block every signal; the mask words live at `[sp + new_off]` and `[sp + old_off]`
+/// (the old mask is saved there). Clobbers x0-x3 and x8.
+fn block_signals(a: &mut Asm, new_off: u32, old_off: u32) {
+    a.put_all(&mov_imm64(0, u64::MAX));
+    a.put(str_x(0, SP, new_off));
+    a.put(movz(0, SIG_BLOCK as u32, 0));
+    a.put(add_imm(1, SP, new_off, false));
+    a.put(add_imm(2, SP, old_off, false));
+    a.put(movz(3, 8, 0));
+    a.put(movz(8, SYS_RT_SIGPROCMASK as u32, 0));
+    a.put(SVC0);
+}
+
+/// Put back the mask that [`block_signals`] saved at `[sp + old_off]`. Clobbers x0-x3
+/// and x8.
+fn restore_signals(a: &mut Asm, old_off: u32) {
+    a.put(movz(0, SIG_SETMASK as u32, 0));
+    a.put(add_imm(1, SP, old_off, false));
+    a.put(movz(2, 0, 0));
+    a.put(movz(3, 8, 0));
+    a.put(movz(8, SYS_RT_SIGPROCMASK as u32, 0));
+    a.put(SVC0);
 }
