@@ -30,6 +30,8 @@ pub enum Error {
     Encode(String, String),
     #[error("{0}: {1}")]
     Layout(String, String),
+    #[error("{0}: bad instrumentation spec: {1}")]
+    Spec(String, String),
     #[error("cannot read {0}: {1}")]
     Read(PathBuf, std::io::Error),
     #[error("cannot write {0}: {1}")]

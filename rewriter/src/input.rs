@@ -346,6 +346,25 @@ impl<'a> Input<'a> {
     pub fn loads(&self) -> impl Iterator<Item = &Phdr> {
         self.phdrs.iter().filter(|p| p.p_type == elf::PT_LOAD)
     }
+
+    /// The first section called `name` with its file bytes (none for `SHT_NOBITS`).
+    pub fn section_data(&self, name: &str) -> Option<(&Section, &'a [u8])> {
+        let s = self.sections.iter().find(|s| s.name == name)?;
+        if s.sh_type == elf::SHT_NOBITS {
+            return None;
+        }
+        let bytes = self
+            .data
+            .get(s.offset as usize..s.offset.checked_add(s.size)? as usize)?;
+        Some((s, bytes))
+    }
+
+    /// Executable PROGBITS sections themselves, in section-header order.
+    pub fn code_section_headers(&self) -> impl Iterator<Item = &Section> {
+        self.sections.iter().filter(|s| {
+            s.flags & u64::from(elf::SHF_EXECINSTR) != 0 && s.sh_type == elf::SHT_PROGBITS
+        })
+    }
 }
 
 fn dyn_flags_1(data: &[u8], sections: &object::read::elf::SectionTable<'_, Fh>) -> u32 {

@@ -1,4 +1,4 @@
-//! Static ELF rewriter: inserts inline buffer-store stubs at function entries.
+//! Static ELF rewriter: inserts inline buffer-store stubs at function entries and exits.
 //!
 //! Read side: [`input`] parses and checks the binary. Decide: [`sites`] picks the
 //! sites, the [`isa`] backend decides inline vs uprobe and emits code. Write side:
@@ -6,16 +6,20 @@
 //! section headers to an unmodified copy of the input and patches the sites.
 
 pub mod error;
+pub mod flow;
 pub mod input;
 pub mod isa;
 pub mod output;
 pub mod sites;
+pub mod spec;
+pub mod usdt;
 
 use std::io::Write as _;
 use std::path::Path;
 
 pub use error::{Error, Result};
 pub use output::Report;
+pub use tracer_common::meta::{SiteKind, TimeMode};
 
 /// What to instrument and how big the buffers are.
 #[derive(Clone, Debug)]
@@ -28,6 +32,10 @@ pub struct Options {
     pub buf_records: u32,
     /// Make every site a uprobe site (for comparisons and as an escape hatch).
     pub force_uprobe: bool,
+    /// Site kinds to instrument in the selected functions.
+    pub kinds: Vec<SiteKind>,
+    /// Whether stubs read the cycle counter (`Record`) or not (`Coarse`).
+    pub time_mode: TimeMode,
 }
 
 impl Default for Options {
@@ -37,6 +45,8 @@ impl Default for Options {
             nslots: tracer_common::DEFAULT_SLOTS,
             buf_records: tracer_common::DEFAULT_BUF_RECORDS,
             force_uprobe: false,
+            kinds: vec![SiteKind::FunctionEntry],
+            time_mode: TimeMode::Record,
         }
     }
 }

@@ -1,4 +1,5 @@
-//! `rewriter INPUT [-o OUT] [--functions GLOB]...`
+//! `rewriter INPUT [-o OUT] [--spec FILE] [--functions GLOB]... [--sites KIND,...]
+//! [--time record|coarse] [--slots N] [--buffer-records N] [--force-uprobe] [-v]`
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,7 +9,7 @@ use clap::Parser;
 #[derive(Parser)]
 #[command(
     version,
-    about = "Insert inline trace stubs at function entries of an ELF binary"
+    about = "Insert inline trace stubs at function entries and exits of an ELF binary"
 )]
 struct Args {
     /// The binary to instrument (never modified).
@@ -16,15 +17,26 @@ struct Args {
     /// Output path (default: INPUT.traced, next to the input).
     #[arg(short, long)]
     output: Option<PathBuf>,
+    /// Instrumentation spec (TOML: functions, sites, time, [buffer] records/slots);
+    /// the flags below override it.
+    #[arg(long)]
+    spec: Option<PathBuf>,
     /// Instrument only functions whose name matches one of these globs (default: all).
     #[arg(long = "functions", num_args = 1..)]
     functions: Vec<String>,
-    /// Per-thread buffer slots: threads that can trace at once.
-    #[arg(long, default_value_t = tracer_common::DEFAULT_SLOTS)]
-    slots: u32,
-    /// Records per thread buffer.
-    #[arg(long, default_value_t = tracer_common::DEFAULT_BUF_RECORDS)]
-    buffer_records: u32,
+    /// Site kinds: entry, exit, block, memory, usdt (comma-separated; default: entry).
+    #[arg(long, value_delimiter = ',', value_parser = rewriter::spec::parse_kind)]
+    sites: Vec<rewriter::SiteKind>,
+    /// Timestamps: `record` (cycle counter in every record) or `coarse` (none in the
+    /// stubs; times interpolated between buffer drains).
+    #[arg(long, value_parser = rewriter::spec::parse_time)]
+    time: Option<rewriter::TimeMode>,
+    /// Per-thread buffer slots: threads that can trace at once (default: 1024).
+    #[arg(long)]
+    slots: Option<u32>,
+    /// Records per thread buffer (default: 1024).
+    #[arg(long)]
+    buffer_records: Option<u32>,
     /// Trace every selected site with a plain uprobe instead of an inline stub.
     #[arg(long)]
     force_uprobe: bool,
@@ -41,12 +53,26 @@ fn main() -> ExitCode {
         s.push(".traced");
         PathBuf::from(s)
     });
-    let opts = rewriter::Options {
-        functions: args.functions.clone(),
-        nslots: args.slots,
-        buf_records: args.buffer_records,
-        force_uprobe: args.force_uprobe,
-    };
+    let mut opts = rewriter::Options::default();
+    if let Some(path) = &args.spec {
+        let applied = std::fs::read_to_string(path)
+            .map_err(|e| rewriter::Error::Read(path.clone(), e))
+            .and_then(|text| rewriter::spec::apply(&path.display().to_string(), &text, &mut opts));
+        if let Err(e) = applied {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    if !args.functions.is_empty() {
+        opts.functions = args.functions.clone();
+    }
+    if !args.sites.is_empty() {
+        opts.kinds = args.sites.clone();
+    }
+    opts.time_mode = args.time.unwrap_or(opts.time_mode);
+    opts.nslots = args.slots.unwrap_or(opts.nslots);
+    opts.buf_records = args.buffer_records.unwrap_or(opts.buf_records);
+    opts.force_uprobe = args.force_uprobe;
     match rewriter::rewrite_file(&args.input, &output, &opts) {
         Ok(r) => {
             println!(
@@ -60,6 +86,15 @@ fn main() -> ExitCode {
                 r.input_size,
                 r.output_size
             );
+            for (kind, (inline, uprobe)) in &r.per_kind {
+                let total = inline + uprobe;
+                println!(
+                    "  {:<6} {total} sites: {inline} inline ({:.2}%), {uprobe} uprobe",
+                    kind.name(),
+                    100.0 * *inline as f64 / total.max(1) as f64
+                );
+            }
+            println!("  time: {}", opts.time_mode.name());
             if args.verbose {
                 for (f, why) in &r.uprobe_reasons {
                     println!("  uprobe site {f}: {why}");

@@ -16,15 +16,17 @@ use object::elf;
 
 use crate::error::{Error, Result};
 use crate::input::{Input, Phdr};
-use crate::isa::{EntryPatch, Isa, Layout};
+use crate::isa::{FunctionPlan, Isa, Layout, SiteReq};
 use crate::{Options, sites};
 use tracer_common::meta::{self, Metadata, Site, SiteKind, SiteMode};
 use tracer_common::*;
 
 const PHDR_SIZE: u64 = 56;
-/// Upper bound of one trampoline (x86-64: ~190 bytes of stub + relocated instructions;
-/// only address space is reserved, so be generous).
-const MAX_TRAMPOLINE: u64 = 512;
+/// Upper bound of a trampoline without its stubs (relocated instructions, branch back,
+/// alignment), and of one stub (x86-64: ~150 bytes, AArch64: ~200); only address space
+/// is reserved, so be generous.
+const MAX_TRAMPOLINE: u64 = 256;
+const MAX_STUB: u64 = 320;
 /// Largest padding we accept to keep `vaddr = base + offset` for the new segments.
 const MAX_QEMU_PAD: u64 = 64 << 20;
 /// File part of the RW segment: the RwHeader page.
@@ -37,8 +39,10 @@ pub struct Report {
     pub sites: usize,
     pub inline: usize,
     pub uprobe: usize,
-    /// (function, reason) for every uprobe site.
+    /// (site, reason) for every uprobe site.
     pub uprobe_reasons: Vec<(String, String)>,
+    /// (inline, uprobe) per site kind.
+    pub per_kind: std::collections::BTreeMap<SiteKind, (usize, usize)>,
     pub input_size: u64,
     pub output_size: u64,
 }
@@ -67,16 +71,131 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
             "--buffer-records must be between 2 and 16777216".into(),
         ));
     }
-    let chosen = sites::select(input, &opts.functions)?;
-    let targets = isa.branch_targets(input);
-    let plans: Vec<std::result::Result<EntryPatch, String>> = chosen
+    let mut chosen = sites::select(input, &opts.functions)?;
+    // USDT probes (every probe of the binary when asked): their functions are planned
+    // too, even when no glob selected them.
+    let probes = if opts.kinds.contains(&SiteKind::Usdt) {
+        crate::usdt::probes(input.data, input.machine)
+            .map_err(|e| Error::Layout(input.name.clone(), format!("USDT probes: {e}")))?
+    } else {
+        Vec::new()
+    };
+    let probe_fn = |pc: u64| {
+        let i = input.functions.partition_point(|f| f.addr <= pc);
+        i.checked_sub(1)
+            .map(|i| &input.functions[i])
+            .filter(|f| pc < f.addr + f.size)
+    };
+    let selected: std::collections::HashSet<u64> = chosen.iter().map(|(f, _)| f.addr).collect();
+    for p in &probes {
+        if let Some(f) = probe_fn(p.pc)
+            && !chosen.iter().any(|(c, _)| std::ptr::eq(*c, f))
+        {
+            chosen.push((f, f.names[0].clone()));
+        }
+    }
+    chosen.sort_by_key(|(f, _)| f.addr);
+    let unplaced: Vec<&crate::usdt::Probe> =
+        probes.iter().filter(|p| probe_fn(p.pc).is_none()).collect();
+    if let Some(p) = unplaced.first() {
+        return Err(Error::Layout(
+            input.name.clone(),
+            format!(
+                "USDT probe {}:{} at {:#x} is not inside a function symbol",
+                p.provider, p.name, p.pc
+            ),
+        ));
+    }
+    // Indirect control flow. Unreadable exception tables are not fatal, but then no
+    // function's interior is trusted.
+    let (flow, eh_problem) = match crate::flow::recover(input) {
+        Ok(f) => (f, None),
+        Err(e) => {
+            log::warn!("{e}: only function starts and last returns are patched inline");
+            (crate::flow::Flow::default(), Some(e.to_string()))
+        }
+    };
+    for w in &flow.warnings {
+        log::info!("{}: {w}", input.name);
+    }
+    let targets = isa.branch_targets(input, &flow);
+    let fn_starts: Vec<u64> = input.functions.iter().map(|f| f.addr).collect();
+    // Site requests per function, ids in order.
+    let mut reqs_of: Vec<Vec<SiteReq>> = Vec::with_capacity(chosen.len());
+    let mut names: Vec<(String, SiteKind, u64, u8)> = Vec::new();
+    // Stubs at one instruction run in this order: entry, block, USDT, memory, exit.
+    let mut kinds = opts.kinds.clone();
+    kinds.sort_by_key(|k| match k {
+        SiteKind::FunctionEntry => 0,
+        SiteKind::Block => 1,
+        SiteKind::Usdt => 2,
+        SiteKind::Memory => 3,
+        SiteKind::FunctionExit => 4,
+    });
+    kinds.dedup();
+    let mut semaphores = Vec::new();
+    for (f, name) in &chosen {
+        let mut reqs = Vec::new();
+        let mut add = |kind, addr, label: &str, args: Vec<crate::usdt::Arg>| {
+            reqs.push(SiteReq {
+                id: names.len() as u32,
+                kind,
+                addr,
+                args: args.clone(),
+            });
+            names.push((label.to_string(), kind, addr, args.len().min(255) as u8));
+        };
+        let in_f = |pc: u64| (f.addr..f.addr + f.size).contains(&pc);
+        for &kind in &kinds {
+            if kind == SiteKind::Usdt {
+                for p in probes.iter().filter(|p| in_f(p.pc)) {
+                    add(
+                        kind,
+                        p.pc,
+                        &format!("{}:{}", p.provider, p.name),
+                        p.args.clone(),
+                    );
+                    semaphores.extend(p.semaphore);
+                }
+                continue;
+            }
+            if !selected.contains(&f.addr) {
+                continue; // planned only for its USDT probes
+            }
+            for addr in isa.sites_of(input, f, kind, &fn_starts, &targets) {
+                add(kind, addr, name, Vec::new());
+            }
+        }
+        reqs_of.push(reqs);
+    }
+    semaphores.sort_unstable();
+    semaphores.dedup();
+    let plans: Vec<FunctionPlan> = chosen
         .iter()
-        .map(|(f, _)| match opts.force_uprobe {
-            true => Err("--force-uprobe".to_string()),
-            false => isa.plan_entry(input, f, &targets),
+        .zip(&reqs_of)
+        .map(|((f, _), reqs)| match opts.force_uprobe {
+            true => FunctionPlan::all_uprobes(reqs, "--force-uprobe"),
+            false => {
+                let end = f.addr + f.size;
+                let lo = flow
+                    .unresolved_indirect_jumps
+                    .partition_point(|&a| a < f.addr);
+                let unresolved = flow
+                    .unresolved_indirect_jumps
+                    .get(lo)
+                    .filter(|&&a| a < end)
+                    .map(|a| format!("indirect jump at {a:#x} not explained as a jump table"));
+                let unsure = eh_problem.clone().or(unresolved);
+                isa.plan_function(input, f, reqs, &targets, unsure.as_deref())
+            }
         })
         .collect();
-    let n_inline = plans.iter().filter(|p| p.is_ok()).count() as u64;
+    let n_windows = plans.iter().map(|p| p.windows.len()).sum::<usize>() as u64;
+    let n_inline = plans
+        .iter()
+        .flat_map(|p| &p.windows)
+        .map(|w| w.sites.len() as u64)
+        .sum::<u64>();
 
     // binary_id: the original's identity plus what was chosen.
     let mut h = 0xcbf2_9ce4_8422_2325u64;
@@ -84,8 +203,9 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
         Some(b) => fnv1a(&mut h, b),
         None => fnv1a(&mut h, input.data),
     }
-    for (f, _) in &chosen {
-        fnv1a(&mut h, &f.addr.to_le_bytes());
+    for (_, kind, addr, _) in &names {
+        fnv1a(&mut h, &addr.to_le_bytes());
+        fnv1a(&mut h, &[*kind as u8]);
     }
     let binary_id = h;
 
@@ -107,7 +227,7 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
         tx_vaddr_min
     };
     let code_at = tx_vaddr + align_up(new_phnum * PHDR_SIZE, 16);
-    let tx_bound = (code_at - tx_vaddr) + 4096 + n_inline * MAX_TRAMPOLINE;
+    let tx_bound = (code_at - tx_vaddr) + 4096 + n_windows * MAX_TRAMPOLINE + n_inline * MAX_STUB;
     let rw_vaddr = align_up(tx_vaddr + tx_bound, BUF_ALIGN);
     let buf_bytes = u64::from(opts.buf_records) * RECORD_SIZE as u64;
     let layout = Layout {
@@ -116,6 +236,7 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
         buf_bytes,
         binary_id,
         pre_tls: input.kind.is_static(),
+        time_mode: opts.time_mode,
     };
 
     // ---- Code.
@@ -123,57 +244,91 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
     let (mut code, rt) = isa
         .emit_runtime(&layout, code_at, input.entry)
         .map_err(enc_err)?;
+    // USDT semaphore anchors (meta::Semaphore): one never-executed instruction each.
+    let mut semaphore_meta = Vec::new();
+    for &sem in &semaphores {
+        let Some(sem_off) = input.vaddr_to_offset(sem) else {
+            log::warn!(
+                "{}: USDT semaphore at {sem:#x} is not in the file (.bss?): its guarded probes stay off",
+                input.name
+            );
+            continue;
+        };
+        let anchor = code_at + code.len() as u64;
+        code.extend_from_slice(isa.anchor());
+        semaphore_meta.push(meta::Semaphore {
+            anchor_file_off: anchor - tx_vaddr + tx_off,
+            semaphore_file_off: sem_off,
+        });
+    }
     let mut patches: Vec<(u64, Vec<u8>)> = Vec::new();
-    let mut sites_meta = Vec::with_capacity(chosen.len());
+    let mut modes: Vec<Option<(SiteMode, u64)>> = vec![None; names.len()];
     let mut report = Report {
         kind: input.kind.name(),
-        sites: chosen.len(),
+        sites: names.len(),
         input_size: file_len,
         ..Default::default()
     };
-    for (id, ((f, name), plan)) in chosen.iter().zip(&plans).enumerate() {
-        let id = id as u32;
-        // The branch to the trampoline is encoded first: when the trampoline is out of
-        // the backend's branch range the site becomes a uprobe site (its trampoline
-        // bytes, already placed, are then just unused).
-        let placed = plan.as_ref().map_err(Clone::clone).and_then(|patch| {
+    for ((f, _), (plan, reqs)) in chosen.iter().zip(plans.into_iter().zip(&reqs_of)) {
+        let mut uprobes = plan.uprobes;
+        for w in &plan.windows {
+            // The branch to the trampoline is encoded first: when the trampoline is
+            // out of the backend's branch range the window's sites become uprobe
+            // sites (the original code stays as it was).
             while code.len() % 16 != 0 {
                 code.push(isa.code_fill());
             }
             let at = code_at + code.len() as u64;
-            let bytes = isa.patch_bytes(patch.patch_at, at, patch.len)?;
-            Ok((patch, at, bytes))
-        });
-        let mode = match placed {
-            Ok((patch, at, bytes)) => {
-                let tramp = isa
-                    .emit_entry_stub(input, &layout, &rt, id, patch, at)
-                    .map_err(enc_err)?;
-                code.extend_from_slice(&tramp);
-                patches.push((patch.patch_at, bytes));
-                report.inline += 1;
-                SiteMode::Inline
+            match isa.patch_bytes(w.start, at, w.len) {
+                Ok(bytes) => {
+                    let tramp = isa
+                        .emit_window(input, &layout, &rt, w, at)
+                        .map_err(enc_err)?;
+                    code.extend_from_slice(&tramp);
+                    patches.push((w.start, bytes));
+                    for s in &w.sites {
+                        modes[s.id as usize] = Some((SiteMode::Inline, s.at));
+                    }
+                }
+                Err(why) => uprobes.extend(w.sites.iter().map(|s| (s.id, why.clone()))),
             }
-            Err(why) => {
-                report.uprobe += 1;
-                report.uprobe_reasons.push((name.clone(), why));
-                SiteMode::Uprobe
-            }
-        };
-        let probe_at = match (&mode, plan) {
-            (SiteMode::Inline, Ok(p)) => p.patch_at,
-            _ => isa.probe_addr(input, f),
-        };
+        }
+        for (id, why) in uprobes {
+            let req = reqs
+                .iter()
+                .find(|r| r.id == id)
+                .expect("plan of this function");
+            modes[id as usize] = Some((SiteMode::Uprobe, isa.probe_addr(input, f, req)));
+            let (name, kind, addr, _) = &names[id as usize];
+            report
+                .uprobe_reasons
+                .push((format!("{name} ({} at {addr:#x})", kind.name()), why));
+        }
+    }
+    let mut sites_meta = Vec::with_capacity(names.len());
+    for (id, ((name, kind, addr, nargs), mode)) in names.iter().zip(modes).enumerate() {
+        let (mode, probe_at) =
+            mode.ok_or_else(|| layout_err(format!("site {id} was not planned")))?;
+        match mode {
+            SiteMode::Inline => report.inline += 1,
+            SiteMode::Uprobe => report.uprobe += 1,
+        }
+        let counts = report.per_kind.entry(*kind).or_default();
+        match mode {
+            SiteMode::Inline => counts.0 += 1,
+            SiteMode::Uprobe => counts.1 += 1,
+        }
         let file_off = input
             .vaddr_to_offset(probe_at)
             .ok_or_else(|| layout_err(format!("function {name} is not file-backed")))?;
         sites_meta.push(Site {
-            id,
-            vaddr: f.addr,
+            id: id as u32,
+            vaddr: *addr,
             file_off,
             name: name.clone(),
-            kind: SiteKind::FunctionEntry,
+            kind: *kind,
             mode,
+            nargs: *nargs,
         });
     }
     let tx_size = (code_at - tx_vaddr) + code.len() as u64;
@@ -279,7 +434,9 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
         text_vaddr: tx_vaddr,
         text_size: tx_size,
         original_size: file_len,
+        time_mode: opts.time_mode,
         sites: sites_meta,
+        semaphores: semaphore_meta,
     };
     out.resize(align_up(out.len() as u64, 8) as usize, 0);
     let note_off = out.len() as u64;

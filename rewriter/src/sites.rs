@@ -1,4 +1,5 @@
-//! Which functions become sites.
+//! Which functions become sites (never `__restore_rt`, never split-off `.cold`/`.warm`
+//! parts).
 
 use crate::error::{Error, Result};
 use crate::input::{Function, Input};
@@ -6,6 +7,11 @@ use crate::input::{Function, Input};
 /// Functions that must never be patched: the unwinder recognises the signal-return
 /// trampoline by its exact bytes.
 const NEVER: &[&str] = &["__restore_rt"];
+
+/// A symbol naming a split-off part of a function rather than a function.
+pub fn is_fragment(name: &str) -> bool {
+    name.contains(".cold") || name.contains(".warm")
+}
 
 /// The selected functions with the name to report (the alias that matched).
 pub fn select<'i>(input: &'i Input, globs: &[String]) -> Result<Vec<(&'i Function, String)>> {
@@ -18,12 +24,17 @@ pub fn select<'i>(input: &'i Input, globs: &[String]) -> Result<Vec<(&'i Functio
         .collect::<Result<Vec<_>>>()?;
     let mut out = Vec::new();
     for f in &input.functions {
-        if f.names.iter().any(|n| NEVER.contains(&n.as_str())) {
+        // Split-off parts of a function (gcc `.cold`, LLVM/BOLT `.warm`) are entered by
+        // jumps with live registers and flags, not by calls: never function entries
+        // (the entry stub relies on the psABI making both dead there).
+        if f.names
+            .iter()
+            .any(|n| NEVER.contains(&n.as_str()) || is_fragment(n))
+        {
             continue;
         }
         let name = if patterns.is_empty() {
-            // Split-off cold blocks are entered by jumps, not calls: not function entries.
-            Some(f.names[0].clone()).filter(|n| !n.contains(".cold"))
+            Some(f.names[0].clone())
         } else {
             f.names
                 .iter()

@@ -82,6 +82,26 @@ pub fn run_with_probes(
     cmd: &mut Command,
     timeout: Duration,
 ) -> (Out, Vec<Event>) {
+    let at: Vec<(&Path, String, u64)> = probes
+        .iter()
+        .map(|(bin, sym)| {
+            let f = function_symbol(bin, sym);
+            let off = f
+                .file_off
+                .unwrap_or_else(|| panic!("{sym} in {} is not in a loaded segment", bin.display()));
+            (*bin, sym.to_string(), off)
+        })
+        .collect();
+    run_with_probes_at(&at, cmd, timeout)
+}
+
+/// Like [`run_with_probes`], for probes at file offsets (e.g. basic blocks); each
+/// event's `symbol` is the probe's label.
+pub fn run_with_probes_at(
+    probes: &[(&Path, String, u64)],
+    cmd: &mut Command,
+    timeout: Duration,
+) -> (Out, Vec<Event>) {
     static N: AtomicU32 = AtomicU32::new(0);
     let _g = tracing_lock();
     ensure_tracefs();
@@ -97,11 +117,7 @@ pub fn run_with_probes(
         instance: root.join("instances").join(&group),
     };
     let mut names = Vec::new();
-    for (i, (bin, sym)) in probes.iter().enumerate() {
-        let f = function_symbol(bin, sym);
-        let off = f
-            .file_off
-            .unwrap_or_else(|| panic!("{sym} in {} is not in a loaded segment", bin.display()));
+    for (i, (bin, sym, off)) in probes.iter().enumerate() {
         let ev = format!("e{i}");
         let def = format!(
             "p:{group}/{ev} {}:0x{off:x} value=%di:u64 aux=+0(%sp):u64\n",

@@ -207,12 +207,12 @@ fn text_range(path: &Path) -> (u64, u64) {
     (lo, hi)
 }
 
+/// One thread's followed (function, x0) sequence and its records.
+type ThreadSeq<'a> = (u32, Vec<(String, u64)>, Vec<&'a Rec>);
+
 /// The followed (function, x0) sequence of each thread that has one, in order of first
 /// appearance, and the records themselves.
-fn followed_by_thread<'a>(
-    recs: &'a [Rec],
-    followed: &[&str],
-) -> Vec<(u32, Vec<(String, u64)>, Vec<&'a Rec>)> {
+fn followed_by_thread<'a>(recs: &'a [Rec], followed: &[&str]) -> Vec<ThreadSeq<'a>> {
     let mine = recs.iter().filter(|r| followed.contains(&&*r.symbol));
     by_tid(mine)
         .into_iter()
@@ -500,11 +500,14 @@ fn relocation_classes_run() {
         .ok();
         let text = out.stdout_str() + &out.stderr_str();
         assert!(
-            text.contains("uprobe site r_excl: inside an exclusive load/store sequence"),
+            text.lines()
+                .any(|l| l.contains("uprobe site r_excl (entry at")
+                    && l.contains("inside an exclusive load/store sequence")),
             "{what}: {text}"
         );
         assert!(
-            text.contains("uprobe site r_loop: branch target"),
+            text.lines()
+                .any(|l| l.contains("uprobe site r_loop (entry at") && l.contains("branch target")),
             "{what}: {text}"
         );
         let meta = metadata(&traced);

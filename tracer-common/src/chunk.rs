@@ -45,9 +45,13 @@ pub struct ChunkHeader {
     /// `CAUSE_*`.
     pub cause: u32,
     pub _pad: u32,
+    /// CLOCK_MONOTONIC ns when the drain ran (`bpf_ktime_get_ns`; the user-space drain:
+    /// `clock_gettime` when the records arrived). Every chunk of one drain carries the
+    /// same value: the clock sample that coarse-timestamp traces interpolate between.
+    pub time: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<ChunkHeader>() == 40);
+const _: () = assert!(core::mem::size_of::<ChunkHeader>() == 48);
 
 /// Indices into the per-CPU `STATS` array map.
 pub const STAT_RECORDS_DELIVERED: u32 = 0;

@@ -76,8 +76,33 @@ pub const GLOBAL_EXIT_GROUP_DEAD_OFF: &str = "EXIT_GROUP_DEAD_OFF";
 pub const STAT_TABLE_FULL: u32 = 5;
 const _: () = assert!(STAT_TABLE_FULL < crate::STAT_COUNT);
 
-/// The attach cookie of a uprobe site: binary ordinal (index into `BINARIES`) in the
-/// high half, site id in the low half.
-pub const fn site_cookie(ordinal: u32, site_id: u32) -> u64 {
-    ((ordinal as u64) << 32) | site_id as u64
+/// Uprobe-site record selector: value = first argument, aux = return address (a
+/// function entry).
+pub const SEL_ENTRY: u8 = 0;
+/// Value = return value register, aux = return address (a return or a tail call).
+pub const SEL_EXIT: u8 = 1;
+/// Value = the probed instruction's address, aux = 0 (a basic block).
+pub const SEL_BLOCK: u8 = 2;
+/// Value = 0 (the effective address is not computed by the uprobe program yet), aux =
+/// the instruction's address (a memory access).
+pub const SEL_MEMORY: u8 = 3;
+/// Value = aux = 0 (a USDT probe: its arguments are not computed by the uprobe program
+/// yet).
+pub const SEL_USDT: u8 = 4;
+
+/// The attach cookie of a uprobe site: binary ordinal (index into `BINARIES`) in bits
+/// 40..64, the record selector (`SEL_*`: which registers the record takes) in bits
+/// 32..40, site id in the low half.
+pub const fn site_cookie(ordinal: u32, selector: u8, site_id: u32) -> u64 {
+    ((ordinal as u64) << 40) | ((selector as u64) << 32) | site_id as u64
+}
+
+/// Binary ordinal of a site cookie.
+pub const fn cookie_ordinal(cookie: u64) -> u32 {
+    (cookie >> 40) as u32
+}
+
+/// Record selector of a site cookie.
+pub const fn cookie_selector(cookie: u64) -> u8 {
+    (cookie >> 32) as u8
 }

@@ -13,11 +13,14 @@
 //! 76   u32 flags (META_FLAG_*)
 //! 80   u64 binary_id        88  u64 flush_vaddr      96  u64 flush_file_off
 //! 104  u64 rw_vaddr         112 u64 rw_size          120 u64 text_vaddr
-//! 128  u64 text_size        136 u64 original_size    144 u64 reserved
+//! 128  u64 text_size        136 u64 original_size    144 u32 time_mode (TimeMode)
+//! 148  u32 nsemaphores
 //! 152  sites: nsites × 32 bytes:
-//!        u64 vaddr, u64 file_off, u32 id, u32 name_off, u8 kind, u8 mode, u16 reserved,
-//!        u32 reserved
+//!        u64 vaddr, u64 file_off, u32 id, u32 name_off, u8 kind, u8 mode, u8 nargs,
+//!        u8 reserved, u32 reserved
 //! ...  strtab: NUL-terminated names, referenced by name_off
+//! ...  (4-aligned) semaphores: nsemaphores × 16 bytes: u64 anchor_file_off,
+//!        u64 semaphore_file_off (see [`Semaphore`])
 //! ```
 //! `vaddr`s are link-time addresses; `file_off`s are offsets in the rewritten file.
 
@@ -38,10 +41,52 @@ pub const META_FLAG_SHARED_LIB: u32 = 2;
 /// The binary is position independent (PIE or shared library).
 pub const META_FLAG_PIC: u32 = 4;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u8)]
 pub enum SiteKind {
+    /// Record: first argument, return address.
     FunctionEntry = 1,
+    /// A return, or a tail call that leaves the function. Record: return value
+    /// (`rax` / `x0`), return address.
+    FunctionExit = 2,
+    /// The start of a basic block. Record: the block's run-time address, aux 0.
+    Block = 3,
+    /// A load or store. Record: effective address, the instruction's run-time address;
+    /// flags `FLAG_MEM_READ` / `FLAG_MEM_WRITE` and the size (`mem_size`).
+    Memory = 4,
+    /// A USDT probe (`<sys/sdt.h>`), named `provider:name`. Record: arguments 1 and 2
+    /// in value and aux; arguments 3.. follow in records of the same site flagged
+    /// `FLAG_USDT_MORE` (two per record), reserved together with the first.
+    Usdt = 5,
+}
+
+/// How records get their `time`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[repr(u32)]
+pub enum TimeMode {
+    /// Every record reads the cycle counter (`rdtsc` / `cntvct_el0`).
+    #[default]
+    Record = 0,
+    /// No clock read in the stubs: `time` is not written. Readers give each record a
+    /// time interpolated between the clock samples of the drains around it (every
+    /// chunk header carries one; a thread's first drain is its registration).
+    Coarse = 1,
+}
+
+impl TimeMode {
+    pub fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(TimeMode::Record),
+            1 => Some(TimeMode::Coarse),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            TimeMode::Record => "record",
+            TimeMode::Coarse => "coarse",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +106,8 @@ pub struct Site {
     pub name: String,
     pub kind: SiteKind,
     pub mode: SiteMode,
+    /// USDT sites: the probe's number of arguments (0 for other kinds).
+    pub nargs: u8,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -80,7 +127,19 @@ pub struct Metadata {
     pub text_vaddr: u64,
     pub text_size: u64,
     pub original_size: u64,
+    pub time_mode: TimeMode,
     pub sites: Vec<Site>,
+    pub semaphores: Vec<Semaphore>,
+}
+
+/// A USDT semaphore (a `u16` the program tests before computing a probe's arguments)
+/// and the anchor that enables it: a never-executed instruction of the rewriter's code
+/// at which the tracer opens a uprobe with this reference counter, so the kernel raises
+/// the semaphore in every process that maps the binary for as long as it is attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Semaphore {
+    pub anchor_file_off: u64,
+    pub semaphore_file_off: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,6 +148,7 @@ pub enum MetaError {
     BadMagic,
     UnsupportedVersion(u32),
     BadSite(u32),
+    BadTimeMode(u32),
 }
 
 impl fmt::Display for MetaError {
@@ -101,6 +161,7 @@ impl fmt::Display for MetaError {
                 "utrace metadata version {v} is not supported (this build reads {META_VERSION})"
             ),
             MetaError::BadSite(i) => write!(f, "utrace metadata: site {i} is malformed"),
+            MetaError::BadTimeMode(m) => write!(f, "utrace metadata: unknown time mode {m}"),
         }
     }
 }
@@ -111,12 +172,20 @@ impl SiteKind {
     pub fn from_u8(v: u8) -> Option<Self> {
         match v {
             1 => Some(SiteKind::FunctionEntry),
+            2 => Some(SiteKind::FunctionExit),
+            3 => Some(SiteKind::Block),
+            4 => Some(SiteKind::Memory),
+            5 => Some(SiteKind::Usdt),
             _ => None,
         }
     }
     pub fn name(self) -> &'static str {
         match self {
             SiteKind::FunctionEntry => "entry",
+            SiteKind::FunctionExit => "exit",
+            SiteKind::Block => "block",
+            SiteKind::Memory => "memory",
+            SiteKind::Usdt => "usdt",
         }
     }
 }
@@ -183,10 +252,11 @@ impl Metadata {
             self.text_vaddr,
             self.text_size,
             self.original_size,
-            0,
         ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
+        out.extend_from_slice(&(self.time_mode as u32).to_le_bytes());
+        out.extend_from_slice(&(self.semaphores.len() as u32).to_le_bytes());
         debug_assert_eq!(out.len(), HEADER_LEN);
         for (s, name_off) in self.sites.iter().zip(name_offs) {
             out.extend_from_slice(&s.vaddr.to_le_bytes());
@@ -195,9 +265,17 @@ impl Metadata {
             out.extend_from_slice(&name_off.to_le_bytes());
             out.push(s.kind as u8);
             out.push(s.mode as u8);
-            out.extend_from_slice(&[0u8; 6]);
+            out.push(s.nargs);
+            out.extend_from_slice(&[0u8; 5]);
         }
         out.extend_from_slice(&strtab);
+        while out.len() % 4 != 0 {
+            out.push(0);
+        }
+        for m in &self.semaphores {
+            out.extend_from_slice(&m.anchor_file_off.to_le_bytes());
+            out.extend_from_slice(&m.semaphore_file_off.to_le_bytes());
+        }
         out
     }
 
@@ -244,8 +322,24 @@ impl Metadata {
                 name: String::from_utf8_lossy(&name_bytes[..end]).into_owned(),
                 kind: SiteKind::from_u8(b[o + 24]).ok_or_else(bad)?,
                 mode: SiteMode::from_u8(b[o + 25]).ok_or_else(bad)?,
+                nargs: b[o + 26],
             });
         }
+        let nsem = rd_u32(b, 148) as usize;
+        let sem_at = total.div_ceil(4) * 4;
+        let sem_end = nsem
+            .checked_mul(16)
+            .and_then(|n| n.checked_add(sem_at))
+            .ok_or(MetaError::Truncated("semaphores"))?;
+        if b.len() < sem_end {
+            return Err(MetaError::Truncated("semaphores"));
+        }
+        let semaphores = (0..nsem)
+            .map(|i| Semaphore {
+                anchor_file_off: rd_u64(b, sem_at + 16 * i),
+                semaphore_file_off: rd_u64(b, sem_at + 16 * i + 8),
+            })
+            .collect();
         Ok(Metadata {
             arch: rd_u32(b, 12),
             record_version: rd_u32(b, 16),
@@ -262,7 +356,10 @@ impl Metadata {
             text_vaddr: rd_u64(b, 120),
             text_size: rd_u64(b, 128),
             original_size: rd_u64(b, 136),
+            time_mode: TimeMode::from_u32(rd_u32(b, 144))
+                .ok_or(MetaError::BadTimeMode(rd_u32(b, 144)))?,
             sites,
+            semaphores,
         })
     }
 
@@ -333,6 +430,7 @@ mod tests {
             text_vaddr: 0x8000,
             text_size: 0x100,
             original_size: 1234,
+            time_mode: TimeMode::Coarse,
             sites: vec![
                 Site {
                     id: 0,
@@ -341,16 +439,31 @@ mod tests {
                     name: "main".into(),
                     kind: SiteKind::FunctionEntry,
                     mode: SiteMode::Inline,
+                    nargs: 0,
                 },
                 Site {
                     id: 1,
                     vaddr: 0x1200,
                     file_off: 0x1200,
                     name: "f".into(),
-                    kind: SiteKind::FunctionEntry,
+                    kind: SiteKind::FunctionExit,
                     mode: SiteMode::Uprobe,
+                    nargs: 0,
+                },
+                Site {
+                    id: 2,
+                    vaddr: 0x1300,
+                    file_off: 0x1300,
+                    name: "fx:probe".into(),
+                    kind: SiteKind::Usdt,
+                    mode: SiteMode::Inline,
+                    nargs: 5,
                 },
             ],
+            semaphores: vec![Semaphore {
+                anchor_file_off: 0x8010,
+                semaphore_file_off: 0x3000,
+            }],
         };
         let note = m.to_note();
         assert_eq!(Metadata::from_note_section(&note).unwrap().unwrap(), m);

@@ -8,13 +8,16 @@ pub const RECORD_SIZE: usize = 32;
 
 /// One trace event, exactly as the inline stub writes it into the per-thread buffer.
 ///
-/// | offset | field  | function-entry site                                  |
-/// |--------|--------|------------------------------------------------------|
-/// | 0      | site   | site id (index into the binary's site table)         |
-/// | 4      | flags  | `FLAG_*` bits                                        |
-/// | 8      | time   | `rdtsc` / `cntvct_el0`, or ktime ns if `FLAG_KTIME`   |
-/// | 16     | value  | first argument register (`rdi` / `x0`)               |
-/// | 24     | aux    | return address (caller): `[rsp]` / `x30`             |
+/// | offset | field  | meaning                                                   |
+/// |--------|--------|-----------------------------------------------------------|
+/// | 0      | site   | site id (index into the binary's site table)              |
+/// | 4      | flags  | `FLAG_*` bits (memory sites: read/write, size)            |
+/// | 8      | time   | `rdtsc` / `cntvct_el0`, ktime ns if `FLAG_KTIME`, or the  |
+/// |        |        | buffer epoch (coarse timestamps)                          |
+/// | 16     | value  | entry: first argument (`rdi`/`x0`); exit: return value    |
+/// |        |        | (`rax`/`x0`); block: its address; memory: effective address |
+/// | 24     | aux    | entry/exit: return address (`[rsp]`/`x30`); memory: the   |
+/// |        |        | instruction's address; block: 0                           |
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Record {
@@ -32,6 +35,21 @@ const _: () = assert!(core::mem::size_of::<Record>() == RECORD_SIZE);
 pub const FLAG_KTIME: u32 = 1 << 0;
 /// The record came from a uprobe site rather than an inline stub.
 pub const FLAG_UPROBE: u32 = 1 << 1;
+/// Memory site: the instruction reads memory.
+pub const FLAG_MEM_READ: u32 = 1 << 2;
+/// Memory site: the instruction writes memory.
+pub const FLAG_MEM_WRITE: u32 = 1 << 3;
+/// USDT site: this record carries arguments `2k+3` and `2k+4` (value, aux) of the
+/// record before it, `k` in bits 24..32 of `flags`.
+pub const FLAG_USDT_MORE: u32 = 1 << 4;
+pub const FLAG_USDT_INDEX_SHIFT: u32 = 24;
+/// Memory site: bytes accessed, in bits 16..32 of `flags`.
+pub const FLAG_MEM_SIZE_SHIFT: u32 = 16;
+
+/// Bytes accessed by a memory-site record.
+pub const fn mem_size(flags: u32) -> u32 {
+    flags >> FLAG_MEM_SIZE_SHIFT
+}
 
 impl Record {
     /// Decode a record from its 32 little-endian bytes.

@@ -29,7 +29,21 @@ mod regs {
         unsafe { (*ctx.regs).rdi }
     }
 
-    /// Return address at function entry: the word at %rsp.
+    /// The probed instruction's address (a uprobe runs before it executes).
+    #[inline(always)]
+    pub fn pc(ctx: &ProbeContext) -> u64 {
+        // SAFETY: as above.
+        unsafe { (*ctx.regs).rip }
+    }
+
+    /// Return value register (%rax) at a return.
+    #[inline(always)]
+    pub fn return_value(ctx: &ProbeContext) -> u64 {
+        // SAFETY: as above.
+        unsafe { (*ctx.regs).rax }
+    }
+
+    /// Return address at function entry, at a `ret` and at a tail call: the word at %rsp.
     #[inline(always)]
     pub fn return_address(ctx: &ProbeContext) -> u64 {
         // SAFETY: as above.
@@ -69,11 +83,24 @@ mod regs {
         reg(ctx, 0)
     }
 
+    /// The probed instruction's address (a uprobe runs before it executes).
+    #[inline(always)]
+    pub fn pc(ctx: &ProbeContext) -> u64 {
+        // SAFETY: ctx.regs is the program's pt_regs context, which starts with user_pt_regs.
+        unsafe { (*ctx.regs.cast::<UserPtRegs>()).pc }
+    }
+
+    /// Return value register (x0) at a return.
+    #[inline(always)]
+    pub fn return_value(ctx: &ProbeContext) -> u64 {
+        reg(ctx, 0)
+    }
+
     /// User addresses are below 2^48 (Debian's arm64 kernels: 48-bit VA); the bits
     /// above hold a pointer-authentication code when x30 was signed.
     const USER_VA_MASK: u64 = (1 << 48) - 1;
 
-    /// At function entry the return address is still in the link register. A uprobe
+    /// At function entry (and at a `ret` or tail call) the return address is in the link register. A uprobe
     /// site sits after a `paciasp`/`pacibsp` landing pad, so x30 may carry a PAC:
     /// strip it (as `xpaclri` would) so that aux is the plain return address.
     #[inline(always)]
@@ -82,7 +109,7 @@ mod regs {
     }
 }
 
-pub use regs::{first_arg, return_address, slot_arg};
+pub use regs::{first_arg, pc, return_address, return_value, slot_arg};
 
 /// AArch64 user space sets its thread pointer with `msr tpidr_el0` (no system call), and
 /// the kernel copies the register into `thread.uw.tp_value` only when the task is

@@ -9,7 +9,7 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::helpers::generated::{bpf_loop, bpf_probe_read_user};
+use aya_ebpf::helpers::generated::{bpf_ktime_get_ns, bpf_loop, bpf_probe_read_user};
 use tracer_common::{
     CHUNK_KIND_RECORDS, CHUNK_RECORDS, ChunkHeader, RECORD_SIZE, STAT_CHUNKS, STAT_READ_ERRORS,
     STAT_RECORDS_DELIVERED, STAT_RECORDS_DROPPED, Slot, ebpf::MAX_DRAIN_BYTES,
@@ -32,6 +32,8 @@ struct DrainCtx {
     pid_tid: u64,
     binary_id: u64,
     cause: u64,
+    /// The drain's clock sample, the same in all of its chunks.
+    time: u64,
     delivered: u64,
     dropped: u64,
     chunks: u64,
@@ -64,6 +66,8 @@ pub fn drain(slot: &Slot, from: u64, pid_tid: u64, cause: u32) -> i64 {
         pid_tid,
         binary_id: slot.binary_id,
         cause: cause as u64,
+        // SAFETY: no preconditions.
+        time: unsafe { bpf_ktime_get_ns() },
         delivered: 0,
         dropped: 0,
         chunks: 0,
@@ -158,6 +162,7 @@ fn emit<const RECORDS: usize>(c: &DrainCtx, first: u64, count: u64) -> Emit {
         binary_id: c.binary_id,
         cause: c.cause as u32,
         _pad: 0,
+        time: c.time,
     };
     // SAFETY: the reservation is at least HDR bytes long and 8-byte aligned.
     unsafe { base.cast::<ChunkHeader>().write(header) };

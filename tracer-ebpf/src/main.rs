@@ -50,7 +50,10 @@ use aya_log_ebpf::error;
 use tracer_common::{
     CAUSE_FULL, CAUSE_REGISTER, CAUSE_TASK_EXIT, CAUSE_THREAD_EXIT, CAUSE_UPROBE_SITE,
     CHUNK_KIND_UPROBE, ChunkHeader, FLAG_KTIME, FLAG_UPROBE, Record, STAT_CHUNKS, STAT_READ_ERRORS,
-    STAT_RECORDS_DELIVERED, STAT_RECORDS_DROPPED, Slot, ebpf::STAT_TABLE_FULL,
+    STAT_RECORDS_DELIVERED, STAT_RECORDS_DROPPED, Slot,
+    ebpf::{
+        SEL_BLOCK, SEL_EXIT, SEL_MEMORY, SEL_USDT, STAT_TABLE_FULL, cookie_ordinal, cookie_selector,
+    },
 };
 use tracer_common::{RWH_USER_STATE, USER_ON};
 
@@ -124,7 +127,7 @@ pub fn site(ctx: ProbeContext) -> u32 {
     }
     // SAFETY: ctx is this program's context.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
-    let binary_id = BINARIES.get((cookie >> 32) as u32).copied().unwrap_or(0);
+    let binary_id = BINARIES.get(cookie_ordinal(cookie)).copied().unwrap_or(0);
 
     // Records the inline stubs of this binary buffered before this site come first.
     let tp = thread_pointer();
@@ -138,7 +141,27 @@ pub fn site(ctx: ProbeContext) -> u32 {
         }
     }
 
+    // Every register is read unconditionally: the verifier refuses a context access
+    // through a pointer that depends on the selector.
+    let (arg, ret, pc) = (
+        arch::first_arg(&ctx),
+        arch::return_value(&ctx),
+        arch::pc(&ctx),
+    );
+    let ra = arch::return_address(&ctx);
+    // SAFETY: reading a local; keeps LLVM from turning the choice into a ctx offset.
+    let (value, aux) = match unsafe { core::ptr::read_volatile(&cookie_selector(cookie)) } {
+        SEL_EXIT => (ret, ra),
+        SEL_BLOCK => (pc, 0),
+        // The effective address is not computed here (yet): 0, with the instruction.
+        SEL_MEMORY => (0, pc),
+        // The arguments are not computed here (yet).
+        SEL_USDT => (0, 0),
+        _ => (arg, ra),
+    };
     let seq = next_seq();
+    // SAFETY: no preconditions.
+    let time = unsafe { bpf_ktime_get_ns() };
     let Some(mut entry) = EVENTS.reserve::<UprobeChunk>(0) else {
         stat_add(STAT_RECORDS_DROPPED, 1);
         return 0;
@@ -153,14 +176,14 @@ pub fn site(ctx: ProbeContext) -> u32 {
             binary_id,
             cause: CAUSE_UPROBE_SITE,
             _pad: 0,
+            time,
         },
         record: Record {
             site: cookie as u32,
             flags: FLAG_KTIME | FLAG_UPROBE,
-            // SAFETY: no preconditions.
-            time: unsafe { bpf_ktime_get_ns() },
-            value: arch::first_arg(&ctx),
-            aux: arch::return_address(&ctx),
+            time,
+            value,
+            aux,
         },
     });
     entry.submit(0);

@@ -4,10 +4,12 @@
 mod binaries;
 mod btf;
 mod clock;
+mod coarse;
 mod consumer;
 mod kernel;
 mod process;
 mod report;
+mod semaphores;
 mod session;
 mod tracefile;
 mod userdrain;

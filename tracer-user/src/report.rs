@@ -4,23 +4,37 @@ use std::{collections::HashMap, io::Write, path::Path};
 
 use anyhow::{Context, Result};
 use serde::Serialize;
-use tracer_common::{FLAG_KTIME, FLAG_UPROBE, Record};
+use tracer_common::{
+    FLAG_KTIME, FLAG_UPROBE, FLAG_USDT_MORE, Record,
+    meta::{SiteKind, TimeMode},
+};
 
 use crate::{
     clock::Calibration,
     tracefile::{self, BinaryInfo, FinalStats, Reader, Section, SessionInfo, Truncation},
 };
 
+/// Site id → (name, kind) of one binary.
+type SiteNames = HashMap<u32, (String, SiteKind)>;
+
 /// Names for the (binary_id, site id) pairs of a trace, from its binary sections.
 #[derive(Default)]
 struct Names {
-    binaries: HashMap<u64, (String, HashMap<u32, String>)>,
+    binaries: HashMap<u64, (String, SiteNames)>,
+    /// (binary name, time mode) per binary.
+    time_modes: Vec<(String, TimeMode)>,
 }
 
 impl Names {
     fn add(&mut self, b: &BinaryInfo) {
         let sites = match b.metadata() {
-            Ok(m) => m.sites.into_iter().map(|s| (s.id, s.name)).collect(),
+            Ok(m) => {
+                self.time_modes.push((b.name().to_string(), m.time_mode));
+                m.sites
+                    .into_iter()
+                    .map(|s| (s.id, (s.name, s.kind)))
+                    .collect()
+            }
             Err(e) => {
                 log::warn!("{}: cannot parse its metadata: {e}", b.path);
                 HashMap::new()
@@ -38,7 +52,14 @@ impl Names {
         self.binaries
             .get(&id)
             .and_then(|(_, s)| s.get(&site))
-            .map_or("?", String::as_str)
+            .map_or("?", |(n, _)| n.as_str())
+    }
+
+    fn kind(&self, id: u64, site: u32) -> &'static str {
+        self.binaries
+            .get(&id)
+            .and_then(|(_, s)| s.get(&site))
+            .map_or("?", |(_, k)| k.name())
     }
 }
 
@@ -63,6 +84,7 @@ fn truncation_warning(path: &Path, t: Option<&Truncation>, stats: Option<&FinalS
 /// in 0x-hex; time in CLOCK_MONOTONIC ns; flags in decimal).
 pub fn dump(path: &Path, out: &mut impl Write) -> Result<()> {
     let end = tracefile::read_stats(path)?.and_then(|s| s.clock_end);
+    let mut timeline = crate::coarse::Timeline::scan(path)?;
     let mut r = Reader::open(path)?;
     let mut names = Names::default();
     let mut clock: Option<Calibration> = None;
@@ -71,7 +93,8 @@ pub fn dump(path: &Path, out: &mut impl Write) -> Result<()> {
         match section {
             Section::Session(s) => clock = Some(s.clock.refined(end)),
             Section::Binary(b) => names.add(&b),
-            Section::Chunk(c) => {
+            Section::Chunk(mut c) => {
+                timeline.apply(&mut c);
                 let h = c.header;
                 let bin = names.binary(h.binary_id);
                 for rec in &c.records {
@@ -114,7 +137,16 @@ struct FunctionCount {
     binary: String,
     symbol: String,
     site: u32,
+    /// Site kind: "entry", "exit".
+    kind: String,
     count: u64,
+}
+
+#[derive(Serialize)]
+struct BinaryTime {
+    binary: String,
+    /// "record" (a cycle-counter read per record) or "coarse" (interpolated).
+    time_mode: String,
 }
 
 #[derive(Serialize)]
@@ -136,6 +168,7 @@ struct Summary {
     truncated: bool,
     functions: Vec<FunctionCount>,
     threads: Vec<ThreadCount>,
+    time_modes: Vec<BinaryTime>,
 }
 
 fn summarize(path: &Path) -> Result<(Summary, Option<SessionInfo>)> {
@@ -161,7 +194,11 @@ fn summarize(path: &Path) -> Result<(Summary, Option<SessionInfo>)> {
                     } else {
                         inline += 1;
                     }
-                    *functions.entry((h.binary_id, rec.site)).or_default() += 1;
+                    // A USDT probe's arguments 3.. ride in extra records: a site's
+                    // count is its events.
+                    if rec.flags & FLAG_USDT_MORE == 0 {
+                        *functions.entry((h.binary_id, rec.site)).or_default() += 1;
+                    }
                 }
             }
             Section::Stats(s) => stats = Some(s),
@@ -175,6 +212,7 @@ fn summarize(path: &Path) -> Result<(Summary, Option<SessionInfo>)> {
             binary: names.binary(bin).to_string(),
             symbol: names.symbol(bin, site).to_string(),
             site,
+            kind: names.kind(bin, site).to_string(),
             count,
         })
         .collect();
@@ -201,6 +239,14 @@ fn summarize(path: &Path) -> Result<(Summary, Option<SessionInfo>)> {
             truncated: r.truncated().is_some(),
             functions,
             threads,
+            time_modes: names
+                .time_modes
+                .iter()
+                .map(|(b, m)| BinaryTime {
+                    binary: b.clone(),
+                    time_mode: m.name().to_string(),
+                })
+                .collect(),
         },
         session,
     ))
@@ -233,17 +279,24 @@ pub fn report(path: &Path, json: bool, out: &mut impl Write) -> Result<()> {
     if s.chunks_lost > 0 {
         writeln!(out, "chunks lost: {}", s.chunks_lost)?;
     }
+    for t in &s.time_modes {
+        let how = match t.time_mode.as_str() {
+            "coarse" => "coarse (no clock in the stubs; times interpolated between drains)",
+            _ => "record (cycle counter per record)",
+        };
+        writeln!(out, "timestamps of {}: {how}", t.binary)?;
+    }
     writeln!(out, "\nfunctions ({}):", s.functions.len())?;
     writeln!(
         out,
-        "{:>12}  {:<24} {:>6}  symbol",
-        "count", "binary", "site"
+        "{:>12}  {:<24} {:>6}  {:<5}  symbol",
+        "count", "binary", "site", "kind"
     )?;
     for f in &s.functions {
         writeln!(
             out,
-            "{:>12}  {:<24} {:>6}  {}",
-            f.count, f.binary, f.site, f.symbol
+            "{:>12}  {:<24} {:>6}  {:<5}  {}",
+            f.count, f.binary, f.site, f.kind, f.symbol
         )?;
     }
     writeln!(out, "\nthreads ({}):", s.threads.len())?;

@@ -27,11 +27,22 @@ use tracer_common::{
         DEFAULT_RING_BYTES, GLOBAL_EXIT_GROUP_DEAD_OFF, GLOBAL_FORK_CHILD_PID_OFF,
         GLOBAL_SYSTEM_WIDE, GLOBAL_TP_OFFSET, GLOBAL_WRITE_USER, MAP_BINARIES, MAP_EVENTS, MAP_SEQ,
         MAP_STATS, MAP_TABLES, MAP_TARGETS, MAX_BINARIES, PROG_FLUSH, PROG_FORK, PROG_GROUP_EXIT,
-        PROG_KILLED, PROG_SITE, PROG_TASK_EXIT, PROG_THREAD_EXIT, STAT_TABLE_FULL, TABLE_BINARIES,
-        site_cookie,
+        PROG_KILLED, PROG_SITE, PROG_TASK_EXIT, PROG_THREAD_EXIT, SEL_BLOCK, SEL_ENTRY, SEL_EXIT,
+        SEL_MEMORY, SEL_USDT, STAT_TABLE_FULL, TABLE_BINARIES, site_cookie,
     },
-    meta::SiteMode,
+    meta::{SiteKind, SiteMode},
 };
+
+/// Which registers the eBPF `site` program records for a uprobe site of this kind.
+fn site_selector(kind: SiteKind) -> u8 {
+    match kind {
+        SiteKind::FunctionEntry => SEL_ENTRY,
+        SiteKind::FunctionExit => SEL_EXIT,
+        SiteKind::Block => SEL_BLOCK,
+        SiteKind::Memory => SEL_MEMORY,
+        SiteKind::Usdt => SEL_USDT,
+    }
+}
 
 use crate::{
     binaries::{self, Instrumented},
@@ -84,6 +95,14 @@ pub fn record(opts: RecordOptions) -> Result<i32> {
     let (binaries, exe) = discover(&opts.target, &opts.binaries)?;
     let list: Vec<&Instrumented> = binaries.iter().map(|(b, _)| b).collect();
     let (mut ebpf, write_user) = load_and_attach(opts.ring_bytes, &list)?;
+    // Kept until the session ends: USDT probes guarded by a semaphore fire meanwhile.
+    let mut raised = crate::semaphores::Raised::default();
+    for b in &list {
+        raised.raise(&b.path, &b.meta.semaphores)?;
+    }
+    if raised.len() > 0 {
+        log::info!("{} USDT semaphore(s) raised", raised.len());
+    }
     let logger = match EbpfLogger::init(&mut ebpf) {
         Ok(l) => Some(l),
         Err(e) => {
@@ -362,7 +381,7 @@ fn attach(ebpf: &mut Ebpf, list: &[&Instrumented]) -> Result<()> {
         for s in b.meta.sites.iter().filter(|s| s.mode == SiteMode::Uprobe) {
             let point = UProbeAttachPoint {
                 location: UProbeAttachLocation::AbsoluteOffset(s.file_off),
-                cookie: Some(site_cookie(ordinal as u32, s.id)),
+                cookie: Some(site_cookie(ordinal as u32, site_selector(s.kind), s.id)),
             };
             site.attach(point, &b.path, UProbeScope::AllProcesses)
                 .with_context(|| {

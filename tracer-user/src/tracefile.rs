@@ -6,7 +6,7 @@
 //! ```text
 //! file header (16 bytes)
 //!   0   [u8; 8]  magic "UTRCTRAC"
-//!   8   u32      format version (FORMAT_VERSION = 1)
+//!   8   u32      format version (FORMAT_VERSION = 2)
 //!   12  u32      reserved, 0
 //! section (16-byte header + payload), repeated
 //!   0   u32      kind (SECTION_*)
@@ -27,7 +27,7 @@
 //!   complete ELF note, parse with `Metadata::from_note_section`), so that a trace can be
 //!   reported without the binaries.
 //! - `SECTION_CHUNK` (3, any number): exactly what eBPF put in the ring buffer, trimmed
-//!   to its valid part: a 40-byte `ChunkHeader` followed by `count` 32-byte `Record`s
+//!   to its valid part: a 48-byte `ChunkHeader` followed by `count` 32-byte `Record`s
 //!   (tracer-common `chunk.rs` / `record.rs`). Chunks are in delivery order.
 //! - `SECTION_STATS` (4, last, once): JSON [`FinalStats`] — kernel-side counters
 //!   (delivered, dropped, read errors), what the consumer received, the end clock anchor
@@ -54,7 +54,8 @@ use tracer_common::{
 use crate::clock::{Anchor, Calibration};
 
 pub const MAGIC: [u8; 8] = *b"UTRCTRAC";
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: chunk headers carry the drain's clock sample (48 bytes).
+pub const FORMAT_VERSION: u32 = 2;
 const FILE_HEADER_LEN: usize = 16;
 const SECTION_HEADER_LEN: usize = 16;
 
@@ -176,7 +177,7 @@ fn u64_at(b: &[u8], o: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
-/// Decode a `ChunkHeader` from the start of `b` (at least 40 bytes).
+/// Decode a `ChunkHeader` from the start of `b` (at least 48 bytes).
 pub fn chunk_header(b: &[u8]) -> Option<ChunkHeader> {
     (b.len() >= CHUNK_HEADER_LEN).then(|| ChunkHeader {
         kind: u32_at(b, 0),
@@ -187,6 +188,7 @@ pub fn chunk_header(b: &[u8]) -> Option<ChunkHeader> {
         binary_id: u64_at(b, 24),
         cause: u32_at(b, 32),
         _pad: u32_at(b, 36),
+        time: u64_at(b, 40),
     })
 }
 
@@ -534,9 +536,10 @@ mod tests {
             )
             .is_some()
         );
-        assert!(encode_chunk(&entry(CHUNK_KIND_UPROBE, 1, 72), &mut buf).is_some());
-        assert!(encode_chunk(&entry(CHUNK_KIND_UPROBE, 2, 104), &mut buf).is_none());
-        assert!(encode_chunk(&entry(9, 1, 72), &mut buf).is_none());
+        let one = CHUNK_HEADER_LEN + RECORD_SIZE;
+        assert!(encode_chunk(&entry(CHUNK_KIND_UPROBE, 1, one), &mut buf).is_some());
+        assert!(encode_chunk(&entry(CHUNK_KIND_UPROBE, 2, one + RECORD_SIZE), &mut buf).is_none());
+        assert!(encode_chunk(&entry(9, 1, one), &mut buf).is_none());
         assert!(encode_chunk(&entry(CHUNK_KIND_RECORDS, 3, 100), &mut buf).is_none());
         w.write_raw(&buf).unwrap();
         w.finish(&FinalStats {
@@ -592,11 +595,11 @@ mod tests {
         std::fs::write(&cut, b"NOTATRACEFILE...").unwrap();
         let e = Reader::open(&cut).err().unwrap().to_string();
         assert!(e.contains("not a utrace trace file"), "{e}");
-        let mut v2 = full.clone();
-        v2[8] = 2;
-        std::fs::write(&cut, &v2).unwrap();
+        let mut other = full.clone();
+        other[8] = 9;
+        std::fs::write(&cut, &other).unwrap();
         let e = Reader::open(&cut).err().unwrap().to_string();
-        assert!(e.contains("version 2 is not supported"), "{e}");
+        assert!(e.contains("version 9 is not supported"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -289,10 +289,12 @@ impl State {
     }
 
     fn message(&mut self, msg: &[u8]) -> Result<()> {
-        let Some(h) = chunk_header(msg) else {
+        let Some(mut h) = chunk_header(msg) else {
             self.bad += 1;
             return Ok(());
         };
+        // The drain's clock sample (see ChunkHeader::time): the moment it arrived.
+        h.time = crate::clock::monotonic_ns();
         match h.kind {
             CHUNK_KIND_SLOT if msg.len() >= HDR + 16 => {
                 let slot = u64::from_le_bytes(msg[HDR..HDR + 8].try_into().unwrap());
@@ -421,6 +423,7 @@ impl State {
                     binary_id: slot.binary_id,
                     cause: CAUSE_THREAD_EXIT,
                     _pad: 0,
+                    time: crate::clock::monotonic_ns(),
                 };
                 self.records_out(h, &records)?;
             }
@@ -467,6 +470,7 @@ fn push_header(out: &mut Vec<u8>, h: &ChunkHeader) {
     out.extend_from_slice(&h.binary_id.to_le_bytes());
     out.extend_from_slice(&h.cause.to_le_bytes());
     out.extend_from_slice(&h._pad.to_le_bytes());
+    out.extend_from_slice(&h.time.to_le_bytes());
 }
 
 fn read_mem(pid: u32, addr: u64, buf: &mut [u8]) -> io::Result<()> {

@@ -456,6 +456,7 @@ fn standin(work: &Path) -> Result<Program> {
             name: sym.into(),
             kind: SiteKind::FunctionEntry,
             mode,
+            nargs: 0,
         });
     }
     const NSLOTS: u32 = 64;
@@ -476,6 +477,8 @@ fn standin(work: &Path) -> Result<Program> {
         text_vaddr: 0,
         text_size: 0,
         original_size: elf.data.len() as u64,
+        time_mode: Default::default(),
+        semaphores: Vec::new(),
         sites,
     };
     let note = work.join("standin.note");

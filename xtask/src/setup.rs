@@ -27,6 +27,9 @@ pub const APT_PACKAGES: &[&str] = &[
     // `cargo xtask test-arm64-vm`: qemu-system-aarch64 boots Debian's arm64 kernel
     // (fetched with `apt-get download` under a private arm64 apt configuration).
     "qemu-system-arm",
+    // USDT fixtures (<sys/sdt.h>) and real programs rewritten by the tests.
+    "systemtap-sdt-dev",
+    "sqlite3",
 ];
 
 /// The Rust target of the aarch64 tracer run in the arm64 VM (linked with rust-lld).

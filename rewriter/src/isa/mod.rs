@@ -3,6 +3,8 @@
 //! injected run-time code) sits behind [`Isa`]; the ELF layout code is shared.
 
 use crate::input::{Function, Input};
+use crate::usdt::Arg;
+use tracer_common::meta::{SiteKind, TimeMode};
 
 pub mod aarch64;
 pub mod x86_64;
@@ -17,19 +19,152 @@ pub struct Layout {
     pub binary_id: u64,
     /// Install the pre-TLS thread pointer in an entry shim (static executables).
     pub pre_tls: bool,
+    /// Whether stubs read the cycle counter.
+    pub time_mode: TimeMode,
 }
 
-/// How a function entry is patched inline.
+/// A site asked for, before planning.
 #[derive(Clone, Debug)]
-pub struct EntryPatch {
-    /// Address where the branch to the trampoline is written (after a landing pad:
-    /// `endbr64`, `bti c`, `paciasp`).
-    pub patch_at: u64,
-    /// Bytes overwritten there (the displaced instructions).
-    pub len: usize,
-    /// The return address register holds a signed pointer at the patch point (AArch64:
-    /// after `paciasp`/`pacibsp`); the stub strips the signature before recording it.
+pub struct SiteReq {
+    pub id: u32,
+    pub kind: SiteKind,
+    /// Entry: the function's address. Others: the instruction (exit: the `ret` or
+    /// tail-call branch; USDT: the probe's `nop`).
+    pub addr: u64,
+    /// USDT: where the probe's arguments are.
+    pub args: Vec<Arg>,
+}
+
+/// A site placed in a window: its stub runs just before the instruction at `at`.
+#[derive(Clone, Debug)]
+pub struct PlacedSite {
+    pub id: u32,
+    pub kind: SiteKind,
+    pub at: u64,
+    /// The return-address register holds a signed pointer there (AArch64: after
+    /// `paciasp`/`pacibsp`, at `retaa`/`retab`); the stub strips it before recording.
     pub signed_lr: bool,
+    /// The record's `flags` (memory sites: read/write and size).
+    pub flags: u32,
+    /// USDT: the probe's arguments.
+    pub args: Vec<Arg>,
+}
+
+/// A range of original code moved into one trampoline: the branch to the trampoline
+/// goes at `start` (nothing may branch into the rest of the range), the instructions of
+/// `[start, start + code_len)` are relocated there with the stubs of `sites` in front
+/// of theirs, and the trampoline branches back to `start + code_len` unless its last
+/// instruction leaves anyway (`ret`, `jmp`). `[start + code_len, start + len)` is
+/// padding between functions that the branch may overwrite.
+#[derive(Clone, Debug)]
+pub struct Window {
+    pub start: u64,
+    pub len: usize,
+    pub code_len: usize,
+    pub sites: Vec<PlacedSite>,
+}
+
+/// How a function's sites are patched: windows, and the sites left to uprobes (why).
+#[derive(Clone, Debug, Default)]
+pub struct FunctionPlan {
+    pub windows: Vec<Window>,
+    pub uprobes: Vec<(u32, String)>,
+}
+
+impl FunctionPlan {
+    pub fn all_uprobes(reqs: &[SiteReq], why: &str) -> Self {
+        FunctionPlan {
+            windows: Vec::new(),
+            uprobes: reqs.iter().map(|r| (r.id, why.to_string())).collect(),
+        }
+    }
+}
+
+/// One site's own window (start, bytes overwritten, bytes relocated), before windows
+/// that overlap are merged, or why it has none.
+pub struct Candidate {
+    pub req: SiteReq,
+    /// The instruction the stub runs before.
+    pub at: u64,
+    pub signed_lr: bool,
+    pub flags: u32,
+    pub window: Result<(u64, usize, usize), String>,
+}
+
+impl Candidate {
+    pub fn uprobe(req: &SiteReq, at: u64, why: String) -> Self {
+        Candidate {
+            req: req.clone(),
+            at,
+            signed_lr: false,
+            flags: 0,
+            window: Err(why),
+        }
+    }
+}
+
+/// Merge overlapping candidate windows into one trampoline each. A site without a
+/// window of its own whose instruction lies inside a window is placed there (its
+/// original address would never run again); the rest become uprobe sites. `bad` vets
+/// a merged window (e.g. an x86-64 `call` that is no longer last): a rejected window
+/// is dropped and its sites become uprobe sites, the code left untouched.
+pub fn merge_windows(
+    cands: Vec<Candidate>,
+    bad: impl Fn(&Window) -> Option<String>,
+) -> FunctionPlan {
+    let mut spans: Vec<(u64, usize, usize)> =
+        cands.iter().filter_map(|c| c.window.clone().ok()).collect();
+    spans.sort_unstable();
+    let mut windows: Vec<Window> = Vec::new();
+    for (start, len, code_len) in spans {
+        match windows.last_mut() {
+            Some(w) if start < w.start + w.len as u64 => {
+                let end = (w.start + w.len as u64).max(start + len as u64);
+                let code_end = (w.start + w.code_len as u64).max(start + code_len as u64);
+                w.len = (end - w.start) as usize;
+                w.code_len = (code_end - w.start) as usize;
+            }
+            _ => windows.push(Window {
+                start,
+                len,
+                code_len,
+                sites: Vec::new(),
+            }),
+        }
+    }
+    let mut plan = FunctionPlan::default();
+    for c in cands {
+        let placed = PlacedSite {
+            id: c.req.id,
+            kind: c.req.kind,
+            at: c.at,
+            signed_lr: c.signed_lr,
+            flags: c.flags,
+            args: c.req.args,
+        };
+        match windows
+            .iter_mut()
+            .find(|w| (w.start..w.start + w.code_len as u64).contains(&c.at))
+        {
+            Some(w) => w.sites.push(placed),
+            None => plan.uprobes.push((
+                c.req.id,
+                c.window.err().unwrap_or_else(|| "no window".into()),
+            )),
+        }
+    }
+    for w in windows {
+        match bad(&w) {
+            None if !w.sites.is_empty() => plan.windows.push(w),
+            None => {}
+            Some(why) => plan.uprobes.extend(
+                w.sites
+                    .iter()
+                    .map(|s| (s.id, format!("overlapping sites: {why}"))),
+            ),
+        }
+    }
+    plan
 }
 
 /// Addresses of the injected run-time routines.
@@ -47,26 +182,51 @@ pub trait Isa {
     /// Push the targets of the direct branches in `bytes` (code at `addr`).
     fn direct_branch_targets(&self, addr: u64, bytes: &[u8], out: &mut Vec<u64>);
     /// Sorted, deduplicated addresses that some known branch can land on: function
-    /// symbols and the direct branches of a linear sweep of every code section.
-    fn branch_targets(&self, input: &Input) -> Vec<u64> {
+    /// symbols, the direct branches of a linear sweep of every code section, and what
+    /// `flow` recovered (jump-table targets, exception landing pads, FDE starts).
+    fn branch_targets(&self, input: &Input, flow: &crate::flow::Flow) -> Vec<u64> {
         let mut targets: Vec<u64> = input.functions.iter().map(|f| f.addr).collect();
         for (addr, bytes) in input.code_sections() {
             self.direct_branch_targets(addr, bytes, &mut targets);
         }
+        targets.extend(&flow.jump_table_targets);
+        targets.extend(&flow.landing_pads);
+        targets.extend(flow.fde_functions.iter().map(|&(start, _)| start));
         targets.sort_unstable();
         targets.dedup();
         targets
     }
-    /// Can this function's entry take an inline stub? `Err` says why not (→ uprobe site).
-    fn plan_entry(
+    /// Addresses of `f`'s sites of one kind. Exits: returns, and unconditional direct
+    /// branches to another function's start (tail calls; `fn_starts`: every function
+    /// address, sorted). Blocks: the function's first instruction (after a landing
+    /// pad), branch targets inside it, and instructions after a control transfer.
+    /// Memory: instructions with an explicit memory operand that they read or write.
+    /// (USDT sites come from the probe notes, not from here.)
+    fn sites_of(
         &self,
         input: &Input,
         f: &Function,
+        kind: SiteKind,
+        fn_starts: &[u64],
         targets: &[u64],
-    ) -> Result<EntryPatch, String>;
-    /// Where a uprobe goes for a function that is not patched inline: after a
-    /// landing pad (`endbr64`, `bti c`, `paciasp`), where the inline branch would go.
-    fn probe_addr(&self, input: &Input, f: &Function) -> u64;
+    ) -> Vec<u64>;
+    /// Decide which of `f`'s sites get inline stubs (grouped into windows) and which
+    /// become uprobe sites. `targets`: every known branch target, sorted. `unsure`:
+    /// why the targets inside `f` may be incomplete (an indirect jump not explained as
+    /// a jump table, unreadable exception tables); then only windows whose interior
+    /// cannot be a branch target are allowed (a function's first instructions, a last
+    /// `ret` with the padding after it).
+    fn plan_function(
+        &self,
+        input: &Input,
+        f: &Function,
+        reqs: &[SiteReq],
+        targets: &[u64],
+        unsure: Option<&str>,
+    ) -> FunctionPlan;
+    /// Where a uprobe goes for a site that is not patched inline: after a landing pad
+    /// (`endbr64`, `bti c`, `paciasp`) for an entry, the instruction itself for an exit.
+    fn probe_addr(&self, input: &Input, f: &Function, req: &SiteReq) -> u64;
     /// Emit flush, register and (if `layout.pre_tls`) the entry shim at `at`.
     fn emit_runtime(
         &self,
@@ -74,21 +234,23 @@ pub trait Isa {
         at: u64,
         original_entry: u64,
     ) -> Result<(Vec<u8>, Runtime), String>;
-    /// Emit the trampoline of one function-entry site at `at`: stub, displaced
-    /// instructions relocated, branch back.
-    fn emit_entry_stub(
+    /// Emit the trampoline of one window at `at`: stubs and relocated instructions,
+    /// branch back.
+    fn emit_window(
         &self,
         input: &Input,
         layout: &Layout,
         rt: &Runtime,
-        site_id: u32,
-        patch: &EntryPatch,
+        w: &Window,
         at: u64,
     ) -> Result<Vec<u8>, String>;
     /// The bytes written over the displaced range: a branch to `to`, then padding.
     fn patch_bytes(&self, from: u64, to: u64, len: usize) -> Result<Vec<u8>, String>;
     /// Byte that pads between trampolines (never executed): a trap where possible.
     fn code_fill(&self) -> u8;
+    /// One instruction that is never executed, where a uprobe can sit (the anchor of a
+    /// USDT semaphore, see `meta::Semaphore`).
+    fn anchor(&self) -> &'static [u8];
     /// Alignment the new segments need (page size the binaries assume).
     fn segment_align(&self) -> u64;
 }

@@ -9,6 +9,8 @@ pub const LR: u32 = 30;
 
 pub const NOP: u32 = 0xd503_201f;
 pub const RET: u32 = 0xd65f_03c0;
+pub const RETAA: u32 = 0xd65f_0bff;
+pub const RETAB: u32 = 0xd65f_0fff;
 pub const SVC0: u32 = 0xd400_0001;
 pub const CLREX: u32 = 0xd503_3f5f;
 /// Landing pads that must stay first in a function: `bti c`, `bti j`, `bti jc`,
@@ -186,6 +188,18 @@ pub fn msr(sysreg: u32, rt: u32) -> u32 {
 /// `ubfx xd, xn, #lsb, #width`.
 pub fn ubfx(rd: u32, rn: u32, lsb: u32, width: u32) -> u32 {
     0xd340_0000 | lsb << 16 | (lsb + width - 1) << 10 | rn << 5 | rd
+}
+/// `sbfx xd, xn, #lsb, #width` (sign-extending bitfield extract).
+pub fn sbfx(rd: u32, rn: u32, lsb: u32, width: u32) -> u32 {
+    0x9340_0000 | lsb << 16 | (lsb + width - 1) << 10 | rn << 5 | rd
+}
+/// `ldrb wt, [xn]`.
+pub fn ldrb(rt: u32, rn: u32) -> u32 {
+    0x3940_0000 | rn << 5 | rt
+}
+/// `ldrh wt, [xn]`.
+pub fn ldrh(rt: u32, rn: u32) -> u32 {
+    0x7940_0000 | rn << 5 | rt
 }
 /// `lsr xd, xn, #sh`.
 pub fn lsr(rd: u32, rn: u32, sh: u32) -> u32 {
@@ -452,5 +466,57 @@ pub(crate) mod tests {
         let w = |i: usize| u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap());
         assert_eq!(w(0), cbz(true, false, 0, 0x1000, 0x1008).unwrap());
         assert_eq!(w(2), b(0x1008, 0x1008).unwrap());
+    }
+}
+
+// Encoders for the effective-address code of memory-access sites (`mem.rs`).
+
+/// `add xd, xn|sp, {w|x}m, <extend> #imm3` (ADD, extended register): `option` is the
+/// load/store register-offset `option` field (010 uxtw, 011 lsl/uxtx, 110 sxtw,
+/// 111 sxtx), `imm3` a left shift of 0..=4; rm 31 is xzr.
+pub fn add_ext(rd: u32, rn: u32, rm: u32, option: u32, imm3: u32) -> u32 {
+    0x8b20_0000 | rm << 16 | (option & 7) << 13 | (imm3 & 7) << 10 | rn << 5 | rd
+}
+/// `xpacd xd`: strip the pointer authentication code of a data pointer (PAuth; only
+/// emitted in front of LDRAA/LDRAB, which need PAuth themselves).
+pub fn xpacd(rd: u32) -> u32 {
+    0xdac1_47e0 | rd
+}
+/// `str xt, [xn, #off]!` (pre-index, -256..=255).
+pub fn str_x_pre(rt: u32, rn: u32, off: i32) -> u32 {
+    0xf800_0c00 | (off as u32 & 0x1ff) << 12 | rn << 5 | rt
+}
+/// `ldr xt, [xn], #off` (post-index, -256..=255).
+pub fn ldr_x_post(rt: u32, rn: u32, off: i32) -> u32 {
+    0xf840_0400 | (off as u32 & 0x1ff) << 12 | rn << 5 | rt
+}
+
+#[cfg(test)]
+mod mem_encoder_tests {
+    use super::tests::objdump;
+    use super::*;
+
+    #[test]
+    fn mem_encoders_match_objdump() {
+        let cases: Vec<(u32, &str)> = vec![
+            (add_ext(10, 1, 2, 0b011, 3), "add x10, x1, x2, uxtx #3"),
+            (add_ext(10, SP, 2, 0b011, 0), "add x10, sp, x2"),
+            (add_ext(11, 10, 3, 0b010, 2), "add x11, x10, w3, uxtw #2"),
+            (add_ext(12, SP, 12, 0b110, 4), "add x12, sp, w12, sxtw #4"),
+            (add_ext(13, 4, 5, 0b111, 1), "add x13, x4, x5, sxtx #1"),
+            (add_ext(10, 1, XZR, 0b011, 0), "add x10, x1, xzr, uxtx"),
+            (xpacd(10), "xpacd x10"),
+            (str_x_pre(9, SP, -16), "str x9, [sp, #-16]!"),
+            (ldr_x_post(9, SP, 16), "ldr x9, [sp], #16"),
+        ];
+        let words: Vec<u32> = cases.iter().map(|c| c.0).collect();
+        let Some(got) = objdump(&words, 0) else {
+            eprintln!("aarch64-linux-gnu-objdump not installed; skipped");
+            return;
+        };
+        assert_eq!(got.len(), cases.len(), "{got:?}");
+        for ((w, want), got) in cases.iter().zip(&got) {
+            assert_eq!(got, want, "encoding {w:#010x}");
+        }
     }
 }

@@ -11,18 +11,32 @@
 //! recording in between makes the interrupted `stxr` fail and retry).
 
 mod enc;
+mod mem;
 mod reloc;
 mod runtime;
 mod stub;
 
-use super::{EntryPatch, Isa, Layout, Runtime};
+use super::{Candidate, FunctionPlan, Isa, Layout, Runtime, SiteReq, Window, merge_windows};
 use crate::input::{Function, Input};
 use reloc::Class;
+use tracer_common::meta::SiteKind;
 
 pub struct Aarch64;
 
 /// Width of the `B` written over the site.
 const INSN: usize = 4;
+
+/// The record flags of a memory site (read/write, size).
+fn mem_flags(m: &mem::MemAccess) -> u32 {
+    let mut flags = m.size.min(0xffff) << tracer_common::FLAG_MEM_SIZE_SHIFT;
+    if m.read {
+        flags |= tracer_common::FLAG_MEM_READ;
+    }
+    if m.write {
+        flags |= tracer_common::FLAG_MEM_WRITE;
+    }
+    flags
+}
 
 fn word_at(bytes: &[u8], i: usize) -> Option<u32> {
     let b = bytes.get(i..i + INSN)?;
@@ -43,75 +57,158 @@ impl Isa for Aarch64 {
         }
     }
 
-    fn plan_entry(
+    fn sites_of(
         &self,
         input: &Input,
         f: &Function,
+        kind: SiteKind,
+        fn_starts: &[u64],
         targets: &[u64],
-    ) -> Result<EntryPatch, String> {
+    ) -> Vec<u64> {
+        match kind {
+            SiteKind::FunctionEntry => return vec![f.addr],
+            SiteKind::Usdt => return Vec::new(),
+            _ => {}
+        }
+        let Some(bytes) = input.bytes_at(f.addr) else {
+            return Vec::new();
+        };
+        let n = (f.size as usize).min(bytes.len()) / INSN * INSN;
+        let inside = f.addr..f.addr + f.size;
+        let words = (0..n)
+            .step_by(INSN)
+            .filter_map(|i| Some((f.addr + i as u64, word_at(bytes, i)?)));
+        match kind {
+            SiteKind::FunctionEntry | SiteKind::Usdt => Vec::new(),
+            SiteKind::FunctionExit => words
+                .filter(|&(pc, w)| {
+                    reloc::is_return(w).is_some()
+                        || matches!(reloc::classify(w, pc), Class::B { target }
+                            if !inside.contains(&target) && fn_starts.binary_search(&target).is_ok())
+                })
+                .map(|(pc, _)| pc)
+                .collect(),
+            SiteKind::Block => {
+                let mut out = Vec::new();
+                let mut after_transfer = true;
+                for (pc, w) in words {
+                    if pc == f.addr && enc::LANDING_PADS.contains(&w) {
+                        continue;
+                    }
+                    if after_transfer || targets.binary_search(&pc).is_ok() {
+                        out.push(pc);
+                    }
+                    after_transfer = reloc::transfers(w, pc);
+                }
+                out
+            }
+            SiteKind::Memory => words
+                .filter(|&(pc, w)| mem::classify(w, pc).is_some())
+                .map(|(pc, _)| pc)
+                .collect(),
+        }
+    }
+
+    fn plan_function(
+        &self,
+        input: &Input,
+        f: &Function,
+        reqs: &[SiteReq],
+        targets: &[u64],
+        // Windows are single instructions: no interior that a branch could land in.
+        _unsure: Option<&str>,
+    ) -> FunctionPlan {
         if f.size == 0 {
-            return Err("symbol has no size".into());
+            return FunctionPlan::all_uprobes(reqs, "symbol has no size");
         }
         if !f.addr.is_multiple_of(4) {
-            return Err("function address not 4-byte aligned".into());
+            return FunctionPlan::all_uprobes(reqs, "function address not 4-byte aligned");
         }
-        let bytes = input
-            .bytes_at(f.addr)
-            .ok_or("not in a file-backed segment")?;
-        let size = (f.size as usize).min(bytes.len());
-        let first = word_at(bytes, 0)
-            .filter(|_| size >= INSN)
-            .ok_or("function too short")?;
-        let skip = if enc::LANDING_PADS.contains(&first) {
-            INSN
-        } else {
-            0
+        let Some(bytes) = input.bytes_at(f.addr) else {
+            return FunctionPlan::all_uprobes(reqs, "not in a file-backed segment");
         };
-        let at = f.addr + skip as u64;
-        let w = word_at(bytes, skip)
-            .filter(|_| size >= skip + INSN)
-            .ok_or("function too short to patch after its landing pad")?;
-        if let Class::Refuse(why) = reloc::classify(w, at) {
-            return Err(format!("{why} at {at:#x}"));
-        }
-        // Another branch landing on the displaced instruction would run the `B` over
-        // it; landing on the site itself (the function start) is fine.
-        if at != f.addr && targets.binary_search(&at).is_ok() {
-            return Err(format!(
-                "branch target {at:#x} is the displaced instruction"
-            ));
-        }
+        let size = (f.size as usize).min(bytes.len()) / INSN * INSN;
+        let first = word_at(bytes, 0).filter(|_| size >= INSN);
+        let pad = first.is_some_and(|w| enc::LANDING_PADS.contains(&w));
         // The stub runs its own exclusive pair, which would clear the monitor of a
-        // sequence the site sits inside: scan the function for LDXR … STXR ranges.
+        // sequence a site sits inside: the function's LDXR … STXR ranges.
+        let mut exclusive = Vec::new();
         let mut open: Option<u64> = None;
-        for i in (0..size / INSN * INSN).step_by(INSN) {
+        for i in (0..size).step_by(INSN) {
             let pc = f.addr + i as u64;
             let Some(wi) = word_at(bytes, i) else { break };
             match reloc::classify(wi, pc) {
                 Class::LoadExclusive => open = Some(pc),
                 Class::StoreExclusive => {
-                    if let Some(start) = open.take()
-                        && (start..=pc).contains(&at)
-                    {
-                        return Err(format!(
-                            "inside an exclusive load/store sequence ({start:#x}..{pc:#x})"
-                        ));
+                    if let Some(start) = open.take() {
+                        exclusive.push(start..=pc);
                     }
                 }
                 _ => {}
             }
         }
-        if open.is_some_and(|start| start <= at) {
-            return Err("after a load-exclusive with no store-exclusive".into());
+        if let Some(start) = open {
+            exclusive.push(start..=f.addr + size as u64);
         }
-        Ok(EntryPatch {
-            patch_at: at,
-            len: INSN,
-            signed_lr: enc::PAC_PADS.contains(&first),
-        })
+        let cands = reqs
+            .iter()
+            .map(|r| {
+                let entry = r.kind == SiteKind::FunctionEntry;
+                let at = if entry && pad {
+                    f.addr + INSN as u64
+                } else {
+                    r.addr
+                };
+                let c = |why: String| Candidate::uprobe(r, at, why);
+                let Some(w) = word_at(bytes, (at - f.addr) as usize)
+                    .filter(|_| at + INSN as u64 <= f.addr + size as u64)
+                else {
+                    return c("function too short to patch".into());
+                };
+                if let Class::Refuse(why) = reloc::classify(w, at) {
+                    return c(format!("{why} at {at:#x}"));
+                }
+                // A branch landing on an entry's displaced instruction after a landing
+                // pad would run the entry stub; landing on an exit (the `ret` itself)
+                // is that exit.
+                if entry && at != f.addr && targets.binary_search(&at).is_ok() {
+                    return c(format!(
+                        "branch target {at:#x} is the displaced instruction"
+                    ));
+                }
+                if let Some(r) = exclusive.iter().find(|r| r.contains(&at)) {
+                    return c(format!(
+                        "inside an exclusive load/store sequence ({:#x}..{:#x})",
+                        r.start(),
+                        r.end()
+                    ));
+                }
+                let signed_lr = match r.kind {
+                    SiteKind::FunctionEntry => first.is_some_and(|w| enc::PAC_PADS.contains(&w)),
+                    SiteKind::FunctionExit => reloc::is_return(w) == Some(true),
+                    SiteKind::Block | SiteKind::Memory | SiteKind::Usdt => false,
+                };
+                let flags = match (r.kind, mem::classify(w, at)) {
+                    (SiteKind::Memory, Some(m)) => mem_flags(&m),
+                    (SiteKind::Memory, None) => return c("not a memory access".into()),
+                    _ => 0,
+                };
+                Candidate {
+                    req: r.clone(),
+                    at,
+                    signed_lr,
+                    flags,
+                    window: Ok((at, INSN, INSN)),
+                }
+            })
+            .collect();
+        merge_windows(cands, |_| None)
     }
 
-    fn probe_addr(&self, input: &Input, f: &Function) -> u64 {
+    fn probe_addr(&self, input: &Input, f: &Function, req: &SiteReq) -> u64 {
+        if req.kind != SiteKind::FunctionEntry {
+            return req.addr;
+        }
         match input.bytes_at(f.addr).and_then(|b| word_at(b, 0)) {
             Some(w) if enc::LANDING_PADS.contains(&w) => f.addr + INSN as u64,
             _ => f.addr,
@@ -127,21 +224,20 @@ impl Isa for Aarch64 {
         runtime::emit(layout, at, original_entry)
     }
 
-    fn emit_entry_stub(
+    fn emit_window(
         &self,
         input: &Input,
         layout: &Layout,
         rt: &Runtime,
-        site_id: u32,
-        patch: &EntryPatch,
+        w: &Window,
         at: u64,
     ) -> Result<Vec<u8>, String> {
-        let w = input
-            .bytes_at(patch.patch_at)
+        let word = input
+            .bytes_at(w.start)
             .and_then(|b| word_at(b, 0))
             .ok_or("site not in a file-backed segment")?;
-        stub::emit_entry(layout, rt, site_id, w, patch, at)
-            .map_err(|e| format!("site {:#x}: {e}", patch.patch_at))
+        stub::emit_window(layout, rt, word, w.start, &w.sites, at)
+            .map_err(|e| format!("site {:#x}: {e}", w.start))
     }
 
     fn patch_bytes(&self, from: u64, to: u64, len: usize) -> Result<Vec<u8>, String> {
@@ -154,6 +250,10 @@ impl Isa for Aarch64 {
             format!("trampoline at {to:#x} out of B range (±128 MiB) from {from:#x}")
         })?;
         Ok(w.to_le_bytes().to_vec())
+    }
+
+    fn anchor(&self) -> &'static [u8] {
+        &[0x1f, 0x20, 0x03, 0xd5] // nop
     }
 
     fn code_fill(&self) -> u8 {

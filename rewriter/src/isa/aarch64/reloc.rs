@@ -11,7 +11,7 @@
 
 use disarm64::decoder::{self, InsnId};
 
-use super::enc::{self, Asm};
+use super::enc::{self, Asm, RET, RETAA, RETAB};
 
 /// What a decoded instruction means for patching.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -170,6 +170,31 @@ pub fn classify(w: u32, pc: u64) -> Class {
             }
         }
     }
+}
+
+/// `ret` (through x30), `retaa`, `retab`: a function return. The second value says
+/// whether x30 still holds a signed pointer there.
+pub fn is_return(w: u32) -> Option<bool> {
+    match w {
+        RET => Some(false),
+        RETAA | RETAB => Some(true),
+        _ => None,
+    }
+}
+
+/// Whether control never falls through `w` (a return, an unconditional branch).
+pub fn leaves(w: u32) -> bool {
+    // b imm26; br xN.
+    is_return(w).is_some() || w & 0xfc00_0000 == 0x1400_0000 || w & 0xffff_fc1f == 0xd61f_0000
+}
+
+/// Whether `w` can transfer control (ends a basic block): branches, calls, returns,
+/// traps.
+pub fn transfers(w: u32, pc: u64) -> bool {
+    leaves(w)
+        || branch_target(w, pc).is_some()
+        || w & 0xfe00_0000 == 0xd600_0000 // br/blr/ret and their PAC forms
+        || matches!(classify(w, pc), Class::Refuse(_)) && w & 0xff00_0000 == 0xd400_0000
 }
 
 /// Direct branch target of `w` at `pc`, if it is a direct branch.

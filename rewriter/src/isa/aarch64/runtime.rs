@@ -74,6 +74,11 @@ pub(super) fn emit(
     a.cbz_l(true, false, 10, flush_user);
     a.put(ldr_x(10, 9, SLOT_START as u32));
     a.put(str_x(10, 9, SLOT_CUR as u32));
+    // A new buffer epoch: coarse-timestamp records carry it (see the stub), so a
+    // drain position remembered from before the reset is no longer trusted.
+    a.put(ldr_w(10, 9, SLOT_GENERATION as u32));
+    a.put(add_imm(10, 10, 1, false));
+    a.put(str_w(10, 9, SLOT_GENERATION as u32));
     a.bind(flush_done);
     a.put(RET);
     a.bind(flush_user);
@@ -435,15 +440,17 @@ fn emit_user_drain(a: &mut Asm, label: Label, user_send: Label) {
 /// flag-free.
 fn emit_user_send(a: &mut Asm, label: Label) {
     const FRAME: u32 = 144;
-    const _: () = assert!(RECORD_SIZE == 32 && core::mem::size_of::<ChunkHeader>() == 40);
+    const _: () = assert!(RECORD_SIZE == 32 && core::mem::size_of::<ChunkHeader>() == 48);
     let (seq, retry, sent) = (a.label(), a.label(), a.label());
     a.bind(label);
     a.put(sub_imm(SP, SP, FRAME, false));
-    // ChunkHeader at [sp]: kind, count, pid, tid, seq, binary_id, cause, pad.
+    // ChunkHeader at [sp]: kind, count, pid, tid, seq, binary_id, cause, pad, time
+    // (0: the tracer stamps it on receipt).
     a.put(str_w(0, SP, 0));
     a.put(str_w(1, SP, 4));
     a.put(lsr(4, 0, 32));
     a.put(str_x(4, SP, 32)); // cause, pad = 0
+    a.put(str_x(XZR, SP, 40));
     a.put(movz(8, SYS_GETPID as u32, 0));
     a.put(SVC0);
     a.put(str_w(0, SP, 8));
@@ -462,7 +469,7 @@ fn emit_user_send(a: &mut Asm, label: Label) {
     // iovec[2] at [sp+48]
     a.put(add_imm(4, SP, 0, false));
     a.put(str_x(4, SP, 48));
-    a.put(movz(4, 40, 0));
+    a.put(movz(4, 48, 0));
     a.put(str_x(4, SP, 56));
     a.put(str_x(2, SP, 64));
     a.put(str_x(3, SP, 72));

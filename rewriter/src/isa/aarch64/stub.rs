@@ -1,9 +1,11 @@
-//! The inline function-entry stub (AArch64).
+//! The inline stub of function entries and exits (AArch64); exits record x0 (the
+//! return value) where entries record the first argument.
 //!
 //! ```text
-//!   stp   x9, x10, [sp, #-48]!      ; no red zone on Linux arm64: store below sp,
+//!   stp   x9, x10, [sp, #-64]!      ; no red zone on Linux arm64: store below sp,
 //!   stp   x11, x12, [sp, #16]       ; sp stays 16-byte aligned
-//!   str   x13, [sp, #32]            ; [sp, #40] holds x30 around calls
+//!   str   x13, [sp, #32]            ; [sp, #40] holds x30 around calls, [sp, #48]
+//!   [memory site: EA of the access → x10 → [sp, #48]] (mem.rs)
 //! retry:
 //!   mrs   x10, tpidr_el0 ; cbz x10, out          ; no thread pointer yet: skip
 //!   ubfx  x11, x10, #16, #16                      ; h
@@ -17,15 +19,16 @@
 //!                                                 ; reserve: a signal handler's stub on
 //!                                                 ; this thread clears the monitor
 //!   mov   x10, #site ; mrs x13, cntvct_el0
-//!   stp   x10, x13, [x11]           ; site | flags 0, time (cntvct_el0)
+//!   stp   x10, x13, [x11]           ; site | flags 0, time (cntvct_el0; coarse
+//!                                   ; timestamps: `ldr w13, [x9, #52]`, the epoch)
 //!   stp   x0, x30, [x11, #16]       ; value, aux (after paciasp/pacibsp: x30 saved,
 //!                                   ; `xpaclri`, stored, reloaded: aux is unsigned)
 //!   ldr   x10, [x9, #56] ; sub x10, x10, #1 ; str x10, [x9, #56]   ; inflight -= 1
 //!   ldr   x10, [x9, #16] ; sub x10, x12, x10 ; tbz x10, #63, full   ; cur >= end
 //! out:
-//!   ldp   x11, x12, [sp, #16] ; ldr x13, [sp, #32] ; ldp x9, x10, [sp], #48
-//!   <displaced instruction, relocated> ; b back
-//! miss:
+//!   ldp   x11, x12, [sp, #16] ; ldr x13, [sp, #32] ; ldp x9, x10, [sp], #64
+//!   <displaced instruction, relocated> ; b back   (no `b back` after ret / b)
+//! miss:                             ; slow paths after the window
 //!   str x30, [sp, #40] ; bl register ; ldr x30, [sp, #40] ; cbnz x9, retry ; b out
 //! full:
 //!   str x30, [sp, #40] ; bl flush ; ldr x30, [sp, #40] ; b out
@@ -34,29 +37,158 @@
 //! `register` saves NZCV itself.
 
 use super::enc::*;
-use super::reloc;
-use crate::isa::{EntryPatch, Layout, Runtime};
-use tracer_common::{INDEX_OFF, RECORD_SIZE, SLOT_CUR, SLOT_END, SLOT_INFLIGHT, SLOTS_OFF};
+use super::{mem, reloc};
+use crate::isa::{Layout, PlacedSite, Runtime};
+use crate::usdt::{Arg, ArgLoc, Reg as UsdtReg};
+use tracer_common::meta::{SiteKind, TimeMode};
+use tracer_common::{
+    FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE, INDEX_OFF, RECORD_SIZE, SLOT_CUR, SLOT_END,
+    SLOT_GENERATION, SLOT_INFLIGHT, SLOTS_OFF,
+};
 
 /// Stack bytes the stub uses below the caller's sp (16-byte multiple).
-const FRAME: i32 = 48;
+const FRAME: i32 = 64;
 const LR_SAVE: u32 = 40;
+/// A memory site's effective address, computed before anything is clobbered.
+const EA_SAVE: u32 = 48;
 
-pub(super) fn emit_entry(
+/// The trampoline of a one-instruction window: the stubs of its sites (an entry, an
+/// exit, or both when a function is a single `ret`), the instruction relocated, and a
+/// branch back unless the instruction leaves anyway.
+pub(super) fn emit_window(
     layout: &Layout,
     rt: &Runtime,
-    site_id: u32,
     displaced: u32,
-    patch: &EntryPatch,
+    pc: u64,
+    sites: &[PlacedSite],
     at: u64,
 ) -> Result<Vec<u8>, String> {
-    let site = patch.patch_at;
     let mut a = Asm::new(at);
-    let (retry, out, miss, full, reserve) = (a.label(), a.label(), a.label(), a.label(), a.label());
+    let mut slow = Vec::new();
+    for s in sites {
+        slow.push(emit_stub(&mut a, layout, s, displaced, pc)?);
+    }
+    reloc::relocate(&mut a, displaced, pc)?;
+    if !reloc::leaves(displaced) {
+        a.b_to(false, pc + 4)?;
+    }
+    for (retry, out, miss, full) in slow {
+        a.bind(miss);
+        a.put(str_x(LR, SP, LR_SAVE));
+        a.b_to(true, rt.register)?;
+        a.put(ldr_x(LR, SP, LR_SAVE));
+        a.cbz_l(true, true, 9, retry);
+        a.b_l(out);
 
-    a.put(stp_pre(9, 10, SP, -FRAME));
+        a.bind(full);
+        a.put(str_x(LR, SP, LR_SAVE));
+        a.b_to(true, rt.flush)?;
+        a.put(ldr_x(LR, SP, LR_SAVE));
+        a.b_l(out);
+    }
+    a.finish()
+}
+
+/// Put USDT argument `arg` into x10 (extended to 64 bits as its size and sign say):
+/// x9..x13 are read from the stub's save slots, sp is `frame` bytes higher. Uses x11.
+fn emit_usdt_arg(a: &mut Asm, arg: &Arg, frame: u32) -> Result<(), String> {
+    let reg = |a: &mut Asm, dst: u32, r: &UsdtReg| -> Result<(), String> {
+        match r {
+            UsdtReg::A64(n @ 9..=13) => a.put(ldr_x(dst, SP, 8 * (u32::from(*n) - 9))),
+            UsdtReg::A64(31) => a.put(add_imm(dst, SP, frame, false)),
+            UsdtReg::A64(n) => a.put(mov_reg(dst, u32::from(*n))),
+            UsdtReg::X86 { .. } => return Err("x86-64 register in an AArch64 probe".into()),
+        }
+        Ok(())
+    };
+    let extend = |a: &mut Asm| {
+        let bits = u32::from(arg.size) * 8;
+        if bits < 64 {
+            a.put(if arg.signed {
+                sbfx(10, 10, 0, bits)
+            } else {
+                ubfx(10, 10, 0, bits)
+            });
+        }
+    };
+    let load = |a: &mut Asm| {
+        match arg.size {
+            1 => a.put(ldrb(10, 10)),
+            2 => a.put(ldrh(10, 10)),
+            4 if arg.signed => a.put(ldrsw(10, 10, 0)),
+            4 => a.put(ldr_w(10, 10, 0)),
+            _ => a.put(ldr_x(10, 10, 0)),
+        }
+        if arg.size < 4 {
+            extend(a);
+        }
+    };
+    match &arg.loc {
+        ArgLoc::Imm(v) => a.put_all(&mov_imm64(10, *v as u64)),
+        ArgLoc::Reg(r) => {
+            reg(a, 10, r)?;
+            extend(a);
+        }
+        ArgLoc::Mem { base, index, disp } => {
+            match base {
+                Some(b) => reg(a, 10, b)?,
+                None => a.put(movz(10, 0, 0)),
+            }
+            if let Some((r, scale)) = index {
+                reg(a, 11, r)?;
+                a.put(add_ext(10, 10, 11, 3, scale.trailing_zeros()));
+            }
+            match *disp {
+                0 => {}
+                d @ 1..4096 => a.put(add_imm(10, 10, d as u32, false)),
+                d @ -4095..0 => a.put(sub_imm(10, 10, (-d) as u32, false)),
+                d => {
+                    a.put_all(&mov_imm64(11, d as u64));
+                    a.put(add_reg(10, 10, 11));
+                }
+            }
+            load(a);
+        }
+        ArgLoc::Static { addr } => {
+            a.addr(10, *addr)?;
+            load(a);
+        }
+    }
+    Ok(())
+}
+
+/// One stub's fast path; returns its (retry, out, miss, full) labels for the slow
+/// paths emitted after the window.
+fn emit_stub(
+    a: &mut Asm,
+    layout: &Layout,
+    site: &PlacedSite,
+    word: u32,
+    pc: u64,
+) -> Result<(Label, Label, Label, Label), String> {
+    let (retry, out, miss, full, reserve) = (a.label(), a.label(), a.label(), a.label(), a.label());
+    // USDT: the arguments at [sp, #FRAME + 8i], two per record, in records reserved
+    // together.
+    let nargs = site.args.len() as u32;
+    let frame = FRAME + (8 * nargs).div_ceil(16) as i32 * 16;
+    let nrec = if site.kind == SiteKind::Usdt {
+        nargs.div_ceil(2).max(1)
+    } else {
+        1
+    };
+
+    a.put(stp_pre(9, 10, SP, -frame));
     a.put(stp(11, 12, SP, 16));
     a.put(str_x(13, SP, 32));
+    if site.kind == SiteKind::Memory {
+        let m = mem::classify(word, pc).ok_or("not a memory access")?;
+        mem::emit_ea(a, &m, 10, frame as u32)?;
+        a.put(str_x(10, SP, EA_SAVE));
+    }
+    for (i, arg) in site.args.iter().enumerate() {
+        emit_usdt_arg(a, arg, frame as u32)?;
+        a.put(str_x(10, SP, FRAME as u32 + 8 * i as u32));
+    }
     a.bind(retry);
     a.put(mrs(10, TPIDR_EL0));
     a.cbz_l(true, false, 10, out);
@@ -77,14 +209,47 @@ pub(super) fn emit_entry(
     a.put(add_imm(13, 9, SLOT_CUR as u32, false));
     a.bind(reserve);
     a.put(ldxr(11, 13));
-    a.put(add_imm(12, 11, RECORD_SIZE as u32, false));
+    a.put(add_imm(12, 11, RECORD_SIZE as u32 * nrec, false));
     a.put(stxr(10, 12, 13));
     a.cbz_l(false, true, 10, reserve);
-    // site in the low word, flags = 0 in the high word: one 64-bit store.
-    a.put_all(&mov_imm64(10, u64::from(site_id)));
-    a.put(mrs(13, CNTVCT_EL0));
+    // site in the low word, flags in the high word: one 64-bit store.
+    a.put_all(&mov_imm64(
+        10,
+        u64::from(site.id) | u64::from(site.flags) << 32,
+    ));
+    if layout.time_mode == TimeMode::Record {
+        a.put(mrs(13, CNTVCT_EL0));
+    } else {
+        // No clock: `time` is the buffer epoch (Slot::generation, bumped at every
+        // reset), so a drain can tell a refilled buffer from the one it read.
+        a.put(ldr_w(13, 9, SLOT_GENERATION as u32));
+    }
     a.put(stp(10, 13, 11, 0));
-    if patch.signed_lr {
+    for j in 1..nrec {
+        let more = FLAG_USDT_MORE | (j - 1) << FLAG_USDT_INDEX_SHIFT;
+        a.put_all(&mov_imm64(10, u64::from(site.id) | u64::from(more) << 32));
+        a.put(stp(10, 13, 11, RECORD_SIZE as i32 * j as i32));
+    }
+    // value: x0 is the first argument at an entry and the return value at an exit; a
+    // block records its own address.
+    if site.kind == SiteKind::Usdt {
+        for k in 0..2 * nrec {
+            let at = RECORD_SIZE as u32 * (k / 2) + 16 + 8 * (k % 2);
+            if k < nargs {
+                a.put(ldr_x(10, SP, FRAME as u32 + 8 * k));
+                a.put(str_x(10, 11, at));
+            } else {
+                a.put(str_x(XZR, 11, at));
+            }
+        }
+    } else if site.kind == SiteKind::Block {
+        a.addr(10, pc)?;
+        a.put(stp(10, XZR, 11, 16));
+    } else if site.kind == SiteKind::Memory {
+        a.put(ldr_x(10, SP, EA_SAVE));
+        a.addr(13, pc)?;
+        a.put(stp(10, 13, 11, 16));
+    } else if site.signed_lr {
         // aux is the plain return address: strip the PAC from a copy of x30.
         a.put(str_x(LR, SP, LR_SAVE));
         a.put(XPACLRI);
@@ -103,21 +268,6 @@ pub(super) fn emit_entry(
     a.bind(out);
     a.put(ldp(11, 12, SP, 16));
     a.put(ldr_x(13, SP, 32));
-    a.put(ldp_post(9, 10, SP, FRAME));
-    reloc::relocate(&mut a, displaced, site)?;
-    a.b_to(false, site + 4)?;
-
-    a.bind(miss);
-    a.put(str_x(LR, SP, LR_SAVE));
-    a.b_to(true, rt.register)?;
-    a.put(ldr_x(LR, SP, LR_SAVE));
-    a.cbz_l(true, true, 9, retry);
-    a.b_l(out);
-
-    a.bind(full);
-    a.put(str_x(LR, SP, LR_SAVE));
-    a.b_to(true, rt.flush)?;
-    a.put(ldr_x(LR, SP, LR_SAVE));
-    a.b_l(out);
-    a.finish()
+    a.put(ldp_post(9, 10, SP, frame));
+    Ok((retry, out, miss, full))
 }

@@ -10,10 +10,13 @@
 mod runtime;
 mod stub;
 
-use iced_x86::{Decoder, DecoderOptions, FlowControl, Instruction, OpKind};
+use iced_x86::{
+    Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register,
+};
 
-use super::{EntryPatch, Isa, Layout, Runtime};
+use super::{Candidate, FunctionPlan, Isa, Layout, Runtime, SiteReq, Window, merge_windows};
 use crate::input::{Function, Input};
+use tracer_common::meta::SiteKind;
 
 pub struct X86_64;
 
@@ -21,39 +24,195 @@ const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 /// `jmp rel32`.
 pub const JMP_LEN: usize = 5;
 
-/// Decode the instructions that a patch at `at` would displace (at least `JMP_LEN`
-/// bytes), never past `limit`.
-fn displaced(bytes: &[u8], at: u64, limit: u64) -> Result<Vec<Instruction>, String> {
-    let avail = (limit.saturating_sub(at) as usize).min(bytes.len());
-    let mut dec = Decoder::with_ip(64, &bytes[..avail], at, DecoderOptions::NONE);
+/// The function's instructions from a linear sweep (compilers put no data in x86-64
+/// code), or why it cannot be decoded.
+fn decode_function(input: &Input, f: &Function) -> Result<Vec<Instruction>, String> {
+    if f.size == 0 {
+        return Err("symbol has no size".into());
+    }
+    let bytes = input
+        .bytes_at(f.addr)
+        .ok_or("not in a file-backed segment")?;
+    let n = (f.size as usize).min(bytes.len());
+    let mut dec = Decoder::with_ip(64, &bytes[..n], f.addr, DecoderOptions::NONE);
     let mut out = Vec::new();
-    let mut len = 0usize;
-    while len < JMP_LEN {
-        if !dec.can_decode() {
-            return Err(format!("function too short to patch ({len} bytes)"));
-        }
+    while dec.can_decode() {
         let ins = dec.decode();
         if ins.is_invalid() {
             return Err(format!("undecodable instruction at {:#x}", ins.ip()));
         }
-        match ins.flow_control() {
-            FlowControl::Call | FlowControl::IndirectCall => {
-                // The callee would return into the trampoline, where no unwind
-                // information describes the frame.
-                return Err(format!("call at {:#x} in the displaced bytes", ins.ip()));
-            }
-            FlowControl::Interrupt | FlowControl::Exception => {
-                return Err(format!(
-                    "trap instruction at {:#x} in the displaced bytes",
-                    ins.ip()
-                ));
-            }
-            _ => {}
-        }
-        len += ins.len();
         out.push(ins);
     }
     Ok(out)
+}
+
+/// The record flags of a memory site at `ins` (read/write, size), or None if it is
+/// not one we trace: no explicit memory operand (implicit stack and string accesses
+/// are not sites), `lea`/hint nops (no access), vector gathers/scatters, `%gs`, or
+/// 32-bit addressing.
+fn mem_flags(ins: &Instruction) -> Option<u32> {
+    use iced_x86::{InstructionInfoFactory, OpAccess};
+    if !(0..ins.op_count()).any(|k| ins.op_kind(k) == OpKind::Memory) || ins.is_vsib() {
+        return None;
+    }
+    if !matches!(
+        ins.memory_segment(),
+        Register::DS | Register::SS | Register::ES | Register::CS | Register::FS
+    ) || matches!(ins.memory_base(), b if b != Register::None && b != Register::RIP && !b.is_gpr64())
+    {
+        return None;
+    }
+    let mut factory = InstructionInfoFactory::new();
+    let info = factory.info(ins);
+    // The explicit operand among the used memory (a `push (%rax)` also writes the
+    // stack); iced reports a RIP-relative operand with no base and the absolute
+    // address as displacement.
+    let explicit_base = match ins.memory_base() {
+        Register::RIP => Register::None,
+        b => b,
+    };
+    let m = info.used_memory().iter().find(|m| {
+        m.base() == explicit_base
+            && m.index() == ins.memory_index()
+            && m.displacement() == ins.memory_displacement64()
+    })?;
+    let (read, write) = match m.access() {
+        OpAccess::Read | OpAccess::CondRead => (true, false),
+        OpAccess::Write | OpAccess::CondWrite => (false, true),
+        OpAccess::ReadWrite | OpAccess::ReadCondWrite => (true, true),
+        _ => return None,
+    };
+    let size = ins.memory_size().size() as u32;
+    if size == 0 {
+        return None;
+    }
+    let mut flags = size.min(0xffff) << tracer_common::FLAG_MEM_SIZE_SHIFT;
+    if read {
+        flags |= tracer_common::FLAG_MEM_READ;
+    }
+    if write {
+        flags |= tracer_common::FLAG_MEM_WRITE;
+    }
+    Some(flags)
+}
+
+/// Bytes after the function up to `limit` that are only inter-function padding
+/// (`int3`, `nop` forms): a window may overwrite them.
+fn padding_after(input: &Input, end: u64, limit: u64) -> usize {
+    let Some(bytes) = input.bytes_at(end) else {
+        return 0;
+    };
+    let n = (limit.saturating_sub(end) as usize)
+        .min(bytes.len())
+        .min(16);
+    let mut dec = Decoder::with_ip(64, &bytes[..n], end, DecoderOptions::NONE);
+    let mut len = 0;
+    while dec.can_decode() {
+        let ins = dec.decode();
+        if ins.is_invalid()
+            || !(ins.mnemonic() == Mnemonic::Int3 || ins.mnemonic() == Mnemonic::Nop)
+        {
+            break;
+        }
+        len += ins.len();
+    }
+    len
+}
+
+/// Why an instruction cannot be moved into a trampoline as instruction `i` of a window
+/// of `n` (None: it can).
+fn unmovable(ins: &Instruction, last: bool) -> Option<String> {
+    match ins.flow_control() {
+        // The callee would return into the overwritten range, unless the call ends
+        // the window (its return address is then the window's end).
+        FlowControl::Call if last && ins.op0_kind() == OpKind::NearBranch64 => None,
+        FlowControl::Call | FlowControl::IndirectCall => {
+            Some(format!("call at {:#x} in the displaced bytes", ins.ip()))
+        }
+        FlowControl::Interrupt | FlowControl::Exception => Some(format!(
+            "trap instruction at {:#x} in the displaced bytes",
+            ins.ip()
+        )),
+        _ => None,
+    }
+}
+
+fn is_target(targets: &[u64], a: u64) -> bool {
+    targets.binary_search(&a).is_ok()
+}
+
+/// The window for a site at instruction `s` of `insns`: forward from `s` (an entry,
+/// or a site that is itself a branch target), else backward over the instructions
+/// before it. Instructions other than the window's first must not be branch targets.
+fn window_for(
+    insns: &[Instruction],
+    s: usize,
+    first_allowed: usize,
+    pad: usize,
+    targets: &[u64],
+    backward: bool,
+) -> Result<(usize, usize, usize), String> {
+    let mut why = String::new();
+    if backward && !is_target(targets, insns[s].ip()) {
+        // [i..=s], extending i down while shorter than a jmp.
+        let mut i = s;
+        let mut len = insns[s].len();
+        let mut ok = true;
+        while len < JMP_LEN {
+            if i == first_allowed {
+                ok = false;
+                why = "too few bytes before it in the function".into();
+                break;
+            }
+            i -= 1;
+            if let Some(w) = unmovable(&insns[i], false) {
+                ok = false;
+                why = w;
+                break;
+            }
+            if is_target(targets, insns[i + 1].ip()) {
+                ok = false;
+                why = format!(
+                    "branch target {:#x} inside the displaced bytes",
+                    insns[i + 1].ip()
+                );
+                break;
+            }
+            len += insns[i].len();
+        }
+        if ok {
+            return Ok((i, s, len));
+        }
+    }
+    // Forward: [s..=j], then the padding after the function.
+    let mut j = s;
+    let mut len = 0;
+    loop {
+        if j > s && is_target(targets, insns[j].ip()) {
+            return Err(format!(
+                "branch target {:#x} inside the displaced bytes",
+                insns[j].ip()
+            ));
+        }
+        len += insns[j].len();
+        if let Some(w) = unmovable(&insns[j], len >= JMP_LEN || j + 1 == insns.len()) {
+            return Err(w);
+        }
+        if len >= JMP_LEN {
+            return Ok((s, j, len));
+        }
+        if j + 1 == insns.len() {
+            if len + pad >= JMP_LEN {
+                return Ok((s, j, len));
+            }
+            return Err(if why.is_empty() {
+                format!("function too short to patch ({len} bytes)")
+            } else {
+                why
+            });
+        }
+        j += 1;
+    }
 }
 
 impl Isa for X86_64 {
@@ -61,10 +220,63 @@ impl Isa for X86_64 {
         tracer_common::ARCH_X86_64
     }
 
-    fn probe_addr(&self, input: &Input, f: &Function) -> u64 {
-        match input.bytes_at(f.addr) {
-            Some(b) if b.starts_with(&ENDBR64) => f.addr + 4,
-            _ => f.addr,
+    fn probe_addr(&self, input: &Input, f: &Function, req: &SiteReq) -> u64 {
+        match (req.kind, input.bytes_at(f.addr)) {
+            (SiteKind::FunctionEntry, Some(b)) if b.starts_with(&ENDBR64) => f.addr + 4,
+            (SiteKind::FunctionEntry, _) => f.addr,
+            _ => req.addr,
+        }
+    }
+
+    fn sites_of(
+        &self,
+        input: &Input,
+        f: &Function,
+        kind: SiteKind,
+        fn_starts: &[u64],
+        targets: &[u64],
+    ) -> Vec<u64> {
+        match kind {
+            SiteKind::FunctionEntry => return vec![f.addr],
+            SiteKind::Usdt => return Vec::new(),
+            _ => {}
+        }
+        let Ok(insns) = decode_function(input, f) else {
+            return Vec::new();
+        };
+        let inside = f.addr..f.addr + f.size;
+        match kind {
+            SiteKind::FunctionEntry | SiteKind::Usdt => Vec::new(),
+            SiteKind::FunctionExit => insns
+                .iter()
+                .filter(|i| match i.flow_control() {
+                    FlowControl::Return => true,
+                    FlowControl::UnconditionalBranch => {
+                        i.op0_kind() == OpKind::NearBranch64
+                            && !inside.contains(&i.near_branch_target())
+                            && fn_starts.binary_search(&i.near_branch_target()).is_ok()
+                    }
+                    _ => false,
+                })
+                .map(|i| i.ip())
+                .collect(),
+            SiteKind::Block => {
+                let first = usize::from(insns[0].code() == Code::Endbr64);
+                let mut out = Vec::new();
+                let mut after_transfer = true;
+                for (k, i) in insns.iter().enumerate().skip(first) {
+                    if after_transfer || is_target(targets, i.ip()) && k > first {
+                        out.push(i.ip());
+                    }
+                    after_transfer = i.flow_control() != FlowControl::Next;
+                }
+                out
+            }
+            SiteKind::Memory => insns
+                .iter()
+                .filter(|i| mem_flags(i).is_some())
+                .map(|i| i.ip())
+                .collect(),
         }
     }
 
@@ -87,35 +299,93 @@ impl Isa for X86_64 {
         }
     }
 
-    fn plan_entry(
+    fn plan_function(
         &self,
         input: &Input,
         f: &Function,
+        reqs: &[SiteReq],
         targets: &[u64],
-    ) -> Result<EntryPatch, String> {
-        if f.size == 0 {
-            return Err("symbol has no size".into());
-        }
-        let bytes = input
-            .bytes_at(f.addr)
-            .ok_or("not in a file-backed segment")?;
-        let end = f.addr + f.size;
-        let at = if bytes.starts_with(&ENDBR64) {
-            f.addr + 4
-        } else {
-            f.addr
+        unsure: Option<&str>,
+    ) -> FunctionPlan {
+        let insns = match decode_function(input, f) {
+            Ok(i) if !i.is_empty() => i,
+            Ok(_) => return FunctionPlan::all_uprobes(reqs, "empty function"),
+            Err(why) => return FunctionPlan::all_uprobes(reqs, &why),
         };
-        let skip = (at - f.addr) as usize;
-        let ins = displaced(&bytes[skip..], at, end)?;
-        let len: usize = ins.iter().map(|i| i.len()).sum();
-        let lo = targets.partition_point(|&t| t <= at);
-        if let Some(&t) = targets.get(lo).filter(|&&t| t < at + len as u64) {
-            return Err(format!("branch target {t:#x} inside the displaced bytes"));
+        // The landing pad stays first: nothing is displaced before it.
+        let first = usize::from(
+            input
+                .bytes_at(f.addr)
+                .is_some_and(|b| b.starts_with(&ENDBR64)),
+        );
+        let end = f.addr + f.size;
+        let next = targets.partition_point(|&t| t < end);
+        let limit = targets.get(next).copied().unwrap_or(u64::MAX);
+        let pad = padding_after(input, end, limit);
+        let mut cands = Vec::new();
+        for r in reqs {
+            let at = match r.kind {
+                SiteKind::FunctionEntry => f.addr + 4 * first as u64,
+                _ => r.addr,
+            };
+            let flags = match r.kind {
+                SiteKind::Memory => match insns.iter().find(|i| i.ip() == at).and_then(mem_flags) {
+                    Some(f) => f,
+                    None => {
+                        cands.push(Candidate::uprobe(r, at, "not a memory access".into()));
+                        continue;
+                    }
+                },
+                _ => 0,
+            };
+            let Some(s) = insns.iter().position(|i| i.ip() == at) else {
+                cands.push(Candidate::uprobe(
+                    r,
+                    at,
+                    "not an instruction boundary".into(),
+                ));
+                continue;
+            };
+            if s < first {
+                cands.push(Candidate::uprobe(r, at, "inside the landing pad".into()));
+                continue;
+            }
+            // A block at the function's start is entered like the function.
+            let entry = at == f.addr + 4 * first as u64;
+            // With the function's branch targets unsure, only a window whose interior
+            // nothing can reach: the first instructions (entered by calls only), or
+            // a last instruction with the padding after it.
+            if let Some(why) = unsure.filter(|_| !entry && s + 1 != insns.len()) {
+                cands.push(Candidate::uprobe(r, at, why.to_string()));
+                continue;
+            }
+            let c = match window_for(&insns, s, first, pad, targets, !entry && unsure.is_none()) {
+                Ok((i, j, len)) => {
+                    let start = insns[i].ip();
+                    let code_len = (insns[j].next_ip() - start) as usize;
+                    debug_assert!(len == code_len);
+                    Candidate {
+                        req: r.clone(),
+                        at,
+                        signed_lr: false,
+                        flags,
+                        // Shorter than a jmp only when the padding after the function
+                        // makes up the rest.
+                        window: Ok((start, code_len.max(JMP_LEN), code_len)),
+                    }
+                }
+                Err(why) => Candidate::uprobe(r, at, why),
+            };
+            cands.push(c);
         }
-        Ok(EntryPatch {
-            patch_at: at,
-            len,
-            signed_lr: false,
+        // A call is only movable as a window's last instruction: merged windows must
+        // keep it so.
+        merge_windows(cands, |w| {
+            let code = w.start..w.start + w.code_len as u64;
+            insns
+                .iter()
+                .filter(|i| code.contains(&i.ip()) && i.next_ip() < code.end)
+                .find_map(|i| unmovable(i, false))
         })
     }
 
@@ -128,28 +398,35 @@ impl Isa for X86_64 {
         runtime::emit(layout, at, original_entry).map_err(|e| e.to_string())
     }
 
-    fn emit_entry_stub(
+    fn emit_window(
         &self,
         input: &Input,
         layout: &Layout,
         rt: &Runtime,
-        site_id: u32,
-        patch: &EntryPatch,
+        w: &Window,
         at: u64,
     ) -> Result<Vec<u8>, String> {
         let bytes = input
-            .bytes_at(patch.patch_at)
+            .bytes_at(w.start)
             .ok_or("site not in a file-backed segment")?;
-        let ins = displaced(bytes, patch.patch_at, patch.patch_at + patch.len as u64)?;
-        stub::emit_entry(
+        let n = w.code_len.min(bytes.len());
+        let mut dec = Decoder::with_ip(64, &bytes[..n], w.start, DecoderOptions::NONE);
+        let insns: Vec<Instruction> = dec.iter().collect();
+        if insns.iter().any(|i| i.is_invalid()) {
+            return Err(format!(
+                "undecodable instruction in the window at {:#x}",
+                w.start
+            ));
+        }
+        stub::emit_window(
             layout,
             rt,
-            site_id,
-            &ins,
-            patch.patch_at + patch.len as u64,
+            &insns,
+            &w.sites,
+            w.start + w.code_len as u64,
             at,
         )
-        .map_err(|e| e.to_string())
+        .map_err(|e| format!("window at {:#x}: {e}", w.start))
     }
 
     fn patch_bytes(&self, from: u64, to: u64, len: usize) -> Result<Vec<u8>, String> {
@@ -165,6 +442,10 @@ impl Isa for X86_64 {
 
     fn code_fill(&self) -> u8 {
         0xcc // int3
+    }
+
+    fn anchor(&self) -> &'static [u8] {
+        &[0x90] // nop
     }
 
     fn segment_align(&self) -> u64 {

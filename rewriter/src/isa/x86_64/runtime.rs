@@ -59,6 +59,9 @@ pub(super) fn emit(
     a.je(flush_user)?;
     a.mov(rcx, qword_ptr(rsi + SLOT_START as i32))?;
     a.mov(qword_ptr(rsi + SLOT_CUR as i32), rcx)?;
+    // A new buffer epoch: coarse-timestamp records carry it (see the stub), so a
+    // drain position remembered from before the reset is no longer trusted.
+    a.inc(dword_ptr(rsi + SLOT_GENERATION as i32))?;
     a.set_label(&mut flush_done)?;
     a.ret()?;
     a.set_label(&mut flush_user)?;
@@ -444,7 +447,9 @@ fn emit_user_send(a: &mut CodeAssembler, label: &mut CodeLabel) -> Result<(), Ic
     a.set_label(label)?;
     a.sub(rsp, 144)?;
     a.mov(qword_ptr(rsp + 136), rsi)?;
-    // ChunkHeader at [rsp]: kind, count, pid, tid, seq, binary_id, cause, pad.
+    // ChunkHeader at [rsp]: kind, count, pid, tid, seq, binary_id, cause, pad, time.
+    const HDR_LEN: i32 = 48;
+    const _: () = assert!(core::mem::size_of::<tracer_common::ChunkHeader>() == HDR_LEN as usize);
     a.mov(dword_ptr(rsp), r10d)?;
     a.mov(dword_ptr(rsp + 4), ecx)?;
     a.mov(eax, SYS_GETPID)?;
@@ -461,9 +466,10 @@ fn emit_user_send(a: &mut CodeAssembler, label: &mut CodeLabel) -> Result<(), Ic
     a.mov(rax, r10)?;
     a.shr(rax, 32)?;
     a.mov(qword_ptr(rsp + 32), rax)?; // cause, pad = 0
+    a.mov(qword_ptr(rsp + 40), 0)?; // time: the tracer stamps it on receipt
     // iovec[2] at [rsp+48]
     a.mov(qword_ptr(rsp + 48), rsp)?;
-    a.mov(qword_ptr(rsp + 56), 40)?;
+    a.mov(qword_ptr(rsp + 56), HDR_LEN)?;
     a.mov(qword_ptr(rsp + 64), r8)?;
     a.mov(qword_ptr(rsp + 72), r9)?;
     // msghdr at [rsp+80]: name, namelen, iov, iovlen, control, controllen, flags

@@ -1,9 +1,8 @@
-//! The inline function-entry stub.
+//! The inline stubs of function entries and exits, and the trampoline of a window.
 //!
 //! ```text
 //!   lea   -128(%rsp),%rsp          ; below the red zone
-//!   push  %rax ; lahf ; seto %al ; push %rax        ; save RFLAGS (cheaper than pushf/popf)
-//!   push  %rcx,%rdx,%rsi,%r11
+//!   push  %rcx,%rsi[,%rax,%rdx]    ; %rax/%rdx only when the stub reads the TSC
 //! retry:
 //!   mov   %fs:0,%r11               ; thread pointer
 //!   mov   %r11,%rcx ; shr $16,%rcx ; movzwl %cx,%ecx    ; h
@@ -13,29 +12,37 @@
 //!   incq  56(%rsi)                                       ; inflight
 //!   mov   $32,%r11d ; xadd %r11,8(%rsi)                  ; reserve: one instruction,
 //!                                                        ; so a signal cannot split it
-//!   rdtsc ; mov %eax,8(%r11) ; mov %edx,12(%r11)
-//!   movl  $site,(%r11) ; movl $0,4(%r11) ; mov %rdi,16(%r11)
-//!   mov   176(%rsp),%rax ; mov %rax,24(%r11)             ; return address
+//!   movq  $site,(%r11)                                   ; site, flags = 0
+//!   mov   %rdi|%rax,16(%r11)                             ; argument | return value
+//!   mov   FRAME(%rsp),%rcx ; mov %rcx,24(%r11)           ; return address
+//!   [rdtsc ; mov %eax,8(%r11) ; mov %edx,12(%r11)]       ; TimeMode::Record
+//!   [mov 52(%rsi),%ecx ; mov %rcx,8(%r11)]               ; Coarse: buffer epoch
 //!   decq  56(%rsi)
 //!   add   $32,%r11 ; cmp 16(%rsi),%r11 ; jae full
 //! out:
-//!   pop   %r11,%rsi,%rdx,%rcx ; pop %rax ; add $0x7f,%al ; sahf ; pop %rax
-//!   lea   128(%rsp),%rsp
-//!   <displaced instructions> ; jmp back
+//!   pop   ... ; lea 128(%rsp),%rsp
 //! miss:
-//!   call  register ; test %rcx,%rcx ; jz out ; jmp retry   ; first record of a thread
+//!   [push %rax,%rdx] call register [pop] ; test %rcx,%rcx ; jz out ; jmp retry
 //! full:
-//!   call  flush ; jmp out
+//!   [push %rax,%rdx] call flush [pop] ; jmp out
 //! ```
+//!
+//! Entries and exits sit where the psABI makes RFLAGS and %r11 dead (a function's
+//! first instruction, a `ret`, a tail-call `jmp`: status flags are not preserved
+//! across calls and %r11 is a scratch register that carries nothing in or out), so the
+//! stub uses and clobbers them freely. That is what makes it cheap: no flag save, no
+//! `%r11` save; with coarse timestamps only two registers are saved.
 
 use iced_x86::code_asm::*;
-use iced_x86::{BlockEncoderOptions, Code, Instruction, MemoryOperand, Register};
+use iced_x86::{BlockEncoderOptions, Code, FlowControl, Instruction, MemoryOperand, Register};
 
-use super::super::{Layout, Runtime};
-use tracer_common::{INDEX_OFF, RECORD_SIZE, SLOT_CUR, SLOT_END, SLOT_INFLIGHT, SLOTS_OFF};
-
-/// Bytes between the stub's `%rsp` after its pushes and the original `%rsp`.
-const FRAME: i32 = 128 + 6 * 8;
+use super::super::{Layout, PlacedSite, Runtime};
+use crate::usdt::{Arg, ArgLoc, Reg as UsdtReg};
+use tracer_common::meta::{SiteKind, TimeMode};
+use tracer_common::{
+    FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE, INDEX_OFF, RECORD_SIZE, SLOT_CUR, SLOT_END,
+    SLOT_GENERATION, SLOT_INFLIGHT, SLOTS_OFF,
+};
 
 pub(super) fn lea_rip(a: &mut CodeAssembler, reg: Register, addr: u64) -> Result<(), IcedError> {
     a.add_instruction(Instruction::with2(
@@ -45,83 +52,401 @@ pub(super) fn lea_rip(a: &mut CodeAssembler, reg: Register, addr: u64) -> Result
     )?)
 }
 
-pub(super) fn emit_entry(
-    layout: &Layout,
-    rt: &Runtime,
-    site_id: u32,
-    displaced: &[Instruction],
-    back: u64,
-    at: u64,
-) -> Result<Vec<u8>, IcedError> {
-    let mut a = CodeAssembler::new(64)?;
-    let mut retry = a.create_label();
-    let mut miss = a.create_label();
-    let mut out = a.create_label();
-    let mut full = a.create_label();
+/// The slow paths of a stub, emitted after the trampoline's last instruction so that
+/// the fast path falls straight through.
+struct SlowPaths {
+    retry: CodeLabel,
+    out: CodeLabel,
+    miss: CodeLabel,
+    full: CodeLabel,
+    /// Registers to keep around the calls.
+    wrap: Vec<AsmRegister64>,
+}
 
+/// Put the effective address of `ins`'s memory operand into %rax, the registers being
+/// as the original code had them except %rsp, which is `depth` bytes lower.
+fn emit_ea(a: &mut CodeAssembler, ins: &Instruction, depth: i32) -> Result<(), IcedError> {
+    let base = ins.memory_base();
+    let mut disp = ins.memory_displacement64() as i64;
+    if base == Register::RSP {
+        disp += i64::from(depth);
+    }
+    let mem = MemoryOperand::new(
+        base,
+        ins.memory_index(),
+        ins.memory_index_scale(),
+        disp,
+        // iced: 1 = try disp8, else the address size in bytes.
+        if base != Register::RIP && i8::try_from(disp).is_ok() {
+            1
+        } else {
+            8
+        },
+        false,
+        Register::None,
+    );
+    a.add_instruction(Instruction::with2(Code::Lea_r64_m, Register::RAX, mem)?)?;
+    if ins.memory_segment() == Register::FS {
+        // %fs:0 holds the thread pointer itself (the TLS ABI): EA = fs base + offset.
+        a.add(rax, qword_ptr(0u64).fs())?;
+    }
+    Ok(())
+}
+
+/// Put USDT argument `arg` into %rax (extended to 64 bits as its size and sign say),
+/// the registers being as the original code had them except %rsp (`depth` bytes lower)
+/// and %rax (saved at `[%rsp + rax_at]`).
+fn emit_usdt_arg(
+    a: &mut CodeAssembler,
+    arg: &Arg,
+    depth: i32,
+    rax_at: i32,
+) -> Result<(), IcedError> {
+    // The original value of a register.
+    let reg_of = |a: &mut CodeAssembler, r: Register| -> Result<(), IcedError> {
+        match r {
+            Register::RAX => a.mov(rax, qword_ptr(rsp + rax_at)),
+            Register::RSP => a.lea(rax, ptr(rsp + depth)),
+            r => a.add_instruction(Instruction::with2(Code::Mov_r64_rm64, Register::RAX, r)?),
+        }
+    };
+    // The notes of an x86-64 binary are parsed as x86-64 (usdt::probes checks the
+    // machine), so every register is an x86 one.
+    let x86 = |r: &UsdtReg| -> Result<Register, IcedError> {
+        Ok(match r {
+            UsdtReg::X86 { reg, .. } => *reg,
+            UsdtReg::A64(_) => Register::None,
+        })
+    };
+    let mem_load = |a: &mut CodeAssembler, arg: &Arg| -> Result<(), IcedError> {
+        match (arg.size, arg.signed) {
+            (1, false) => a.movzx(rax, byte_ptr(rax)),
+            (1, true) => a.movsx(rax, byte_ptr(rax)),
+            (2, false) => a.movzx(rax, word_ptr(rax)),
+            (2, true) => a.movsx(rax, word_ptr(rax)),
+            (4, false) => a.mov(eax, dword_ptr(rax)),
+            (4, true) => a.movsxd(rax, dword_ptr(rax)),
+            _ => a.mov(rax, qword_ptr(rax)),
+        }
+    };
+    match &arg.loc {
+        ArgLoc::Imm(v) => a.mov(rax, *v as u64)?,
+        ArgLoc::Reg(r) => {
+            reg_of(a, x86(r)?)?;
+            if matches!(r, UsdtReg::X86 { high8: true, .. }) {
+                a.movzx(eax, ah)?;
+                if arg.signed {
+                    a.movsx(rax, al)?;
+                }
+                return Ok(());
+            }
+            match (arg.size, arg.signed) {
+                (1, false) => a.movzx(rax, al)?,
+                (1, true) => a.movsx(rax, al)?,
+                (2, false) => a.movzx(rax, ax)?,
+                (2, true) => a.movsx(rax, ax)?,
+                (4, false) => a.mov(eax, eax)?,
+                (4, true) => a.movsxd(rax, eax)?,
+                _ => {}
+            }
+        }
+        ArgLoc::Mem { base, index, disp } => {
+            let base = base
+                .as_ref()
+                .map(x86)
+                .transpose()?
+                .unwrap_or(Register::None);
+            let (index, scale) = match index {
+                Some((r, s)) => (x86(r)?, u32::from(*s)),
+                None => (Register::None, 1),
+            };
+            // %rax is about to be overwritten: address through its original value.
+            if base == Register::RAX || index == Register::RAX {
+                a.mov(rax, qword_ptr(rsp + rax_at))?;
+            }
+            let mut disp = *disp;
+            if base == Register::RSP {
+                disp += i64::from(depth);
+            }
+            let mem = MemoryOperand::new(base, index, scale, disp, 8, false, Register::None);
+            a.add_instruction(Instruction::with2(Code::Lea_r64_m, Register::RAX, mem)?)?;
+            mem_load(a, arg)?;
+        }
+        ArgLoc::Static { addr } => {
+            lea_rip(a, Register::RAX, *addr)?;
+            mem_load(a, arg)?;
+        }
+    }
+    Ok(())
+}
+
+/// One stub's fast path. `ins` is the instruction the stub runs before (a memory
+/// site's access).
+fn emit_stub(
+    a: &mut CodeAssembler,
+    layout: &Layout,
+    site: &PlacedSite,
+    ins: &Instruction,
+) -> Result<SlowPaths, IcedError> {
+    let mut retry = a.create_label();
+    let miss = a.create_label();
+    let mut out = a.create_label();
+    let full = a.create_label();
+    let tsc = layout.time_mode == TimeMode::Record;
+    // Entries and exits sit where RFLAGS and %r11 are dead (psABI); blocks and memory
+    // accesses can be anywhere: save both there.
+    let live = matches!(
+        site.kind,
+        SiteKind::Block | SiteKind::Memory | SiteKind::Usdt
+    );
+    let mem = site.kind == SiteKind::Memory;
+    // USDT: the arguments, two per record, in records reserved together.
+    let nrec = if site.kind == SiteKind::Usdt {
+        site.args.len().div_ceil(2).max(1) as i32
+    } else {
+        1
+    };
+
+    // Bytes between the stub's %rsp and the original %rsp.
+    let mut depth = 128;
     a.lea(rsp, ptr(rsp - 128))?;
-    a.push(rax)?;
-    a.lahf()?;
-    a.seto(al)?;
-    a.push(rax)?;
-    for r in [rcx, rdx, rsi, r11] {
+    let mut ea_depth = 0;
+    if live {
+        a.push(rax)?;
+        a.lahf()?;
+        a.seto(al)?;
+        a.push(rax)?;
+        depth += 16;
+        if mem {
+            a.mov(rax, qword_ptr(rsp + 8))?;
+            emit_ea(a, ins, depth)?;
+            a.push(rax)?;
+            depth += 8;
+            ea_depth = depth;
+        }
+    }
+    // USDT arguments, computed from the original registers before any is clobbered;
+    // argument i ends up at depth arg_depth[i].
+    let mut arg_depth = Vec::new();
+    for arg in &site.args {
+        // Original %rax: pushed first, at depth 136.
+        emit_usdt_arg(a, arg, depth, depth - 136)?;
+        a.push(rax)?;
+        depth += 8;
+        arg_depth.push(depth);
+    }
+    // rdtsc writes %rax/%rdx; %rax is already saved at a live site.
+    let mut saved: Vec<AsmRegister64> = vec![rcx, rsi];
+    if live {
+        saved.push(r11);
+    }
+    if tsc {
+        if !live {
+            saved.push(rax);
+        }
+        saved.push(rdx);
+    }
+    for &r in &saved {
         a.push(r)?;
     }
+    depth += 8 * saved.len() as i32;
     a.set_label(&mut retry)?;
     a.mov(r11, qword_ptr(0u64).fs())?;
     a.mov(rcx, r11)?;
     a.shr(rcx, 16)?;
     a.movzx(ecx, cx)?;
-    lea_rip(&mut a, Register::RSI, layout.rw_vaddr + INDEX_OFF)?;
+    lea_rip(a, Register::RSI, layout.rw_vaddr + INDEX_OFF)?;
     a.mov(ecx, dword_ptr(rsi + rcx * 4))?;
-    lea_rip(&mut a, Register::RSI, layout.rw_vaddr + SLOTS_OFF)?;
+    lea_rip(a, Register::RSI, layout.rw_vaddr + SLOTS_OFF)?;
     a.add(rsi, rcx)?;
     a.cmp(qword_ptr(rsi), r11)?;
     a.jne(miss)?;
 
     a.inc(qword_ptr(rsi + SLOT_INFLIGHT as i32))?;
-    a.mov(r11d, RECORD_SIZE as u32)?;
+    a.mov(r11d, (RECORD_SIZE as i32 * nrec) as u32)?;
     a.xadd(qword_ptr(rsi + SLOT_CUR as i32), r11)?;
-    a.rdtsc()?;
-    a.mov(dword_ptr(r11 + 8), eax)?;
-    a.mov(dword_ptr(r11 + 12), edx)?;
-    a.mov(dword_ptr(r11), site_id)?;
-    a.mov(dword_ptr(r11 + 4), 0u32)?;
-    a.mov(qword_ptr(r11 + 16), rdi)?;
-    a.mov(rax, qword_ptr(rsp + FRAME))?;
-    a.mov(qword_ptr(r11 + 24), rax)?;
+    match site.flags {
+        // site in the low dword, flags = 0 in the high one (sign extension of a
+        // non-negative imm32).
+        0 => a.mov(qword_ptr(r11), site.id as i32)?,
+        flags => {
+            a.mov(dword_ptr(r11), site.id)?;
+            a.mov(dword_ptr(r11 + 4), flags)?;
+        }
+    }
+    for j in 1..nrec {
+        let at = RECORD_SIZE as i32 * j;
+        a.mov(dword_ptr(r11 + at), site.id)?;
+        a.mov(
+            dword_ptr(r11 + at + 4),
+            FLAG_USDT_MORE | (j as u32 - 1) << FLAG_USDT_INDEX_SHIFT,
+        )?;
+    }
+    // value and aux of every record of a USDT probe: arguments 2j and 2j + 1.
+    for j in 0..nrec {
+        for (k, field) in [(2 * j, 16), (2 * j + 1, 24)] {
+            let at = RECORD_SIZE as i32 * j + field;
+            match arg_depth.get(k as usize) {
+                Some(&d) => {
+                    a.mov(rcx, qword_ptr(rsp + (depth - d)))?;
+                    a.mov(qword_ptr(r11 + at), rcx)?;
+                }
+                None if site.kind == SiteKind::Usdt => a.mov(qword_ptr(r11 + at), 0)?,
+                None => {}
+            }
+        }
+    }
+    match site.kind {
+        SiteKind::FunctionEntry => a.mov(qword_ptr(r11 + 16), rdi)?,
+        SiteKind::FunctionExit => a.mov(qword_ptr(r11 + 16), rax)?,
+        SiteKind::Block => {
+            lea_rip(a, Register::RCX, ins.ip())?;
+            a.mov(qword_ptr(r11 + 16), rcx)?;
+        }
+        SiteKind::Memory => {
+            a.mov(rcx, qword_ptr(rsp + (depth - ea_depth)))?;
+            a.mov(qword_ptr(r11 + 16), rcx)?;
+        }
+        SiteKind::Usdt => {}
+    }
+    if !tsc {
+        // No clock: `time` is the buffer epoch (Slot::generation, bumped at every
+        // reset), so a drain can tell a refilled buffer from the one it read.
+        a.mov(ecx, dword_ptr(rsi + SLOT_GENERATION as i32))?;
+        for j in 0..nrec {
+            a.mov(qword_ptr(r11 + RECORD_SIZE as i32 * j + 8), rcx)?;
+        }
+    }
+    match site.kind {
+        SiteKind::FunctionEntry | SiteKind::FunctionExit => {
+            a.mov(rcx, qword_ptr(rsp + depth))?;
+            a.mov(qword_ptr(r11 + 24), rcx)?;
+        }
+        SiteKind::Block => a.mov(qword_ptr(r11 + 24), 0)?,
+        SiteKind::Memory => {
+            lea_rip(a, Register::RCX, ins.ip())?;
+            a.mov(qword_ptr(r11 + 24), rcx)?;
+        }
+        SiteKind::Usdt => {}
+    }
+    if tsc {
+        a.rdtsc()?;
+        for j in 0..nrec {
+            a.mov(dword_ptr(r11 + RECORD_SIZE as i32 * j + 8), eax)?;
+            a.mov(dword_ptr(r11 + RECORD_SIZE as i32 * j + 12), edx)?;
+        }
+    }
     a.dec(qword_ptr(rsi + SLOT_INFLIGHT as i32))?;
-    a.add(r11, RECORD_SIZE as i32)?;
+    a.add(r11, RECORD_SIZE as i32 * nrec)?;
     a.cmp(r11, qword_ptr(rsi + SLOT_END as i32))?;
     a.jae(full)?;
 
     a.set_label(&mut out)?;
-    for r in [r11, rsi, rdx, rcx] {
+    for &r in saved.iter().rev() {
         a.pop(r)?;
     }
-    a.pop(rax)?;
-    a.add(al, 0x7f)?;
-    a.sahf()?;
-    a.pop(rax)?;
-    a.lea(rsp, ptr(rsp + 128))?;
-    for ins in displaced {
-        let mut ins = *ins;
-        // Label ids are small integers; keep original addresses out of their way.
-        ins.set_ip(0);
-        a.add_instruction(ins)?;
+    let scratch = 8 * (i32::from(mem) + site.args.len() as i32);
+    if scratch > 0 {
+        a.lea(rsp, ptr(rsp + scratch))?;
     }
-    a.jmp(back)?;
+    if live {
+        a.pop(rax)?;
+        a.add(al, 0x7f)?; // OF again from seto's 0/1
+        a.sahf()?;
+        a.pop(rax)?;
+    }
+    a.lea(rsp, ptr(rsp + 128))?;
+    // register and flush clobber %rax %rcx %rdx %rsi %r11 (and flags): keep what the
+    // fast path did not save itself.
+    let wrap = [rax, rdx]
+        .into_iter()
+        .filter(|r| !(saved.contains(r) || live && *r == rax))
+        .collect();
+    Ok(SlowPaths {
+        retry,
+        out,
+        miss,
+        full,
+        wrap,
+    })
+}
 
+fn emit_slow_paths(a: &mut CodeAssembler, rt: &Runtime, p: SlowPaths) -> Result<(), IcedError> {
+    let SlowPaths {
+        retry,
+        out,
+        mut miss,
+        mut full,
+        wrap,
+    } = p;
+    let call_saving = |a: &mut CodeAssembler, target: u64| -> Result<(), IcedError> {
+        for &r in &wrap {
+            a.push(r)?;
+        }
+        a.call(target)?;
+        for &r in wrap.iter().rev() {
+            a.pop(r)?;
+        }
+        Ok(())
+    };
     a.set_label(&mut miss)?;
-    a.call(rt.register)?;
+    call_saving(a, rt.register)?;
     a.test(rcx, rcx)?;
     a.jz(out)?;
     a.jmp(retry)?;
 
     a.set_label(&mut full)?;
-    a.call(rt.flush)?;
-    a.jmp(out)?;
+    call_saving(a, rt.flush)?;
+    a.jmp(out)
+}
 
+/// The trampoline of a window: for each instruction, the stubs of the sites placed
+/// before it, then the instruction re-encoded for its new address (iced's block
+/// encoder fixes RIP-relative operands and branches); a branch back at the end unless
+/// the last instruction leaves anyway. A direct `call` can only be last (the planner
+/// checks): it becomes `push <original return address>; jmp callee`, so the callee
+/// returns behind the window and unwinders see the real caller.
+pub(super) fn emit_window(
+    layout: &Layout,
+    rt: &Runtime,
+    insns: &[Instruction],
+    sites: &[PlacedSite],
+    back: u64,
+    at: u64,
+) -> Result<Vec<u8>, IcedError> {
+    let mut a = CodeAssembler::new(64)?;
+    let mut leaves = false;
+    let mut slow = Vec::new();
+    for ins in insns {
+        for s in sites.iter().filter(|s| s.at == ins.ip()) {
+            slow.push(emit_stub(&mut a, layout, s, ins)?);
+        }
+        let mut ins = *ins;
+        leaves = matches!(
+            ins.flow_control(),
+            FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
+        );
+        if ins.flow_control() == FlowControl::Call {
+            // push the return address without touching flags or registers.
+            a.lea(rsp, ptr(rsp - 8))?;
+            a.push(rax)?;
+            lea_rip(&mut a, Register::RAX, ins.next_ip())?;
+            a.mov(qword_ptr(rsp + 8), rax)?;
+            a.pop(rax)?;
+            a.jmp(ins.near_branch_target())?;
+            leaves = true;
+            continue;
+        }
+        // Label ids are small integers; keep original addresses out of their way.
+        ins.set_ip(0);
+        a.add_instruction(ins)?;
+    }
+    if !leaves {
+        a.jmp(back)?;
+    }
+    for p in slow {
+        emit_slow_paths(&mut a, rt, p)?;
+    }
     Ok(a.assemble_options(at, BlockEncoderOptions::NONE)?
         .inner
         .code_buffer)

@@ -1,0 +1,445 @@
+//! Control flow that a linear sweep for direct branches does not see: jump-table
+//! targets, exception landing pads, and function ranges from `.eh_frame` FDEs.
+//!
+//! Patching overwrites an instruction range with a branch; that is only correct if no
+//! branch lands inside the range. Jump tables are found by a per-function forward
+//! scan ([`x86_64`], [`aarch64`]) that tracks a few abstract register values (table
+//! address, bounded index, loaded entry, entry added to a base) up to each indirect
+//! jump. A table is only accepted when every entry read lands on an instruction
+//! boundary of its function; every indirect jump not explained so is reported in
+//! [`Flow::unresolved_indirect_jumps`], because a missed table makes patching unsafe.
+
+mod aarch64;
+mod eh;
+mod x86_64;
+
+use object::elf;
+
+use crate::input::Input;
+
+/// One recovered jump table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JumpTable {
+    /// Link-time address of entry 0.
+    pub table: u64,
+    /// Bytes per entry (1, 2, 4 or 8).
+    pub entry_size: u8,
+    /// The indirect jump that dispatches through it.
+    pub dispatch: u64,
+    /// Sorted, deduplicated targets.
+    pub targets: Vec<u64>,
+    /// The number of entries came from a dominating compare (else: read while valid).
+    pub bounded: bool,
+}
+
+/// Everything recovered; all vectors sorted and deduplicated, link-time addresses.
+#[derive(Clone, Debug, Default)]
+pub struct Flow {
+    pub jump_table_targets: Vec<u64>,
+    pub landing_pads: Vec<u64>,
+    /// `(start, size)` of each `.eh_frame` FDE (function starts of stripped binaries).
+    pub fde_functions: Vec<(u64, u64)>,
+    pub tables: Vec<JumpTable>,
+    /// Indirect jumps (`jmp r/m`, `br`) not explained as a jump-table dispatch: tail
+    /// calls through a register or memory, unrecognised tables, hand-written code.
+    /// PLT sections are not scanned.
+    pub unresolved_indirect_jumps: Vec<u64>,
+    /// Oddities that did not stop the recovery (rejected tables, missing `.eh_frame`).
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FlowError {
+    #[error("{file}: .eh_frame: {what}")]
+    EhFrame { file: String, what: String },
+    #[error("{file}: LSDA at {lsda:#x} (FDE for {fde:#x}): {what}")]
+    Lsda {
+        file: String,
+        lsda: u64,
+        fde: u64,
+        what: String,
+    },
+}
+
+/// Recover jump tables, landing pads and FDE function ranges of `input`.
+pub fn recover(input: &Input) -> Result<Flow, FlowError> {
+    let eh = eh::read(input)?;
+    let funcs = Functions::new(input, &eh.fdes);
+    let mut code = Code::new(input);
+    let mut scan = Scan::default();
+    match input.machine {
+        elf::EM_AARCH64 => aarch64::scan(&code, &funcs, &mut scan),
+        _ => x86_64::scan(&mut code, &funcs, &mut scan),
+    }
+    let mut flow = Flow {
+        landing_pads: eh.landing_pads,
+        fde_functions: eh.fdes,
+        warnings: eh.warnings,
+        unresolved_indirect_jumps: scan.unresolved,
+        ..Flow::default()
+    };
+    resolve(input, &code, &funcs, scan.dispatches, &mut flow);
+    flow.tables.sort_by_key(|t| (t.table, t.dispatch));
+    flow.jump_table_targets = flow
+        .tables
+        .iter()
+        .flat_map(|t| t.targets.iter().copied())
+        .collect();
+    flow.jump_table_targets.sort_unstable();
+    flow.jump_table_targets.dedup();
+    flow.unresolved_indirect_jumps.sort_unstable();
+    flow.unresolved_indirect_jumps.dedup();
+    Ok(flow)
+}
+
+/// An abstract register value, as far as jump-table dispatch cares.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Val {
+    #[default]
+    Unknown,
+    /// Some unknown value times `scale`; `bound`: the unscaled value is known to be
+    /// `< bound` (unsigned) from a compare and conditional branch seen before.
+    Index { bound: Option<u64>, scale: u64 },
+    /// A link-time address or constant.
+    Const(u64),
+    /// An entry loaded from a table.
+    Entry(Elem),
+    /// `base + (entry << shift)`: a relative-table target.
+    Target { base: u64, elem: Elem, shift: u8 },
+}
+
+/// `table[index]`, each entry `size` bytes, sign- or zero-extended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Elem {
+    pub table: u64,
+    pub size: u8,
+    pub signed: bool,
+    pub bound: Option<u64>,
+}
+
+impl Val {
+    /// The index part of an address computation: any non-constant value, with its
+    /// bound and scale.
+    pub(crate) fn as_index(self) -> Option<(Option<u64>, u64)> {
+        match self {
+            Val::Unknown => Some((None, 1)),
+            Val::Index { bound, scale } => Some((bound, scale)),
+            _ => None,
+        }
+    }
+
+    /// Loading `size` bytes from `base + index * scale + disp` (a missing base is 0).
+    pub(crate) fn load(
+        base: Option<Val>,
+        index: Val,
+        scale: u64,
+        disp: u64,
+        size: u8,
+        signed: bool,
+    ) -> Val {
+        let (table, bound, stride) = match (base, index) {
+            (None, idx) | (Some(Val::Const(0)), idx) => match idx.as_index() {
+                Some((bound, s)) if disp != 0 => (disp, bound, s * scale),
+                _ => return Val::Unknown,
+            },
+            (Some(Val::Const(c)), idx) => match idx.as_index() {
+                Some((bound, s)) => (c.wrapping_add(disp), bound, s * scale),
+                None => return Val::Unknown,
+            },
+            // `[index + table]` with the roles swapped (scale 1 only).
+            (Some(b), Val::Const(c)) if scale == 1 => match b.as_index() {
+                Some((bound, s)) => (c.wrapping_add(disp), bound, s),
+                None => return Val::Unknown,
+            },
+            _ => return Val::Unknown,
+        };
+        if stride != u64::from(size) {
+            return Val::Unknown;
+        }
+        Val::Entry(Elem {
+            table,
+            size,
+            signed,
+            bound,
+        })
+    }
+
+    /// Reinterpret the low `bits` of the value with the given signedness (a sign- or
+    /// zero-extension applied to a loaded entry).
+    pub(crate) fn extend(self, bits: u8, signed: bool) -> Val {
+        match self {
+            Val::Entry(e) if bits > e.size * 8 => {
+                // Wider than the entry: the load's own extension decides.
+                Val::Entry(e)
+            }
+            Val::Entry(e) => Val::Entry(Elem {
+                size: bits / 8,
+                signed,
+                ..e
+            }),
+            Val::Index { bound, scale: 1 } => Val::Index { bound, scale: 1 },
+            _ => Val::Unknown,
+        }
+    }
+}
+
+/// How the target is computed from an entry.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Kind {
+    /// The entry is the absolute target (8-byte entries).
+    Abs,
+    /// `base + (entry << shift)`.
+    Rel { base: u64, shift: u8 },
+}
+
+/// An indirect jump explained as a table dispatch, before its entries are read.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Dispatch {
+    pub at: u64,
+    pub elem: Elem,
+    pub kind: Kind,
+}
+
+impl Dispatch {
+    /// The dispatch a jump to value `v` at `at` stands for, if any.
+    pub(crate) fn from_val(at: u64, v: Val) -> Option<Dispatch> {
+        match v {
+            Val::Entry(elem) if elem.size == 8 => Some(Dispatch {
+                at,
+                elem,
+                kind: Kind::Abs,
+            }),
+            Val::Target { base, elem, shift } => Some(Dispatch {
+                at,
+                elem,
+                kind: Kind::Rel { base, shift },
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// What a scan of the code produces.
+#[derive(Default)]
+pub(crate) struct Scan {
+    pub dispatches: Vec<Dispatch>,
+    pub unresolved: Vec<u64>,
+}
+
+/// Function ranges from symbols and FDEs: where the sweep restarts, and the bounds a
+/// jump-table target must stay in.
+pub(crate) struct Functions {
+    /// Sorted by start; may nest or overlap (aliases, symbols inside FDEs).
+    ranges: Vec<(u64, u64)>,
+    /// Sorted, deduplicated starts.
+    pub starts: Vec<u64>,
+}
+
+impl Functions {
+    fn new(input: &Input, fdes: &[(u64, u64)]) -> Self {
+        let mut ranges: Vec<(u64, u64)> = input
+            .functions
+            .iter()
+            .filter(|f| f.size != 0)
+            .map(|f| (f.addr, f.addr.saturating_add(f.size)))
+            .chain(fdes.iter().map(|&(s, n)| (s, s.saturating_add(n))))
+            .collect();
+        ranges.sort_unstable();
+        ranges.dedup();
+        let mut starts: Vec<u64> = ranges.iter().map(|r| r.0).collect();
+        starts.extend(input.functions.iter().map(|f| f.addr));
+        starts.sort_unstable();
+        starts.dedup();
+        Functions { ranges, starts }
+    }
+
+    /// The smallest known range containing `addr`.
+    pub(crate) fn containing(&self, addr: u64) -> Option<(u64, u64)> {
+        let i = self.ranges.partition_point(|r| r.0 <= addr);
+        // Nested ranges start at or after their parent: look back a little for the
+        // innermost one containing `addr`.
+        self.ranges[..i]
+            .iter()
+            .rev()
+            .take(64)
+            .filter(|r| addr < r.1)
+            .min_by_key(|r| r.1 - r.0)
+            .copied()
+    }
+}
+
+/// The code sections and which of their bytes start an instruction (x86-64: recorded
+/// by the sweep; AArch64: every aligned word).
+pub(crate) struct Code<'a> {
+    pub secs: Vec<CodeSec<'a>>,
+    fixed_width: bool,
+}
+
+pub(crate) struct CodeSec<'a> {
+    pub addr: u64,
+    pub bytes: &'a [u8],
+    /// PLT stubs: every indirect jump is a call through the GOT, not worth reporting.
+    pub plt: bool,
+    /// One bit per byte: an instruction starts here.
+    starts: Vec<u64>,
+}
+
+impl<'a> Code<'a> {
+    fn new(input: &Input<'a>) -> Self {
+        let fixed_width = input.machine == elf::EM_AARCH64;
+        let mut secs: Vec<CodeSec<'a>> = input
+            .code_section_headers()
+            .filter_map(|s| {
+                let bytes = input
+                    .data
+                    .get(s.offset as usize..s.offset.checked_add(s.size)? as usize)?;
+                Some(CodeSec {
+                    addr: s.addr,
+                    bytes,
+                    plt: s.name.starts_with(".plt") || s.name == ".iplt",
+                    starts: if fixed_width {
+                        Vec::new()
+                    } else {
+                        vec![0; bytes.len().div_ceil(64)]
+                    },
+                })
+            })
+            .collect();
+        secs.sort_by_key(|s| s.addr);
+        Code { secs, fixed_width }
+    }
+
+    fn section_of(&self, addr: u64) -> Option<&CodeSec<'a>> {
+        let i = self.secs.partition_point(|s| s.addr <= addr);
+        let s = self.secs[..i].last()?;
+        (addr - s.addr < s.bytes.len() as u64).then_some(s)
+    }
+
+    /// Is `addr` the first byte of an instruction in a (non-PLT) code section?
+    pub(crate) fn is_insn_start(&self, addr: u64) -> bool {
+        let Some(s) = self.section_of(addr) else {
+            return false;
+        };
+        if s.plt {
+            return false;
+        }
+        let off = addr - s.addr;
+        if self.fixed_width {
+            return addr.is_multiple_of(4);
+        }
+        s.starts[(off / 64) as usize] & (1 << (off % 64)) != 0
+    }
+}
+
+impl CodeSec<'_> {
+    pub(crate) fn mark_insn_start(&mut self, off: usize) {
+        if let Some(w) = self.starts.get_mut(off / 64) {
+            *w |= 1 << (off % 64);
+        }
+    }
+}
+
+/// Without a bound, stop reading entries here at the latest.
+const MAX_UNBOUNDED: u64 = 4096;
+/// A compare bound above this is not believed to describe a jump table.
+const MAX_BOUND: u64 = 1 << 16;
+
+/// Read the entries of each dispatch's table and keep the tables whose entries are all
+/// instruction starts of the dispatching function.
+fn resolve(input: &Input, code: &Code, funcs: &Functions, mut ds: Vec<Dispatch>, flow: &mut Flow) {
+    ds.sort_by_key(|d| (d.elem.table, d.at));
+    // Unbounded reads stop at the next table: its entries are not ours.
+    let table_starts: Vec<u64> = ds.iter().map(|d| d.elem.table).collect();
+    for d in ds {
+        let owner = funcs.containing(d.at);
+        let next_table = table_starts[table_starts.partition_point(|&t| t <= d.elem.table)..]
+            .first()
+            .copied()
+            .unwrap_or(u64::MAX);
+        match read_table(input, code, owner, &d, next_table) {
+            Ok((targets, bounded)) => {
+                let mut targets = targets;
+                targets.sort_unstable();
+                targets.dedup();
+                flow.tables.push(JumpTable {
+                    table: d.elem.table,
+                    entry_size: d.elem.size,
+                    dispatch: d.at,
+                    targets,
+                    bounded,
+                });
+            }
+            Err(why) => {
+                flow.warnings.push(format!(
+                    "indirect jump at {:#x}: table at {:#x} rejected: {why}",
+                    d.at, d.elem.table
+                ));
+                flow.unresolved_indirect_jumps.push(d.at);
+            }
+        }
+    }
+}
+
+fn read_table(
+    input: &Input,
+    code: &Code,
+    owner: Option<(u64, u64)>,
+    d: &Dispatch,
+    next_table: u64,
+) -> Result<(Vec<u64>, bool), String> {
+    let e = d.elem;
+    let size = u64::from(e.size);
+    let bytes = input
+        .bytes_at(e.table)
+        .ok_or_else(|| "not in the file".to_string())?;
+    let in_owner = |t: u64| owner.is_some_and(|(s, end)| s <= t && t < end);
+    let target_of = |i: u64| -> Option<u64> {
+        let off = usize::try_from(i.checked_mul(size)?).ok()?;
+        let raw = bytes.get(off..off.checked_add(e.size as usize)?)?;
+        let mut b = [0u8; 8];
+        b[..raw.len()].copy_from_slice(raw);
+        let mut v = u64::from_le_bytes(b);
+        if e.signed && size < 8 {
+            let sh = 64 - 8 * size as u32;
+            v = (((v << sh) as i64) >> sh) as u64;
+        }
+        Some(match d.kind {
+            Kind::Abs => v,
+            Kind::Rel { base, shift } => base.wrapping_add(v.wrapping_shl(u32::from(shift))),
+        })
+    };
+    let mut targets = Vec::new();
+    match e.bound {
+        Some(n) if n <= MAX_BOUND => {
+            for i in 0..n {
+                let t = target_of(i).ok_or_else(|| format!("entry {i} is not in the file"))?;
+                // A compare-bounded table may reach a split-off part of its function
+                // (`.cold`): any instruction start in code is believed.
+                if !code.is_insn_start(t) {
+                    return Err(format!("entry {i} ({t:#x}) is not an instruction start"));
+                }
+                targets.push(t);
+            }
+            Ok((targets, true))
+        }
+        Some(n) => Err(format!("bound {n} is implausibly large")),
+        None => {
+            if owner.is_none() {
+                return Err("no bound and no function range to check entries against".into());
+            }
+            for i in 0..MAX_UNBOUNDED {
+                if i > 0 && e.table + i * size >= next_table {
+                    break;
+                }
+                match target_of(i) {
+                    Some(t) if in_owner(t) && code.is_insn_start(t) => targets.push(t),
+                    _ => break,
+                }
+            }
+            if targets.is_empty() {
+                return Err("entry 0 is not an instruction start in the function".into());
+            }
+            Ok((targets, false))
+        }
+    }
+}

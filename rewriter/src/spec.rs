@@ -1,0 +1,134 @@
+//! The instrumentation spec: which sites, what they record, timestamps, buffers. Read
+//! from a TOML file (`rewriter --spec FILE`); the command-line flags of the same
+//! names override it.
+//!
+//! ```toml
+//! functions = ["main", "work_*"]   # globs; absent or empty: every function
+//! sites = ["entry", "exit"]        # site kinds
+//! time = "coarse"                  # "record" (cycle counter per record) | "coarse"
+//!
+//! [buffer]
+//! records = 4096                   # records per thread buffer
+//! slots = 256                      # threads that can trace at once
+//! ```
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::{Options, SiteKind, TimeMode};
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SpecFile {
+    functions: Option<Vec<String>>,
+    sites: Option<Vec<String>>,
+    time: Option<String>,
+    buffer: Option<BufferSpec>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BufferSpec {
+    records: Option<u32>,
+    slots: Option<u32>,
+}
+
+/// A site kind by its spec / CLI name.
+pub fn parse_kind(name: &str) -> std::result::Result<SiteKind, String> {
+    match name {
+        "entry" => Ok(SiteKind::FunctionEntry),
+        "exit" => Ok(SiteKind::FunctionExit),
+        "block" => Ok(SiteKind::Block),
+        "memory" => Ok(SiteKind::Memory),
+        "usdt" => Ok(SiteKind::Usdt),
+        _ => Err(format!(
+            "unknown site kind {name:?} (known: entry, exit, block, memory, usdt)"
+        )),
+    }
+}
+
+/// A timestamp mode by its spec / CLI name.
+pub fn parse_time(name: &str) -> std::result::Result<TimeMode, String> {
+    match name {
+        "record" => Ok(TimeMode::Record),
+        "coarse" => Ok(TimeMode::Coarse),
+        _ => Err(format!(
+            "unknown time mode {name:?} (known: record, coarse)"
+        )),
+    }
+}
+
+/// Apply a spec file's text (named `origin` in errors) on top of `opts`.
+pub fn apply(origin: &str, text: &str, opts: &mut Options) -> Result<()> {
+    let bad = |m: String| Error::Spec(origin.to_string(), m);
+    let spec: SpecFile = toml::from_str(text).map_err(|e| bad(e.message().to_string()))?;
+    if let Some(f) = spec.functions {
+        opts.functions = f;
+    }
+    if let Some(kinds) = spec.sites {
+        if kinds.is_empty() {
+            return Err(bad("`sites` is empty".into()));
+        }
+        opts.kinds = kinds
+            .iter()
+            .map(|k| parse_kind(k))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(bad)?;
+    }
+    if let Some(t) = spec.time {
+        opts.time_mode = parse_time(&t).map_err(bad)?;
+    }
+    if let Some(b) = spec.buffer {
+        if let Some(r) = b.records {
+            opts.buf_records = r;
+        }
+        if let Some(s) = b.slots {
+            opts.nslots = s;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_spec() {
+        let mut o = Options::default();
+        apply(
+            "t.toml",
+            r#"
+functions = ["main", "work_*"]
+sites = ["entry", "exit"]
+time = "coarse"
+[buffer]
+records = 4096
+slots = 32
+"#,
+            &mut o,
+        )
+        .unwrap();
+        assert_eq!(o.functions, ["main", "work_*"]);
+        assert_eq!(o.kinds, [SiteKind::FunctionEntry, SiteKind::FunctionExit]);
+        assert_eq!(o.time_mode, TimeMode::Coarse);
+        assert_eq!((o.buf_records, o.nslots), (4096, 32));
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        for (text, needle) in [
+            ("sites = [\"bogus\"]", "unknown site kind \"bogus\""),
+            ("time = \"sometimes\"", "unknown time mode"),
+            ("colour = 1", "unknown field `colour`"),
+            ("sites = []", "`sites` is empty"),
+            ("[buffer]\nrecords = -1", "invalid value"),
+            ("functions = 3", "invalid type"),
+        ] {
+            let e = apply("s.toml", text, &mut Options::default())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("s.toml") && e.contains(needle), "{text}: {e}");
+        }
+    }
+}

@@ -1,0 +1,478 @@
+//! Control-flow recovery (`rewriter::flow`) against an independent oracle: the
+//! compiler's own assembly. Each fixture is compiled to `.s`, assembled with local
+//! labels kept (`-Wa,-L`), linked; the jump tables (label + `.long/.quad/.byte` of
+//! label expressions) and LSDA call-site tables of the `.s` are resolved through the
+//! symbol table and must equal what `recover` finds in the fixture's functions. Every
+//! target and pad must also start an instruction in `objdump -d`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use object::{Object as _, ObjectSymbol as _};
+use rewriter::flow::{Flow, recover};
+use rewriter::input::Input;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures")
+        .join(name)
+}
+
+fn have(tool: &str) -> bool {
+    Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+struct Build {
+    asm: String,
+    bin: PathBuf,
+    objdump: &'static str,
+}
+
+/// `cc flags -S src`, then assemble that `.s` keeping local labels, then link.
+fn build(cc: &str, src: &str, tag: &str, cflags: &[&str], ldflags: &[&str]) -> Build {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("flow");
+    std::fs::create_dir_all(&dir).unwrap();
+    let s = dir.join(format!("{tag}.s"));
+    let o = dir.join(format!("{tag}.o"));
+    let bin = dir.join(tag);
+    run(Command::new(cc)
+        .args(cflags)
+        .arg("-S")
+        .arg(fixture(src))
+        .arg("-o")
+        .arg(&s));
+    run(Command::new(cc)
+        .args(cflags)
+        .args(["-c", "-Wa,-L"])
+        .arg(&s)
+        .arg("-o")
+        .arg(&o));
+    // The AArch64 linker drops `.L` symbols unless told not to.
+    run(Command::new(cc)
+        .args(ldflags)
+        .arg("-Wl,--discard-none")
+        .arg(&o)
+        .arg("-o")
+        .arg(&bin));
+    Build {
+        asm: std::fs::read_to_string(&s).unwrap(),
+        bin,
+        objdump: if cc.starts_with("aarch64") {
+            "aarch64-linux-gnu-objdump"
+        } else {
+            "objdump"
+        },
+    }
+}
+
+/// Every symbol name (including kept `.L` labels) → address; names defined twice are
+/// dropped (not ours to resolve). Plus function ranges by name.
+struct Syms {
+    addr: HashMap<String, Option<u64>>,
+    funcs: HashMap<String, (u64, u64)>,
+}
+
+fn symbols(data: &[u8]) -> Syms {
+    let file = object::File::parse(data).unwrap();
+    let mut addr: HashMap<String, Option<u64>> = HashMap::new();
+    let mut funcs = HashMap::new();
+    for s in file.symbols() {
+        let Ok(n) = s.name() else { continue };
+        if n.is_empty() || s.is_undefined() {
+            continue;
+        }
+        addr.entry(n.to_string())
+            .and_modify(|a| *a = None)
+            .or_insert(Some(s.address()));
+        if s.kind() == object::SymbolKind::Text && s.size() != 0 {
+            funcs.insert(n.to_string(), (s.address(), s.address() + s.size()));
+        }
+    }
+    Syms { addr, funcs }
+}
+
+impl Syms {
+    fn get(&self, label: &str) -> u64 {
+        self.addr
+            .get(label)
+            .copied()
+            .flatten()
+            .unwrap_or_else(|| panic!("label {label} not (uniquely) in the symbol table"))
+    }
+}
+
+fn first_label(operand: &str) -> Option<&str> {
+    let i = operand.find(".L")?;
+    let rest = &operand[i..];
+    let end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '$'))
+        .unwrap_or(rest.len());
+    Some(&rest[..end])
+}
+
+/// Directive and operand of a data line, if it is one.
+fn data_line(line: &str) -> Option<(&str, &str)> {
+    let t = line.trim();
+    let (d, op) = t.split_once(char::is_whitespace)?;
+    matches!(
+        d,
+        ".long"
+            | ".quad"
+            | ".byte"
+            | ".2byte"
+            | ".short"
+            | ".word"
+            | ".4byte"
+            | ".8byte"
+            | ".uleb128"
+    )
+    .then_some((d, op.trim()))
+}
+
+fn label_def(line: &str) -> Option<&str> {
+    let l = line.trim_end().strip_suffix(':')?;
+    (l.starts_with(".L") && !l.contains(char::is_whitespace)).then_some(l)
+}
+
+/// Jump tables of a `.s`: a label followed by label-valued data lines.
+fn asm_tables(asm: &str) -> Vec<(String, Vec<String>)> {
+    let lines: Vec<&str> = asm.lines().collect();
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let Some(name) = label_def(l) else { continue };
+        if name.starts_with(".LLSDA")
+            || name.starts_with(".Lcst_")
+            || name.starts_with(".Lexception")
+        {
+            continue;
+        }
+        let entries: Vec<String> = lines[i + 1..]
+            .iter()
+            .map_while(|l| data_line(l).filter(|(d, _)| *d != ".uleb128"))
+            .map_while(|(_, op)| first_label(op).map(str::to_string))
+            .collect();
+        if !entries.is_empty() {
+            out.push((name.to_string(), entries));
+        }
+    }
+    out
+}
+
+/// Landing-pad labels of every LSDA call-site table of a `.s` (gcc: `.LLSDACSB*` to
+/// `.LLSDACSE*`; clang: `.Lcst_begin*` to `.Lcst_end*`; 4 values per call site, the
+/// third is the pad or 0).
+fn asm_pads(asm: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut vals: Option<Vec<&str>> = None;
+    for l in asm.lines() {
+        match label_def(l) {
+            Some(n) if n.starts_with(".LLSDACSB") || n.starts_with(".Lcst_begin") => {
+                vals = Some(Vec::new());
+                continue;
+            }
+            Some(n) if n.starts_with(".LLSDACSE") || n.starts_with(".Lcst_end") => {
+                let v = vals.take().expect("call-site table end without begin");
+                assert_eq!(v.len() % 4, 0, "call-site table of {} values", v.len());
+                out.extend(
+                    v.chunks(4)
+                        .filter_map(|c| first_label(c[2]).map(str::to_string)),
+                );
+                continue;
+            }
+            _ => {}
+        }
+        if let (Some(v), Some((_, op))) = (vals.as_mut(), data_line(l)) {
+            v.push(op);
+        }
+    }
+    out
+}
+
+/// Functions the `.s` defines (`.type X, @function` / `%function`).
+fn asm_functions(asm: &str) -> Vec<String> {
+    asm.lines()
+        .filter_map(|l| {
+            let rest = l.trim().strip_prefix(".type")?;
+            let (name, kind) = rest.split_once(',')?;
+            kind.contains("function").then(|| name.trim().to_string())
+        })
+        .collect()
+}
+
+fn insn_starts(objdump: &str, bin: &Path) -> BTreeSet<u64> {
+    let out = Command::new(objdump)
+        .args(["-d", "--no-show-raw-insn"])
+        .arg(bin)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (a, rest) = l.trim_start().split_once(":\t")?;
+            (!rest.trim().is_empty()).then_some(())?;
+            u64::from_str_radix(a, 16).ok()
+        })
+        .collect()
+}
+
+struct Checked {
+    flow: Flow,
+    ranges: Vec<(u64, u64)>,
+    own: Vec<(u64, u64)>,
+    starts: BTreeSet<u64>,
+}
+
+fn recover_checked(b: &Build) -> Checked {
+    let data = std::fs::read(&b.bin).unwrap();
+    let input = Input::parse(&b.bin.display().to_string(), &data).unwrap();
+    let flow = recover(&input).unwrap_or_else(|e| panic!("{}: {e}", b.bin.display()));
+    let syms = symbols(&data);
+    let names = asm_functions(&b.asm);
+    let ranges: Vec<(u64, u64)> = names
+        .iter()
+        .filter_map(|f| syms.funcs.get(f).copied())
+        .collect();
+    // The fixture's own functions (not compiler helpers like `__clang_call_terminate`).
+    let own: Vec<(u64, u64)> = names
+        .iter()
+        .filter(|f| f.contains("eh_") || f.contains("sw_"))
+        .filter_map(|f| syms.funcs.get(f).copied())
+        .collect();
+    assert!(
+        !ranges.is_empty(),
+        "{}: no fixture functions",
+        b.bin.display()
+    );
+    Checked {
+        flow,
+        ranges,
+        own,
+        starts: insn_starts(b.objdump, &b.bin),
+    }
+}
+
+impl Checked {
+    fn ours(&self, a: u64) -> bool {
+        self.ranges.iter().any(|r| r.0 <= a && a < r.1)
+    }
+}
+
+fn check_switch(cc: &str, tag: &str, cflags: &[&str], ldflags: &[&str], expect_tables: bool) {
+    let b = build(cc, "switch.c", tag, cflags, ldflags);
+    let c = recover_checked(&b);
+    let data = std::fs::read(&b.bin).unwrap();
+    let syms = symbols(&data);
+    let oracle: BTreeMap<u64, BTreeSet<u64>> = asm_tables(&b.asm)
+        .into_iter()
+        .map(|(t, e)| (syms.get(&t), e.iter().map(|l| syms.get(l)).collect()))
+        .collect();
+    let mut got: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
+    for t in c.flow.tables.iter().filter(|t| c.ours(t.dispatch)) {
+        got.entry(t.table).or_default().extend(&t.targets);
+    }
+    assert_eq!(
+        got, oracle,
+        "{tag}: recovered tables (left) vs the .s (right)"
+    );
+    if expect_tables {
+        // AArch64 gcc uses tables only for the larger switches (case-values threshold).
+        let min = if cc.starts_with("aarch64") { 1 } else { 8 };
+        assert!(
+            oracle.len() >= min,
+            "{tag}: only {} tables in the .s",
+            oracle.len()
+        );
+    } else {
+        assert!(oracle.is_empty(), "{tag}: tables despite -fno-jump-tables");
+    }
+    for t in got.values().flatten() {
+        assert!(
+            c.ours(*t),
+            "{tag}: target {t:#x} outside the fixture functions"
+        );
+        assert!(
+            c.starts.contains(t),
+            "{tag}: target {t:#x} is not an instruction start"
+        );
+    }
+    let unresolved: Vec<_> = c
+        .flow
+        .unresolved_indirect_jumps
+        .iter()
+        .filter(|&&a| c.ours(a))
+        .collect();
+    assert!(unresolved.is_empty(), "{tag}: unresolved {unresolved:x?}");
+}
+
+fn check_eh(cc: &str, src: &str, tag: &str, cflags: &[&str], ldflags: &[&str]) {
+    let b = build(cc, src, tag, cflags, ldflags);
+    let c = recover_checked(&b);
+    let data = std::fs::read(&b.bin).unwrap();
+    let syms = symbols(&data);
+    let oracle: BTreeSet<u64> = asm_pads(&b.asm).iter().map(|l| syms.get(l)).collect();
+    let got: BTreeSet<u64> = c
+        .flow
+        .landing_pads
+        .iter()
+        .copied()
+        .filter(|&p| c.ours(p))
+        .collect();
+    assert!(
+        oracle.len() >= 3,
+        "{tag}: only {} pads in the .s",
+        oracle.len()
+    );
+    assert_eq!(
+        got, oracle,
+        "{tag}: recovered pads (left) vs the .s (right)"
+    );
+    for p in &got {
+        assert!(
+            c.starts.contains(p),
+            "{tag}: pad {p:#x} is not an instruction start"
+        );
+    }
+    // Every fixture function has an FDE.
+    assert!(!c.own.is_empty());
+    for &(s, e) in &c.own {
+        assert!(
+            c.flow
+                .fde_functions
+                .iter()
+                .any(|&(fs, n)| fs == s && fs + n == e),
+            "{tag}: no FDE for {s:#x}..{e:#x}"
+        );
+    }
+}
+
+const MODES: [(&str, &[&str], &[&str]); 4] = [
+    ("pie", &["-fPIE"], &["-pie"]),
+    ("nopie", &["-fno-pie"], &["-no-pie"]),
+    ("static", &["-fno-pie"], &["-static"]),
+    ("shared", &["-fPIC", "-DNO_MAIN"], &["-shared"]),
+];
+
+#[test]
+fn switch_tables_x86_64() {
+    for cc in ["gcc", "clang"] {
+        if !have(cc) {
+            eprintln!("skipping {cc}: not installed");
+            continue;
+        }
+        for opt in ["-O0", "-O2", "-O3"] {
+            for (mode, cf, lf) in MODES {
+                let tag = format!("switch-{cc}{opt}-{mode}");
+                let cflags: Vec<&str> = [opt].iter().chain(cf).copied().collect();
+                check_switch(cc, &tag, &cflags, lf, true);
+            }
+        }
+        let tag = format!("switch-{cc}-cet");
+        check_switch(
+            cc,
+            &tag,
+            &["-O2", "-fPIE", "-fcf-protection=full"],
+            &["-pie"],
+            true,
+        );
+        let tag = format!("switch-{cc}-nojt");
+        check_switch(
+            cc,
+            &tag,
+            &["-O2", "-fPIE", "-fno-jump-tables"],
+            &["-pie"],
+            false,
+        );
+    }
+}
+
+#[test]
+fn switch_tables_aarch64() {
+    let cc = "aarch64-linux-gnu-gcc";
+    if !have(cc) {
+        eprintln!("skipping: {cc} not installed");
+        return;
+    }
+    for opt in ["-O2", "-O0"] {
+        for (mode, cf, lf) in [MODES[0], MODES[2]] {
+            let tag = format!("switch-a64{opt}-{mode}");
+            let cflags: Vec<&str> = [opt].iter().chain(cf).copied().collect();
+            check_switch(cc, &tag, &cflags, lf, true);
+        }
+    }
+}
+
+#[test]
+fn landing_pads_x86_64() {
+    for cc in ["g++", "clang++"] {
+        if !have(cc) {
+            eprintln!("skipping {cc}: not installed");
+            continue;
+        }
+        for opt in ["-O0", "-O2"] {
+            for (mode, cf, lf) in MODES {
+                let tag = format!("eh-{cc}{opt}-{mode}");
+                let cflags: Vec<&str> = [opt].iter().chain(cf).copied().collect();
+                check_eh(cc, "eh.cpp", &tag, &cflags, lf);
+            }
+        }
+    }
+    check_eh(
+        "gcc",
+        "eh_cleanup.c",
+        "ehc-gcc",
+        &["-O2", "-fexceptions"],
+        &[],
+    );
+}
+
+/// No aarch64 C++ cross compiler here: C cleanups under `-fexceptions` give LSDAs.
+#[test]
+fn landing_pads_aarch64() {
+    let cc = "aarch64-linux-gnu-gcc";
+    if !have(cc) {
+        eprintln!("skipping: {cc} not installed");
+        return;
+    }
+    for (mode, cf, lf) in [MODES[0], MODES[2]] {
+        let tag = format!("ehc-a64-{mode}");
+        let cflags: Vec<&str> = ["-O2", "-fexceptions"].iter().chain(cf).copied().collect();
+        check_eh(cc, "eh_cleanup.c", &tag, &cflags, lf);
+    }
+}
+
+/// Garbage and truncations never panic.
+#[test]
+fn truncated_inputs_do_not_panic() {
+    let b = build(
+        "gcc",
+        "switch.c",
+        "switch-trunc",
+        &["-O2", "-fPIE"],
+        &["-pie"],
+    );
+    let data = std::fs::read(&b.bin).unwrap();
+    let mut copy = data.clone();
+    for (i, byte) in copy.iter_mut().enumerate().skip(64) {
+        if i % 7 == 0 {
+            *byte ^= 0x5a;
+        }
+    }
+    for d in [&data[..data.len() / 2], &copy[..]] {
+        if let Ok(input) = Input::parse("x", d) {
+            let _ = recover(&input);
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! Times for the records of coarse-timestamp binaries (`TimeMode::Coarse`): their stubs
+//! read no clock, so each record gets a time interpolated between the clock samples of
+//! the drains around it. Every chunk header carries its drain's sample (all chunks of a
+//! drain the same); a thread's records between its drains at t0 and t1 are spread
+//! evenly over (t0, t1]. A thread's first drain is its slot registration (kernel
+//! drain: an empty flush), so its first records start after the thread did.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::Result;
+use tracer_common::{FLAG_KTIME, meta::TimeMode};
+
+use crate::tracefile::{Chunk, Reader, Section};
+
+/// Flag set on records whose time was interpolated (next to FLAG_KTIME, which says the
+/// time is CLOCK_MONOTONIC ns).
+pub const FLAG_INTERPOLATED: u32 = 1 << 8;
+
+type Key = (u32, u32, u64);
+
+/// A first pass over the file: per thread and binary, each drain's (time, records).
+pub struct Timeline {
+    coarse: Vec<u64>,
+    drains: HashMap<Key, Vec<(u64, u64)>>,
+    /// Per key: (drain index, records of it already timed).
+    cursor: HashMap<Key, (usize, u64)>,
+}
+
+impl Timeline {
+    pub fn scan(path: &Path) -> Result<Self> {
+        let mut r = Reader::open(path)?;
+        let mut coarse = Vec::new();
+        let mut drains: HashMap<Key, Vec<(u64, u64)>> = HashMap::new();
+        while let Some(section) = r.next_section()? {
+            match section {
+                Section::Binary(b)
+                    if b.metadata().is_ok_and(|m| m.time_mode == TimeMode::Coarse) =>
+                {
+                    coarse.push(b.binary_id);
+                }
+                Section::Chunk(c) if coarse.contains(&c.header.binary_id) => {
+                    let h = c.header;
+                    if h.kind != tracer_common::CHUNK_KIND_RECORDS {
+                        continue;
+                    }
+                    let list = drains.entry((h.pid, h.tid, h.binary_id)).or_default();
+                    match list.last_mut() {
+                        Some((t, n)) if *t == h.time => *n += c.records.len() as u64,
+                        _ => list.push((h.time, c.records.len() as u64)),
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(Timeline {
+            coarse,
+            drains,
+            cursor: HashMap::new(),
+        })
+    }
+
+    /// Give the records of `c` (the next chunk in file order) their times, if they
+    /// come from a coarse binary.
+    pub fn apply(&mut self, c: &mut Chunk) {
+        let h = c.header;
+        if h.kind != tracer_common::CHUNK_KIND_RECORDS || !self.coarse.contains(&h.binary_id) {
+            return;
+        }
+        let key = (h.pid, h.tid, h.binary_id);
+        let Some(list) = self.drains.get(&key) else {
+            return;
+        };
+        let (mut d, mut done) = self.cursor.get(&key).copied().unwrap_or((0, 0));
+        // The drain this chunk belongs to: the first from the cursor on with its time
+        // and records left (empty drains, e.g. registrations, are passed over; their
+        // times still bound the next drain's interval).
+        let (t1, n) = loop {
+            match list.get(d) {
+                None => return,
+                Some(&(t, n)) if t == h.time && done < n => break (t, n),
+                _ => {
+                    d += 1;
+                    done = 0;
+                }
+            }
+        };
+        let t0 = if d == 0 { t1 } else { list[d - 1].0.min(t1) };
+        for rec in &mut c.records {
+            done += 1;
+            rec.time = t0 + (u128::from(t1 - t0) * u128::from(done) / u128::from(n.max(1))) as u64;
+            rec.flags |= FLAG_KTIME | FLAG_INTERPOLATED;
+        }
+        self.cursor.insert(key, (d, done));
+    }
+}
