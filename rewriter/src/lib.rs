@@ -36,6 +36,8 @@ pub struct Options {
     pub kinds: Vec<SiteKind>,
     /// Whether stubs read the cycle counter (`Record`) or not (`Coarse`).
     pub time_mode: TimeMode,
+    /// `BUF_*`: trace (flushed when full), circular, fast circular (64 KiB rings).
+    pub buf_kind: u32,
 }
 
 impl Default for Options {
@@ -47,6 +49,7 @@ impl Default for Options {
             force_uprobe: false,
             kinds: vec![SiteKind::FunctionEntry],
             time_mode: TimeMode::Record,
+            buf_kind: tracer_common::BUF_TRACE,
         }
     }
 }

@@ -34,9 +34,14 @@ struct Args {
     /// Per-thread buffer slots: threads that can trace at once (default: 1024).
     #[arg(long)]
     slots: Option<u32>,
-    /// Records per thread buffer (default: 1024).
+    /// Records per thread buffer (default: 1024; fast-circular: 2048).
     #[arg(long)]
     buffer_records: Option<u32>,
+    /// What a full buffer does: `trace` (flushed to the tracer), `circular` (wraps:
+    /// the newest records, read at thread exit and on a crash), `fast-circular` (64 KiB
+    /// rings that wrap with no check at all).
+    #[arg(long, value_parser = rewriter::spec::parse_buf_kind)]
+    buffer_kind: Option<u32>,
     /// Trace every selected site with a plain uprobe instead of an inline stub.
     #[arg(long)]
     force_uprobe: bool,
@@ -70,6 +75,12 @@ fn main() -> ExitCode {
         opts.kinds = args.sites.clone();
     }
     opts.time_mode = args.time.unwrap_or(opts.time_mode);
+    if let Some(k) = args.buffer_kind {
+        opts.buf_kind = k;
+        if let Some(r) = rewriter::spec::default_records(k) {
+            opts.buf_records = r;
+        }
+    }
     opts.nslots = args.slots.unwrap_or(opts.nslots);
     opts.buf_records = args.buffer_records.unwrap_or(opts.buf_records);
     opts.force_uprobe = args.force_uprobe;
@@ -94,7 +105,11 @@ fn main() -> ExitCode {
                     100.0 * *inline as f64 / total.max(1) as f64
                 );
             }
-            println!("  time: {}", opts.time_mode.name());
+            println!(
+                "  time: {}; buffers: {}",
+                opts.time_mode.name(),
+                ["trace", "circular", "fast-circular"][opts.buf_kind as usize % 3]
+            );
             if args.verbose {
                 for (f, why) in &r.uprobe_reasons {
                     println!("  uprobe site {f}: {why}");

@@ -71,6 +71,15 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
             "--buffer-records must be between 2 and 16777216".into(),
         ));
     }
+    if opts.buf_kind == BUF_FAST_CIRCULAR
+        && u64::from(opts.buf_records) * RECORD_SIZE as u64 != FAST_RING_BYTES
+    {
+        return Err(layout_err(format!(
+            "fast circular buffers are {} records (64 KiB), not {}",
+            FAST_RING_BYTES / RECORD_SIZE as u64,
+            opts.buf_records
+        )));
+    }
     let mut chosen = sites::select(input, &opts.functions)?;
     // USDT probes (every probe of the binary when asked): their functions are planned
     // too, even when no glob selected them.
@@ -87,6 +96,20 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
             .filter(|f| pc < f.addr + f.size)
     };
     let selected: std::collections::HashSet<u64> = chosen.iter().map(|(f, _)| f.addr).collect();
+    if opts.buf_kind == BUF_FAST_CIRCULAR
+        && let Some(p) = probes.iter().find(|p| p.args.len() > 2)
+    {
+        // Its records would be reserved together and could run past the ring's end.
+        return Err(Error::Layout(
+            input.name.clone(),
+            format!(
+                "USDT probe {}:{} has {} arguments: fast circular buffers take probes of at most 2",
+                p.provider,
+                p.name,
+                p.args.len()
+            ),
+        ));
+    }
     for p in &probes {
         if let Some(f) = probe_fn(p.pc)
             && !chosen.iter().any(|(c, _)| std::ptr::eq(*c, f))
@@ -162,7 +185,11 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
             if !selected.contains(&f.addr) {
                 continue; // planned only for its USDT probes
             }
-            for addr in isa.sites_of(input, f, kind, &fn_starts, &targets) {
+            let facts = crate::isa::FlowFacts {
+                targets: &targets,
+                tail_calls: &flow.tail_calls,
+            };
+            for addr in isa.sites_of(input, f, kind, &fn_starts, &facts) {
                 add(kind, addr, name, Vec::new());
             }
         }
@@ -237,6 +264,7 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
         binary_id,
         pre_tls: input.kind.is_static(),
         time_mode: opts.time_mode,
+        buf_kind: opts.buf_kind,
     };
 
     // ---- Code.
@@ -263,6 +291,8 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
     }
     let mut patches: Vec<(u64, Vec<u8>)> = Vec::new();
     let mut modes: Vec<Option<(SiteMode, u64)>> = vec![None; names.len()];
+    // Where the eBPF `site` program finds what a uprobe memory or USDT site records.
+    let mut operands: Vec<meta::SiteOperands> = Vec::new();
     let mut report = Report {
         kind: input.kind.name(),
         sites: names.len(),
@@ -298,7 +328,19 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
                 .iter()
                 .find(|r| r.id == id)
                 .expect("plan of this function");
-            modes[id as usize] = Some((SiteMode::Uprobe, isa.probe_addr(input, f, req)));
+            let probe_at = isa.probe_addr(input, f, req);
+            modes[id as usize] = Some((SiteMode::Uprobe, probe_at));
+            if matches!(req.kind, SiteKind::Memory | SiteKind::Usdt) {
+                match isa.uprobe_operands(input, req.kind, probe_at, &req.args) {
+                    Some(set) => operands.push(meta::SiteOperands { site: id, set }),
+                    None => log::warn!(
+                        "{}: {} site at {:#x}: operands not describable, its uprobe records carry zeros",
+                        input.name,
+                        req.kind.name(),
+                        req.addr
+                    ),
+                }
+            }
             let (name, kind, addr, _) = &names[id as usize];
             report
                 .uprobe_reasons
@@ -331,14 +373,22 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
             nargs: *nargs,
         });
     }
+    operands.sort_unstable_by_key(|o| o.site);
     let tx_size = (code_at - tx_vaddr) + code.len() as u64;
     if tx_vaddr + tx_size > rw_vaddr {
         return Err(layout_err("trampolines larger than planned".into()));
     }
 
     // ---- File offsets of the RW segment and the trailing parts.
-    let rw_off = align_up(tx_off + tx_size, a) + (rw_vaddr % a);
-    let rw_size = rw_size(opts.nslots, buf_bytes);
+    // Fast rings must be 64 KiB aligned at run time: the loader aligns a segment's
+    // load address to its p_align (the kernel for executables, ld.so for libraries).
+    let rw_align = if opts.buf_kind == BUF_FAST_CIRCULAR {
+        a.max(FAST_RING_BYTES)
+    } else {
+        a
+    };
+    let rw_off = align_up(tx_off + tx_size, rw_align) + (rw_vaddr % rw_align);
+    let rw_size = rw_size(opts.buf_kind, opts.nslots, buf_bytes);
     let mut out = input.data.to_vec();
     out.resize(tx_off as usize, 0);
 
@@ -375,7 +425,7 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
             paddr: rw_vaddr,
             filesz: RW_FILESZ,
             memsz: rw_size,
-            align: a,
+            align: rw_align,
         },
     ];
     phdrs.splice(last_load + 1..last_load + 1, new_loads);
@@ -397,6 +447,7 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
     put(RWH_BUFS_OFF as usize, &bufs_off(opts.nslots).to_le_bytes());
     put(RWH_BINARY_ID as usize, &binary_id.to_le_bytes());
     put(56, &u64::from(layout.pre_tls).to_le_bytes());
+    put(RWH_BUF_KIND as usize, &opts.buf_kind.to_le_bytes());
 
     // Patch the sites.
     for (vaddr, bytes) in &patches {
@@ -418,6 +469,11 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
     if input.kind.is_pic() {
         flags |= meta::META_FLAG_PIC;
     }
+    flags |= match opts.buf_kind {
+        BUF_CIRCULAR => meta::META_FLAG_CIRCULAR,
+        BUF_FAST_CIRCULAR => meta::META_FLAG_FAST_CIRCULAR,
+        _ => 0,
+    };
     let metadata = Metadata {
         arch: isa.arch(),
         record_version: RECORD_VERSION,
@@ -437,6 +493,7 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
         time_mode: opts.time_mode,
         sites: sites_meta,
         semaphores: semaphore_meta,
+        operands,
     };
     out.resize(align_up(out.len() as u64, 8) as usize, 0);
     let note_off = out.len() as u64;

@@ -8,6 +8,8 @@
 //! time = "coarse"                  # "record" (cycle counter per record) | "coarse"
 //!
 //! [buffer]
+//! kind = "trace"                   # "trace" (flushed when full) | "circular" |
+//!                                  # "fast-circular" (64 KiB rings, 2048 records)
 //! records = 4096                   # records per thread buffer
 //! slots = 256                      # threads that can trace at once
 //! ```
@@ -29,6 +31,7 @@ struct SpecFile {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BufferSpec {
+    kind: Option<String>,
     records: Option<u32>,
     slots: Option<u32>,
 }
@@ -45,6 +48,24 @@ pub fn parse_kind(name: &str) -> std::result::Result<SiteKind, String> {
             "unknown site kind {name:?} (known: entry, exit, block, memory, usdt)"
         )),
     }
+}
+
+/// A buffer kind by its spec / CLI name.
+pub fn parse_buf_kind(name: &str) -> std::result::Result<u32, String> {
+    match name {
+        "trace" => Ok(tracer_common::BUF_TRACE),
+        "circular" => Ok(tracer_common::BUF_CIRCULAR),
+        "fast-circular" => Ok(tracer_common::BUF_FAST_CIRCULAR),
+        _ => Err(format!(
+            "unknown buffer kind {name:?} (known: trace, circular, fast-circular)"
+        )),
+    }
+}
+
+/// Records of a buffer kind's buffers when not given: fast circular rings have one size.
+pub fn default_records(buf_kind: u32) -> Option<u32> {
+    (buf_kind == tracer_common::BUF_FAST_CIRCULAR)
+        .then_some((tracer_common::FAST_RING_BYTES / tracer_common::RECORD_SIZE as u64) as u32)
 }
 
 /// A timestamp mode by its spec / CLI name.
@@ -79,6 +100,12 @@ pub fn apply(origin: &str, text: &str, opts: &mut Options) -> Result<()> {
         opts.time_mode = parse_time(&t).map_err(bad)?;
     }
     if let Some(b) = spec.buffer {
+        if let Some(k) = b.kind {
+            opts.buf_kind = parse_buf_kind(&k).map_err(bad)?;
+            if let Some(r) = default_records(opts.buf_kind) {
+                opts.buf_records = r;
+            }
+        }
         if let Some(r) = b.records {
             opts.buf_records = r;
         }

@@ -476,3 +476,98 @@ fn truncated_inputs_do_not_panic() {
         }
     }
 }
+
+/// Addresses of the indirect jumps (`jmp *…`) in `objdump -d` of `bin` inside `ranges`.
+fn indirect_jumps(objdump: &str, bin: &Path, ranges: &[(u64, u64)]) -> BTreeSet<u64> {
+    let out = Command::new(objdump)
+        .args(["-d", "--no-show-raw-insn"])
+        .arg(bin)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (a, rest) = l.trim_start().split_once(":\t")?;
+            let rest = rest.trim().trim_start_matches("notrack ");
+            let indirect = rest.starts_with("jmp") && rest.contains('*');
+            let a64 = rest.starts_with("br\t") || rest.starts_with("br ");
+            (indirect || a64).then_some(())?;
+            let a = u64::from_str_radix(a, 16).ok()?;
+            ranges.iter().any(|r| r.0 <= a && a < r.1).then_some(a)
+        })
+        .collect()
+}
+
+/// Every indirect jump of the `tc_*` functions is a tail call, none is unresolved.
+fn check_tail_calls(cc: &str, tag: &str, cflags: &[&str], ldflags: &[&str], min: usize) {
+    let b = build(cc, "tailcall.c", tag, cflags, ldflags);
+    let c = recover_checked(&b);
+    let data = std::fs::read(&b.bin).unwrap();
+    let syms = symbols(&data);
+    let tc: Vec<(u64, u64)> = syms
+        .funcs
+        .iter()
+        .filter(|(n, _)| n.starts_with("tc_"))
+        .map(|(_, &r)| r)
+        .collect();
+    let jumps = indirect_jumps(b.objdump, &b.bin, &tc);
+    assert!(
+        jumps.len() >= min,
+        "{tag}: only {} indirect jumps in tc_*: {jumps:x?}",
+        jumps.len()
+    );
+    let tails: BTreeSet<u64> = c.flow.tail_calls.iter().copied().collect();
+    for j in &jumps {
+        assert!(
+            tails.contains(j),
+            "{tag}: indirect jump {j:#x} is not classified as a tail call"
+        );
+        assert!(
+            !c.flow.unresolved_indirect_jumps.contains(j),
+            "{tag}: tail call {j:#x} also unresolved"
+        );
+    }
+    assert!(c.flow.tables.iter().all(|t| !tails.contains(&t.dispatch)));
+}
+
+#[test]
+fn tail_calls_x86_64() {
+    for cc in ["gcc", "clang"] {
+        if !have(cc) {
+            eprintln!("skipping {cc}: not installed");
+            continue;
+        }
+        for (mode, cf, lf) in MODES {
+            let tag = format!("tail-{cc}-{mode}");
+            let cflags: Vec<&str> = ["-O2"].iter().chain(cf).copied().collect();
+            check_tail_calls(cc, &tag, &cflags, lf, 5);
+            // Calls into the shared libc through its GOT slot, not a PLT stub.
+            if mode != "static" {
+                let tag = format!("tail-{cc}-{mode}-noplt");
+                let cflags: Vec<&str> = ["-O2", "-fno-plt"].iter().chain(cf).copied().collect();
+                check_tail_calls(cc, &tag, &cflags, lf, 6);
+            }
+        }
+    }
+}
+
+/// A switch's dispatch is never a tail call (the switch fixture has no indirect tail
+/// calls at all, in any mode).
+#[test]
+fn switch_dispatch_is_never_a_tail_call() {
+    for cc in ["gcc", "clang"] {
+        if !have(cc) {
+            continue;
+        }
+        for opt in ["-O0", "-O2", "-O3"] {
+            for (mode, cf, lf) in [MODES[0], MODES[1], MODES[3]] {
+                let tag = format!("switch-tc-{cc}{opt}-{mode}");
+                let cflags: Vec<&str> = [opt].iter().chain(cf).copied().collect();
+                let b = build(cc, "switch.c", &tag, &cflags, lf);
+                let c = recover_checked(&b);
+                let ours: Vec<_> = c.flow.tail_calls.iter().filter(|&&a| c.ours(a)).collect();
+                assert!(ours.is_empty(), "{tag}: tail calls {ours:x?} in sw_*");
+            }
+        }
+    }
+}

@@ -477,3 +477,85 @@ fn memory_aarch64_o0() {
 fn memory_aarch64_o2() {
     a64_memory_case("-O2");
 }
+
+/// Every kind at once on memtrace.c: stubs at one instruction share one reservation
+/// (an entry, its first block, a memory access). Memory records as when traced alone;
+/// one entry, one exit and one first-block record per call, in that order.
+fn all_kinds_case(a64: bool, opt: &str) {
+    let what = format!("all kinds {} {opt}", if a64 { "AArch64" } else { "x86-64" });
+    if a64 && !have_qemu() {
+        eprintln!("SKIP {what}: qemu-aarch64 not installed");
+        return;
+    }
+    let tmp = TempDir::new(&format!("allkinds-{a64}{opt}"));
+    let (orig, traced, trace) = (
+        tmp.join("memtrace"),
+        tmp.join("memtrace.traced"),
+        tmp.join("t.utrace"),
+    );
+    let cc = if a64 { A64_CC } else { "gcc" };
+    compile(
+        cc,
+        &[fixture("memtrace.c")],
+        &[opt, "-fno-tree-vectorize"],
+        &orig,
+    );
+    let fns = [
+        "store8", "store16", "store32", "store64", "load64", "rmw32", "copy128", "tls_sum",
+    ];
+    let mut extra = vec!["--sites", "entry,exit,block,memory", "--time", "coarse"];
+    for f in fns {
+        extra.extend(["--functions", f]);
+    }
+    let (_, meta) = rewrite_sites(&orig, &traced, &extra);
+    let n = 100u64;
+    let (out, recs) = if a64 {
+        trace_a64(&trace, &traced, &[&n.to_string()])
+    } else {
+        let out = tracer_record(&trace, &traced, &[&n.to_string()], &[]);
+        (out, dump(&trace))
+    };
+    let addr = printed_addresses(&out.stdout_str());
+    let kind = |r: &Rec| meta.sites[r.site as usize].kind;
+    let mem: Vec<&Rec> = recs
+        .iter()
+        .filter(|r| kind(r) == SiteKind::Memory)
+        .collect();
+    check_memtrace(&mem, &addr, n, &what);
+    for f in fns {
+        let mine: Vec<&Rec> = recs.iter().filter(|r| &*r.symbol == f).collect();
+        let count = |k: SiteKind| mine.iter().filter(|r| kind(r) == k).count();
+        assert_eq!(count(SiteKind::FunctionEntry), 1, "{what}: {f} entries");
+        assert_eq!(count(SiteKind::FunctionExit), 1, "{what}: {f} exits");
+        assert_eq!(
+            kind(mine[0]),
+            SiteKind::FunctionEntry,
+            "{what}: {f} starts with its entry"
+        );
+        assert_eq!(
+            kind(mine[1]),
+            SiteKind::Block,
+            "{what}: {f}: its first block next"
+        );
+        assert_eq!(
+            kind(mine.last().unwrap()),
+            SiteKind::FunctionExit,
+            "{what}: {f} ends with its exit"
+        );
+    }
+}
+
+#[test]
+fn all_kinds_x86_o2() {
+    all_kinds_case(false, "-O2");
+}
+
+#[test]
+fn all_kinds_x86_o0() {
+    all_kinds_case(false, "-O0");
+}
+
+#[test]
+fn all_kinds_aarch64_o2() {
+    all_kinds_case(true, "-O2");
+}

@@ -5,6 +5,21 @@
 //! the recorded entry counts of chosen functions equal the oracle's (kernel uprobes on
 //! the original binaries, same workload).
 //!
+//! Every site kind at once (`--sites entry,exit,block,memory`, with `record` and
+//! `coarse` timestamps): the same workloads give the same output, also under the
+//! tracer, where the records are checked (run-time addresses of blocks and memory
+//! accesses, every entry followed by its function's first block, exits never outnumber
+//! entries, per-site counts against the oracle for chosen SQLite functions). The same
+//! for two more programs whose code lives in shared libraries: `bzip2` (libbz2) and `jq`
+//! (libjq and libonig).
+//!
+//! Under the tracer, libraries are rewritten again with only the functions whose sites
+//! are all inline plus a few uprobe sites (`functions_for_tracing`): the tracer detaches
+//! its uprobes one at a time when the command ends, about 0.13 s each on this machine,
+//! and every kind of libsqlite3 has 1611 uprobe sites (3.5 minutes). Their workloads are
+//! smaller there, since every block and memory access makes a record (the main SQL
+//! workload would make several hundred million).
+//!
 //! Both programs are stripped: the rewriter sees only their dynamic symbols. For `sort`
 //! those are 6 exported obstack functions (reached through `--files0-from`); the
 //! `sqlite3` shell exports no function at all and the rewriter refuses it, so the
@@ -21,6 +36,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use tests::*;
+use tracer_common::meta::SiteKind;
 
 const SORT: &str = "/usr/bin/sort";
 const SQLITE3: &str = "/usr/bin/sqlite3";
@@ -32,6 +48,51 @@ const SORT_MIN_SITES: u64 = 6;
 const SORT_MIN_INLINE: u64 = 6;
 const LIBSQLITE3_MIN_SITES: u64 = 1370;
 const LIBSQLITE3_MIN_INLINE: u64 = 1350;
+
+/// Every site kind.
+const ALL_KINDS: &str = "entry,exit,block,memory";
+
+/// Per-kind coverage floors: (kind, sites, inline sites).
+type KindFloors = [(SiteKind, u64, u64)];
+
+/// Per-kind coverage floors with every kind: (kind, sites, inline sites), measured when
+/// the test was written minus a small margin. sort: entry 6/6, exit 7/7, block 51/44,
+/// memory 51/48 (sites/inline).
+const SORT_KIND_FLOORS: &KindFloors = &[
+    (SiteKind::FunctionEntry, 6, 6),
+    (SiteKind::FunctionExit, 7, 7),
+    (SiteKind::Block, 51, 44),
+    (SiteKind::Memory, 51, 48),
+];
+/// libsqlite3 3.40.1: entry 1370/1370, exit 1570/1493, block 30098/29023, memory
+/// 31997/31538.
+const LIBSQLITE3_KIND_FLOORS: &KindFloors = &[
+    (SiteKind::FunctionEntry, 1370, 1370),
+    (SiteKind::FunctionExit, 1570, 1480),
+    (SiteKind::Block, 30000, 28700),
+    (SiteKind::Memory, 31900, 31200),
+];
+/// libbz2 1.0.8: entry 33/33, exit 44/44, block 1926/1880, memory 3668/3637.
+const LIBBZ2_KIND_FLOORS: &KindFloors = &[
+    (SiteKind::FunctionEntry, 33, 33),
+    (SiteKind::FunctionExit, 44, 44),
+    (SiteKind::Block, 1920, 1860),
+    (SiteKind::Memory, 3660, 3600),
+];
+/// libjq 1.6: entry 171/171, exit 162/160, block 3404/3362, memory 2831/2828.
+const LIBJQ_KIND_FLOORS: &KindFloors = &[
+    (SiteKind::FunctionEntry, 171, 171),
+    (SiteKind::FunctionExit, 162, 158),
+    (SiteKind::Block, 3400, 3320),
+    (SiteKind::Memory, 2820, 2800),
+];
+/// libonig 6.9.8: entry 282/282, exit 403/398, block 3071/2994, memory 2542/2481.
+const LIBONIG_KIND_FLOORS: &KindFloors = &[
+    (SiteKind::FunctionEntry, 282, 282),
+    (SiteKind::FunctionExit, 400, 390),
+    (SiteKind::Block, 3060, 2960),
+    (SiteKind::Memory, 2540, 2450),
+];
 
 fn present(paths: &[&str]) -> bool {
     let missing: Vec<&&str> = paths.iter().filter(|p| !Path::new(p).exists()).collect();
@@ -53,6 +114,67 @@ fn print_coverage(what: &str, c: &SiteCounts, input: &Path, output: &Path) {
         c.uprobe,
         b as f64 / a as f64
     );
+}
+
+/// The rewriter's summary and per-kind lines.
+fn print_kind_coverage(
+    what: &str,
+    c: &SiteCounts,
+    kinds: &[(SiteKind, SiteCounts)],
+    input: &Path,
+    output: &Path,
+) {
+    print_coverage(what, c, input, output);
+    for (k, c) in kinds {
+        eprintln!(
+            "coverage {what}: {:<6} {} sites: {} inline ({:.2}%), {} uprobe",
+            k.name(),
+            c.total,
+            c.inline,
+            100.0 * c.inline as f64 / c.total.max(1) as f64,
+            c.uprobe
+        );
+    }
+}
+
+fn check_kind_floors(what: &str, kinds: &[(SiteKind, SiteCounts)], floors: &KindFloors) {
+    for (k, sites, inline) in floors {
+        let c = kinds
+            .iter()
+            .find(|(kk, _)| kk == k)
+            .map(|(_, c)| *c)
+            .unwrap_or_else(|| panic!("{what}: no {} line: {kinds:?}", k.name()));
+        assert!(
+            c.total >= *sites && c.inline >= *inline,
+            "{what}: {} coverage {c:?} below the floor ({sites} sites, {inline} inline)",
+            k.name()
+        );
+    }
+}
+
+fn print_kind_records(what: &str, recs: &KindRecords) {
+    let parts: Vec<String> = recs
+        .iter()
+        .map(|(k, i, u)| format!("{} {i} inline + {u} uprobe", k.name()))
+        .collect();
+    eprintln!("{what}: records: {}", parts.join(", "));
+}
+
+/// Entry records per function (only the entry sites of `meta`).
+fn entry_counts(recs: &[Rec], meta: &Metadata) -> HashMap<String, u64> {
+    let entry: HashMap<u32, &str> = meta
+        .sites
+        .iter()
+        .filter(|s| s.kind == SiteKind::FunctionEntry)
+        .map(|s| (s.id, &*s.name))
+        .collect();
+    let mut m: HashMap<String, u64> = HashMap::new();
+    for r in recs {
+        if let Some(n) = entry.get(&r.site) {
+            *m.entry(n.to_string()).or_default() += 1;
+        }
+    }
+    m
 }
 
 /// Deterministic pseudo-random numbers (64-bit LCG, high bits).
@@ -143,6 +265,20 @@ fn sort_rewritten_same_output() {
         counts.total >= SORT_MIN_SITES && counts.inline >= SORT_MIN_INLINE,
         "sort: coverage {counts:?} below the floor ({SORT_MIN_SITES} sites, {SORT_MIN_INLINE} inline)"
     );
+    // Every site kind, with both timestamp modes.
+    let mut rewritten: Vec<(&str, PathBuf, Metadata)> =
+        vec![("entries", traced.clone(), meta.clone())];
+    for (label, file, time) in [
+        ("all kinds", "sort-all", "record"),
+        ("all kinds, coarse", "sort-coarse", "coarse"),
+    ] {
+        let out = tmp.join(file);
+        let (c, kinds, m, _) = rewrite_args(sort, &out, &["--sites", ALL_KINDS, "--time", time]);
+        let what = format!("sort ({label})");
+        print_kind_coverage(&what, &c, &kinds, sort, &out);
+        check_kind_floors(&what, &kinds, SORT_KIND_FLOORS);
+        rewritten.push((label, out, m));
+    }
 
     let input = tmp.join("in.txt");
     std::fs::write(&input, sort_input(200_000, 1)).unwrap();
@@ -186,17 +322,26 @@ fn sort_rewritten_same_output() {
     .iter()
     .map(|v| v.iter().map(|s| s.to_string()).collect())
     .collect();
-    for args in &variants {
+    for (k, args) in variants.iter().enumerate() {
         let what = format!("sort {}", args.join(" "));
         let o = run_as(sort, "sort", args, tmp.path(), &[]);
-        let t = run_as(&traced, "sort", args, tmp.path(), &[]);
-        assert_same_behaviour(&format!("rewritten {what}"), &t, &o);
+        // The coarse rewrite differs only in its stubs, which only --files0-from
+        // reaches: the first variant and the last three (-c, --files0-from, an error).
+        let n = if k == 0 || k + 3 >= variants.len() {
+            rewritten.len()
+        } else {
+            2
+        };
+        for (label, prog, _) in &rewritten[..n] {
+            let t = run_as(prog, "sort", args, tmp.path(), &[]);
+            assert_same_behaviour(&format!("rewritten ({label}) {what}"), &t, &o);
+        }
         eprintln!(
-            "sort {}: {} bytes out, {} bytes err, status {}: same",
+            "sort {}: {} bytes out, {} bytes err, status {}: same ({n} rewrites)",
             args.join(" "),
             o.stdout.len(),
             o.stderr.len(),
-            o.status()
+            o.status(),
         );
     }
     // The error cases really are errors (and the normal ones not).
@@ -234,6 +379,41 @@ fn sort_rewritten_same_output() {
     );
     let recorded: u64 = rep.functions.iter().map(|f| f.3).sum();
     assert_eq!(recorded, rep.records, "sort: records of unknown functions");
+
+    // Every kind (`record` timestamps; the `coarse` rewrite is traced in
+    // sqlite_every_kind_same_output): same output, checked records, the oracle's entry
+    // counts.
+    let (label, prog, m) = &rewritten[1];
+    let what = format!("sort ({label}) under tracer record");
+    let trace = tmp.join("sort-all.utrace");
+    let r = tracer_record_with(
+        &["--ring-bytes", "256M"],
+        &trace,
+        prog,
+        &argv,
+        &[("LC_ALL", "C".as_ref())],
+    );
+    assert_same_behaviour(&what, &without_tracer_lines(&r), &plain);
+    let rep = report(&trace);
+    assert_eq!(rep.dropped, 0, "{what}: dropped records");
+    let recs = dump(&trace);
+    check_report_matches_dump(&rep, &recs);
+    check_sites_valid(&recs, &[m]);
+    let name = prog.file_name().unwrap().to_string_lossy();
+    let kinds = check_all_kinds_records(&recs, &name, m, false, &what);
+    print_kind_records(&what, &kinds);
+    let entries = entry_counts(&recs, m);
+    for n in &names {
+        let got = entries.get(*n).copied().unwrap_or(0);
+        assert_eq!(got, oracle[*n], "{what}: {n}: entries vs the oracle");
+    }
+    for k in [SiteKind::FunctionExit, SiteKind::Block, SiteKind::Memory] {
+        assert!(
+            kinds.iter().any(|(kk, i, _)| *kk == k && *i > 0),
+            "{what}: no inline {} record",
+            k.name()
+        );
+    }
     eprintln!("sort: {:.1} s", start.elapsed().as_secs_f64());
 }
 
@@ -281,6 +461,29 @@ SELECT id, name, val FROM t ORDER BY id LIMIT 3;
 .mode list
 PRAGMA integrity_check;
 "#;
+
+/// The shell's argument lists: the main script (`.read SCRIPT`), a failing statement
+/// after a good one (message on stderr, exit code 1), one line of scalar functions.
+fn sqlite_variants(script: &Path) -> Vec<Vec<String>> {
+    let read = format!(".read {}", script.display());
+    vec![
+        vec![":memory:".into(), read.clone()],
+        // A failing statement after a good one: message on stderr, exit code 1.
+        vec![
+            "-bail".into(),
+            ":memory:".into(),
+            "CREATE TABLE a(x); INSERT INTO a VALUES (1), (2); SELECT sum(x) FROM a;".into(),
+            "SELECT * FROM nosuchtable;".into(),
+            "SELECT 'not reached';".into(),
+        ],
+        vec![
+            ":memory:".into(),
+            "SELECT printf('%d %s %.4f', 42, 'x', pi()), hex(zeroblob(4)), typeof(1.0), abs(-7), \
+             round(2.675, 2), json_valid('{'), instr('hello', 'll'), replace('aaa', 'a', 'bc');"
+                .into(),
+        ],
+    ]
+}
 
 #[test]
 fn sqlite_rewritten_same_output() {
@@ -366,24 +569,7 @@ fn sqlite_rewritten_same_output() {
 
     let script = tmp.join("work.sql");
     std::fs::write(&script, SQL).unwrap();
-    let read = format!(".read {}", script.display());
-    let variants: Vec<Vec<String>> = vec![
-        vec![":memory:".into(), read.clone()],
-        // A failing statement after a good one: message on stderr, exit code 1.
-        vec![
-            "-bail".into(),
-            ":memory:".into(),
-            "CREATE TABLE a(x); INSERT INTO a VALUES (1), (2); SELECT sum(x) FROM a;".into(),
-            "SELECT * FROM nosuchtable;".into(),
-            "SELECT 'not reached';".into(),
-        ],
-        vec![
-            ":memory:".into(),
-            "SELECT printf('%d %s %.4f', 42, 'x', pi()), hex(zeroblob(4)), typeof(1.0), abs(-7), \
-             round(2.675, 2), json_valid('{'), instr('hello', 'll'), replace('aaa', 'a', 'bc');"
-                .into(),
-        ],
-    ];
+    let variants = sqlite_variants(&script);
     let mut outs = Vec::new();
     for args in &variants {
         let what = format!("sqlite3 {}", args.join(" "));
@@ -430,13 +616,16 @@ fn sqlite_rewritten_same_output() {
         .collect();
     eprintln!("sqlite: chosen sites: {}", modes.join(", "));
     let args = &variants[0];
-    let mut c = Command::new(shell);
-    c.arg0("sqlite3")
-        .args(args)
-        .current_dir(tmp.path())
-        .env("LC_ALL", "C");
     let probes: Vec<(&Path, &str)> = chosen.iter().map(|n| (lib, *n)).collect();
-    let (o, oracle) = oracle_counts(&probes, &mut c, RUN_TIMEOUT);
+    // Only this process's events: sqlite_every_kind_same_output may run the original
+    // library at the same time.
+    let (o, oracle) = oracle_counts_own(
+        &probes,
+        (shell, "sqlite3", args),
+        tmp.path(),
+        &[("LC_ALL", "C".as_ref())],
+        RUN_TIMEOUT,
+    );
     assert_same_behaviour("sqlite3 under the oracle's uprobes", &o, &outs[0]);
 
     let trace = tmp.join("sqlite.utrace");
@@ -479,4 +668,440 @@ fn sqlite_rewritten_same_output() {
     }
     check_counts("sqlite under tracer record", &rep, &oracle, &chosen);
     eprintln!("sqlite: {:.1} s", start.elapsed().as_secs_f64());
+}
+
+/// A shared library of a `LibCase`.
+struct Lib<'a> {
+    /// As the loader finds it.
+    path: &'a str,
+    floors: &'a KindFloors,
+    /// Functions kept in the rewrite used under the tracer, whatever their uprobe sites.
+    keep: &'a [&'a str],
+}
+
+/// A program whose code lives in shared libraries, every kind of their sites traced.
+struct LibCase<'a> {
+    what: &'a str,
+    prog: &'a Path,
+    argv0: &'a str,
+    libs: &'a [Lib<'a>],
+    /// Argument lists (absolute paths): original and rewritten libraries give the same
+    /// output.
+    variants: Vec<Vec<String>>,
+    /// The workload under the tracer (absolute paths).
+    traced: Vec<String>,
+    /// Uprobe sites allowed per library in the rewrite used under the tracer.
+    uprobe_budget: usize,
+    /// Functions (of the first library) whose every site the oracle counts during the
+    /// traced workload (kernel uprobes at the same instructions of the original).
+    oracle: &'a [&'a str],
+    /// Also trace with `coarse` timestamps (a tracer session costs 3-4 s, most of it
+    /// verifying the eBPF programs).
+    trace_coarse: bool,
+}
+
+/// Rewrite every library with every kind (`record` and `coarse` timestamps), compare the
+/// variants' behaviour with the originals, then trace the smaller workload with the
+/// budgeted rewrites (`record`; `coarse` if asked) and check the records (and the
+/// oracle's counts).
+fn lib_all_kinds(case: &LibCase<'_>) {
+    let start = Instant::now();
+    let what = case.what;
+    let tmp = TempDir::new(&format!("real-{what}"));
+    let originals: Vec<PathBuf> = case
+        .libs
+        .iter()
+        .map(|l| std::fs::canonicalize(l.path).unwrap())
+        .collect();
+    // Full rewrites (record, coarse) and the budgeted ones used under the tracer.
+    let dirs = ["all", "coarse", "traced-all", "traced-coarse"].map(|d| {
+        let p = tmp.join(d);
+        std::fs::create_dir_all(&p).unwrap();
+        p
+    });
+    let mut full_meta: Vec<Metadata> = Vec::new();
+    for (lib, orig) in case.libs.iter().zip(&originals) {
+        let soname = Path::new(lib.path).file_name().unwrap();
+        for (dir, time) in [(&dirs[0], "record"), (&dirs[1], "coarse")] {
+            let out = dir.join(soname);
+            let (c, kinds, m, _) =
+                rewrite_args(orig, &out, &["--sites", ALL_KINDS, "--time", time]);
+            let w = format!("{} ({time})", soname.to_string_lossy());
+            print_kind_coverage(&w, &c, &kinds, orig, &out);
+            check_kind_floors(&w, &kinds, lib.floors);
+            if time == "record" {
+                full_meta.push(m);
+            }
+        }
+    }
+    for args in &case.variants {
+        let w = format!("{what} {}", args.join(" "));
+        let o = run_as(case.prog, case.argv0, args, tmp.path(), &[]);
+        for dir in &dirs[..2] {
+            let env: [(&str, &OsStr); 1] = [("LD_LIBRARY_PATH", dir.as_os_str())];
+            let t = run_as(case.prog, case.argv0, args, tmp.path(), &env);
+            assert_same_behaviour(&format!("{w} (every kind, {})", dir.display()), &t, &o);
+        }
+        eprintln!(
+            "{w}: {} bytes out, {} bytes err, status {}: same",
+            o.stdout.len(),
+            o.stderr.len(),
+            o.status()
+        );
+    }
+    eprintln!(
+        "{what}: rewrites and variants: {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+
+    // Under the tracer.
+    let argv: Vec<&str> = case.traced.iter().map(|s| s.as_str()).collect();
+    // Under the tracer argv[0] is the program's path.
+    let prog_str = case.prog.to_str().unwrap();
+    let want = run_as(case.prog, prog_str, &case.traced, tmp.path(), &[]);
+    let mut oracle: Option<(Vec<u32>, HashMap<String, u64>)> = None;
+    // With `coarse` timestamps only functions whose sites are all inline.
+    let sessions = if case.trace_coarse { 2 } else { 1 };
+    for (dir, time) in [(&dirs[2], "record"), (&dirs[3], "coarse")]
+        .into_iter()
+        .take(sessions)
+    {
+        let mut metas = Vec::new();
+        for ((lib, orig), full) in case.libs.iter().zip(&originals).zip(&full_meta) {
+            let soname = Path::new(lib.path).file_name().unwrap();
+            let (keep, budget) = match time {
+                "record" if metas.is_empty() => {
+                    ([lib.keep, case.oracle].concat(), case.uprobe_budget)
+                }
+                "record" => (lib.keep.to_vec(), case.uprobe_budget),
+                _ => (Vec::new(), 0),
+            };
+            let (names, uprobes) = functions_for_tracing(full, &keep, budget);
+            let mut args = vec!["--sites", ALL_KINDS, "--time", time, "--functions"];
+            args.extend(names.iter().map(|s| s.as_str()));
+            let out = dir.join(soname);
+            let (c, _, m, _) = rewrite_args(orig, &out, &args);
+            assert_eq!(
+                c.uprobe as usize,
+                uprobes,
+                "{what}: uprobe sites of {}",
+                out.display()
+            );
+            eprintln!(
+                "{what}: traced {} ({time}): {} of {} functions, {} sites, {} uprobe",
+                soname.to_string_lossy(),
+                names.len(),
+                full.sites
+                    .iter()
+                    .filter(|s| s.kind == SiteKind::FunctionEntry)
+                    .count(),
+                c.total,
+                c.uprobe
+            );
+            metas.push(m);
+        }
+        // The oracle: every site of the chosen functions, at the same instructions of
+        // the original library, the same workload.
+        if oracle.is_none() && !case.oracle.is_empty() {
+            let sites: Vec<&Site> = metas[0]
+                .sites
+                .iter()
+                .filter(|s| case.oracle.contains(&&*s.name))
+                .collect();
+            let probes: Vec<(&Path, String, u64)> = sites
+                .iter()
+                .map(|s| (originals[0].as_path(), s.id.to_string(), s.file_off))
+                .collect();
+            // Only this process's events: sqlite_rewritten_same_output may run the
+            // original library at the same time.
+            let (o, events) = oracle_own_process(
+                &probes,
+                (case.prog, prog_str, &case.traced),
+                tmp.path(),
+                &[("LC_ALL", "C".as_ref())],
+                RUN_TIMEOUT,
+            );
+            assert_same_behaviour(&format!("{what} under the oracle's uprobes"), &o, &want);
+            let mut counts: HashMap<String, u64> = HashMap::new();
+            for e in &events {
+                *counts.entry(e.symbol.clone()).or_default() += 1;
+            }
+            oracle = Some((sites.iter().map(|s| s.id).collect(), counts));
+        }
+        let w = format!("{what} (every kind, {time}) under tracer record");
+        let trace = tmp.join(format!("{time}.utrace"));
+        let env: [(&str, &OsStr); 2] = [
+            ("LD_LIBRARY_PATH", dir.as_os_str()),
+            ("LC_ALL", "C".as_ref()),
+        ];
+        let t0 = Instant::now();
+        let r = tracer_record_with(&["--ring-bytes", "256M"], &trace, case.prog, &argv, &env);
+        let secs = t0.elapsed().as_secs_f64();
+        assert_same_behaviour(&w, &without_tracer_lines(&r), &want);
+        let rep = report(&trace);
+        assert_eq!(rep.dropped, 0, "{w}: dropped records");
+        let recs = dump(&trace);
+        check_report_matches_dump(&rep, &recs);
+        let meta_refs: Vec<&Metadata> = metas.iter().collect();
+        check_sites_valid(&recs, &meta_refs);
+        eprintln!("{w}: {} records in {secs:.1} s", recs.len());
+        for (lib, m) in case.libs.iter().zip(&metas) {
+            let soname = Path::new(lib.path).file_name().unwrap().to_string_lossy();
+            let kinds = check_all_kinds_records(&recs, &soname, m, time == "coarse", &w);
+            print_kind_records(&format!("{w}: {soname}"), &kinds);
+            assert!(
+                kinds.iter().filter(|(_, i, _)| *i > 0).count() == 4,
+                "{w}: {soname}: not every kind has inline records: {kinds:?}"
+            );
+        }
+        if time == "record"
+            && let Some((ids, counts)) = &oracle
+        {
+            let mut per_site: HashMap<u32, u64> = HashMap::new();
+            for r in recs.iter().filter(|r| ids.contains(&r.site)) {
+                *per_site.entry(r.site).or_default() += 1;
+            }
+            let mut bad = Vec::new();
+            for id in ids {
+                let s = &metas[0].sites.iter().find(|s| s.id == *id).unwrap();
+                let (got, want) = (
+                    per_site.get(id).copied().unwrap_or(0),
+                    counts.get(&id.to_string()).copied().unwrap_or(0),
+                );
+                if got != want {
+                    bad.push(format!(
+                        "{} {} site {id} at {:#x} ({:?}): {got} records, oracle {want}",
+                        s.name,
+                        s.kind.name(),
+                        s.vaddr,
+                        s.mode
+                    ));
+                }
+            }
+            assert!(
+                bad.is_empty(),
+                "{w}: counts differ from the oracle's:\n  {}",
+                bad.join("\n  ")
+            );
+            let hit = ids.iter().filter(|id| per_site.contains_key(id)).count();
+            eprintln!(
+                "{w}: {} sites of {:?} counted as the oracle ({hit} hit, {} records)",
+                ids.len(),
+                case.oracle,
+                per_site.values().sum::<u64>()
+            );
+        }
+    }
+    eprintln!("{what}: {:.1} s", start.elapsed().as_secs_f64());
+}
+
+/// SQLite with every kind: the variants of `sqlite_rewritten_same_output`; under the
+/// tracer the main script with 300 rows instead of 20000.
+#[test]
+fn sqlite_every_kind_same_output() {
+    if !present(&[SQLITE3, LIBSQLITE3]) {
+        return;
+    }
+    let tmp = TempDir::new("real-sqlite-scripts");
+    let script = tmp.join("work.sql");
+    std::fs::write(&script, SQL).unwrap();
+    let small = tmp.join("small.sql");
+    let small_sql = SQL.replace("x < 20000", "x < 300");
+    assert_ne!(small_sql, SQL);
+    std::fs::write(&small, small_sql).unwrap();
+    let variants = sqlite_variants(&script);
+    lib_all_kinds(&LibCase {
+        what: "sqlite",
+        prog: Path::new(SQLITE3),
+        argv0: "sqlite3",
+        libs: &[Lib {
+            path: LIBSQLITE3,
+            floors: LIBSQLITE3_KIND_FLOORS,
+            // sqlite3VdbeMemGrow: a memory access at a branch target before an indirect
+            // call through memory (`mov 0x8(%rbx),%rdi; call *0x30(%rbx)` at 0xfaf70),
+            // run 300 times by the traced workload.
+            keep: &[
+                "sqlite3_mutex_enter",
+                "sqlite3_mutex_leave",
+                "sqlite3StrICmp",
+                "sqlite3StatusHighwater",
+                // TEMP "sqlite3VdbeMemGrow",
+            ],
+        }],
+        variants,
+        traced: vec![":memory:".into(), format!(".read {}", small.display())],
+        uprobe_budget: 0,
+        // Inline and uprobe sites of every kind but memory (a uprobe memory site is
+        // counted, its address is not computed).
+        oracle: &[
+            "sqlite3_column_count",
+            "sqlite3DbMallocZero",
+            "sqlite3BtreeLeave",
+            "sqlite3_value_int",
+        ],
+        trace_coarse: true,
+    });
+}
+
+const BZIP2: &str = "/usr/bin/bzip2";
+const LIBBZ2: &str = "/lib/x86_64-linux-gnu/libbz2.so.1.0";
+
+/// bzip2: the compressor is libbz2 (`BZ2_compressBlock`, `BZ2_blockSort`, ... are
+/// exported); `bzip2` itself is stripped. Compression, decompression, test, an error.
+#[test]
+fn bzip2_every_kind_same_output() {
+    if !present(&[BZIP2, LIBBZ2]) {
+        return;
+    }
+    let tmp = TempDir::new("real-bzip2-data");
+    let data = tmp.join("data.txt");
+    std::fs::write(&data, sort_input(5000, 4)).unwrap();
+    let small = tmp.join("small.txt");
+    std::fs::write(&small, sort_input(400, 5)).unwrap();
+    let packed = tmp.join("data.txt.bz2");
+    let o = run_as(
+        Path::new(BZIP2),
+        "bzip2",
+        &["-c".into(), data.to_string_lossy().into_owned()],
+        tmp.path(),
+        &[],
+    )
+    .ok();
+    std::fs::write(&packed, &o.stdout).unwrap();
+    let (d, p) = (
+        data.to_string_lossy().into_owned(),
+        packed.to_string_lossy().into_owned(),
+    );
+    let variants: Vec<Vec<String>> = [
+        vec!["-c", &d],
+        vec!["-1", "-c", &d],
+        vec!["-dc", &p],
+        vec!["-ds", "-c", &p],
+        vec!["-tvv", &p],
+        // Not a bzip2 file: a message and exit status 2.
+        vec!["-dc", &d],
+    ]
+    .iter()
+    .map(|v| v.iter().map(|s| s.to_string()).collect())
+    .collect();
+    lib_all_kinds(&LibCase {
+        what: "bzip2",
+        prog: Path::new(BZIP2),
+        argv0: "bzip2",
+        libs: &[Lib {
+            path: LIBBZ2,
+            floors: LIBBZ2_KIND_FLOORS,
+            keep: &[],
+        }],
+        variants,
+        traced: vec!["-c".into(), small.to_string_lossy().into_owned()],
+        uprobe_budget: 12,
+        oracle: &[],
+        trace_coarse: false,
+    });
+}
+
+const JQ: &str = "/usr/bin/jq";
+const LIBJQ: &str = "/lib/x86_64-linux-gnu/libjq.so.1";
+const LIBONIG: &str = "/lib/x86_64-linux-gnu/libonig.so.5";
+
+/// `n` JSON objects `{"id", "name", "v", "tags"}` in an array.
+fn jq_input(n: usize, seed: u64) -> String {
+    let mut r = Lcg(seed);
+    let items: Vec<String> = (0..n)
+        .map(|i| {
+            let len = 3 + r.below(7);
+            let name: String = (0..len)
+                .map(|_| b"abcxyzC"[r.below(7) as usize] as char)
+                .collect();
+            let tags: Vec<String> = (0..r.below(5))
+                .map(|_| format!("{:?}", ["a", "b", "c", "dd"][r.below(4) as usize]))
+                .collect();
+            format!(
+                r#"{{"id":{i},"name":"{name}","v":{}.{:03},"tags":[{}]}}"#,
+                r.below(100),
+                r.below(1000),
+                tags.join(",")
+            )
+        })
+        .collect();
+    format!("[{}]\n", items.join(",\n"))
+}
+
+/// The jq program: selection with a regular expression (libonig), string functions,
+/// grouping, sorting, arithmetic, formatting.
+const JQ_PROGRAM: &str = r#"[.[] | select(.name | test("^[ab].*c"; "i"))
+  | {id, n: (.name | ascii_upcase | sub("C+"; "-")), t: (.tags | join(",")),
+     v: (.v * 100 | floor), m: (.name | [scan("[xyz]+")] | length)}]
+  | group_by(.t) | map({t: .[0].t, c: length, s: (map(.v) | add), m: (map(.m) | max)})
+  | sort_by(-.c, .t)"#;
+
+/// jq: the interpreter is libjq, regular expressions are libonig; both rewritten.
+#[test]
+fn jq_every_kind_same_output() {
+    if !present(&[JQ, LIBJQ, LIBONIG]) {
+        return;
+    }
+    let tmp = TempDir::new("real-jq-data");
+    let big = tmp.join("big.json");
+    std::fs::write(&big, jq_input(600, 6)).unwrap();
+    let small = tmp.join("small.json");
+    std::fs::write(&small, jq_input(20, 7)).unwrap();
+    let bad = tmp.join("bad.json");
+    std::fs::write(&bad, "[{\"a\": 1}, {\"b\": ]\n").unwrap();
+    let (b, s, x) = (
+        big.to_string_lossy().into_owned(),
+        small.to_string_lossy().into_owned(),
+        bad.to_string_lossy().into_owned(),
+    );
+    let variants: Vec<Vec<String>> = [
+        vec!["-c", JQ_PROGRAM, &b],
+        vec![".[:50]", &b],
+        vec![
+            "-r",
+            r#".[:300][] | [.id, .name, (.tags | @csv), (.name | @base64), (.name | gsub("[ac]"; "_"))] | @tsv"#,
+            &b,
+        ],
+        vec![
+            "-c",
+            "--arg",
+            "k",
+            "x",
+            r#"[.[] | .name | capture("(?<a>[abc]+)(?<k>[xyz]*)") | select(.k | contains($k))] | unique | length, .[:5]"#,
+            &b,
+        ],
+        vec![
+            "-c",
+            r#"([paths(type == "number")] | length), (map(.v) | add / length | . * 1000 | round), ([.[].name | splits("c+")] | map(select(length > 0)) | unique | length)"#,
+            &b,
+        ],
+        // A parse error (exit 2) and a runtime error (exit 5).
+        vec![".", &x],
+        vec![r#".[0] | error("boom \(.id)")"#, &s],
+    ]
+    .iter()
+    .map(|v| v.iter().map(|s| s.to_string()).collect())
+    .collect();
+    lib_all_kinds(&LibCase {
+        what: "jq",
+        prog: Path::new(JQ),
+        argv0: "jq",
+        libs: &[
+            Lib {
+                path: LIBJQ,
+                floors: LIBJQ_KIND_FLOORS,
+                keep: &["jq_next"],
+            },
+            Lib {
+                path: LIBONIG,
+                floors: LIBONIG_KIND_FLOORS,
+                keep: &[],
+            },
+        ],
+        variants,
+        traced: vec!["-c".into(), JQ_PROGRAM.into(), s.clone()],
+        uprobe_budget: 6,
+        oracle: &[],
+        trace_coarse: false,
+    });
 }

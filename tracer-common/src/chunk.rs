@@ -13,7 +13,9 @@ pub const CHUNK_BYTES: usize =
 /// Records drained from a thread's buffer (full buffer, thread exit, or before a
 /// uprobe-site record so that order is kept).
 pub const CHUNK_KIND_RECORDS: u32 = 1;
-/// One record emitted directly by the uprobe fallback program.
+/// One event emitted directly by the uprobe fallback program: one record, or up to
+/// `operand::MAX_OPERAND_RECORDS` for a USDT probe with more than two arguments (the
+/// `FLAG_USDT_MORE` records follow the first, as an inline stub writes them).
 pub const CHUNK_KIND_UPROBE: u32 = 2;
 /// User-space drain only: a thread registered a slot. `count` = 0; the header is
 /// followed by the slot's address and its RW area's address (two u64). Not written to
@@ -26,6 +28,8 @@ pub const CAUSE_THREAD_EXIT: u32 = 2;
 pub const CAUSE_TASK_EXIT: u32 = 3;
 pub const CAUSE_UPROBE_SITE: u32 = 4;
 pub const CAUSE_REGISTER: u32 = 5;
+/// The thread took a crash signal (SIGSEGV, SIGABRT, ...).
+pub const CAUSE_CRASH: u32 = 6;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -36,6 +36,11 @@ pub const MAP_TARGETS: &str = "TARGETS";
 /// `Array<u64>`: binary ordinal (the high half of a site cookie) → binary_id.
 pub const MAP_BINARIES: &str = "BINARIES";
 
+/// `HashMap<u64 = operand_key(ordinal, site id), OperandSet>`: the operand descriptors
+/// of the uprobe sites of kind memory and USDT (`operand::OperandSet`), filled by the
+/// tracer before it attaches them. Sized by the tracer to the sites it has.
+pub const MAP_OPERANDS: &str = "OPERANDS";
+
 /// `LruHashMap<[u64; 2] = [tgid, slot address], u64>`: how far a slot's buffer was
 /// delivered, used when the kernel forbids `bpf_probe_write_user` (lockdown).
 pub const MAP_DRAINED: &str = "DRAINED";
@@ -83,11 +88,12 @@ pub const SEL_ENTRY: u8 = 0;
 pub const SEL_EXIT: u8 = 1;
 /// Value = the probed instruction's address, aux = 0 (a basic block).
 pub const SEL_BLOCK: u8 = 2;
-/// Value = 0 (the effective address is not computed by the uprobe program yet), aux =
-/// the instruction's address (a memory access).
+/// Value = the effective address, aux = the instruction's address, flags = size and
+/// read/write, from the site's `OPERANDS` entry (a memory access; value 0 and no
+/// flags without one).
 pub const SEL_MEMORY: u8 = 3;
-/// Value = aux = 0 (a USDT probe: its arguments are not computed by the uprobe program
-/// yet).
+/// Value, aux and the `FLAG_USDT_MORE` records after them = the arguments, from the
+/// site's `OPERANDS` entry (a USDT probe; one record of zeros without one).
 pub const SEL_USDT: u8 = 4;
 
 /// The attach cookie of a uprobe site: binary ordinal (index into `BINARIES`) in bits
@@ -95,6 +101,11 @@ pub const SEL_USDT: u8 = 4;
 /// 32..40, site id in the low half.
 pub const fn site_cookie(ordinal: u32, selector: u8, site_id: u32) -> u64 {
     ((ordinal as u64) << 40) | ((selector as u64) << 32) | site_id as u64
+}
+
+/// The `OPERANDS` key of a site: binary ordinal in the high half, site id in the low.
+pub const fn operand_key(ordinal: u32, site_id: u32) -> u64 {
+    ((ordinal as u64) << 32) | site_id as u64
 }
 
 /// Binary ordinal of a site cookie.

@@ -80,7 +80,23 @@ pub struct RwHeader {
     pub user_fd: u32,
     /// Sequence number of the next chunk sent by the user-space drain.
     pub user_seq: u64,
+    /// `BUF_*`: what the stubs do when a buffer is full.
+    pub buf_kind: u32,
+    pub _pad: u32,
 }
+
+pub const RWH_BUF_KIND: u64 = 80;
+/// Buffer kinds (`RwHeader::buf_kind`). Trace: a full buffer is flushed (drained
+/// through the flush uprobe).
+pub const BUF_TRACE: u32 = 0;
+/// Circular: a full buffer wraps (the stub resets `cur` itself; the newest records
+/// overwrite the oldest); read whole, oldest first, at thread exit and on a crash.
+pub const BUF_CIRCULAR: u32 = 1;
+/// Fast circular: a 64 KiB ring, 64 KiB aligned; the stub bumps only the low 16 bits
+/// of `cur`, so it wraps by itself, with no check at all.
+pub const BUF_FAST_CIRCULAR: u32 = 2;
+/// Bytes of a fast circular ring.
+pub const FAST_RING_BYTES: u64 = 0x10000;
 
 pub const RWH_USER_STATE: u64 = 64;
 pub const RWH_USER_FD: u64 = 68;
@@ -149,6 +165,7 @@ const _: () = assert!(core::mem::offset_of!(Slot, owner_tid) as u64 == SLOT_OWNE
 const _: () = assert!(core::mem::offset_of!(Slot, inflight) as u64 == SLOT_INFLIGHT);
 const _: () = assert!(core::mem::offset_of!(RwHeader, registrations) as u64 == RWH_REGISTRATIONS);
 const _: () = assert!(core::mem::offset_of!(RwHeader, user_seq) as u64 == RWH_USER_SEQ);
+const _: () = assert!(core::mem::offset_of!(RwHeader, buf_kind) as u64 == RWH_BUF_KIND);
 
 /// Offset of the buffer area for `nslots` slots.
 pub const fn bufs_off(nslots: u32) -> u64 {
@@ -156,14 +173,18 @@ pub const fn bufs_off(nslots: u32) -> u64 {
     (end + BUF_ALIGN - 1) & !(BUF_ALIGN - 1)
 }
 
-/// Distance between two buffers: the records plus the slack, cache-line aligned.
-pub const fn buf_stride(buf_bytes: u64) -> u64 {
+/// Distance between two buffers: the records plus the slack, cache-line aligned; fast
+/// rings are back to back (they never pass their end), so each stays 64 KiB aligned.
+pub const fn buf_stride(buf_kind: u32, buf_bytes: u64) -> u64 {
+    if buf_kind == BUF_FAST_CIRCULAR {
+        return FAST_RING_BYTES;
+    }
     (buf_bytes + BUF_SLACK_RECORDS * crate::RECORD_SIZE as u64 + 63) & !63
 }
 
 /// Total size of the RW area.
-pub const fn rw_size(nslots: u32, buf_bytes: u64) -> u64 {
-    bufs_off(nslots) + nslots as u64 * buf_stride(buf_bytes)
+pub const fn rw_size(buf_kind: u32, nslots: u32, buf_bytes: u64) -> u64 {
+    bufs_off(nslots) + nslots as u64 * buf_stride(buf_kind, buf_bytes)
 }
 
 /// Index entry for a thread pointer.

@@ -11,6 +11,7 @@ pub mod ebpf;
 pub mod layout;
 #[cfg(feature = "std")]
 pub mod meta;
+pub mod operand;
 pub mod record;
 
 pub use chunk::*;

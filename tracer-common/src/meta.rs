@@ -21,10 +21,22 @@
 //! ...  strtab: NUL-terminated names, referenced by name_off
 //! ...  (4-aligned) semaphores: nsemaphores × 16 bytes: u64 anchor_file_off,
 //!        u64 semaphore_file_off (see [`Semaphore`])
+//! ...  optional operand table (see [`SiteOperands`]): u32 nsets, then per set
+//!        u32 site, u32 flags, u8 count, 3 × u8 reserved, count × 16-byte operands
+//!        (u8 kind, u8 base, u8 index, u8 shift, u8 size, u8 flags, 2 × u8 reserved,
+//!        i64 disp; see [`crate::operand::Operand`])
 //! ```
 //! `vaddr`s are link-time addresses; `file_off`s are offsets in the rewritten file.
+//!
+//! The operand table came after version 1 had shipped: its count is its own first word
+//! rather than a header field, so the version stays 1 both ways. Metadata that ends
+//! after the semaphores (older rewriters, or no uprobe site needing operands) has no
+//! operand sets, and older tracers ignore the table (their uprobe memory and USDT
+//! records then carry zeros, as before).
 
 use std::fmt;
+
+use crate::operand::{MAX_OPERANDS, Operand, OperandSet};
 
 pub const META_SECTION: &str = ".note.utrace";
 pub const META_NOTE_NAME: &[u8] = b"UTRACE";
@@ -40,6 +52,10 @@ pub const META_FLAG_PRE_TLS: u32 = 1;
 pub const META_FLAG_SHARED_LIB: u32 = 2;
 /// The binary is position independent (PIE or shared library).
 pub const META_FLAG_PIC: u32 = 4;
+/// Circular buffers (`BUF_CIRCULAR`).
+pub const META_FLAG_CIRCULAR: u32 = 8;
+/// Fast circular 64 KiB rings (`BUF_FAST_CIRCULAR`).
+pub const META_FLAG_FAST_CIRCULAR: u32 = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u8)]
@@ -130,6 +146,18 @@ pub struct Metadata {
     pub time_mode: TimeMode,
     pub sites: Vec<Site>,
     pub semaphores: Vec<Semaphore>,
+    /// Operand descriptors of the uprobe sites of kind memory and USDT, by site id
+    /// (sorted, at most one per site).
+    pub operands: Vec<SiteOperands>,
+}
+
+/// Where the values of a uprobe site's record are (the effective address of a memory
+/// site, the arguments of a USDT probe), for the eBPF `site` program to compute what
+/// the inline stub would have recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SiteOperands {
+    pub site: u32,
+    pub set: OperandSet,
 }
 
 /// A USDT semaphore (a `u16` the program tests before computing a probe's arguments)
@@ -149,6 +177,8 @@ pub enum MetaError {
     UnsupportedVersion(u32),
     BadSite(u32),
     BadTimeMode(u32),
+    /// Operand set `i` of the table is malformed.
+    BadOperands(u32),
 }
 
 impl fmt::Display for MetaError {
@@ -162,6 +192,9 @@ impl fmt::Display for MetaError {
             ),
             MetaError::BadSite(i) => write!(f, "utrace metadata: site {i} is malformed"),
             MetaError::BadTimeMode(m) => write!(f, "utrace metadata: unknown time mode {m}"),
+            MetaError::BadOperands(i) => {
+                write!(f, "utrace metadata: operand set {i} is malformed")
+            }
         }
     }
 }
@@ -213,7 +246,61 @@ fn rd_u64(b: &[u8], o: usize) -> u64 {
     u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
 }
 
+/// The operand table at `at` (see the module docs); none when the descriptor ends there.
+fn parse_operands(b: &[u8], at: usize) -> Result<Vec<SiteOperands>, MetaError> {
+    if b.len() <= at {
+        return Ok(Vec::new());
+    }
+    let short = MetaError::Truncated("operands");
+    let n = rd_u32(b.get(at..at + 4).ok_or(short.clone())?, 0) as usize;
+    let mut o = at + 4;
+    let mut out = Vec::with_capacity(n.min(b.len() / 12));
+    for i in 0..n {
+        let head = b.get(o..o + 12).ok_or(short.clone())?;
+        let count = head[8];
+        if usize::from(count) > MAX_OPERANDS {
+            return Err(MetaError::BadOperands(i as u32));
+        }
+        let mut set = OperandSet {
+            count,
+            flags: rd_u32(head, 4),
+            ..Default::default()
+        };
+        o += 12;
+        for op in set.ops.iter_mut().take(usize::from(count)) {
+            let e = b.get(o..o + 16).ok_or(short.clone())?;
+            *op = Operand {
+                kind: e[0],
+                base: e[1],
+                index: e[2],
+                shift: e[3],
+                size: e[4],
+                flags: e[5],
+                _pad: [0; 2],
+                disp: rd_u64(e, 8) as i64,
+            };
+            o += 16;
+        }
+        out.push(SiteOperands {
+            site: rd_u32(head, 0),
+            set,
+        });
+    }
+    Ok(out)
+}
+
 impl Metadata {
+    /// `BUF_*` of this binary's buffers.
+    pub fn buf_kind(&self) -> u32 {
+        if self.flags & META_FLAG_FAST_CIRCULAR != 0 {
+            crate::BUF_FAST_CIRCULAR
+        } else if self.flags & META_FLAG_CIRCULAR != 0 {
+            crate::BUF_CIRCULAR
+        } else {
+            crate::BUF_TRACE
+        }
+    }
+
     /// Serialise to the note descriptor described in the module docs.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut strtab = Vec::new();
@@ -275,6 +362,23 @@ impl Metadata {
         for m in &self.semaphores {
             out.extend_from_slice(&m.anchor_file_off.to_le_bytes());
             out.extend_from_slice(&m.semaphore_file_off.to_le_bytes());
+        }
+        // Left out when empty: such metadata is byte for byte what older rewriters
+        // wrote.
+        if !self.operands.is_empty() {
+            out.extend_from_slice(&(self.operands.len() as u32).to_le_bytes());
+            for so in &self.operands {
+                let n = usize::from(so.set.count).min(MAX_OPERANDS);
+                out.extend_from_slice(&so.site.to_le_bytes());
+                out.extend_from_slice(&so.set.flags.to_le_bytes());
+                out.extend_from_slice(&[n as u8, 0, 0, 0]);
+                for op in &so.set.ops[..n] {
+                    out.extend_from_slice(&[
+                        op.kind, op.base, op.index, op.shift, op.size, op.flags, 0, 0,
+                    ]);
+                    out.extend_from_slice(&op.disp.to_le_bytes());
+                }
+            }
         }
         out
     }
@@ -340,6 +444,7 @@ impl Metadata {
                 semaphore_file_off: rd_u64(b, sem_at + 16 * i + 8),
             })
             .collect();
+        let operands = parse_operands(b, sem_end)?;
         Ok(Metadata {
             arch: rd_u32(b, 12),
             record_version: rd_u32(b, 16),
@@ -360,6 +465,7 @@ impl Metadata {
                 .ok_or(MetaError::BadTimeMode(rd_u32(b, 144)))?,
             sites,
             semaphores,
+            operands,
         })
     }
 
@@ -464,6 +570,7 @@ mod tests {
                 anchor_file_off: 0x8010,
                 semaphore_file_off: 0x3000,
             }],
+            operands: Vec::new(),
         };
         let note = m.to_note();
         assert_eq!(Metadata::from_note_section(&note).unwrap().unwrap(), m);
@@ -471,5 +578,68 @@ mod tests {
         for cut in [0, 11, 100, bytes.len() - 1] {
             assert!(Metadata::parse(&bytes[..cut]).is_err());
         }
+
+        // With an operand table: it round-trips, and a cut inside it is an error.
+        use crate::operand::*;
+        let mut usdt = OperandSet {
+            count: 3,
+            ..Default::default()
+        };
+        usdt.ops[0] = Operand {
+            kind: OP_REG,
+            base: 7,
+            index: REG_NONE,
+            size: 4,
+            flags: OPF_SIGNED,
+            ..Default::default()
+        };
+        usdt.ops[1] = Operand {
+            kind: OP_LOAD,
+            base: X86_REG_PC,
+            index: REG_NONE,
+            size: 8,
+            disp: -0x1234,
+            ..Default::default()
+        };
+        usdt.ops[2] = Operand {
+            kind: OP_IMM,
+            disp: -5,
+            ..Default::default()
+        };
+        let mut mem = OperandSet {
+            count: 1,
+            flags: crate::FLAG_MEM_READ | 8 << crate::FLAG_MEM_SIZE_SHIFT,
+            ..Default::default()
+        };
+        mem.ops[0] = Operand {
+            kind: OP_ADDR,
+            base: 3,
+            index: 1,
+            shift: 3,
+            flags: OPF_TP,
+            disp: 0x10,
+            ..Default::default()
+        };
+        let with = Metadata {
+            operands: vec![
+                SiteOperands { site: 1, set: mem },
+                SiteOperands { site: 2, set: usdt },
+            ],
+            ..m.clone()
+        };
+        let bytes = with.to_bytes();
+        assert_eq!(bytes.len(), m.to_bytes().len() + 4 + 12 + 16 + 12 + 3 * 16);
+        assert_eq!(Metadata::parse(&bytes).unwrap(), with);
+        let note = with.to_note();
+        assert_eq!(Metadata::from_note_section(&note).unwrap().unwrap(), with);
+        for cut in [m.to_bytes().len() + 2, bytes.len() - 1] {
+            assert_eq!(
+                Metadata::parse(&bytes[..cut]),
+                Err(MetaError::Truncated("operands"))
+            );
+        }
+        let mut bad = bytes.clone();
+        bad[m.to_bytes().len() + 4 + 8] = 13;
+        assert_eq!(Metadata::parse(&bad), Err(MetaError::BadOperands(0)));
     }
 }

@@ -43,6 +43,8 @@ pub const FLAG_MEM_WRITE: u32 = 1 << 3;
 /// record before it, `k` in bits 24..32 of `flags`.
 pub const FLAG_USDT_MORE: u32 = 1 << 4;
 pub const FLAG_USDT_INDEX_SHIFT: u32 = 24;
+/// Written into a circular buffer (an unused ring record has flags 0).
+pub const FLAG_RING: u32 = 1 << 5;
 /// Memory site: bytes accessed, in bits 16..32 of `flags`.
 pub const FLAG_MEM_SIZE_SHIFT: u32 = 16;
 

@@ -50,6 +50,27 @@ mod regs {
         let sp = unsafe { (*ctx.regs).rsp };
         read_user::<u64>(sp).unwrap_or(0)
     }
+
+    pub const NREGS: usize = tracer_common::operand::X86_NREGS;
+
+    /// The register file in the operand descriptors' numbering (`rax rcx rdx rbx rsp
+    /// rbp rsi rdi r8..r15 rip`). Every field is its own volatile load at a constant
+    /// offset: the verifier refuses context accesses at variable offsets, and LLVM
+    /// must not fuse them into a copy it might lower differently.
+    #[inline(always)]
+    pub fn registers(ctx: &ProbeContext) -> [u64; NREGS] {
+        let r = ctx.regs;
+        macro_rules! rd {
+            ($($f:ident),*) => {
+                // SAFETY: ctx.regs is the program's pt_regs context, readable for its
+                // lifetime.
+                [$(unsafe { core::ptr::read_volatile(&raw const (*r).$f) }),*]
+            };
+        }
+        rd!(
+            rax, rcx, rdx, rbx, rsp, rbp, rsi, rdi, r8, r9, r10, r11, r12, r13, r14, r15, rip
+        )
+    }
 }
 
 #[cfg(bpf_target_arch = "aarch64")]
@@ -107,9 +128,35 @@ mod regs {
     pub fn return_address(ctx: &ProbeContext) -> u64 {
         reg(ctx, 30) & USER_VA_MASK
     }
+
+    pub const NREGS: usize = tracer_common::operand::A64_NREGS;
+
+    /// The register file in the operand descriptors' numbering (`x0..x30 sp pc`).
+    /// Every register is its own volatile load at a constant offset: the verifier
+    /// refuses context accesses at variable offsets, and LLVM must not fuse them into
+    /// a copy it might lower differently.
+    #[inline(always)]
+    pub fn registers(ctx: &ProbeContext) -> [u64; NREGS] {
+        let r = ctx.regs.cast::<UserPtRegs>();
+        macro_rules! rd {
+            ($($n:literal),*) => {
+                // SAFETY: ctx.regs is the program's pt_regs context, which starts
+                // with user_pt_regs.
+                [
+                    $(unsafe { core::ptr::read_volatile(&raw const (*r).regs[$n]) },)*
+                    unsafe { core::ptr::read_volatile(&raw const (*r).sp) },
+                    unsafe { core::ptr::read_volatile(&raw const (*r).pc) },
+                ]
+            };
+        }
+        rd!(
+            0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
+            24, 25, 26, 27, 28, 29, 30
+        )
+    }
 }
 
-pub use regs::{first_arg, pc, return_address, return_value, slot_arg};
+pub use regs::{NREGS, first_arg, pc, registers, return_address, return_value, slot_arg};
 
 /// AArch64 user space sets its thread pointer with `msr tpidr_el0` (no system call), and
 /// the kernel copies the register into `thread.uw.tp_value` only when the task is

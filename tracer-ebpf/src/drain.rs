@@ -12,7 +12,7 @@ use core::ffi::c_void;
 use aya_ebpf::helpers::generated::{bpf_ktime_get_ns, bpf_loop, bpf_probe_read_user};
 use tracer_common::{
     CHUNK_KIND_RECORDS, CHUNK_RECORDS, ChunkHeader, RECORD_SIZE, STAT_CHUNKS, STAT_READ_ERRORS,
-    STAT_RECORDS_DELIVERED, STAT_RECORDS_DROPPED, Slot, ebpf::MAX_DRAIN_BYTES,
+    STAT_RECORDS_DELIVERED, STAT_RECORDS_DROPPED, ebpf::MAX_DRAIN_BYTES,
 };
 
 use crate::maps::{EVENTS, next_seq, stat_add};
@@ -40,18 +40,15 @@ struct DrainCtx {
     failed: u64,
 }
 
-/// Copy the records `[from, slot.cur)` of the current thread's slot into `EVENTS`
-/// (`from` is `slot.start` unless an earlier drain delivered a prefix). `pid_tid` is
-/// `bpf_get_current_pid_tgid()`. Returns the number of records delivered, or a negative
-/// error (`E_*`). Does not touch the slot.
+/// Copy the records `[from, to)` of the current thread's buffer (of binary
+/// `binary_id`) into `EVENTS`. `pid_tid` is `bpf_get_current_pid_tgid()`. Returns the
+/// number of records delivered, or a negative error (`E_*`). Does not touch the slot.
+/// Plain values, no `Slot`: the exit programs' call chain must stay within the
+/// verifier's 512-byte combined stack.
 #[inline(never)]
-pub fn drain(slot: &Slot, from: u64, pid_tid: u64, cause: u32) -> i64 {
-    let (start, cur) = (from, slot.cur);
-    if start < slot.start
-        || cur < start
-        || (cur - start) % RECORD_SIZE as u64 != 0
-        || cur - start > MAX_DRAIN_BYTES
-    {
+pub fn drain(from: u64, to: u64, binary_id: u64, pid_tid: u64, cause: u32) -> i64 {
+    let (start, cur) = (from, to);
+    if cur < start || (cur - start) % RECORD_SIZE as u64 != 0 || cur - start > MAX_DRAIN_BYTES {
         stat_add(STAT_READ_ERRORS, 1);
         return E_BAD_SPAN;
     }
@@ -64,7 +61,7 @@ pub fn drain(slot: &Slot, from: u64, pid_tid: u64, cause: u32) -> i64 {
         start,
         n,
         pid_tid,
-        binary_id: slot.binary_id,
+        binary_id,
         cause: cause as u64,
         // SAFETY: no preconditions.
         time: unsafe { bpf_ktime_get_ns() },

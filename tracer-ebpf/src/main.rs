@@ -6,9 +6,11 @@
 //!   argument register; drains `[start, cur)` and resets the buffer (the flush code
 //!   resets it too if we did not), and learns the process's RW area on the registration
 //!   call (`cur == start`).
-//! - `site`: uprobe on an unpatchable site, cookie = (binary ordinal << 32) | site id;
-//!   drains and resets the thread's buffer of that binary (keeps order), then emits one
-//!   record of its own.
+//! - `site`: uprobe on an unpatchable site, cookie = `ebpf::site_cookie` (binary
+//!   ordinal, record selector, site id); drains and resets the thread's buffer of that
+//!   binary (keeps order), then emits the record an inline stub would (a memory site's
+//!   effective address and a USDT probe's arguments from its `OPERANDS` descriptors,
+//!   the arguments after the second in `FLAG_USDT_MORE` records of the same chunk).
 //!
 //! Flush and site leave a buffer alone while `slot.inflight != 0` (a signal handler
 //! interrupted a stub that is still writing its record).
@@ -48,22 +50,27 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::error;
 use tracer_common::{
-    CAUSE_FULL, CAUSE_REGISTER, CAUSE_TASK_EXIT, CAUSE_THREAD_EXIT, CAUSE_UPROBE_SITE,
-    CHUNK_KIND_UPROBE, ChunkHeader, FLAG_KTIME, FLAG_UPROBE, Record, STAT_CHUNKS, STAT_READ_ERRORS,
-    STAT_RECORDS_DELIVERED, STAT_RECORDS_DROPPED, Slot,
+    CAUSE_CRASH, CAUSE_FULL, CAUSE_REGISTER, CAUSE_TASK_EXIT, CAUSE_THREAD_EXIT, CAUSE_UPROBE_SITE,
+    CHUNK_KIND_UPROBE, ChunkHeader, FLAG_KTIME, FLAG_UPROBE, FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE,
+    Record, STAT_CHUNKS, STAT_READ_ERRORS, STAT_RECORDS_DELIVERED, STAT_RECORDS_DROPPED, Slot,
     ebpf::{
-        SEL_BLOCK, SEL_EXIT, SEL_MEMORY, SEL_USDT, STAT_TABLE_FULL, cookie_ordinal, cookie_selector,
+        SEL_BLOCK, SEL_EXIT, SEL_MEMORY, SEL_USDT, STAT_TABLE_FULL, cookie_ordinal,
+        cookie_selector, operand_key,
+    },
+    operand::{
+        MAX_OPERAND_RECORDS, MAX_OPERANDS, OP_ADDR, OP_IMM, OP_LOAD, OP_REG, OPF_HIGH8, OPF_SIGNED,
+        OPF_STRIP_PAC, OPF_TP, Operand, OperandSet, PAC_BITS,
     },
 };
 use tracer_common::{RWH_USER_STATE, USER_ON};
 
 use crate::{
-    arch::thread_pointer,
+    arch::{NREGS, thread_pointer},
     maps::{
-        BINARIES, E_BAD_RW, EVENTS, EXIT_GROUP_DEAD_OFF, FORK_CHILD_PID_OFF, SYSTEM_WIDE, TABLES,
-        TARGETS, is_target, next_seq, remember_rw_base, stat_add,
+        BINARIES, E_BAD_RW, EVENTS, EXIT_GROUP_DEAD_OFF, FORK_CHILD_PID_OFF, OPERANDS, SYSTEM_WIDE,
+        TABLES, TARGETS, is_target, next_seq, remember_rw_base, stat_add,
     },
-    slots::{AFTER_EXIT, AFTER_RELEASE, AFTER_RESET, drain_slot},
+    slots::{AFTER_EXIT, AFTER_RELEASE, AFTER_RESET, AFTER_SIGNAL, drain_slot},
     tables::{drain_exiting, find_binary_slot},
     user::read_user,
 };
@@ -111,11 +118,25 @@ pub fn flush(ctx: ProbeContext) -> u32 {
     0
 }
 
-/// One uprobe-site record as it goes into the ring buffer.
+/// One uprobe-site event as it goes into the ring buffer: its record and, for a USDT
+/// probe of more than two arguments, the `FLAG_USDT_MORE` records after it (the
+/// header's `count` says how many are valid).
 #[repr(C)]
-struct UprobeChunk {
+struct UprobeChunk<const N: usize> {
     header: ChunkHeader,
-    record: Record,
+    records: [Record; N],
+}
+
+/// What every record of a uprobe-site event shares, and the first record's values
+/// from the selector's registers.
+struct Event {
+    pid_tid: u64,
+    binary_id: u64,
+    site: u32,
+    value: u64,
+    aux: u64,
+    /// The thread pointer (`%fs:`-relative operands).
+    tp: u64,
 }
 
 #[uprobe]
@@ -150,46 +171,183 @@ pub fn site(ctx: ProbeContext) -> u32 {
     );
     let ra = arch::return_address(&ctx);
     // SAFETY: reading a local; keeps LLVM from turning the choice into a ctx offset.
-    let (value, aux) = match unsafe { core::ptr::read_volatile(&cookie_selector(cookie)) } {
+    let selector = unsafe { core::ptr::read_volatile(&cookie_selector(cookie)) };
+    let (value, aux) = match selector {
         SEL_EXIT => (ret, ra),
         SEL_BLOCK => (pc, 0),
-        // The effective address is not computed here (yet): 0, with the instruction.
+        // The effective address comes from the site's operands.
         SEL_MEMORY => (0, pc),
-        // The arguments are not computed here (yet).
+        // The arguments come from the site's operands.
         SEL_USDT => (0, 0),
         _ => (arg, ra),
+    };
+    let ops = match selector {
+        SEL_MEMORY | SEL_USDT => {
+            OPERANDS.get_ptr(&operand_key(cookie_ordinal(cookie), cookie as u32))
+        }
+        _ => None,
+    };
+    let ev = Event {
+        pid_tid,
+        binary_id,
+        site: cookie as u32,
+        value,
+        aux,
+        tp,
+    };
+    match ops {
+        // SAFETY: a live OPERANDS value.
+        Some(set) if unsafe { (*set).count } > 2 => {
+            emit::<MAX_OPERAND_RECORDS>(&ctx, &ev, Some(set));
+        }
+        set => emit::<1>(&ctx, &ev, set),
+    }
+    0
+}
+
+/// Reserve room for `N` records, write the event (values from `set` when there is
+/// one) and submit it. `N` = 1 unless `set` has more than two operands.
+#[inline(always)]
+fn emit<const N: usize>(ctx: &ProbeContext, ev: &Event, set: Option<*const OperandSet>) {
+    let nrec = match set {
+        // SAFETY: a live OPERANDS value.
+        Some(s) => unsafe { (*s).records() }.min(N),
+        None => 1,
     };
     let seq = next_seq();
     // SAFETY: no preconditions.
     let time = unsafe { bpf_ktime_get_ns() };
-    let Some(mut entry) = EVENTS.reserve::<UprobeChunk>(0) else {
-        stat_add(STAT_RECORDS_DROPPED, 1);
-        return 0;
+    let Some(mut entry) = EVENTS.reserve::<UprobeChunk<N>>(0) else {
+        stat_add(STAT_RECORDS_DROPPED, nrec as u64);
+        return;
     };
-    entry.write(UprobeChunk {
-        header: ChunkHeader {
+    let p = entry.as_mut_ptr();
+    let flags = FLAG_KTIME | FLAG_UPROBE;
+    // SAFETY: p is the reservation, room for one UprobeChunk<N>; set is a live
+    // OPERANDS value.
+    unsafe {
+        (*p).header = ChunkHeader {
             kind: CHUNK_KIND_UPROBE,
-            count: 1,
-            pid: tgid,
-            tid: pid_tid as u32,
+            count: nrec as u32,
+            pid: (ev.pid_tid >> 32) as u32,
+            tid: ev.pid_tid as u32,
             seq,
-            binary_id,
+            binary_id: ev.binary_id,
             cause: CAUSE_UPROBE_SITE,
             _pad: 0,
             time,
-        },
-        record: Record {
-            site: cookie as u32,
-            flags: FLAG_KTIME | FLAG_UPROBE,
+        };
+        (*p).records[0] = Record {
+            site: ev.site,
+            flags: flags | set.map_or(0, |s| (*s).flags),
             time,
-            value,
-            aux,
-        },
-    });
+            value: ev.value,
+            aux: ev.aux,
+        };
+        // The records an inline USDT stub reserves after the first: arguments 2k+3
+        // and 2k+4, zeros where the probe has fewer.
+        for j in 1..N {
+            (*p).records[j] = Record {
+                site: ev.site,
+                flags: flags | FLAG_USDT_MORE | ((j as u32 - 1) << FLAG_USDT_INDEX_SHIFT),
+                time,
+                value: 0,
+                aux: 0,
+            };
+        }
+        if let Some(s) = set {
+            fill::<N>(ctx, s, &raw mut (*p).records, ev.tp);
+        }
+    }
     entry.submit(0);
-    stat_add(STAT_RECORDS_DELIVERED, 1);
+    stat_add(STAT_RECORDS_DELIVERED, nrec as u64);
     stat_add(STAT_CHUNKS, 1);
-    0
+}
+
+/// Evaluate the operands of `set` into `recs`: operand k → value (k even) or aux (k
+/// odd) of record k / 2. Its own function, so that the register file (up to 264
+/// bytes) is on the stack only while it runs, not under the drain's frames.
+#[inline(never)]
+fn fill<const N: usize>(
+    ctx: &ProbeContext,
+    set: *const OperandSet,
+    recs: *mut [Record; N],
+    tp: u64,
+) {
+    let regs = arch::registers(ctx);
+    // SAFETY: a live OPERANDS value.
+    let n = usize::from(unsafe { (*set).count });
+    // A constant bound, so that the verifier sees every store inside the reservation.
+    let bound = if 2 * N < MAX_OPERANDS {
+        2 * N
+    } else {
+        MAX_OPERANDS
+    };
+    for k in 0..bound {
+        if k >= n {
+            break;
+        }
+        // SAFETY: k < MAX_OPERANDS; k / 2 < N.
+        unsafe {
+            let v = eval(&regs, &(*set).ops[k], tp);
+            let r = recs.cast::<Record>().add(k / 2);
+            if k % 2 == 0 {
+                (*r).value = v;
+            } else {
+                (*r).aux = v;
+            }
+        }
+    }
+}
+
+/// The value an operand describes, from the register file `regs` (descriptor
+/// numbering) and the thread's memory. A load that fails gives 0 and counts a read
+/// error.
+#[inline(never)]
+fn eval(regs: &[u64; NREGS], op: &Operand, tp: u64) -> u64 {
+    // A register number from the map is checked against the file (REG_NONE → 0).
+    let reg = |r: u8| regs.get(usize::from(r)).copied().unwrap_or(0);
+    match op.kind {
+        OP_IMM => op.disp as u64,
+        OP_REG if op.flags & OPF_HIGH8 != 0 => {
+            let v = reg(op.base) >> 8;
+            if op.flags & OPF_SIGNED != 0 {
+                v as i8 as i64 as u64
+            } else {
+                v as u8 as u64
+            }
+        }
+        OP_REG => op.extend(reg(op.base)),
+        OP_ADDR | OP_LOAD => {
+            let mut base = reg(op.base);
+            if op.flags & OPF_STRIP_PAC != 0 {
+                base &= !PAC_BITS;
+            }
+            let mut ea = base
+                .wrapping_add(op.scaled_index(reg(op.index)))
+                .wrapping_add(op.disp as u64);
+            if op.flags & OPF_TP != 0 {
+                ea = ea.wrapping_add(tp);
+            }
+            if op.kind == OP_ADDR {
+                return ea;
+            }
+            let v = match op.size {
+                1 => read_user::<u8>(ea).map(u64::from),
+                2 => read_user::<u16>(ea).map(u64::from),
+                4 => read_user::<u32>(ea).map(u64::from),
+                _ => read_user::<u64>(ea),
+            };
+            match v {
+                Ok(v) => op.extend(v),
+                Err(_) => {
+                    stat_add(STAT_READ_ERRORS, 1);
+                    0
+                }
+            }
+        }
+        _ => 0,
+    }
 }
 
 #[tracepoint]
@@ -223,10 +381,15 @@ pub fn group_exit(ctx: TracePointContext) -> u32 {
 /// since the tracepoint exists).
 const SIGNAL_DELIVER_SIG_OFF: usize = 8;
 const SIGKILL: i32 = 9;
+/// SIGILL, SIGTRAP, SIGABRT, SIGBUS, SIGFPE, SIGSEGV, SIGSYS: a crash (or a handler
+/// the program installed for one).
+const CRASH_SIGNALS: [i32; 7] = [4, 5, 6, 7, 8, 11, 31];
 
 /// A thread dequeuing SIGKILL (a kill, or another thread's exit_group zapping it) is
 /// about to run do_exit: drain its slots now, while its memory is still mapped (see
-/// `group_exit`). SIGKILL cannot be caught, so the thread never records again.
+/// `group_exit`). SIGKILL cannot be caught, so the thread never records again. A
+/// thread taking a crash signal has its buffers delivered too (circular buffers: the
+/// records leading up to the crash); if it survives (a handler), it goes on recording.
 #[tracepoint]
 pub fn killed(ctx: TracePointContext) -> u32 {
     let pid_tid = bpf_get_current_pid_tgid();
@@ -234,10 +397,15 @@ pub fn killed(ctx: TracePointContext) -> u32 {
         return 0;
     }
     // SAFETY: read_at checks the access (bpf_probe_read_kernel).
-    if unsafe { ctx.read_at::<i32>(SIGNAL_DELIVER_SIG_OFF) } != Ok(SIGKILL) {
+    let sig = unsafe { ctx.read_at::<i32>(SIGNAL_DELIVER_SIG_OFF) }.unwrap_or(0);
+    let cause = if sig == SIGKILL {
+        CAUSE_TASK_EXIT
+    } else if CRASH_SIGNALS.contains(&sig) {
+        CAUSE_CRASH
+    } else {
         return 0;
-    }
-    let r = drain_exiting(pid_tid, CAUSE_TASK_EXIT, AFTER_RESET);
+    };
+    let r = drain_exiting(pid_tid, cause, AFTER_SIGNAL);
     if r < 0 {
         error!(&ctx, "killed: drain failed: {}", r);
     }

@@ -11,6 +11,7 @@ use tracer_common::{
     ebpf::{
         DEFAULT_RING_BYTES, MAX_BINARIES, MAX_DRAINED, MAX_PROCESSES, MAX_TARGETS, TABLE_BINARIES,
     },
+    operand::OperandSet,
 };
 
 use crate::{atomic, user::read_user};
@@ -39,6 +40,11 @@ pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGETS, 0)
 /// Binary ordinal (high half of a site cookie) → binary_id.
 #[map]
 pub static BINARIES: Array<u64> = Array::with_max_entries(MAX_BINARIES, 0);
+
+/// operand_key(binary ordinal, site id) → where a uprobe memory or USDT site's values
+/// are; filled by the loader, which also sizes the map (one entry per such site).
+#[map]
+pub static OPERANDS: HashMap<u64, OperandSet> = HashMap::with_max_entries(1, 0);
 
 /// [tgid, slot address] → [position, stamp]: how far the slot's buffer has been
 /// delivered, for kernels where the programs cannot write user memory (see

@@ -4,9 +4,9 @@ use core::ffi::c_void;
 
 use aya_ebpf::helpers::generated::bpf_loop;
 use tracer_common::{
-    FIRST_FREE_SLOT, INDEX_OFF, KEY_CLAIMING, KEY_TOMBSTONE, PRE_TLS_OFF, RECORD_SIZE, RWH_NSLOTS,
-    SLOT_CUR, SLOT_KEY, SLOT_OWNER_TID, SLOT_PRE_TLS, SLOT_SIZE, SLOTS_OFF, STAT_RECORDS_SKIPPED,
-    Slot, index_of,
+    BUF_TRACE, FIRST_FREE_SLOT, INDEX_OFF, KEY_CLAIMING, KEY_TOMBSTONE, PRE_TLS_OFF, RECORD_SIZE,
+    RWH_BUF_KIND, RWH_NSLOTS, SLOT_CUR, SLOT_KEY, SLOT_OWNER_TID, SLOT_PRE_TLS, SLOT_SIZE,
+    SLOTS_OFF, STAT_RECORDS_SKIPPED, Slot, index_of,
 };
 
 use crate::{
@@ -150,6 +150,9 @@ pub const AFTER_RESET: u32 = 1;
 pub const AFTER_RELEASE: u32 = 2;
 /// The task is dying (sched_process_exit, no user writes possible): nothing.
 pub const AFTER_EXIT: u32 = 3;
+/// The thread takes a fatal signal (a crash, or SIGKILL): like `AFTER_RESET`, and
+/// circular buffers are delivered too (their last records lead up to the crash).
+pub const AFTER_SIGNAL: u32 = 4;
 
 /// Error: the slot could not be read or written back.
 pub const E_SLOT_IO: i64 = -3000;
@@ -176,6 +179,43 @@ fn delivered_up_to(key: [u64; 2], slot: &Slot) -> Option<u64> {
 /// Offset of `Record::time`.
 const RECORD_TIME_OFF: u64 = 8;
 
+/// A circular buffer (`BUF_CIRCULAR`, `BUF_FAST_CIRCULAR`): delivered whole, oldest
+/// record first (`[cur, end)` then `[start, cur)`; never-written records have flags 0
+/// and readers skip them), only when the thread exits or takes a fatal signal (`after`
+/// is not `AFTER_RESET`). A ring unchanged since its last delivery (same `cur`, same
+/// record before it, remembered in `DRAINED`) is not delivered again. The slot is not
+/// touched: rings are never reset.
+#[inline(always)]
+fn drain_ring(slot: &Slot, slot_addr: u64, pid_tid: u64, cause: u32, after: u32) -> i64 {
+    if after == AFTER_RESET {
+        return 0;
+    }
+    let cur = slot.cur;
+    if cur < slot.start || cur >= slot.end {
+        return E_SLOT_IO;
+    }
+    let key = [pid_tid >> 32, slot_addr];
+    let before = if cur > slot.start { cur } else { slot.end } - RECORD_SIZE as u64;
+    let stamp = read_user::<[u64; 2]>(before).unwrap_or([0, 0]);
+    let seen = stamp[0] ^ stamp[1].rotate_left(17);
+    if let Some(p) = DRAINED.get_ptr(key) {
+        // SAFETY: p points at a live map value, copied at once.
+        if unsafe { *p } == [cur, seen] {
+            return 0;
+        }
+    }
+    let a = drain(cur, slot.end, slot.binary_id, pid_tid, cause);
+    if a < 0 {
+        return a;
+    }
+    let b = drain(slot.start, cur, slot.binary_id, pid_tid, cause);
+    if b < 0 {
+        return b;
+    }
+    let _ = DRAINED.insert(key, [cur, seen], 0);
+    a + b
+}
+
 /// Drain the slot at `slot_addr` (in the RW area at `rw`) from where the last drain
 /// stopped, then do what `after` says (`AFTER_*`). Returns records delivered or a
 /// negative error.
@@ -183,6 +223,14 @@ const RECORD_TIME_OFF: u64 = 8;
 pub fn drain_slot(slot_addr: u64, rw: u64, pid_tid: u64, cause: u32, after: u32) -> i64 {
     let Ok(slot) = read_user::<Slot>(slot_addr) else {
         return E_SLOT_IO;
+    };
+    if read_user::<u32>(rw + RWH_BUF_KIND).is_ok_and(|k| k != BUF_TRACE) {
+        return drain_ring(&slot, slot_addr, pid_tid, cause, after);
+    }
+    let after = if after == AFTER_SIGNAL {
+        AFTER_RESET
+    } else {
+        after
     };
     // A stub interrupted by a signal handler is still writing a record: leave the
     // buffer alone (it has slack after `end`); the thread's next flush drains it.
@@ -199,7 +247,11 @@ pub fn drain_slot(slot_addr: u64, rw: u64, pid_tid: u64, cause: u32, after: u32)
             (pos - slot.start) / RECORD_SIZE as u64,
         );
     }
-    let delivered = drain(&slot, from, pid_tid, cause);
+    if from < slot.start {
+        stat_add(tracer_common::STAT_READ_ERRORS, 1);
+        return crate::drain::E_BAD_SPAN;
+    }
+    let delivered = drain(from, slot.cur, slot.binary_id, pid_tid, cause);
     if delivered < 0 {
         return delivered;
     }

@@ -74,6 +74,10 @@ enum Cmd {
         /// One JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// Also list each thread's last N records, newest first (with circular
+        /// buffers: what ran last before the thread exited or crashed).
+        #[arg(long, value_name = "N")]
+        last: Option<usize>,
     },
     /// One tab-separated line per record, in delivery order:
     /// pid tid binary site symbol value aux time_ns flags.
@@ -135,8 +139,13 @@ fn run(cli: Cli) -> Result<i32> {
                 binaries,
             })
         }
-        Cmd::Report { file, json } => {
-            report::report(&file, json, &mut BufWriter::new(std::io::stdout().lock()))?;
+        Cmd::Report { file, json, last } => {
+            report::report(
+                &file,
+                json,
+                last.unwrap_or(0),
+                &mut BufWriter::new(std::io::stdout().lock()),
+            )?;
             Ok(0)
         }
         Cmd::Dump { file } => {

@@ -5,7 +5,7 @@ use std::{collections::HashMap, io::Write, path::Path};
 use anyhow::{Context, Result};
 use serde::Serialize;
 use tracer_common::{
-    FLAG_KTIME, FLAG_UPROBE, FLAG_USDT_MORE, Record,
+    FLAG_KTIME, FLAG_RING, FLAG_UPROBE, FLAG_USDT_MORE, Record,
     meta::{SiteKind, TimeMode},
 };
 
@@ -23,6 +23,8 @@ struct Names {
     binaries: HashMap<u64, (String, SiteNames)>,
     /// (binary name, time mode) per binary.
     time_modes: Vec<(String, TimeMode)>,
+    /// Binaries with circular buffers: their never-written records are skipped.
+    rings: Vec<u64>,
 }
 
 impl Names {
@@ -30,6 +32,9 @@ impl Names {
         let sites = match b.metadata() {
             Ok(m) => {
                 self.time_modes.push((b.name().to_string(), m.time_mode));
+                if m.buf_kind() != tracer_common::BUF_TRACE {
+                    self.rings.push(b.binary_id);
+                }
                 m.sites
                     .into_iter()
                     .map(|s| (s.id, (s.name, s.kind)))
@@ -42,6 +47,12 @@ impl Names {
         };
         self.binaries
             .insert(b.binary_id, (b.name().to_string(), sites));
+    }
+
+    /// Whether a record is real: circular buffers are delivered whole, and the records
+    /// never written there have flags 0 (a written one has `FLAG_RING`).
+    fn is_record(&self, binary_id: u64, rec: &Record) -> bool {
+        rec.flags & FLAG_RING != 0 || !self.rings.contains(&binary_id)
     }
 
     fn binary(&self, id: u64) -> &str {
@@ -97,7 +108,7 @@ pub fn dump(path: &Path, out: &mut impl Write) -> Result<()> {
                 timeline.apply(&mut c);
                 let h = c.header;
                 let bin = names.binary(h.binary_id);
-                for rec in &c.records {
+                for rec in c.records.iter().filter(|r| names.is_record(h.binary_id, r)) {
                     writeln!(
                         out,
                         "{}\t{}\t{}\t{}\t{}\t{:#x}\t{:#x}\t{}\t{}",
@@ -169,9 +180,31 @@ struct Summary {
     functions: Vec<FunctionCount>,
     threads: Vec<ThreadCount>,
     time_modes: Vec<BinaryTime>,
+    /// `--last N`: each thread's last records, newest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    last: Vec<LastRecords>,
 }
 
-fn summarize(path: &Path) -> Result<(Summary, Option<SessionInfo>)> {
+#[derive(Serialize)]
+struct LastRecords {
+    pid: u32,
+    tid: u32,
+    records: Vec<LastRecord>,
+}
+
+#[derive(Serialize)]
+struct LastRecord {
+    binary: String,
+    site: u32,
+    symbol: String,
+    kind: String,
+    value: u64,
+    aux: u64,
+    flags: u32,
+}
+
+fn summarize(path: &Path, last: usize) -> Result<(Summary, Option<SessionInfo>)> {
+    let mut recent: HashMap<(u32, u32), std::collections::VecDeque<(u64, Record)>> = HashMap::new();
     let mut r = Reader::open(path)?;
     let mut names = Names::default();
     let mut session = None;
@@ -186,8 +219,16 @@ fn summarize(path: &Path) -> Result<(Summary, Option<SessionInfo>)> {
             Section::Chunk(c) => {
                 chunks += 1;
                 let h = c.header;
-                *threads.entry((h.pid, h.tid)).or_default() += c.records.len() as u64;
-                for rec in &c.records {
+                let mut n = 0;
+                for rec in c.records.iter().filter(|r| names.is_record(h.binary_id, r)) {
+                    n += 1;
+                    if last > 0 {
+                        let q = recent.entry((h.pid, h.tid)).or_default();
+                        if q.len() == last {
+                            q.pop_front();
+                        }
+                        q.push_back((h.binary_id, *rec));
+                    }
                     records += 1;
                     if rec.flags & FLAG_UPROBE != 0 {
                         uprobe += 1;
@@ -200,6 +241,7 @@ fn summarize(path: &Path) -> Result<(Summary, Option<SessionInfo>)> {
                         *functions.entry((h.binary_id, rec.site)).or_default() += 1;
                     }
                 }
+                *threads.entry((h.pid, h.tid)).or_default() += n;
             }
             Section::Stats(s) => stats = Some(s),
             Section::Unknown(kind) => log::debug!("skipping section of unknown kind {kind}"),
@@ -227,6 +269,27 @@ fn summarize(path: &Path) -> Result<(Summary, Option<SessionInfo>)> {
         .map(|((pid, tid), count)| ThreadCount { pid, tid, count })
         .collect();
     threads.sort_by_key(|t| (t.pid, t.tid));
+    let mut last: Vec<LastRecords> = recent
+        .into_iter()
+        .map(|((pid, tid), q)| LastRecords {
+            pid,
+            tid,
+            records: q
+                .iter()
+                .rev()
+                .map(|(bin, r)| LastRecord {
+                    binary: names.binary(*bin).to_string(),
+                    site: r.site,
+                    symbol: names.symbol(*bin, r.site).to_string(),
+                    kind: names.kind(*bin, r.site).to_string(),
+                    value: r.value,
+                    aux: r.aux,
+                    flags: r.flags,
+                })
+                .collect(),
+        })
+        .collect();
+    last.sort_by_key(|l| (l.pid, l.tid));
     let st = stats.unwrap_or_default();
     Ok((
         Summary {
@@ -239,6 +302,7 @@ fn summarize(path: &Path) -> Result<(Summary, Option<SessionInfo>)> {
             truncated: r.truncated().is_some(),
             functions,
             threads,
+            last,
             time_modes: names
                 .time_modes
                 .iter()
@@ -253,8 +317,8 @@ fn summarize(path: &Path) -> Result<(Summary, Option<SessionInfo>)> {
 }
 
 /// Per-function and per-thread counts, as text or one JSON object.
-pub fn report(path: &Path, json: bool, out: &mut impl Write) -> Result<()> {
-    let (s, session) = summarize(path)?;
+pub fn report(path: &Path, json: bool, last: usize, out: &mut impl Write) -> Result<()> {
+    let (s, session) = summarize(path, last)?;
     if json {
         serde_json::to_writer(&mut *out, &s).context("cannot write JSON")?;
         writeln!(out)?;
@@ -303,6 +367,22 @@ pub fn report(path: &Path, json: bool, out: &mut impl Write) -> Result<()> {
     writeln!(out, "{:>8} {:>8} {:>12}", "pid", "tid", "count")?;
     for t in &s.threads {
         writeln!(out, "{:>8} {:>8} {:>12}", t.pid, t.tid, t.count)?;
+    }
+    for l in &s.last {
+        writeln!(
+            out,
+            "\nlast {} records of thread {} (pid {}), newest first:",
+            l.records.len(),
+            l.tid,
+            l.pid
+        )?;
+        for r in &l.records {
+            writeln!(
+                out,
+                "  {:<6} {:<24} {:>6}  {:#18x} {:#18x}  {}",
+                r.kind, r.binary, r.site, r.value, r.aux, r.symbol
+            )?;
+        }
     }
     Ok(())
 }

@@ -25,12 +25,14 @@ use tracer_common::{
     STAT_RECORDS_DROPPED, STAT_RECORDS_SKIPPED,
     ebpf::{
         DEFAULT_RING_BYTES, GLOBAL_EXIT_GROUP_DEAD_OFF, GLOBAL_FORK_CHILD_PID_OFF,
-        GLOBAL_SYSTEM_WIDE, GLOBAL_TP_OFFSET, GLOBAL_WRITE_USER, MAP_BINARIES, MAP_EVENTS, MAP_SEQ,
-        MAP_STATS, MAP_TABLES, MAP_TARGETS, MAX_BINARIES, PROG_FLUSH, PROG_FORK, PROG_GROUP_EXIT,
-        PROG_KILLED, PROG_SITE, PROG_TASK_EXIT, PROG_THREAD_EXIT, SEL_BLOCK, SEL_ENTRY, SEL_EXIT,
-        SEL_MEMORY, SEL_USDT, STAT_TABLE_FULL, TABLE_BINARIES, site_cookie,
+        GLOBAL_SYSTEM_WIDE, GLOBAL_TP_OFFSET, GLOBAL_WRITE_USER, MAP_BINARIES, MAP_EVENTS,
+        MAP_OPERANDS, MAP_SEQ, MAP_STATS, MAP_TABLES, MAP_TARGETS, MAX_BINARIES, PROG_FLUSH,
+        PROG_FORK, PROG_GROUP_EXIT, PROG_KILLED, PROG_SITE, PROG_TASK_EXIT, PROG_THREAD_EXIT,
+        SEL_BLOCK, SEL_ENTRY, SEL_EXIT, SEL_MEMORY, SEL_USDT, STAT_TABLE_FULL, TABLE_BINARIES,
+        operand_key, site_cookie,
     },
     meta::{SiteKind, SiteMode},
+    operand::OperandSet,
 };
 
 /// Which registers the eBPF `site` program records for a uprobe site of this kind.
@@ -316,13 +318,36 @@ fn load_and_attach(ring_bytes: u32, list: &[&Instrumented]) -> Result<(Ebpf, boo
             "the kernel refuses bpf_probe_write_user (lockdown?): slots are not reset or released in place"
         );
     }
-    let mut ebpf = load(ring_bytes, write_user)?;
-    attach(&mut ebpf, list)?;
+    let sets = operand_sets(list);
+    let mut ebpf = load(ring_bytes, write_user, sets.len())?;
+    attach(&mut ebpf, list, &sets)?;
     Ok((ebpf, write_user))
 }
 
-/// Load the eBPF object with this machine's globals.
-fn load(ring_bytes: u32, write_user: bool) -> Result<Ebpf> {
+/// The `OPERANDS` entries: the operand sets of the binaries' uprobe sites of kind
+/// memory and USDT (what the `site` program computes their records from).
+fn operand_sets(list: &[&Instrumented]) -> Vec<(u64, OperandSet)> {
+    let mut out = Vec::new();
+    for (ordinal, b) in list.iter().enumerate() {
+        for so in &b.meta.operands {
+            let wanted = b.meta.sites.get(so.site as usize).is_some_and(|s| {
+                s.id == so.site
+                    && s.mode == SiteMode::Uprobe
+                    && matches!(s.kind, SiteKind::Memory | SiteKind::Usdt)
+            });
+            if wanted {
+                out.push((operand_key(ordinal as u32, so.site), so.set));
+            }
+        }
+    }
+    out
+}
+
+/// Load the eBPF object with this machine's globals; `OPERANDS` gets room for
+/// `operand_sets` entries (at least one: a map cannot be empty).
+fn load(ring_bytes: u32, write_user: bool, operand_sets: usize) -> Result<Ebpf> {
+    let operand_entries = u32::try_from(operand_sets.max(1))
+        .context("too many uprobe sites with operands for one session")?;
     let tp_offset =
         btf::thread_pointer_offset().context("cannot find the thread pointer in task_struct")?;
     let fork_child = kernel::tracepoint_field_offset("sched", "sched_process_fork", "child_pid")?
@@ -339,6 +364,7 @@ fn load(ring_bytes: u32, write_user: bool) -> Result<Ebpf> {
         .override_global(GLOBAL_FORK_CHILD_PID_OFF, &fork_child, true)
         .override_global(GLOBAL_EXIT_GROUP_DEAD_OFF, &group_dead, true)
         .map_max_entries(MAP_EVENTS, ring_bytes)
+        .map_max_entries(MAP_OPERANDS, operand_entries)
         .load(EBPF_OBJECT)
         .context("cannot load the eBPF object")
 }
@@ -353,8 +379,10 @@ fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe> {
     Ok(p)
 }
 
-/// Attach every program; record the binaries' ids for the uprobe-site cookies.
-fn attach(ebpf: &mut Ebpf, list: &[&Instrumented]) -> Result<()> {
+/// Attach every program; record the binaries' ids for the uprobe-site cookies and the
+/// operand sets of their sites (before the sites are attached, so that their first
+/// hits find them).
+fn attach(ebpf: &mut Ebpf, list: &[&Instrumented], sets: &[(u64, OperandSet)]) -> Result<()> {
     {
         let mut ids: Array<_, u64> = Array::try_from(
             ebpf.map_mut(MAP_BINARIES)
@@ -362,6 +390,16 @@ fn attach(ebpf: &mut Ebpf, list: &[&Instrumented]) -> Result<()> {
         )?;
         for (i, b) in list.iter().enumerate() {
             ids.set(i as u32, b.meta.binary_id, 0)?;
+        }
+    }
+    {
+        let mut map: HashMap<_, u64, OperandSet> = HashMap::try_from(
+            ebpf.map_mut(MAP_OPERANDS)
+                .with_context(|| format!("no {MAP_OPERANDS} map"))?,
+        )?;
+        for (key, set) in sets {
+            map.insert(key, set, 0)
+                .with_context(|| format!("cannot fill {MAP_OPERANDS}"))?;
         }
     }
     let flush = uprobe(ebpf, PROG_FLUSH)?;
@@ -378,7 +416,16 @@ fn attach(ebpf: &mut Ebpf, list: &[&Instrumented]) -> Result<()> {
     }
     let site = uprobe(ebpf, PROG_SITE)?;
     for (ordinal, b) in list.iter().enumerate() {
-        for s in b.meta.sites.iter().filter(|s| s.mode == SiteMode::Uprobe) {
+        // Descending ids: the kernel runs the consumers of one probe address last
+        // attached first, and sites sharing an instruction (a block that is also an
+        // exit) must record in id order, as their inline stub would.
+        for s in b
+            .meta
+            .sites
+            .iter()
+            .rev()
+            .filter(|s| s.mode == SiteMode::Uprobe)
+        {
             let point = UProbeAttachPoint {
                 location: UProbeAttachLocation::AbsoluteOffset(s.file_off),
                 cookie: Some(site_cookie(ordinal as u32, site_selector(s.kind), s.id)),

@@ -198,7 +198,8 @@ pub fn encode_chunk(entry: &[u8], out: &mut Vec<u8>) -> Option<ChunkHeader> {
     let h = chunk_header(entry)?;
     let max = match h.kind {
         CHUNK_KIND_RECORDS => CHUNK_RECORDS,
-        CHUNK_KIND_UPROBE => 1,
+        // A uprobe-site event: its record, plus the argument records of a USDT probe.
+        CHUNK_KIND_UPROBE => tracer_common::operand::MAX_OPERAND_RECORDS,
         _ => return None,
     };
     let len = CHUNK_HEADER_LEN + h.count as usize * RECORD_SIZE;
@@ -538,7 +539,11 @@ mod tests {
         );
         let one = CHUNK_HEADER_LEN + RECORD_SIZE;
         assert!(encode_chunk(&entry(CHUNK_KIND_UPROBE, 1, one), &mut buf).is_some());
-        assert!(encode_chunk(&entry(CHUNK_KIND_UPROBE, 2, one + RECORD_SIZE), &mut buf).is_none());
+        // A USDT probe's event: up to 6 records in one uprobe chunk.
+        let six = CHUNK_HEADER_LEN + 6 * RECORD_SIZE;
+        assert!(encode_chunk(&entry(CHUNK_KIND_UPROBE, 2, six), &mut buf).is_some());
+        assert!(encode_chunk(&entry(CHUNK_KIND_UPROBE, 3, one + RECORD_SIZE), &mut buf).is_none());
+        assert!(encode_chunk(&entry(CHUNK_KIND_UPROBE, 7, six + RECORD_SIZE), &mut buf).is_none());
         assert!(encode_chunk(&entry(9, 1, one), &mut buf).is_none());
         assert!(encode_chunk(&entry(CHUNK_KIND_RECORDS, 3, 100), &mut buf).is_none());
         w.write_raw(&buf).unwrap();
@@ -576,7 +581,10 @@ mod tests {
                 Section::Unknown(_) => "unknown",
             });
         }
-        assert_eq!(kinds, ["session", "binary", "chunk", "chunk", "stats"]);
+        assert_eq!(
+            kinds,
+            ["session", "binary", "chunk", "chunk", "chunk", "stats"]
+        );
         assert!(r.truncated().is_none());
 
         // Cut inside the last section: everything before it still reads.
@@ -588,7 +596,7 @@ mod tests {
         while r.next_section().unwrap().is_some() {
             n += 1;
         }
-        assert_eq!(n, 4);
+        assert_eq!(n, 5);
         assert_eq!(r.truncated().unwrap().what, "section payload");
 
         // Wrong magic and version are refused with a clear error.

@@ -23,8 +23,8 @@ use std::{
 
 use anyhow::{Context, Result};
 use tracer_common::{
-    CAUSE_THREAD_EXIT, CHUNK_KIND_RECORDS, CHUNK_KIND_SLOT, CHUNK_RECORDS, ChunkHeader,
-    KEY_TOMBSTONE, RECORD_SIZE, RECORD_VERSION, SLOT_SIZE, Slot, USER_MSG_RECORDS,
+    BUF_TRACE, CAUSE_THREAD_EXIT, CHUNK_KIND_RECORDS, CHUNK_KIND_SLOT, CHUNK_RECORDS, ChunkHeader,
+    KEY_TOMBSTONE, RECORD_SIZE, RECORD_VERSION, RWH_BUF_KIND, SLOT_SIZE, Slot, USER_MSG_RECORDS,
 };
 
 use crate::{
@@ -396,13 +396,22 @@ impl State {
                 );
                 continue; // claimed by another thread since
             }
-            let bytes = slot.cur - slot.start;
+            // A circular buffer is collected whole, oldest record first.
+            let mut kind = [0u8; 4];
+            let ring = read_mem(through, slot.rw_base + RWH_BUF_KIND, &mut kind).is_ok()
+                && u32::from_le_bytes(kind) != BUF_TRACE;
+            let bytes = if ring {
+                slot.end.saturating_sub(slot.start)
+            } else {
+                slot.cur - slot.start
+            };
             log::debug!(
                 "thread {tid}: slot {addr:#x} holds {} records (read through {through})",
                 bytes / RECORD_SIZE as u64
             );
             if !bytes.is_multiple_of(RECORD_SIZE as u64)
                 || bytes > slot.end.saturating_sub(slot.start) + 4096
+                || (ring && slot.cur >= slot.end)
             {
                 self.bad += 1;
                 continue;
@@ -413,6 +422,9 @@ impl State {
                     log::debug!("thread {tid}: cannot read its buffer yet: {e}");
                     unread.push((pid, addr));
                     continue;
+                }
+                if ring {
+                    records.rotate_left((slot.cur - slot.start) as usize);
                 }
                 let h = ChunkHeader {
                     kind: CHUNK_KIND_RECORDS,

@@ -473,12 +473,17 @@ fn standin(work: &Path) -> Result<Program> {
         flush_vaddr,
         flush_file_off,
         rw_vaddr,
-        rw_size: tracer_common::rw_size(NSLOTS, u64::from(BUF_RECORDS) * 32),
+        rw_size: tracer_common::rw_size(
+            tracer_common::BUF_TRACE,
+            NSLOTS,
+            u64::from(BUF_RECORDS) * 32,
+        ),
         text_vaddr: 0,
         text_size: 0,
         original_size: elf.data.len() as u64,
         time_mode: Default::default(),
         semaphores: Vec::new(),
+        operands: Vec::new(),
         sites,
     };
     let note = work.join("standin.note");

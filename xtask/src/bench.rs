@@ -186,6 +186,10 @@ fn ns_per_event(args: &Args) -> Result<()> {
 /// tracer".
 const VARIANTS: &[(&str, &[&str])] = &[
     ("entry stub, coarse timestamps", &["--time", "coarse"]),
+    (
+        "entry stub, coarse, fast circular",
+        &["--time", "coarse", "--buffer-kind", "fast-circular"],
+    ),
     ("block stub", &["--sites", "block", "--functions", "hit"]),
     (
         "block stub, coarse timestamps",

@@ -13,9 +13,9 @@ use std::collections::HashMap;
 
 use disarm64::decoder::{self, InsnId};
 
-use super::{Code, Dispatch, Functions, Scan, Val};
+use super::{Code, Dispatch, Functions, Scan, Slots, Val};
 
-pub(super) fn scan(code: &Code, funcs: &Functions, out: &mut Scan) {
+pub(super) fn scan(code: &Code, funcs: &Functions, _slots: &Slots, out: &mut Scan) {
     for sec in code.secs.iter().filter(|s| !s.plt) {
         let end = sec.addr + sec.bytes.len() as u64;
         let lo = funcs.starts.partition_point(|&s| s <= sec.addr);

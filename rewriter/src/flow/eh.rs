@@ -9,8 +9,8 @@
 use std::collections::HashMap;
 
 use gimli::{
-    BaseAddresses, CieOrFde, CommonInformationEntry, EhFrame, EndianSlice, LittleEndian, Pointer,
-    UnwindSection,
+    BaseAddresses, CfaRule, CieOrFde, CommonInformationEntry, EhFrame, EhFrameOffset, EndianSlice,
+    LittleEndian, Pointer, RegisterRule, UnwindContext, UnwindSection,
 };
 use object::elf;
 
@@ -29,6 +29,8 @@ const PE_ALIGNED: u8 = 0x50;
 pub(crate) struct Eh {
     /// `(start, size)` of every FDE with a non-zero size.
     pub fdes: Vec<(u64, u64)>,
+    /// `(start, end, offset in .eh_frame)` of every FDE with a non-zero size, sorted.
+    fde_offsets: Vec<(u64, u64, usize)>,
     pub landing_pads: Vec<u64>,
     pub warnings: Vec<String>,
 }
@@ -78,6 +80,7 @@ fn locate<'a>(input: &Input<'a>) -> Result<Option<(u64, &'a [u8])>, FlowError> {
 pub(crate) fn read(input: &Input) -> Result<Eh, FlowError> {
     let mut eh = Eh {
         fdes: Vec::new(),
+        fde_offsets: Vec::new(),
         landing_pads: Vec::new(),
         warnings: Vec::new(),
     };
@@ -124,6 +127,8 @@ pub(crate) fn read(input: &Input) -> Result<Eh, FlowError> {
         let size = fde.len();
         if size != 0 {
             eh.fdes.push((start, size));
+            eh.fde_offsets
+                .push((start, start.saturating_add(size), partial.offset()));
         }
         let lsda = match fde.lsda() {
             None => continue,
@@ -159,9 +164,62 @@ pub(crate) fn read(input: &Input) -> Result<Eh, FlowError> {
     }
     eh.fdes.sort_unstable();
     eh.fdes.dedup();
+    eh.fde_offsets.sort_unstable();
     eh.landing_pads.sort_unstable();
     eh.landing_pads.dedup();
     Ok(eh)
+}
+
+/// For each of `addrs`: is the stack back at its height at function entry there, by
+/// the CFI of the FDE covering it (x86-64: CFA = %rsp + 8; AArch64: CFA = sp and x30
+/// not saved)? `None` where no FDE covers the address or its CFI cannot be evaluated.
+pub(crate) fn at_entry_height(input: &Input, eh: &Eh, addrs: &[u64]) -> Vec<Option<bool>> {
+    let mut out = vec![None; addrs.len()];
+    let Ok(Some((eh_addr, bytes))) = locate(input) else {
+        return out;
+    };
+    let mut bases = BaseAddresses::default().set_eh_frame(eh_addr);
+    if let Some(t) = input.sections.iter().find(|s| s.name == ".text") {
+        bases = bases.set_text(t.addr);
+    }
+    if let Some(g) = input.sections.iter().find(|s| s.name == ".got") {
+        bases = bases.set_got(g.addr);
+    }
+    let section = EhFrame::new(bytes, LittleEndian);
+    let mut ctx = Box::new(UnwindContext::new());
+    let a64 = input.machine == elf::EM_AARCH64;
+    for (o, &addr) in out.iter_mut().zip(addrs) {
+        // The innermost FDE containing `addr` (FDEs do not nest in practice).
+        let i = eh.fde_offsets.partition_point(|f| f.0 <= addr);
+        let Some(&(_, end, off)) = eh.fde_offsets[..i].last() else {
+            continue;
+        };
+        if addr >= end {
+            continue;
+        }
+        let Ok(fde) = section.fde_from_offset(&bases, EhFrameOffset(off), EhFrame::cie_from_offset)
+        else {
+            continue;
+        };
+        let Ok(row) = fde.unwind_info_for_address(&section, &bases, &mut ctx, addr) else {
+            continue;
+        };
+        *o = Some(match *row.cfa() {
+            CfaRule::RegisterAndOffset { register, offset } if a64 => {
+                register == gimli::AArch64::SP
+                    && offset == 0
+                    && matches!(
+                        row.register(gimli::AArch64::X30),
+                        RegisterRule::Undefined | RegisterRule::SameValue
+                    )
+            }
+            CfaRule::RegisterAndOffset { register, offset } => {
+                register == gimli::X86_64::RSP && offset == 8
+            }
+            CfaRule::Expression(_) => false,
+        });
+    }
+    out
 }
 
 fn read_u64(input: &Input, addr: u64) -> Option<u64> {

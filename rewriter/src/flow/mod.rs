@@ -40,10 +40,18 @@ pub struct Flow {
     /// `(start, size)` of each `.eh_frame` FDE (function starts of stripped binaries).
     pub fde_functions: Vec<(u64, u64)>,
     pub tables: Vec<JumpTable>,
-    /// Indirect jumps (`jmp r/m`, `br`) not explained as a jump-table dispatch: tail
-    /// calls through a register or memory, unrecognised tables, hand-written code.
+    /// Indirect jumps (`jmp r/m`, `br`) explained neither as a jump-table dispatch nor
+    /// as a tail call: unrecognised tables, tail calls not proven, hand-written code.
     /// PLT sections are not scanned.
     pub unresolved_indirect_jumps: Vec<u64>,
+    /// Indirect jumps that leave the function (tail calls through a register or a
+    /// memory slot): the stack is back at its height at function entry (data flow and,
+    /// where an FDE covers the jump, its CFI), and the target is a pointer the function
+    /// received or loaded without an index (an argument, a call result, a field, a GOT
+    /// or data slot not holding an address inside the function), in a function that
+    /// never materialises an address inside itself. Never a jump-table dispatch, never
+    /// in `unresolved_indirect_jumps`; their targets are not recovered.
+    pub tail_calls: Vec<u64>,
     /// Oddities that did not stop the recovery (rejected tables, missing `.eh_frame`).
     pub warnings: Vec<String>,
 }
@@ -66,16 +74,30 @@ pub fn recover(input: &Input) -> Result<Flow, FlowError> {
     let eh = eh::read(input)?;
     let funcs = Functions::new(input, &eh.fdes);
     let mut code = Code::new(input);
+    let slots = Slots::new(input);
     let mut scan = Scan::default();
     match input.machine {
-        elf::EM_AARCH64 => aarch64::scan(&code, &funcs, &mut scan),
-        _ => x86_64::scan(&mut code, &funcs, &mut scan),
+        elf::EM_AARCH64 => aarch64::scan(&code, &funcs, &slots, &mut scan),
+        _ => x86_64::scan(&mut code, &funcs, &slots, &mut scan),
+    }
+    // A tail call must also be one by the compiler's own account of the stack.
+    scan.tail_calls.sort_unstable();
+    scan.tail_calls.dedup();
+    let cfi = eh::at_entry_height(input, &eh, &scan.tail_calls);
+    let mut tail_calls = Vec::with_capacity(scan.tail_calls.len());
+    for (&at, ok) in scan.tail_calls.iter().zip(cfi) {
+        if ok == Some(false) {
+            scan.unresolved.push(at);
+        } else {
+            tail_calls.push(at);
+        }
     }
     let mut flow = Flow {
         landing_pads: eh.landing_pads,
         fde_functions: eh.fdes,
         warnings: eh.warnings,
         unresolved_indirect_jumps: scan.unresolved,
+        tail_calls,
         ..Flow::default()
     };
     resolve(input, &code, &funcs, scan.dispatches, &mut flow);
@@ -106,6 +128,17 @@ pub(crate) enum Val {
     Entry(Elem),
     /// `base + (entry << shift)`: a relative-table target.
     Target { base: u64, elem: Elem, shift: u8 },
+    /// x86-64: unknown, and possibly derived from an address (a constant, a table
+    /// entry, the stack pointer) or a reload of a spill. [`Val::Unknown`] there is
+    /// only what a function receives (arguments, results of calls): never a code
+    /// address the function made itself.
+    Tainted,
+    /// x86-64: an 8-byte value loaded without an index from a clean pointer (an
+    /// argument, a call result, another such load) or from a GOT/data slot that does
+    /// not hold an address inside the function: a function pointer, not a table entry.
+    Loaded,
+    /// x86-64: the stack pointer at function entry plus this offset.
+    Stack(i64),
 }
 
 /// `table[index]`, each entry `size` bytes, sign- or zero-extended.
@@ -122,7 +155,7 @@ impl Val {
     /// bound and scale.
     pub(crate) fn as_index(self) -> Option<(Option<u64>, u64)> {
         match self {
-            Val::Unknown => Some((None, 1)),
+            Val::Unknown | Val::Tainted | Val::Loaded => Some((None, 1)),
             Val::Index { bound, scale } => Some((bound, scale)),
             _ => None,
         }
@@ -224,6 +257,8 @@ impl Dispatch {
 pub(crate) struct Scan {
     pub dispatches: Vec<Dispatch>,
     pub unresolved: Vec<u64>,
+    /// Indirect jumps classified as tail calls (before the CFI check).
+    pub tail_calls: Vec<u64>,
 }
 
 /// Function ranges from symbols and FDEs: where the sweep restarts, and the bounds a
@@ -233,6 +268,9 @@ pub(crate) struct Functions {
     ranges: Vec<(u64, u64)>,
     /// Sorted, deduplicated starts.
     pub starts: Vec<u64>,
+    /// Sorted starts of split-off parts (`foo.cold`, `foo.cold.1`): entered by a jump
+    /// from their parent with its frame, not called.
+    split: Vec<u64>,
 }
 
 impl Functions {
@@ -250,7 +288,25 @@ impl Functions {
         starts.extend(input.functions.iter().map(|f| f.addr));
         starts.sort_unstable();
         starts.dedup();
-        Functions { ranges, starts }
+        let mut split: Vec<u64> = input
+            .functions
+            .iter()
+            .filter(|f| f.names.iter().any(|n| n.contains(".cold")))
+            .map(|f| f.addr)
+            .collect();
+        split.sort_unstable();
+        split.dedup();
+        Functions {
+            ranges,
+            starts,
+            split,
+        }
+    }
+
+    /// Is `addr` a function start where the stack holds just the return address? (Not
+    /// a section start nobody named, not a split-off `.cold` part.)
+    pub(crate) fn is_entry(&self, addr: u64) -> bool {
+        self.starts.binary_search(&addr).is_ok() && self.split.binary_search(&addr).is_err()
     }
 
     /// The smallest known range containing `addr`.
@@ -339,6 +395,97 @@ impl CodeSec<'_> {
     }
 }
 
+/// What fixed 8-byte memory slots (GOT entries, function-pointer variables) hold, as
+/// far as telling a tail call through a slot from a computed goto goes.
+pub(crate) struct Slots<'a> {
+    input: &'a Input<'a>,
+    /// `.got`, `.got.plt`: addresses of symbols, never of a label inside a function.
+    got: Vec<(u64, u64)>,
+    /// Executable sections: a slot there is not data.
+    exec: Vec<(u64, u64)>,
+    /// `(offset, addend)` of the `R_*_RELATIVE` relocations, sorted; read on first use.
+    relative: std::cell::OnceCell<Vec<(u64, u64)>>,
+}
+
+impl<'a> Slots<'a> {
+    fn new(input: &'a Input<'a>) -> Self {
+        let range = |s: &crate::input::Section| (s.addr, s.addr.saturating_add(s.size));
+        Slots {
+            input,
+            got: input
+                .sections
+                .iter()
+                .filter(|s| s.name == ".got" || s.name == ".got.plt")
+                .map(range)
+                .collect(),
+            exec: input
+                .sections
+                .iter()
+                .filter(|s| s.flags & u64::from(elf::SHF_EXECINSTR) != 0 && s.addr != 0)
+                .map(range)
+                .collect(),
+            relative: std::cell::OnceCell::new(),
+        }
+    }
+
+    fn relative(&self) -> &[(u64, u64)] {
+        self.relative.get_or_init(|| {
+            let ty = if self.input.machine == elf::EM_AARCH64 {
+                elf::R_AARCH64_RELATIVE
+            } else {
+                elf::R_X86_64_RELATIVE
+            };
+            let mut out = Vec::new();
+            for s in self
+                .input
+                .sections
+                .iter()
+                .filter(|s| s.sh_type == elf::SHT_RELA)
+            {
+                let Some(bytes) = usize::try_from(s.offset)
+                    .ok()
+                    .and_then(|o| self.input.data.get(o..o.checked_add(s.size as usize)?))
+                else {
+                    continue;
+                };
+                for r in bytes.chunks_exact(24) {
+                    let word = |i: usize| u64::from_le_bytes(r[i..i + 8].try_into().unwrap());
+                    if word(8) & 0xffff_ffff == u64::from(ty) {
+                        out.push((word(0), word(16)));
+                    }
+                }
+            }
+            out.sort_unstable();
+            out
+        })
+    }
+
+    /// May the 8-byte slot at `addr` hold an address inside `[from, to)` other than
+    /// `from` itself (a label: a computed goto, not a call)? GOT slots never do; a slot
+    /// in code is not believed to be data; otherwise its link-time value (its
+    /// `R_*_RELATIVE` addend, else the file's bytes) decides, and a slot with no value
+    /// in the file (`.bss`) is set at run time by code, which the caller checks.
+    pub(crate) fn may_hold_label(&self, addr: u64, from: u64, to: u64) -> bool {
+        let inside = |v: u64| from < v && v < to;
+        let within = |rs: &[(u64, u64)]| rs.iter().any(|&(s, e)| s <= addr && addr < e);
+        if within(&self.got) {
+            return false;
+        }
+        if within(&self.exec) {
+            return true;
+        }
+        let rel = self.relative();
+        let i = rel.partition_point(|r| r.0 < addr);
+        if let Some(&(_, addend)) = rel.get(i).filter(|r| r.0 == addr) {
+            return inside(addend);
+        }
+        match self.input.bytes_at(addr).and_then(|b| b.get(..8)) {
+            Some(b) => inside(u64::from_le_bytes(b.try_into().unwrap())),
+            None => false,
+        }
+    }
+}
+
 /// Without a bound, stop reading entries here at the latest.
 const MAX_UNBOUNDED: u64 = 4096;
 /// A compare bound above this is not believed to describe a jump table.
@@ -408,6 +555,25 @@ fn read_table(
             Kind::Rel { base, shift } => base.wrapping_add(v.wrapping_shl(u32::from(shift))),
         })
     };
+    let read_unbounded = || -> Result<(Vec<u64>, bool), String> {
+        if owner.is_none() {
+            return Err("no bound and no function range to check entries against".into());
+        }
+        let mut targets = Vec::new();
+        for i in 0..MAX_UNBOUNDED {
+            if i > 0 && e.table + i * size >= next_table {
+                break;
+            }
+            match target_of(i) {
+                Some(t) if in_owner(t) && code.is_insn_start(t) => targets.push(t),
+                _ => break,
+            }
+        }
+        if targets.is_empty() {
+            return Err("entry 0 is not an instruction start in the function".into());
+        }
+        Ok((targets, false))
+    };
     let mut targets = Vec::new();
     match e.bound {
         Some(n) if n <= MAX_BOUND => {
@@ -416,6 +582,11 @@ fn read_table(
                 // A compare-bounded table may reach a split-off part of its function
                 // (`.cold`): any instruction start in code is believed.
                 if !code.is_insn_start(t) {
+                    if owner.is_some() {
+                        // The bound came from a compare of a wider value (or another
+                        // way in): read the entries as without one.
+                        return read_unbounded();
+                    }
                     return Err(format!("entry {i} ({t:#x}) is not an instruction start"));
                 }
                 targets.push(t);
@@ -423,23 +594,6 @@ fn read_table(
             Ok((targets, true))
         }
         Some(n) => Err(format!("bound {n} is implausibly large")),
-        None => {
-            if owner.is_none() {
-                return Err("no bound and no function range to check entries against".into());
-            }
-            for i in 0..MAX_UNBOUNDED {
-                if i > 0 && e.table + i * size >= next_table {
-                    break;
-                }
-                match target_of(i) {
-                    Some(t) if in_owner(t) && code.is_insn_start(t) => targets.push(t),
-                    _ => break,
-                }
-            }
-            if targets.is_empty() {
-                return Err("entry 0 is not an instruction start in the function".into());
-            }
-            Ok((targets, false))
-        }
+        None => read_unbounded(),
     }
 }

@@ -1,4 +1,4 @@
-//! x86-64 jump-table dispatch recognition (iced-x86).
+//! x86-64 jump-table dispatch recognition and tail-call classification (iced-x86).
 //!
 //! The patterns gcc and clang emit, in any order and with unrelated instructions in
 //! between:
@@ -7,21 +7,34 @@
 //! - non-PIC: `jmp *T(,%rI,8)` or `mov T(,%rI,8),%rE; jmp *%rE`;
 //! - the bound: `cmp $N,%rI` (or `cmpl $N,-d(%rbp)` at `-O0`) + `ja`/`jbe`/`jae`/`jb`.
 //!
-//! Each sweep piece (code between two function starts) is first decoded quickly, only
-//! marking instruction starts; pieces with an indirect jump are decoded again with the
-//! abstract register state of [`Val`], forward and in address order. That order is
-//! not the control flow, so a recovered table is only a candidate: `resolve` checks
+//! Each sweep piece (code between two function starts) is decoded once, marking
+//! instruction starts; a piece with an indirect jump is split into basic blocks and
+//! the abstract register state of [`Val`] is propagated over its control-flow graph
+//! to a fixpoint (a worklist; at a join a register keeps its value only if every way
+//! in agrees). A compare bound holds only on the edge of the conditional branch where
+//! it is true. Edges from outside the piece (jump-table targets, landing pads, other
+//! functions) are not seen, so a recovered table is only a candidate: `resolve` checks
 //! every entry.
+//!
+//! The same data flow tracks the stack pointer (`Val::Stack`) and where a value came
+//! from, to classify an indirect jump that is not a table as a tail call (see
+//! [`super::Flow::tail_calls`]).
+
+use std::collections::BTreeSet;
 
 use iced_x86::{
-    Decoder, DecoderOptions, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind,
-    Register,
+    Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess,
+    OpKind, Register,
 };
 
-use super::{Code, CodeSec, Dispatch, Functions, Scan, Val};
+use super::{Code, CodeSec, Dispatch, Functions, Scan, Slots, Val};
 
-pub(super) fn scan(code: &mut Code, funcs: &Functions, out: &mut Scan) {
-    let mut factory = InstructionInfoFactory::new();
+pub(super) fn scan(code: &mut Code, funcs: &Functions, slots: &Slots, out: &mut Scan) {
+    let mut cx = Cx {
+        factory: InstructionInfoFactory::new(),
+        insns: Vec::new(),
+        slots,
+    };
     for sec in &mut code.secs {
         let end = sec.addr + sec.bytes.len() as u64;
         let lo = funcs.starts.partition_point(|&s| s <= sec.addr);
@@ -29,22 +42,24 @@ pub(super) fn scan(code: &mut Code, funcs: &Functions, out: &mut Scan) {
         let mut from = sec.addr;
         for &to in funcs.starts[lo..hi].iter().chain(std::iter::once(&end)) {
             if from < to {
-                piece(sec, from, to, &mut factory, out);
+                piece(sec, from, to, funcs.is_entry(from), &mut cx, out);
             }
             from = to;
         }
     }
 }
 
+/// Scratch reused across pieces.
+struct Cx<'s, 'a> {
+    factory: InstructionInfoFactory,
+    insns: Vec<Instruction>,
+    slots: &'s Slots<'a>,
+}
+
 /// Decode `[from, to)` of `sec`: mark instruction starts, then analyse if it holds an
-/// indirect jump.
-fn piece(
-    sec: &mut CodeSec,
-    from: u64,
-    to: u64,
-    factory: &mut InstructionInfoFactory,
-    out: &mut Scan,
-) {
+/// indirect jump. `entry`: `from` is a function entry (the stack holds only the
+/// return address).
+fn piece(sec: &mut CodeSec, from: u64, to: u64, entry: bool, cx: &mut Cx, out: &mut Scan) {
     let (a, b) = ((from - sec.addr) as usize, (to - sec.addr) as usize);
     let bytes = &sec.bytes[a..b];
     let mut dec = Decoder::with_ip(64, bytes, from, DecoderOptions::NONE);
@@ -52,14 +67,17 @@ fn piece(
     let mut indirect = false;
     while dec.can_decode() {
         dec.decode_out(&mut ins);
-        if ins.is_invalid() {
-            continue;
+        if !ins.is_invalid() {
+            sec.mark_insn_start(a + (ins.ip() - from) as usize);
+            indirect |= is_indirect_jmp(&ins);
         }
-        sec.mark_insn_start(a + (ins.ip() - from) as usize);
-        indirect |= is_indirect_jmp(&ins);
     }
     if indirect && !sec.plt {
-        analyse(bytes, from, factory, out);
+        let mut insns = std::mem::take(&mut cx.insns);
+        insns.clear();
+        insns.extend(Decoder::with_ip(64, bytes, from, DecoderOptions::NONE));
+        analyse(&insns, from, to, entry, cx, out);
+        cx.insns = insns;
     }
 }
 
@@ -76,93 +94,152 @@ fn gpr(r: Register) -> Option<(usize, u32)> {
     Some((full.number(), r.size() as u32))
 }
 
+const RSP: usize = 4;
+const RBP: usize = 5;
+
 /// A memory operand `disp(%base)` (no index).
 type Slot = (usize, u64);
 
 /// What the last flag-setting instruction compared against an immediate.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Cmp {
     Reg(usize, u64),
     /// The switch value is in memory (`-O0` frame slots, `cmpb $7,(%rbx)`).
     Mem(Slot, u64),
 }
 
-#[derive(Default)]
+/// What the analysis of a piece learns besides the states.
+struct Piece<'s, 'a> {
+    from: u64,
+    to: u64,
+    slots: &'s Slots<'a>,
+    /// A table entry or target was stored to memory: a later load of it would look
+    /// like a function pointer.
+    escaped: bool,
+}
+
+#[derive(Clone, PartialEq)]
 struct State {
     regs: [Val; 16],
     /// Registers with the same origin hold the same value (copies): a bound learnt
-    /// on one holds for all.
-    origin: [u32; 16],
-    next_origin: u32,
+    /// on one holds for all. Deterministic: `ip << 4 | reg` of the defining
+    /// instruction, or a join's (bit 63).
+    origin: [u64; 16],
     flags: Option<Cmp>,
-    /// Memory operands `(slot, bound)` known to hold a bounded value.
+    /// Memory operands `(slot, bound)` known to hold a bounded value, sorted.
     slots: Vec<(Slot, u64)>,
 }
 
 impl State {
-    fn set(&mut self, r: Register, v: Val) {
-        self.next_origin += 1;
-        self.set_with_origin(r, v, self.next_origin);
-    }
-
-    fn kill(&mut self, i: usize) {
-        self.next_origin += 1;
-        self.origin[i] = self.next_origin;
-        self.regs[i] = Val::Unknown;
-        self.slots.retain(|s| s.0.0 != i);
-    }
-
-    fn copy(&mut self, dst: Register, src: Register) {
-        match gpr(src) {
-            Some((s, _)) => self.set_with_origin(dst, self.regs[s], self.origin[s]),
-            None => self.set(dst, Val::Unknown),
+    /// At a function entry (`entry`) or a block reached only from outside the piece.
+    fn new(entry: bool) -> Self {
+        let mut st = State {
+            regs: [if entry { Val::Unknown } else { Val::Tainted }; 16],
+            origin: std::array::from_fn(|i| i as u64),
+            flags: None,
+            slots: Vec::new(),
+        };
+        if entry {
+            st.regs[RSP] = Val::Stack(0);
         }
+        st
     }
 
-    fn set_with_origin(&mut self, r: Register, v: Val, origin: u32) {
-        let Some((i, size)) = gpr(r) else { return };
+    /// Write `v` computed by the instruction at `ip` (an unknown result is tainted).
+    fn set(&mut self, ip: u64, r: Register, v: Val) {
+        let Some((i, _)) = gpr(r) else { return };
+        let v = if v == Val::Unknown { Val::Tainted } else { v };
+        self.set_with_origin(r, v, ip << 4 | i as u64);
+    }
+
+    /// A call clobbered register `i`: it holds something the function received.
+    fn clobber(&mut self, ip: u64, i: usize) {
+        self.set_origin(i, ip << 4 | i as u64);
+        self.regs[i] = Val::Unknown;
+    }
+
+    fn set_origin(&mut self, i: usize, origin: u64) {
+        if self.origin[i] != origin && matches!(self.flags, Some(Cmp::Reg(j, _)) if j == i) {
+            self.flags = None;
+        }
         self.origin[i] = origin;
         // A new base register: what its memory operands held is unknown now.
         self.slots.retain(|s| s.0.0 != i);
+    }
+
+    fn copy(&mut self, ip: u64, dst: Register, src: Register) {
+        match gpr(src) {
+            Some((s, _)) => self.set_with_origin(dst, self.regs[s], self.origin[s]),
+            None => self.set(ip, dst, Val::Tainted),
+        }
+    }
+
+    fn set_with_origin(&mut self, r: Register, v: Val, origin: u64) {
+        let Some((i, size)) = gpr(r) else { return };
+        self.set_origin(i, origin);
         self.regs[i] = match (size, v) {
             (8, v) => v,
             // A 32-bit write zero-extends: constants are truncated; an index keeps its
-            // bound; 32-bit entries stay what they are.
+            // bound; 32-bit entries stay what they are; nothing else is a pointer.
             (4, Val::Const(c)) => Val::Const(c & 0xffff_ffff),
             (4, v @ Val::Index { .. }) => v,
             (4, Val::Entry(e)) if e.size <= 4 => v,
-            _ => Val::Unknown,
+            _ => Val::Tainted,
         };
     }
 
     fn get(&self, r: Register) -> Val {
-        gpr(r).map_or(Val::Unknown, |(i, _)| self.regs[i])
+        gpr(r).map_or(Val::Tainted, |(i, _)| self.regs[i])
     }
 
     /// The value loaded by the memory operand of `ins` (`size` bytes).
-    fn load(&self, ins: &Instruction, size: u8, signed: bool) -> Val {
+    fn load(&self, ins: &Instruction, size: u8, signed: bool, p: &Piece) -> Val {
         if let Some(b) = self.slot_bound(ins) {
             return Val::Index {
                 bound: Some(b),
                 scale: 1,
             };
         }
+        if !matches!(ins.memory_segment(), Register::DS | Register::SS) {
+            // %fs/%gs: thread-local data.
+            return Val::Tainted;
+        }
         if ins.memory_index() == Register::None {
-            return Val::Unknown;
+            // One slot: a function pointer if it comes from a clean pointer or from a
+            // global slot that does not hold a label of this piece.
+            let clean = match ins.memory_base() {
+                Register::RIP | Register::None => {
+                    let addr = if ins.memory_base() == Register::RIP {
+                        ins.ip_rel_memory_address()
+                    } else {
+                        ins.memory_displacement64()
+                    };
+                    !p.slots.may_hold_label(addr, p.from, p.to)
+                }
+                r => matches!(self.get(r), Val::Unknown | Val::Loaded),
+            };
+            return if clean && size == 8 {
+                Val::Loaded
+            } else {
+                Val::Tainted
+            };
         }
         let base = match ins.memory_base() {
             Register::None => None,
-            Register::RIP => return Val::Unknown,
+            Register::RIP => return Val::Tainted,
             r => Some(self.get(r)),
         };
-        Val::load(
+        match Val::load(
             base,
             self.get(ins.memory_index()),
             u64::from(ins.memory_index_scale()),
             ins.memory_displacement64(),
             size,
             signed,
-        )
+        ) {
+            Val::Unknown => Val::Tainted,
+            v => v,
+        }
     }
 
     fn slot(ins: &Instruction) -> Option<Slot> {
@@ -182,7 +259,7 @@ impl State {
     /// other memory in the code that spills switch values).
     fn memory_written(&mut self, ins: Option<&Instruction>) {
         let hit = ins.and_then(Self::slot);
-        self.slots.retain(|s| s.0.0 == 5 && Some(s.0) != hit);
+        self.slots.retain(|s| s.0.0 == RBP && Some(s.0) != hit);
     }
 
     /// Value `< bound` learnt for register `i` and every copy of it.
@@ -190,8 +267,16 @@ impl State {
         let o = self.origin[i];
         for j in 0..16 {
             if self.origin[j] == o
-                && matches!(self.regs[j], Val::Unknown | Val::Index { scale: 1, .. })
+                && matches!(
+                    self.regs[j],
+                    Val::Unknown | Val::Tainted | Val::Loaded | Val::Index { scale: 1, .. }
+                )
             {
+                // Both bounds hold on this way.
+                let bound = match self.regs[j] {
+                    Val::Index { bound: Some(b), .. } => b.min(bound),
+                    _ => bound,
+                };
                 self.regs[j] = Val::Index {
                     bound: Some(bound),
                     scale: 1,
@@ -199,25 +284,343 @@ impl State {
             }
         }
     }
-}
 
-/// Forward abstract interpretation of one piece; records a dispatch or an unresolved
-/// jump for each indirect `jmp`.
-fn analyse(bytes: &[u8], from: u64, factory: &mut InstructionInfoFactory, out: &mut Scan) {
-    let mut st = State::default();
-    let mut dec = Decoder::with_ip(64, bytes, from, DecoderOptions::NONE);
-    let mut ins = Instruction::default();
-    while dec.can_decode() {
-        dec.decode_out(&mut ins);
-        if ins.is_invalid() {
-            st = State::default();
-            continue;
+    fn bound_slot(&mut self, d: Slot, bound: u64) {
+        self.slots.retain(|s| s.0 != d);
+        let i = self.slots.partition_point(|s| s.0 < d);
+        self.slots.insert(i, (d, bound));
+    }
+
+    /// Keep what `self` and `o` agree on (the join at the block starting at `ip`);
+    /// returns whether `self` changed.
+    fn meet(&mut self, o: &State, ip: u64) -> bool {
+        if self == o {
+            return false;
         }
-        step(&mut st, &ins, factory, out);
+        let mut changed = false;
+        let pairs: [(u64, u64); 16] = std::array::from_fn(|j| (self.origin[j], o.origin[j]));
+        for j in 0..16 {
+            let (a, b) = (self.regs[j], o.regs[j]);
+            if a != b {
+                let v = match (a, b) {
+                    (Val::Unknown | Val::Loaded, Val::Unknown | Val::Loaded) => Val::Unknown,
+                    _ => Val::Tainted,
+                };
+                changed |= v != a;
+                self.regs[j] = v;
+            }
+            if pairs[j].0 != pairs[j].1 {
+                // Registers that are copies of each other on both ways stay copies.
+                let k = (0..j).find(|&k| pairs[k] == pairs[j]).unwrap_or(j);
+                let origin = 1 << 63 | ip << 4 | k as u64;
+                changed |= origin != self.origin[j];
+                self.origin[j] = origin;
+            }
+        }
+        if self.flags != o.flags && self.flags.is_some() {
+            self.flags = None;
+            changed = true;
+        }
+        let n = self.slots.len();
+        self.slots.retain(|s| o.slots.contains(s));
+        changed || n != self.slots.len()
     }
 }
 
-fn step(st: &mut State, ins: &Instruction, factory: &mut InstructionInfoFactory, out: &mut Scan) {
+impl Cmp {
+    fn imm(self) -> u64 {
+        match self {
+            Cmp::Reg(_, i) | Cmp::Mem(_, i) => i,
+        }
+    }
+}
+
+/// Basic blocks of a piece: `[start, end)` instruction indices.
+struct Cfg {
+    blocks: Vec<(usize, usize)>,
+    /// Successors of each block: fall-through and taken (block indices).
+    succ: Vec<[Option<usize>; 2]>,
+    has_pred: Vec<bool>,
+    /// A direct branch into the piece lands inside an instruction, or code is
+    /// undecodable: some edge is missing.
+    incomplete: bool,
+    /// The piece materialises an address inside itself (`lea L(%rip)`, an immediate):
+    /// labels as values, a computed goto may jump anywhere.
+    own_address: bool,
+}
+
+fn cfg(insns: &[Instruction], from: u64, to: u64) -> Cfg {
+    let n = insns.len();
+    let index_of = |ip: u64| insns.binary_search_by_key(&ip, |i| i.ip()).ok();
+    let inside = |a: u64| from < a && a < to;
+    let mut leader = vec![false; n + 1];
+    leader[0] = true;
+    let mut incomplete = false;
+    let mut own_address = false;
+    let mut target = vec![None; n];
+    for (k, ins) in insns.iter().enumerate() {
+        if ins.is_invalid() {
+            incomplete = true;
+            leader[k] = true;
+            leader[k + 1] = true;
+            continue;
+        }
+        match ins.flow_control() {
+            FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch => {
+                if ins.op0_kind() == OpKind::NearBranch64 {
+                    let t = ins.near_branch_target();
+                    if from <= t && t < to {
+                        match index_of(t) {
+                            Some(j) => {
+                                leader[j] = true;
+                                target[k] = Some(j);
+                            }
+                            None => incomplete = true,
+                        }
+                    }
+                }
+                leader[k + 1] = true;
+            }
+            FlowControl::IndirectBranch | FlowControl::Return | FlowControl::Exception => {
+                leader[k + 1] = true;
+            }
+            _ => {}
+        }
+        if (ins.is_ip_rel_memory_operand() && inside(ins.ip_rel_memory_address()))
+            || (0..ins.op_count()).any(|o| {
+                matches!(
+                    ins.op_kind(o),
+                    OpKind::Immediate32 | OpKind::Immediate32to64 | OpKind::Immediate64
+                ) && inside(ins.immediate(o))
+            })
+        {
+            own_address = true;
+        }
+    }
+    let mut block_of = vec![usize::MAX; n];
+    let mut blocks = Vec::new();
+    for k in 0..n {
+        if leader[k] {
+            blocks.push((k, k));
+        }
+        block_of[k] = blocks.len() - 1;
+        blocks.last_mut().unwrap().1 = k + 1;
+    }
+    let mut succ = vec![[None, None]; blocks.len()];
+    let mut has_pred = vec![false; blocks.len()];
+    for (b, &(_, end)) in blocks.iter().enumerate() {
+        let last = &insns[end - 1];
+        let falls = !last.is_invalid()
+            && !matches!(
+                last.flow_control(),
+                FlowControl::UnconditionalBranch
+                    | FlowControl::IndirectBranch
+                    | FlowControl::Return
+                    | FlowControl::Exception
+            );
+        if falls && end < n {
+            succ[b][0] = Some(block_of[end]);
+        }
+        succ[b][1] = target[end - 1].map(|j| block_of[j]);
+        for s in succ[b].into_iter().flatten() {
+            has_pred[s] = true;
+        }
+    }
+    Cfg {
+        blocks,
+        succ,
+        has_pred,
+        incomplete,
+        own_address,
+    }
+}
+
+/// The state on the way out of a block that ends in `last`, on its fall-through
+/// (`taken` false) or taken edge, if it differs from `st`: a compare bound holds on
+/// the edge where the branch says so (unsigned compares only: `ja`/`jbe`: value
+/// `<= N`, `jae`/`jb`: `< N`).
+fn edge(st: &State, last: &Instruction, taken: bool) -> Option<State> {
+    let m = last.mnemonic();
+    if !matches!(
+        m,
+        Mnemonic::Ja | Mnemonic::Jbe | Mnemonic::Jae | Mnemonic::Jb
+    ) {
+        return None;
+    }
+    let cmp = st.flags?;
+    // ja/jae: the bound holds when the branch is not taken; jbe/jb: when it is.
+    if matches!(m, Mnemonic::Ja | Mnemonic::Jae) == taken {
+        return None;
+    }
+    let bound = if matches!(m, Mnemonic::Ja | Mnemonic::Jbe) {
+        cmp.imm().checked_add(1)?
+    } else {
+        cmp.imm()
+    };
+    let mut on = st.clone();
+    match cmp {
+        Cmp::Reg(i, _) => on.bound_reg(i, bound),
+        Cmp::Mem(d, _) => on.bound_slot(d, bound),
+    }
+    Some(on)
+}
+
+/// Merge `e` into the state at the start of block `s`; queue `s` if that changed.
+fn flow_into(
+    ins_of: &mut [Option<State>],
+    queue: &mut BTreeSet<usize>,
+    s: usize,
+    ip: u64,
+    e: &State,
+) {
+    let changed = match &mut ins_of[s] {
+        Some(cur) => cur.meet(e, ip),
+        slot @ None => {
+            *slot = Some(e.clone());
+            true
+        }
+    };
+    if changed {
+        queue.insert(s);
+    }
+}
+
+/// Data flow over one piece to a fixpoint, then a dispatch, a tail call or an
+/// unresolved jump for each indirect `jmp`.
+///
+/// Blocks no direct branch or fall-through reaches (jump-table targets, landing pads)
+/// start from the join of the states at the piece's indirect jumps: a table base
+/// hoisted out of a loop whose body is the switch's cases stays known.
+fn analyse(insns: &[Instruction], from: u64, to: u64, entry: bool, cx: &mut Cx, out: &mut Scan) {
+    let mut p = Piece {
+        from,
+        to,
+        slots: cx.slots,
+        escaped: false,
+    };
+    // Cheap first: most pieces are explained by one pass in address order.
+    let linear = linear(insns, entry, cx, &mut p);
+    if linear.iter().all(Option::is_some) {
+        out.dispatches.extend(linear.into_iter().flatten());
+        return;
+    }
+    let mut linear = linear.into_iter();
+    p.escaped = false;
+    let g = cfg(insns, from, to);
+    let nb = g.blocks.len();
+    // Alignment padding after a `ret` or `jmp` is never entered.
+    let padding = |b: usize| {
+        let (start, end) = g.blocks[b];
+        insns[start..end]
+            .iter()
+            .all(|i| matches!(i.mnemonic(), Mnemonic::Nop | Mnemonic::Int3))
+    };
+    let orphans: Vec<usize> = (1..nb).filter(|&b| !g.has_pred[b] && !padding(b)).collect();
+    let mut ins_of: Vec<Option<State>> = vec![None; nb];
+    let mut queue = BTreeSet::new();
+    ins_of[0] = Some(State::new(entry));
+    queue.insert(0);
+    let mut hub: Option<State> = None;
+    // Values only ever get less precise at joins: a few passes reach the fixpoint.
+    let budget = 8 * nb + 64;
+    let mut visits = 0;
+    let mut converged = true;
+    while let Some(b) = queue.pop_first() {
+        visits += 1;
+        if visits > budget {
+            converged = false;
+            break;
+        }
+        let mut st = ins_of[b].clone().unwrap();
+        let (start, end) = g.blocks[b];
+        for ins in &insns[start..end] {
+            step(&mut st, ins, &mut cx.factory, &mut p);
+        }
+        let last = &insns[end - 1];
+        for (k, s) in g.succ[b].iter().enumerate() {
+            let Some(s) = *s else { continue };
+            let ip = insns[g.blocks[s].0].ip();
+            match edge(&st, last, k == 1) {
+                Some(e) => flow_into(&mut ins_of, &mut queue, s, ip, &e),
+                None => flow_into(&mut ins_of, &mut queue, s, ip, &st),
+            }
+        }
+        if is_indirect_jmp(last) {
+            let changed = match &mut hub {
+                Some(h) => h.meet(&st, from),
+                h @ None => {
+                    *h = Some(st);
+                    true
+                }
+            };
+            if changed {
+                let h = hub.as_ref().unwrap();
+                for &o in &orphans {
+                    ins_of[o] = Some(h.clone());
+                    queue.insert(o);
+                }
+            }
+        }
+    }
+    let tail_ok = entry && converged && !g.incomplete && !g.own_address;
+    for (b, &(start, end)) in g.blocks.iter().enumerate() {
+        let last = &insns[end - 1];
+        if !is_indirect_jmp(last) {
+            continue;
+        }
+        let mut st = ins_of[b].clone().unwrap_or_else(|| State::new(false));
+        for ins in &insns[start..end - 1] {
+            step(&mut st, ins, &mut cx.factory, &mut p);
+        }
+        let v = jump_value(&st, last, &p);
+        let tail = match last.op0_kind() {
+            OpKind::Register => matches!(v, Val::Unknown | Val::Loaded),
+            _ => v == Val::Loaded,
+        };
+        // A dispatch by either pass is a candidate (`resolve` checks it): the data
+        // flow is more precise, address order sometimes luckier.
+        let early = linear.next().flatten();
+        if let Some(d) = Dispatch::from_val(last.ip(), v).or(early) {
+            out.dispatches.push(d);
+        } else if tail && tail_ok && !p.escaped && st.regs[RSP] == Val::Stack(0) {
+            out.tail_calls.push(last.ip());
+        } else {
+            out.unresolved.push(last.ip());
+        }
+    }
+}
+
+/// The value an indirect jump goes to.
+fn jump_value(st: &State, ins: &Instruction, p: &Piece) -> Val {
+    match ins.op0_kind() {
+        OpKind::Register => st.get(ins.op0_register()),
+        _ => st.load(ins, 8, false, p),
+    }
+}
+
+/// One pass in address order with one state, a compare bound assumed on both ways
+/// of its branch: the dispatch each indirect jump stands for, if any, in order.
+fn linear(insns: &[Instruction], entry: bool, cx: &mut Cx, p: &mut Piece) -> Vec<Option<Dispatch>> {
+    let mut st = State::new(entry);
+    let mut found = Vec::new();
+    for ins in insns {
+        if ins.is_invalid() {
+            st = State::new(false);
+            continue;
+        }
+        if is_indirect_jmp(ins) {
+            found.push(Dispatch::from_val(ins.ip(), jump_value(&st, ins, p)));
+        }
+        step(&mut st, ins, &mut cx.factory, p);
+        if let Some(e) = edge(&st, ins, false).or_else(|| edge(&st, ins, true)) {
+            st = e;
+        }
+    }
+    found
+}
+
+fn step(st: &mut State, ins: &Instruction, factory: &mut InstructionInfoFactory, p: &mut Piece) {
+    let ip = ins.ip();
     let m = ins.mnemonic();
     let op0 = if ins.op0_kind() == OpKind::Register {
         ins.op0_register()
@@ -235,6 +638,15 @@ fn step(st: &mut State, ins: &Instruction, factory: &mut InstructionInfoFactory,
             | OpKind::Immediate32to64
             | OpKind::Immediate64
     );
+    if ins.op0_kind() == OpKind::Memory
+        && ins.op1_kind() == OpKind::Register
+        && matches!(
+            st.get(ins.op1_register()),
+            Val::Entry(_) | Val::Target { .. }
+        )
+    {
+        p.escaped = true;
+    }
     let handled = match m {
         Mnemonic::Lea if dst_gpr => {
             let v = if ins.is_ip_rel_memory_operand() {
@@ -249,57 +661,76 @@ fn step(st: &mut State, ins: &Instruction, factory: &mut InstructionInfoFactory,
                         bound,
                         scale: s * u64::from(ins.memory_index_scale()),
                     },
-                    None => Val::Unknown,
+                    None => Val::Tainted,
+                }
+            } else if ins.memory_index() == Register::None {
+                match st.get(ins.memory_base()) {
+                    Val::Stack(h) => Val::Stack(h.wrapping_add(ins.memory_displacement64() as i64)),
+                    _ => Val::Tainted,
                 }
             } else {
-                Val::Unknown
+                Val::Tainted
             };
-            st.set(op0, v);
+            st.set(ip, op0, v);
             true
         }
         Mnemonic::Mov if dst_gpr => {
             match ins.op1_kind() {
-                OpKind::Register => st.copy(op0, ins.op1_register()),
+                OpKind::Register => st.copy(ip, op0, ins.op1_register()),
                 OpKind::Memory => {
-                    let v = st.load(ins, op0.size() as u8, false);
-                    st.set(op0, v);
+                    let v = st.load(ins, op0.size() as u8, false, p);
+                    st.set(ip, op0, v);
                 }
-                _ if imm1 => st.set(op0, Val::Const(ins.immediate(1))),
-                _ => st.set(op0, Val::Unknown),
+                _ if imm1 => st.set(ip, op0, Val::Const(ins.immediate(1))),
+                _ => st.set(ip, op0, Val::Tainted),
             }
             true
         }
         Mnemonic::Movsxd if dst_gpr => {
             let v = match ins.op1_kind() {
                 OpKind::Register => st.get(ins.op1_register()).extend(32, true),
-                OpKind::Memory => st.load(ins, 4, true),
-                _ => Val::Unknown,
+                OpKind::Memory => st.load(ins, 4, true, p),
+                _ => Val::Tainted,
             };
-            st.set(op0, v);
+            st.set(ip, op0, v);
             true
         }
         Mnemonic::Movzx | Mnemonic::Movsx if dst_gpr => {
             let signed = m == Mnemonic::Movsx;
-            let v = match ins.op1_kind() {
+            match ins.op1_kind() {
                 OpKind::Register => {
                     let src = ins.op1_register();
-                    st.get(src).extend(8 * src.size() as u8, signed)
+                    let v = match st.get(src).extend(8 * src.size() as u8, signed) {
+                        Val::Unknown => Val::Tainted,
+                        v => v,
+                    };
+                    match (v, gpr(src)) {
+                        // `movzbl %dl,%ebx`: the same number as far as a compare of
+                        // either says (the compare decides the width that counts).
+                        (Val::Index { .. } | Val::Tainted, Some((s, _))) if !signed => {
+                            st.set_with_origin(op0, v, st.origin[s])
+                        }
+                        _ => st.set(ip, op0, v),
+                    }
                 }
-                OpKind::Memory => st.load(ins, ins.memory_size().size() as u8, signed),
-                _ => Val::Unknown,
-            };
-            st.set(op0, v);
+                OpKind::Memory => {
+                    let v = st.load(ins, ins.memory_size().size() as u8, signed, p);
+                    st.set(ip, op0, v);
+                }
+                _ => st.set(ip, op0, Val::Tainted),
+            }
             true
         }
         Mnemonic::Cdqe => {
             let v = st.get(Register::RAX).extend(32, true);
-            st.set(Register::RAX, v);
+            st.set(ip, Register::RAX, v);
             true
         }
-        Mnemonic::Add if dst_gpr && op0.size() == 8 => {
+        Mnemonic::Add | Mnemonic::Sub if dst_gpr && op0.size() == 8 => {
             let a = st.get(op0);
+            let sub = m == Mnemonic::Sub;
             let v = match ins.op1_kind() {
-                OpKind::Register => match (a, st.get(ins.op1_register())) {
+                OpKind::Register if !sub => match (a, st.get(ins.op1_register())) {
                     (Val::Const(base), Val::Entry(elem)) | (Val::Entry(elem), Val::Const(base)) => {
                         Val::Target {
                             base,
@@ -307,16 +738,52 @@ fn step(st: &mut State, ins: &Instruction, factory: &mut InstructionInfoFactory,
                             shift: 0,
                         }
                     }
-                    _ => Val::Unknown,
+                    _ => Val::Tainted,
                 },
-                _ if imm1 => match a {
-                    Val::Const(c) => Val::Const(c.wrapping_add(ins.immediate(1))),
-                    _ => Val::Unknown,
-                },
-                _ => Val::Unknown,
+                _ if imm1 => {
+                    let k = if sub {
+                        ins.immediate(1).wrapping_neg()
+                    } else {
+                        ins.immediate(1)
+                    };
+                    match a {
+                        Val::Const(c) => Val::Const(c.wrapping_add(k)),
+                        Val::Stack(h) => Val::Stack(h.wrapping_add(k as i64)),
+                        _ => Val::Tainted,
+                    }
+                }
+                _ => Val::Tainted,
             };
-            st.set(op0, v);
+            st.set(ip, op0, v);
             st.flags = None;
+            true
+        }
+        Mnemonic::Push | Mnemonic::Pop => {
+            let delta = i64::from(ins.stack_pointer_increment());
+            let sp = match st.regs[RSP] {
+                Val::Stack(h) if delta.abs() == 8 => Val::Stack(h.wrapping_add(delta)),
+                _ => Val::Tainted,
+            };
+            if m == Mnemonic::Pop {
+                // What was pushed may have been anything, a table address included.
+                if dst_gpr {
+                    st.set(ip, op0, Val::Tainted);
+                } else if ins.op0_kind() == OpKind::Memory {
+                    st.memory_written(Some(ins));
+                }
+            } else {
+                st.memory_written(None);
+            }
+            st.set(ip, Register::RSP, sp);
+            true
+        }
+        Mnemonic::Leave => {
+            let sp = match st.regs[RBP] {
+                Val::Stack(h) => Val::Stack(h.wrapping_add(8)),
+                _ => Val::Tainted,
+            };
+            st.set(ip, Register::RBP, Val::Tainted);
+            st.set(ip, Register::RSP, sp);
             true
         }
         Mnemonic::Cmp if imm1 => {
@@ -337,48 +804,16 @@ fn step(st: &mut State, ins: &Instruction, factory: &mut InstructionInfoFactory,
             };
             true
         }
-        Mnemonic::Ja | Mnemonic::Jbe | Mnemonic::Jae | Mnemonic::Jb => {
-            // Unsigned compares only: on one of the two ways on, value <= N (ja/jbe)
-            // or < N (jae/jb). Address order decides which way is assumed.
-            let inclusive = matches!(m, Mnemonic::Ja | Mnemonic::Jbe);
-            let n = |imm: u64| {
-                if inclusive {
-                    imm.checked_add(1)
-                } else {
-                    Some(imm)
-                }
-            };
-            match st.flags {
-                Some(Cmp::Reg(i, imm)) => {
-                    if let Some(b) = n(imm) {
-                        st.bound_reg(i, b);
-                    }
-                }
-                Some(Cmp::Mem(d, imm)) => {
-                    if let Some(b) = n(imm) {
-                        st.slots.retain(|s| s.0 != d);
-                        st.slots.push((d, b));
-                    }
-                }
-                None => {}
-            }
-            true
-        }
-        Mnemonic::Jmp if is_indirect_jmp(ins) => {
-            let v = match ins.op0_kind() {
-                OpKind::Register => st.get(op0),
-                _ => st.load(ins, 8, false),
-            };
-            match Dispatch::from_val(ins.ip(), v) {
-                Some(d) => out.dispatches.push(d),
-                None => out.unresolved.push(ins.ip()),
-            }
-            true
-        }
+        // Bounds are learnt on the edges (`edges`); an indirect jump ends its block.
+        Mnemonic::Ja | Mnemonic::Jbe | Mnemonic::Jae | Mnemonic::Jb => true,
+        Mnemonic::Jmp if is_indirect_jmp(ins) => true,
         Mnemonic::Call => {
-            // The SysV ABI's caller-saved registers.
-            for r in [0, 1, 2, 6, 7, 8, 9, 10, 11] {
-                st.kill(r);
+            // The results. The other caller-saved registers keep what they held:
+            // code that reads one after the call without writing it knows the callee
+            // preserves it (gcc's IPA-RA keeps table bases in %r8 across calls of
+            // functions of the same unit). The stack pointer is back.
+            for r in [0, 2] {
+                st.clobber(ip, r);
             }
             st.memory_written(None);
             st.flags = None;
@@ -399,7 +834,7 @@ fn step(st: &mut State, ins: &Instruction, factory: &mut InstructionInfoFactory,
         };
         for u in info.used_registers() {
             if writes(u.access()) && gpr(u.register()).is_some() {
-                st.set(u.register().full_register(), Val::Unknown);
+                st.set(ip, u.register().full_register(), Val::Tainted);
             }
         }
         if info.used_memory().iter().any(|u| writes(u.access())) {

@@ -7,6 +7,7 @@ use crate::usdt::Arg;
 use tracer_common::meta::{SiteKind, TimeMode};
 
 pub mod aarch64;
+pub mod operands;
 pub mod x86_64;
 
 /// Where the new code and data will live, fixed before any code is emitted.
@@ -21,6 +22,8 @@ pub struct Layout {
     pub pre_tls: bool,
     /// Whether stubs read the cycle counter.
     pub time_mode: TimeMode,
+    /// `BUF_*`: what a stub does when the buffer is full.
+    pub buf_kind: u32,
 }
 
 /// A site asked for, before planning.
@@ -62,6 +65,14 @@ pub struct Window {
     pub len: usize,
     pub code_len: usize,
     pub sites: Vec<PlacedSite>,
+}
+
+/// What the sites need from control-flow recovery (all sorted).
+pub struct FlowFacts<'a> {
+    /// Every known branch target.
+    pub targets: &'a [u64],
+    /// Indirect jumps that are tail calls (exits).
+    pub tail_calls: &'a [u64],
 }
 
 /// How a function's sites are patched: windows, and the sites left to uprobes (why).
@@ -196,9 +207,9 @@ pub trait Isa {
         targets.dedup();
         targets
     }
-    /// Addresses of `f`'s sites of one kind. Exits: returns, and unconditional direct
+    /// Addresses of `f`'s sites of one kind. Exits: returns, unconditional direct
     /// branches to another function's start (tail calls; `fn_starts`: every function
-    /// address, sorted). Blocks: the function's first instruction (after a landing
+    /// address, sorted) and indirect jumps that `flow` found to be tail calls. Blocks: the function's first instruction (after a landing
     /// pad), branch targets inside it, and instructions after a control transfer.
     /// Memory: instructions with an explicit memory operand that they read or write.
     /// (USDT sites come from the probe notes, not from here.)
@@ -208,7 +219,7 @@ pub trait Isa {
         f: &Function,
         kind: SiteKind,
         fn_starts: &[u64],
-        targets: &[u64],
+        flow: &FlowFacts,
     ) -> Vec<u64>;
     /// Decide which of `f`'s sites get inline stubs (grouped into windows) and which
     /// become uprobe sites. `targets`: every known branch target, sorted. `unsure`:
@@ -253,4 +264,16 @@ pub trait Isa {
     fn anchor(&self) -> &'static [u8];
     /// Alignment the new segments need (page size the binaries assume).
     fn segment_align(&self) -> u64;
+    /// Where the values of a uprobe site's record are, for the eBPF `site` program:
+    /// a memory site's effective address (and its record flags), a USDT probe's
+    /// arguments. `addr` is where the uprobe sits (the site's instruction). None for
+    /// other kinds, and for an operand the descriptors cannot express (the record then
+    /// carries zeros).
+    fn uprobe_operands(
+        &self,
+        input: &Input,
+        kind: SiteKind,
+        addr: u64,
+        args: &[Arg],
+    ) -> Option<tracer_common::operand::OperandSet>;
 }

@@ -193,6 +193,14 @@ pub fn ubfx(rd: u32, rn: u32, lsb: u32, width: u32) -> u32 {
 pub fn sbfx(rd: u32, rn: u32, lsb: u32, width: u32) -> u32 {
     0x9340_0000 | lsb << 16 | (lsb + width - 1) << 10 | rn << 5 | rd
 }
+/// `ldxrh wt, [xn]`.
+pub fn ldxrh(rt: u32, rn: u32) -> u32 {
+    0x485f_7c00 | rn << 5 | rt
+}
+/// `stxrh ws, wt, [xn]`.
+pub fn stxrh(ws: u32, rt: u32, rn: u32) -> u32 {
+    0x4800_7c00 | ws << 16 | rn << 5 | rt
+}
 /// `ldrb wt, [xn]`.
 pub fn ldrb(rt: u32, rn: u32) -> u32 {
     0x3940_0000 | rn << 5 | rt

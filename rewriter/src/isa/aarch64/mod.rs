@@ -16,10 +16,17 @@ mod reloc;
 mod runtime;
 mod stub;
 
-use super::{Candidate, FunctionPlan, Isa, Layout, Runtime, SiteReq, Window, merge_windows};
+use super::{
+    Candidate, FlowFacts, FunctionPlan, Isa, Layout, Runtime, SiteReq, Window, merge_windows,
+};
 use crate::input::{Function, Input};
+use crate::usdt::{Arg, Reg as UsdtReg};
 use reloc::Class;
 use tracer_common::meta::SiteKind;
+use tracer_common::operand::{
+    A64_REG_PC, OP_ADDR, OPF_INDEX_SXTW, OPF_INDEX_UXTW, OPF_STRIP_PAC, Operand, OperandSet,
+    REG_NONE,
+};
 
 pub struct Aarch64;
 
@@ -63,8 +70,9 @@ impl Isa for Aarch64 {
         f: &Function,
         kind: SiteKind,
         fn_starts: &[u64],
-        targets: &[u64],
+        flow: &FlowFacts,
     ) -> Vec<u64> {
+        let targets = flow.targets;
         match kind {
             SiteKind::FunctionEntry => return vec![f.addr],
             SiteKind::Usdt => return Vec::new(),
@@ -85,6 +93,7 @@ impl Isa for Aarch64 {
                     reloc::is_return(w).is_some()
                         || matches!(reloc::classify(w, pc), Class::B { target }
                             if !inside.contains(&target) && fn_starts.binary_search(&target).is_ok())
+                        || flow.tail_calls.binary_search(&pc).is_ok()
                 })
                 .map(|(pc, _)| pc)
                 .collect(),
@@ -263,5 +272,59 @@ impl Isa for Aarch64 {
     fn segment_align(&self) -> u64 {
         // AArch64 binaries are linked for (and kernels may run with) 64 KiB pages.
         0x10000
+    }
+
+    fn uprobe_operands(
+        &self,
+        input: &Input,
+        kind: SiteKind,
+        addr: u64,
+        args: &[Arg],
+    ) -> Option<OperandSet> {
+        match kind {
+            SiteKind::Memory => {
+                let w = input.bytes_at(addr).and_then(|b| word_at(b, 0))?;
+                let m = mem::classify(w, addr)?;
+                // Descriptor numbering = the base field's (x0..x30, 31 = sp).
+                let strip = if m.auth { OPF_STRIP_PAC } else { 0 };
+                let at_base = |disp| Operand {
+                    kind: OP_ADDR,
+                    base: m.base,
+                    index: REG_NONE,
+                    flags: strip,
+                    disp,
+                    ..Default::default()
+                };
+                let ea = match m.addr {
+                    // Pre-index too: the access is at base + imm, written back after.
+                    mem::Addr::Offset(imm) => at_base(imm),
+                    // The access is at the base; the offset is added after.
+                    mem::Addr::PostIndex => at_base(0),
+                    // The stub refuses an authenticated base with a register offset.
+                    mem::Addr::Reg { .. } if m.auth => return None,
+                    mem::Addr::Reg { rm, extend, shift } => Operand {
+                        // Index 31 is xzr here, not sp.
+                        index: if rm == 31 { REG_NONE } else { rm },
+                        shift,
+                        flags: match extend {
+                            mem::Extend::Uxtw => OPF_INDEX_UXTW,
+                            mem::Extend::Sxtw => OPF_INDEX_SXTW,
+                            mem::Extend::Lsl | mem::Extend::Sxtx => 0,
+                        },
+                        ..at_base(0)
+                    },
+                    mem::Addr::Literal(target) => {
+                        super::operands::pc_relative(OP_ADDR, target, addr, A64_REG_PC)
+                    }
+                };
+                Some(super::operands::memory_set(ea, mem_flags(&m)))
+            }
+            SiteKind::Usdt => super::operands::usdt_set(args, addr, A64_REG_PC, |r| match *r {
+                // x0..x30, 31 = sp: the descriptor numbering.
+                UsdtReg::A64(n) if n <= 31 => Some((n, false)),
+                _ => None,
+            }),
+            _ => None,
+        }
     }
 }

@@ -241,7 +241,7 @@ fn emit_register(
     a.put(sub_reg(0, 9, 6));
     a.put(sub_imm(0, 0, (slots >> 12) as u32, true));
     a.put(lsr(0, 0, 6)); // slot number (SLOT_SIZE = 64)
-    a.put_all(&mov_imm64(1, buf_stride(l.buf_bytes)));
+    a.put_all(&mov_imm64(1, buf_stride(l.buf_kind, l.buf_bytes)));
     a.put(mul(0, 0, 1));
     a.put(add_reg(0, 0, 6));
     a.put_all(&mov_imm64(1, bufs_off(l.nslots)));

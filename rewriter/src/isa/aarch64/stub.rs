@@ -42,8 +42,9 @@ use crate::isa::{Layout, PlacedSite, Runtime};
 use crate::usdt::{Arg, ArgLoc, Reg as UsdtReg};
 use tracer_common::meta::{SiteKind, TimeMode};
 use tracer_common::{
-    FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE, INDEX_OFF, RECORD_SIZE, SLOT_CUR, SLOT_END,
-    SLOT_GENERATION, SLOT_INFLIGHT, SLOTS_OFF,
+    BUF_CIRCULAR, BUF_FAST_CIRCULAR, BUF_TRACE, FLAG_RING, FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE,
+    INDEX_OFF, RECORD_SIZE, SLOT_CUR, SLOT_END, SLOT_GENERATION, SLOT_INFLIGHT, SLOT_START,
+    SLOTS_OFF,
 };
 
 /// Stack bytes the stub uses below the caller's sp (16-byte multiple).
@@ -65,8 +66,9 @@ pub(super) fn emit_window(
 ) -> Result<Vec<u8>, String> {
     let mut a = Asm::new(at);
     let mut slow = Vec::new();
-    for s in sites {
-        slow.push(emit_stub(&mut a, layout, s, displaced, pc)?);
+    if !sites.is_empty() {
+        let all: Vec<&PlacedSite> = sites.iter().collect();
+        slow.push(emit_stub(&mut a, layout, &all, displaced, pc)?);
     }
     reloc::relocate(&mut a, displaced, pc)?;
     if !reloc::leaves(displaced) {
@@ -81,9 +83,18 @@ pub(super) fn emit_window(
         a.b_l(out);
 
         a.bind(full);
-        a.put(str_x(LR, SP, LR_SAVE));
-        a.b_to(true, rt.flush)?;
-        a.put(ldr_x(LR, SP, LR_SAVE));
+        if layout.buf_kind == BUF_CIRCULAR {
+            // Wrap: the next record overwrites the oldest; a new buffer epoch.
+            a.put(ldr_x(10, 9, SLOT_START as u32));
+            a.put(str_x(10, 9, SLOT_CUR as u32));
+            a.put(ldr_w(10, 9, SLOT_GENERATION as u32));
+            a.put(add_imm(10, 10, 1, false));
+            a.put(str_w(10, 9, SLOT_GENERATION as u32));
+        } else {
+            a.put(str_x(LR, SP, LR_SAVE));
+            a.b_to(true, rt.flush)?;
+            a.put(ldr_x(LR, SP, LR_SAVE));
+        }
         a.b_l(out);
     }
     a.finish()
@@ -157,35 +168,43 @@ fn emit_usdt_arg(a: &mut Asm, arg: &Arg, frame: u32) -> Result<(), String> {
     Ok(())
 }
 
-/// One stub's fast path; returns its (retry, out, miss, full) labels for the slow
-/// paths emitted after the window.
+/// The fast path of the stub for every site placed before the instruction `word` at
+/// `pc` (several stores, one reservation, one full-check); returns its (retry, out,
+/// miss, full) labels for the slow paths emitted after the window.
 fn emit_stub(
     a: &mut Asm,
     layout: &Layout,
-    site: &PlacedSite,
+    sites: &[&PlacedSite],
     word: u32,
     pc: u64,
 ) -> Result<(Label, Label, Label, Label), String> {
     let (retry, out, miss, full, reserve) = (a.label(), a.label(), a.label(), a.label(), a.label());
-    // USDT: the arguments at [sp, #FRAME + 8i], two per record, in records reserved
-    // together.
-    let nargs = site.args.len() as u32;
+    // USDT: the arguments at [sp, #FRAME + 8i], two per record.
+    let no_args = Vec::new();
+    let args = sites
+        .iter()
+        .find(|s| s.kind == SiteKind::Usdt)
+        .map_or(&no_args, |s| &s.args);
+    let nargs = args.len() as u32;
     let frame = FRAME + (8 * nargs).div_ceil(16) as i32 * 16;
-    let nrec = if site.kind == SiteKind::Usdt {
-        nargs.div_ceil(2).max(1)
-    } else {
-        1
-    };
+    let per: Vec<u32> = sites
+        .iter()
+        .map(|s| match s.kind {
+            SiteKind::Usdt => nargs.div_ceil(2).max(1),
+            _ => 1,
+        })
+        .collect();
+    let nrec: u32 = per.iter().sum();
 
     a.put(stp_pre(9, 10, SP, -frame));
     a.put(stp(11, 12, SP, 16));
     a.put(str_x(13, SP, 32));
-    if site.kind == SiteKind::Memory {
+    if sites.iter().any(|s| s.kind == SiteKind::Memory) {
         let m = mem::classify(word, pc).ok_or("not a memory access")?;
         mem::emit_ea(a, &m, 10, frame as u32)?;
         a.put(str_x(10, SP, EA_SAVE));
     }
-    for (i, arg) in site.args.iter().enumerate() {
+    for (i, arg) in args.iter().enumerate() {
         emit_usdt_arg(a, arg, frame as u32)?;
         a.put(str_x(10, SP, FRAME as u32 + 8 * i as u32));
     }
@@ -203,20 +222,32 @@ fn emit_stub(
     a.put(sub_reg(12, 12, 10));
     a.cbz_l(true, true, 12, miss);
 
-    a.put(ldr_x(12, 9, SLOT_INFLIGHT as u32));
-    a.put(add_imm(12, 12, 1, false));
-    a.put(str_x(12, 9, SLOT_INFLIGHT as u32));
+    // Circular buffers are only read at thread exit and on a crash, never reset under
+    // a writer: no `inflight` bracket.
+    let ring = layout.buf_kind != BUF_TRACE;
+    if !ring {
+        a.put(ldr_x(12, 9, SLOT_INFLIGHT as u32));
+        a.put(add_imm(12, 12, 1, false));
+        a.put(str_x(12, 9, SLOT_INFLIGHT as u32));
+    }
     a.put(add_imm(13, 9, SLOT_CUR as u32, false));
     a.bind(reserve);
-    a.put(ldxr(11, 13));
-    a.put(add_imm(12, 11, RECORD_SIZE as u32 * nrec, false));
-    a.put(stxr(10, 12, 13));
-    a.cbz_l(false, true, 10, reserve);
-    // site in the low word, flags in the high word: one 64-bit store.
-    a.put_all(&mov_imm64(
-        10,
-        u64::from(site.id) | u64::from(site.flags) << 32,
-    ));
+    if layout.buf_kind == BUF_FAST_CIRCULAR {
+        // Bump the low 16 bits of `cur` only: the 64 KiB ring wraps by itself; the
+        // record is at the ring's (64 KiB aligned) start plus the old offset.
+        a.put(ldxrh(11, 13));
+        a.put(add_w_imm(12, 11, RECORD_SIZE as u32 * nrec));
+        a.put(stxrh(10, 12, 13));
+        a.cbz_l(false, true, 10, reserve);
+        a.put(ldr_x(10, 9, SLOT_START as u32));
+        a.put(add_reg(11, 10, 11));
+    } else {
+        a.put(ldxr(11, 13));
+        a.put(add_imm(12, 11, RECORD_SIZE as u32 * nrec, false));
+        a.put(stxr(10, 12, 13));
+        a.cbz_l(false, true, 10, reserve);
+    }
+    let ring_flag = if ring { FLAG_RING } else { 0 };
     if layout.time_mode == TimeMode::Record {
         a.put(mrs(13, CNTVCT_EL0));
     } else {
@@ -224,46 +255,69 @@ fn emit_stub(
         // reset), so a drain can tell a refilled buffer from the one it read.
         a.put(ldr_w(13, 9, SLOT_GENERATION as u32));
     }
-    a.put(stp(10, 13, 11, 0));
-    for j in 1..nrec {
-        let more = FLAG_USDT_MORE | (j - 1) << FLAG_USDT_INDEX_SHIFT;
-        a.put_all(&mov_imm64(10, u64::from(site.id) | u64::from(more) << 32));
-        a.put(stp(10, 13, 11, RECORD_SIZE as i32 * j as i32));
+    // Site in the low word and flags in the high word, then the time: one pair store
+    // per record, for every record first (x13 is free afterwards).
+    let mut first = 0;
+    for (site, &n) in sites.iter().zip(&per) {
+        for j in 0..n {
+            let flags = match j {
+                0 => site.flags | ring_flag,
+                _ => FLAG_USDT_MORE | (j - 1) << FLAG_USDT_INDEX_SHIFT | ring_flag,
+            };
+            a.put_all(&mov_imm64(10, u64::from(site.id) | u64::from(flags) << 32));
+            a.put(stp(10, 13, 11, (RECORD_SIZE as u32 * (first + j)) as i32));
+        }
+        first += n;
     }
-    // value: x0 is the first argument at an entry and the return value at an exit; a
-    // block records its own address.
-    if site.kind == SiteKind::Usdt {
-        for k in 0..2 * nrec {
-            let at = RECORD_SIZE as u32 * (k / 2) + 16 + 8 * (k % 2);
-            if k < nargs {
-                a.put(ldr_x(10, SP, FRAME as u32 + 8 * k));
-                a.put(str_x(10, 11, at));
-            } else {
-                a.put(str_x(XZR, 11, at));
+    // value, aux: x0 is the first argument at an entry and the return value at an
+    // exit; a block records its own address.
+    let mut first = 0;
+    for (site, &n) in sites.iter().zip(&per) {
+        let rec = RECORD_SIZE as u32 * first;
+        match site.kind {
+            SiteKind::Usdt => {
+                for k in 0..2 * n {
+                    let at = rec + RECORD_SIZE as u32 * (k / 2) + 16 + 8 * (k % 2);
+                    if k < nargs {
+                        a.put(ldr_x(10, SP, FRAME as u32 + 8 * k));
+                        a.put(str_x(10, 11, at));
+                    } else {
+                        a.put(str_x(XZR, 11, at));
+                    }
+                }
+            }
+            SiteKind::Block => {
+                a.addr(10, pc)?;
+                a.put(stp(10, XZR, 11, rec as i32 + 16));
+            }
+            SiteKind::Memory => {
+                a.put(ldr_x(10, SP, EA_SAVE));
+                a.addr(13, pc)?;
+                a.put(stp(10, 13, 11, rec as i32 + 16));
+            }
+            SiteKind::FunctionEntry | SiteKind::FunctionExit if site.signed_lr => {
+                // aux is the plain return address: strip the PAC from a copy of x30.
+                a.put(str_x(LR, SP, LR_SAVE));
+                a.put(XPACLRI);
+                a.put(stp(0, LR, 11, rec as i32 + 16));
+                a.put(ldr_x(LR, SP, LR_SAVE));
+            }
+            SiteKind::FunctionEntry | SiteKind::FunctionExit => {
+                a.put(stp(0, LR, 11, rec as i32 + 16));
             }
         }
-    } else if site.kind == SiteKind::Block {
-        a.addr(10, pc)?;
-        a.put(stp(10, XZR, 11, 16));
-    } else if site.kind == SiteKind::Memory {
-        a.put(ldr_x(10, SP, EA_SAVE));
-        a.addr(13, pc)?;
-        a.put(stp(10, 13, 11, 16));
-    } else if site.signed_lr {
-        // aux is the plain return address: strip the PAC from a copy of x30.
-        a.put(str_x(LR, SP, LR_SAVE));
-        a.put(XPACLRI);
-        a.put(stp(0, LR, 11, 16));
-        a.put(ldr_x(LR, SP, LR_SAVE));
-    } else {
-        a.put(stp(0, LR, 11, 16));
+        first += n;
     }
-    a.put(ldr_x(10, 9, SLOT_INFLIGHT as u32));
-    a.put(sub_imm(10, 10, 1, false));
-    a.put(str_x(10, 9, SLOT_INFLIGHT as u32));
-    a.put(ldr_x(10, 9, SLOT_END as u32));
-    a.put(sub_reg(10, 12, 10));
-    a.tbz_l(false, 10, 63, full);
+    if !ring {
+        a.put(ldr_x(10, 9, SLOT_INFLIGHT as u32));
+        a.put(sub_imm(10, 10, 1, false));
+        a.put(str_x(10, 9, SLOT_INFLIGHT as u32));
+    }
+    if layout.buf_kind != BUF_FAST_CIRCULAR {
+        a.put(ldr_x(10, 9, SLOT_END as u32));
+        a.put(sub_reg(10, 12, 10));
+        a.tbz_l(false, 10, 63, full);
+    }
 
     a.bind(out);
     a.put(ldp(11, 12, SP, 16));

@@ -14,9 +14,13 @@ use iced_x86::{
     Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register,
 };
 
-use super::{Candidate, FunctionPlan, Isa, Layout, Runtime, SiteReq, Window, merge_windows};
+use super::{
+    Candidate, FlowFacts, FunctionPlan, Isa, Layout, Runtime, SiteReq, Window, merge_windows,
+};
 use crate::input::{Function, Input};
+use crate::usdt::{Arg, Reg as UsdtReg};
 use tracer_common::meta::SiteKind;
+use tracer_common::operand::{OP_ADDR, OPF_TP, Operand, OperandSet, REG_NONE, X86_REG_PC};
 
 pub struct X86_64;
 
@@ -234,8 +238,9 @@ impl Isa for X86_64 {
         f: &Function,
         kind: SiteKind,
         fn_starts: &[u64],
-        targets: &[u64],
+        flow: &FlowFacts,
     ) -> Vec<u64> {
+        let targets = flow.targets;
         match kind {
             SiteKind::FunctionEntry => return vec![f.addr],
             SiteKind::Usdt => return Vec::new(),
@@ -256,6 +261,7 @@ impl Isa for X86_64 {
                             && !inside.contains(&i.near_branch_target())
                             && fn_starts.binary_search(&i.near_branch_target()).is_ok()
                     }
+                    FlowControl::IndirectBranch => flow.tail_calls.binary_search(&i.ip()).is_ok(),
                     _ => false,
                 })
                 .map(|i| i.ip())
@@ -450,5 +456,72 @@ impl Isa for X86_64 {
 
     fn segment_align(&self) -> u64 {
         0x1000
+    }
+
+    fn uprobe_operands(
+        &self,
+        input: &Input,
+        kind: SiteKind,
+        addr: u64,
+        args: &[Arg],
+    ) -> Option<OperandSet> {
+        // Descriptor numbering: the encoding's (rax = 0 .. r15 = 15), then rip.
+        let num = |r: Register| match r {
+            Register::RIP => Some(X86_REG_PC),
+            r if r.is_gpr64() => Some(r.number() as u8),
+            _ => None,
+        };
+        match kind {
+            SiteKind::Memory => {
+                let bytes = input.bytes_at(addr)?;
+                let n = bytes.len().min(15);
+                let ins = Decoder::with_ip(64, &bytes[..n], addr, DecoderOptions::NONE).decode();
+                if ins.is_invalid() {
+                    return None;
+                }
+                // The same operands the inline stub takes (mem_flags refuses the rest).
+                let flags = mem_flags(&ins)?;
+                let tp = if ins.memory_segment() == Register::FS {
+                    OPF_TP
+                } else {
+                    0
+                };
+                let index = match ins.memory_index() {
+                    Register::None => REG_NONE,
+                    r => num(r).filter(|&n| n != X86_REG_PC)?,
+                };
+                let shift = ins.memory_index_scale().trailing_zeros() as u8;
+                let ea = match ins.memory_base() {
+                    // iced gives the absolute target as the displacement.
+                    Register::RIP => Operand {
+                        flags: tp,
+                        ..super::operands::pc_relative(
+                            OP_ADDR,
+                            ins.memory_displacement64(),
+                            addr,
+                            X86_REG_PC,
+                        )
+                    },
+                    base => Operand {
+                        kind: OP_ADDR,
+                        base: match base {
+                            Register::None => REG_NONE,
+                            r => num(r)?,
+                        },
+                        index,
+                        shift,
+                        flags: tp,
+                        disp: ins.memory_displacement64() as i64,
+                        ..Default::default()
+                    },
+                };
+                Some(super::operands::memory_set(ea, flags))
+            }
+            SiteKind::Usdt => super::operands::usdt_set(args, addr, X86_REG_PC, |r| match *r {
+                UsdtReg::X86 { reg, high8 } => Some((num(reg)?, high8)),
+                UsdtReg::A64(_) => None,
+            }),
+            _ => None,
+        }
     }
 }

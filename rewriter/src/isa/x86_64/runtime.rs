@@ -231,7 +231,7 @@ fn emit_register(
     a.sub(rax, rdx)?;
     a.sub(rax, SLOTS_OFF as i32)?;
     a.shr(rax, 6)?; // slot number (SLOT_SIZE = 64)
-    a.mov(rcx, buf_stride(l.buf_bytes))?;
+    a.mov(rcx, buf_stride(l.buf_kind, l.buf_bytes))?;
     a.imul_2(rax, rcx)?;
     a.add(rax, rdx)?;
     a.mov(rcx, bufs_off(l.nslots))?;

@@ -28,9 +28,10 @@
 //! ```
 //!
 //! Entries and exits sit where the psABI makes RFLAGS and %r11 dead (a function's
-//! first instruction, a `ret`, a tail-call `jmp`: status flags are not preserved
+//! first instruction, a `ret`, a direct tail-call `jmp`: status flags are not preserved
 //! across calls and %r11 is a scratch register that carries nothing in or out), so the
-//! stub uses and clobbers them freely. That is what makes it cheap: no flag save, no
+//! stub uses and clobbers them freely (an indirect tail call may jump through %r11:
+//! saved there). That is what makes it cheap: no flag save, no
 //! `%r11` save; with coarse timestamps only two registers are saved.
 
 use iced_x86::code_asm::*;
@@ -40,8 +41,9 @@ use super::super::{Layout, PlacedSite, Runtime};
 use crate::usdt::{Arg, ArgLoc, Reg as UsdtReg};
 use tracer_common::meta::{SiteKind, TimeMode};
 use tracer_common::{
-    FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE, INDEX_OFF, RECORD_SIZE, SLOT_CUR, SLOT_END,
-    SLOT_GENERATION, SLOT_INFLIGHT, SLOTS_OFF,
+    BUF_CIRCULAR, BUF_FAST_CIRCULAR, BUF_TRACE, FLAG_RING, FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE,
+    INDEX_OFF, RECORD_SIZE, SLOT_CUR, SLOT_END, SLOT_GENERATION, SLOT_INFLIGHT, SLOT_START,
+    SLOTS_OFF,
 };
 
 pub(super) fn lea_rip(a: &mut CodeAssembler, reg: Register, addr: u64) -> Result<(), IcedError> {
@@ -61,6 +63,8 @@ struct SlowPaths {
     full: CodeLabel,
     /// Registers to keep around the calls.
     wrap: Vec<AsmRegister64>,
+    /// A full circular buffer wraps (no flush).
+    circular: bool,
 }
 
 /// Put the effective address of `ins`'s memory operand into %rax, the registers being
@@ -180,12 +184,13 @@ fn emit_usdt_arg(
     Ok(())
 }
 
-/// One stub's fast path. `ins` is the instruction the stub runs before (a memory
-/// site's access).
+/// The fast path of the stub for every site placed before `ins` (several stores, one
+/// pointer bump and one full-check: e.g. an entry, its first block and a memory access
+/// at the same instruction).
 fn emit_stub(
     a: &mut CodeAssembler,
     layout: &Layout,
-    site: &PlacedSite,
+    sites: &[&PlacedSite],
     ins: &Instruction,
 ) -> Result<SlowPaths, IcedError> {
     let mut retry = a.create_label();
@@ -193,19 +198,26 @@ fn emit_stub(
     let mut out = a.create_label();
     let full = a.create_label();
     let tsc = layout.time_mode == TimeMode::Record;
-    // Entries and exits sit where RFLAGS and %r11 are dead (psABI); blocks and memory
-    // accesses can be anywhere: save both there.
-    let live = matches!(
-        site.kind,
-        SiteKind::Block | SiteKind::Memory | SiteKind::Usdt
-    );
-    let mem = site.kind == SiteKind::Memory;
-    // USDT: the arguments, two per record, in records reserved together.
-    let nrec = if site.kind == SiteKind::Usdt {
-        site.args.len().div_ceil(2).max(1) as i32
-    } else {
-        1
-    };
+    // Entries and exits sit where RFLAGS and %r11 are dead (psABI); blocks, memory
+    // accesses and USDT probes can be anywhere: save both there.
+    let live = sites
+        .iter()
+        .any(|s| matches!(s.kind, SiteKind::Block | SiteKind::Memory | SiteKind::Usdt));
+    let mem = sites.iter().any(|s| s.kind == SiteKind::Memory);
+    let no_args = Vec::new();
+    let args = sites
+        .iter()
+        .find(|s| s.kind == SiteKind::Usdt)
+        .map_or(&no_args, |s| &s.args);
+    // Records per site (a USDT probe: its arguments two per record) and in all.
+    let per: Vec<i32> = sites
+        .iter()
+        .map(|s| match s.kind {
+            SiteKind::Usdt => s.args.len().div_ceil(2).max(1) as i32,
+            _ => 1,
+        })
+        .collect();
+    let nrec: i32 = per.iter().sum();
 
     // Bytes between the stub's %rsp and the original %rsp.
     let mut depth = 128;
@@ -228,7 +240,7 @@ fn emit_stub(
     // USDT arguments, computed from the original registers before any is clobbered;
     // argument i ends up at depth arg_depth[i].
     let mut arg_depth = Vec::new();
-    for arg in &site.args {
+    for arg in args {
         // Original %rax: pushed first, at depth 136.
         emit_usdt_arg(a, arg, depth, depth - 136)?;
         a.push(rax)?;
@@ -237,7 +249,8 @@ fn emit_stub(
     }
     // rdtsc writes %rax/%rdx; %rax is already saved at a live site.
     let mut saved: Vec<AsmRegister64> = vec![rcx, rsi];
-    if live {
+    // %r11 also carries the target of an indirect tail call (`jmp *%r11`, retpolines).
+    if live || ins.flow_control() == FlowControl::IndirectBranch {
         saved.push(r11);
     }
     if tsc {
@@ -262,52 +275,80 @@ fn emit_stub(
     a.cmp(qword_ptr(rsi), r11)?;
     a.jne(miss)?;
 
-    a.inc(qword_ptr(rsi + SLOT_INFLIGHT as i32))?;
+    // Circular buffers are only read at thread exit and on a crash, never reset under
+    // a writer: no `inflight` bracket.
+    let ring = layout.buf_kind != BUF_TRACE;
+    if !ring {
+        a.inc(qword_ptr(rsi + SLOT_INFLIGHT as i32))?;
+    }
     a.mov(r11d, (RECORD_SIZE as i32 * nrec) as u32)?;
-    a.xadd(qword_ptr(rsi + SLOT_CUR as i32), r11)?;
-    match site.flags {
-        // site in the low dword, flags = 0 in the high one (sign extension of a
-        // non-negative imm32).
-        0 => a.mov(qword_ptr(r11), site.id as i32)?,
-        flags => {
-            a.mov(dword_ptr(r11), site.id)?;
-            a.mov(dword_ptr(r11 + 4), flags)?;
-        }
+    if layout.buf_kind == BUF_FAST_CIRCULAR {
+        // Bump the low 16 bits only: the 64 KiB ring wraps by itself. The record's
+        // address is the ring's (64 KiB aligned) start plus the old offset.
+        a.xadd(word_ptr(rsi + SLOT_CUR as i32), r11w)?;
+        a.movzx(r11d, r11w)?;
+        a.add(r11, qword_ptr(rsi + SLOT_START as i32))?;
+    } else {
+        a.xadd(qword_ptr(rsi + SLOT_CUR as i32), r11)?;
     }
-    for j in 1..nrec {
-        let at = RECORD_SIZE as i32 * j;
-        a.mov(dword_ptr(r11 + at), site.id)?;
-        a.mov(
-            dword_ptr(r11 + at + 4),
-            FLAG_USDT_MORE | (j as u32 - 1) << FLAG_USDT_INDEX_SHIFT,
-        )?;
-    }
-    // value and aux of every record of a USDT probe: arguments 2j and 2j + 1.
-    for j in 0..nrec {
-        for (k, field) in [(2 * j, 16), (2 * j + 1, 24)] {
-            let at = RECORD_SIZE as i32 * j + field;
-            match arg_depth.get(k as usize) {
-                Some(&d) => {
-                    a.mov(rcx, qword_ptr(rsp + (depth - d)))?;
-                    a.mov(qword_ptr(r11 + at), rcx)?;
-                }
-                None if site.kind == SiteKind::Usdt => a.mov(qword_ptr(r11 + at), 0)?,
-                None => {}
+    let ring_flag = if ring { FLAG_RING } else { 0 };
+    let mut first = 0;
+    for (site, &n) in sites.iter().zip(&per) {
+        let at = |j: i32, field: i32| r11 + (RECORD_SIZE as i32 * (first + j) + field);
+        match site.flags | ring_flag {
+            // site in the low dword, flags = 0 in the high one (sign extension of a
+            // non-negative imm32).
+            0 => a.mov(qword_ptr(at(0, 0)), site.id as i32)?,
+            flags => {
+                a.mov(dword_ptr(at(0, 0)), site.id)?;
+                a.mov(dword_ptr(at(0, 4)), flags)?;
             }
         }
-    }
-    match site.kind {
-        SiteKind::FunctionEntry => a.mov(qword_ptr(r11 + 16), rdi)?,
-        SiteKind::FunctionExit => a.mov(qword_ptr(r11 + 16), rax)?,
-        SiteKind::Block => {
-            lea_rip(a, Register::RCX, ins.ip())?;
-            a.mov(qword_ptr(r11 + 16), rcx)?;
+        for j in 1..n {
+            a.mov(dword_ptr(at(j, 0)), site.id)?;
+            a.mov(
+                dword_ptr(at(j, 4)),
+                FLAG_USDT_MORE | (j as u32 - 1) << FLAG_USDT_INDEX_SHIFT | ring_flag,
+            )?;
         }
-        SiteKind::Memory => {
-            a.mov(rcx, qword_ptr(rsp + (depth - ea_depth)))?;
-            a.mov(qword_ptr(r11 + 16), rcx)?;
+        match site.kind {
+            SiteKind::FunctionEntry => a.mov(qword_ptr(at(0, 16)), rdi)?,
+            SiteKind::FunctionExit => a.mov(qword_ptr(at(0, 16)), rax)?,
+            SiteKind::Block => {
+                lea_rip(a, Register::RCX, ins.ip())?;
+                a.mov(qword_ptr(at(0, 16)), rcx)?;
+            }
+            SiteKind::Memory => {
+                a.mov(rcx, qword_ptr(rsp + (depth - ea_depth)))?;
+                a.mov(qword_ptr(at(0, 16)), rcx)?;
+            }
+            SiteKind::Usdt => {
+                // value and aux of record j: arguments 2j and 2j + 1.
+                for k in 0..2 * n {
+                    let field = at(k / 2, 16 + 8 * (k % 2));
+                    match arg_depth.get(k as usize) {
+                        Some(&d) => {
+                            a.mov(rcx, qword_ptr(rsp + (depth - d)))?;
+                            a.mov(qword_ptr(field), rcx)?;
+                        }
+                        None => a.mov(qword_ptr(field), 0)?,
+                    }
+                }
+            }
         }
-        SiteKind::Usdt => {}
+        match site.kind {
+            SiteKind::FunctionEntry | SiteKind::FunctionExit => {
+                a.mov(rcx, qword_ptr(rsp + depth))?;
+                a.mov(qword_ptr(at(0, 24)), rcx)?;
+            }
+            SiteKind::Block => a.mov(qword_ptr(at(0, 24)), 0)?,
+            SiteKind::Memory => {
+                lea_rip(a, Register::RCX, ins.ip())?;
+                a.mov(qword_ptr(at(0, 24)), rcx)?;
+            }
+            SiteKind::Usdt => {}
+        }
+        first += n;
     }
     if !tsc {
         // No clock: `time` is the buffer epoch (Slot::generation, bumped at every
@@ -317,18 +358,6 @@ fn emit_stub(
             a.mov(qword_ptr(r11 + RECORD_SIZE as i32 * j + 8), rcx)?;
         }
     }
-    match site.kind {
-        SiteKind::FunctionEntry | SiteKind::FunctionExit => {
-            a.mov(rcx, qword_ptr(rsp + depth))?;
-            a.mov(qword_ptr(r11 + 24), rcx)?;
-        }
-        SiteKind::Block => a.mov(qword_ptr(r11 + 24), 0)?,
-        SiteKind::Memory => {
-            lea_rip(a, Register::RCX, ins.ip())?;
-            a.mov(qword_ptr(r11 + 24), rcx)?;
-        }
-        SiteKind::Usdt => {}
-    }
     if tsc {
         a.rdtsc()?;
         for j in 0..nrec {
@@ -336,16 +365,20 @@ fn emit_stub(
             a.mov(dword_ptr(r11 + RECORD_SIZE as i32 * j + 12), edx)?;
         }
     }
-    a.dec(qword_ptr(rsi + SLOT_INFLIGHT as i32))?;
-    a.add(r11, RECORD_SIZE as i32 * nrec)?;
-    a.cmp(r11, qword_ptr(rsi + SLOT_END as i32))?;
-    a.jae(full)?;
+    if !ring {
+        a.dec(qword_ptr(rsi + SLOT_INFLIGHT as i32))?;
+    }
+    if layout.buf_kind != BUF_FAST_CIRCULAR {
+        a.add(r11, RECORD_SIZE as i32 * nrec)?;
+        a.cmp(r11, qword_ptr(rsi + SLOT_END as i32))?;
+        a.jae(full)?;
+    }
 
     a.set_label(&mut out)?;
     for &r in saved.iter().rev() {
         a.pop(r)?;
     }
-    let scratch = 8 * (i32::from(mem) + site.args.len() as i32);
+    let scratch = 8 * (i32::from(mem) + args.len() as i32);
     if scratch > 0 {
         a.lea(rsp, ptr(rsp + scratch))?;
     }
@@ -368,6 +401,7 @@ fn emit_stub(
         miss,
         full,
         wrap,
+        circular: layout.buf_kind == BUF_CIRCULAR,
     })
 }
 
@@ -378,6 +412,7 @@ fn emit_slow_paths(a: &mut CodeAssembler, rt: &Runtime, p: SlowPaths) -> Result<
         mut miss,
         mut full,
         wrap,
+        circular,
     } = p;
     let call_saving = |a: &mut CodeAssembler, target: u64| -> Result<(), IcedError> {
         for &r in &wrap {
@@ -396,7 +431,14 @@ fn emit_slow_paths(a: &mut CodeAssembler, rt: &Runtime, p: SlowPaths) -> Result<
     a.jmp(retry)?;
 
     a.set_label(&mut full)?;
-    call_saving(a, rt.flush)?;
+    if circular {
+        // Wrap: the next record overwrites the oldest; a new buffer epoch.
+        a.mov(rcx, qword_ptr(rsi + SLOT_START as i32))?;
+        a.mov(qword_ptr(rsi + SLOT_CUR as i32), rcx)?;
+        a.inc(dword_ptr(rsi + SLOT_GENERATION as i32))?;
+    } else {
+        call_saving(a, rt.flush)?;
+    }
     a.jmp(out)
 }
 
@@ -418,8 +460,9 @@ pub(super) fn emit_window(
     let mut leaves = false;
     let mut slow = Vec::new();
     for ins in insns {
-        for s in sites.iter().filter(|s| s.at == ins.ip()) {
-            slow.push(emit_stub(&mut a, layout, s, ins)?);
+        let here: Vec<&PlacedSite> = sites.iter().filter(|s| s.at == ins.ip()).collect();
+        if !here.is_empty() {
+            slow.push(emit_stub(&mut a, layout, &here, ins)?);
         }
         let mut ins = *ins;
         leaves = matches!(

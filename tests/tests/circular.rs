@@ -1,0 +1,177 @@
+//! Circular buffers (`--buffer-kind circular | fast-circular`): nothing is flushed;
+//! when a thread exits, or takes a crash signal, its buffer is delivered whole, oldest
+//! first, and the trace holds exactly its last records (the ring's size: 1024 records
+//! here, 2048 for the 64 KiB fast ring). A SIGSEGV shows the calls leading up to it
+//! (`tracer report --last N`, newest first). x86-64 through the kernel; AArch64 under
+//! qemu-user with the user-space drain.
+
+use std::path::Path;
+use std::process::Command;
+
+use tests::*;
+
+const N: u64 = 5000;
+
+fn rewrite_ring(orig: &Path, traced: &Path, kind: &str) -> tracer_common::meta::Metadata {
+    rewriter(&[
+        orig.as_os_str(),
+        "-o".as_ref(),
+        traced.as_os_str(),
+        "--buffer-kind".as_ref(),
+        kind.as_ref(),
+        "--buffer-records".as_ref(),
+        if kind == "circular" { "1024" } else { "2048" }.as_ref(),
+        "--functions".as_ref(),
+        "step".as_ref(),
+        "crash_here".as_ref(),
+    ])
+    .ok();
+    metadata(traced)
+}
+
+/// The ring's records: the last `size` calls of step(), then crash_here(NULL) if it
+/// crashed.
+fn check_ring(recs: &[Rec], size: u64, crashed: bool, what: &str) {
+    let mut want: Vec<(String, u64)> = Vec::new();
+    let steps = if crashed { size - 1 } else { size };
+    want.extend((N - steps..N).map(|i| ("step".to_string(), i)));
+    if crashed {
+        want.push(("crash_here".into(), 0));
+    }
+    let got: Vec<(String, u64)> = recs
+        .iter()
+        .map(|r| (r.symbol.to_string(), r.value))
+        .collect();
+    assert_seq_eq(&got, &want, what);
+}
+
+fn x86_case(kind: &str, crash: bool) {
+    let what = format!(
+        "circular x86-64 {kind} {}",
+        if crash { "segv" } else { "exit" }
+    );
+    let tmp = TempDir::new(&format!("ring-{kind}{crash}"));
+    let (orig, traced, trace) = (
+        tmp.join("crash"),
+        tmp.join("crash.traced"),
+        tmp.join("t.utrace"),
+    );
+    compile("gcc", &[fixture("crash.c")], &["-O2"], &orig);
+    let meta = rewrite_ring(&orig, &traced, kind);
+    let size = u64::from(meta.buf_records);
+    let mode = if crash { "segv" } else { "exit" };
+    let n = N.to_string();
+    let want = run(Command::new(&orig).args([n.as_str(), mode]), RUN_TIMEOUT);
+    assert_eq!(
+        want.signal.is_some() || want.status() > 128,
+        crash,
+        "{what}: {}",
+        want.describe()
+    );
+    assert_same_behaviour(
+        &what,
+        &run(Command::new(&traced).args([n.as_str(), mode]), RUN_TIMEOUT),
+        &want,
+    );
+    let out = tracer_record(&trace, &traced, &[&n, mode], &[]);
+    assert_eq!(out.stdout_str(), want.stdout_str(), "{what}: output");
+    let recs = dump(&trace);
+    let rep = report(&trace);
+    check_report_matches_dump(&rep, &recs);
+    check_ring(&recs, size, crash, &what);
+    if crash {
+        // The report's view: newest first, the crash site on top.
+        let mut c = Command::new(tracer_bin());
+        c.args(["report", "--last", "3"]).arg(&trace);
+        let text = run(&mut c, TRACE_TIMEOUT).ok().stdout_str();
+        let lines: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("last 3 records"))
+            .collect();
+        assert!(lines.len() >= 4, "{what}: no --last section:\n{text}");
+        assert!(
+            lines[1].trim_end().ends_with("crash_here"),
+            "{what}: {text}"
+        );
+        assert!(
+            lines[2].contains(&format!("{:#x}", N - 1)) && lines[2].trim_end().ends_with("step"),
+            "{what}: {text}"
+        );
+    }
+}
+
+#[test]
+fn circular_exit() {
+    x86_case("circular", false);
+}
+
+#[test]
+fn circular_segv() {
+    x86_case("circular", true);
+}
+
+#[test]
+fn fast_circular_exit() {
+    x86_case("fast-circular", false);
+}
+
+#[test]
+fn fast_circular_segv() {
+    x86_case("fast-circular", true);
+}
+
+fn a64_case(kind: &str, crash: bool) {
+    let what = format!(
+        "circular AArch64 {kind} {}",
+        if crash { "segv" } else { "exit" }
+    );
+    if Command::new("qemu-aarch64")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIP {what}: qemu-aarch64 not installed");
+        return;
+    }
+    let tmp = TempDir::new(&format!("ring-a64-{kind}{crash}"));
+    let (orig, traced, trace) = (
+        tmp.join("crash"),
+        tmp.join("crash.traced"),
+        tmp.join("t.utrace"),
+    );
+    compile(
+        "aarch64-linux-gnu-gcc",
+        &[fixture("crash.c")],
+        &["-O2"],
+        &orig,
+    );
+    let meta = rewrite_ring(&orig, &traced, kind);
+    let size = u64::from(meta.buf_records);
+    let n = N.to_string();
+    let mode = if crash { "segv" } else { "exit" };
+    let t = traced.to_str().unwrap();
+    let out = tracer_record_with(
+        &["--user", "--binary", t],
+        &trace,
+        Path::new("qemu-aarch64"),
+        &["-L", "/usr/aarch64-linux-gnu", t, &n, mode],
+        &[],
+    );
+    assert!(
+        out.stdout_str().starts_with("crash n=5000 "),
+        "{what}: {}",
+        out.describe()
+    );
+    let recs = dump(&trace);
+    check_ring(&recs, size, crash, &what);
+}
+
+#[test]
+fn aarch64_circular_exit() {
+    a64_case("circular", false);
+}
+
+#[test]
+fn aarch64_fast_circular_segv() {
+    a64_case("fast-circular", true);
+}
