@@ -20,7 +20,9 @@ pub enum Error {
         "{0}: already rewritten by utrace (it has a {1} section); rewrite the original instead"
     )]
     AlreadyRewritten(String, &'static str),
-    #[error("{0}: no function symbols (.symtab or .dynsym) to instrument")]
+    #[error(
+        "{0}: no functions to instrument (no symbols in .symtab or .dynsym, no .eh_frame FDEs)"
+    )]
     NoSymbols(String),
     #[error("{path}: the glob(s) {globs} match no function")]
     NoMatch { path: String, globs: String },

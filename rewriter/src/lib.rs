@@ -38,6 +38,11 @@ pub struct Options {
     pub time_mode: TimeMode,
     /// `BUF_*`: trace (flushed when full), circular, fast circular (64 KiB rings).
     pub buf_kind: u32,
+    /// What entry, exit and block records carry as their value instead of the
+    /// default: (kind, an argument spec in `<sys/sdt.h>` syntax for the binary's ISA:
+    /// a register `%rsi` / `x1`, an immediate `$42` / `42`, memory `8@-16(%rbp)` /
+    /// `8@[sp, 16]`).
+    pub values: Vec<(SiteKind, String)>,
 }
 
 impl Default for Options {
@@ -50,6 +55,7 @@ impl Default for Options {
             kinds: vec![SiteKind::FunctionEntry],
             time_mode: TimeMode::Record,
             buf_kind: tracer_common::BUF_TRACE,
+            values: Vec::new(),
         }
     }
 }

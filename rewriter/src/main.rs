@@ -24,13 +24,20 @@ struct Args {
     /// Instrument only functions whose name matches one of these globs (default: all).
     #[arg(long = "functions", num_args = 1..)]
     functions: Vec<String>,
-    /// Site kinds: entry, exit, block, memory, usdt (comma-separated; default: entry).
+    /// Site kinds: entry, exit, block, memory, usdt, call (comma-separated; default:
+    /// entry).
     #[arg(long, value_delimiter = ',', value_parser = rewriter::spec::parse_kind)]
     sites: Vec<rewriter::SiteKind>,
-    /// Timestamps: `record` (cycle counter in every record) or `coarse` (none in the
-    /// stubs; times interpolated between buffer drains).
+    /// Timestamps: `record` (cycle counter in every record), `block` (only in basic-block
+    /// records; the others take their block's) or `coarse` (none in the stubs; times
+    /// interpolated between buffer drains).
     #[arg(long, value_parser = rewriter::spec::parse_time)]
     time: Option<rewriter::TimeMode>,
+    /// What entry, exit or block records carry as their value: KIND=SPEC, SPEC a
+    /// <sys/sdt.h> argument spec of the binary's ISA (`entry=%rsi`, `block=$7`,
+    /// `exit=8@-16(%rbp)`, `entry=x1`).
+    #[arg(long = "value", value_parser = rewriter::spec::parse_value)]
+    values: Vec<(rewriter::SiteKind, String)>,
     /// Per-thread buffer slots: threads that can trace at once (default: 1024).
     #[arg(long)]
     slots: Option<u32>,
@@ -82,6 +89,7 @@ fn main() -> ExitCode {
         }
     }
     opts.nslots = args.slots.unwrap_or(opts.nslots);
+    opts.values.extend(args.values.iter().cloned());
     opts.buf_records = args.buffer_records.unwrap_or(opts.buf_records);
     opts.force_uprobe = args.force_uprobe;
     match rewriter::rewrite_file(&args.input, &output, &opts) {

@@ -15,7 +15,7 @@
 use object::elf;
 
 use crate::error::{Error, Result};
-use crate::input::{Input, Phdr};
+use crate::input::{Function, Input, Phdr};
 use crate::isa::{FunctionPlan, Isa, Layout, SiteReq};
 use crate::{Options, sites};
 use tracer_common::meta::{self, Metadata, Site, SiteKind, SiteMode};
@@ -80,7 +80,36 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
             opts.buf_records
         )));
     }
-    let mut chosen = sites::select(input, &opts.functions)?;
+    // Indirect control flow. Unreadable exception tables are not fatal, but then no
+    // function's interior is trusted.
+    let (flow, eh_problem) = match crate::flow::recover(input) {
+        Ok(f) => (f, None),
+        Err(e) => {
+            log::warn!("{e}: only function starts and last returns are patched inline");
+            (crate::flow::Flow::default(), Some(e.to_string()))
+        }
+    };
+    for w in &flow.warnings {
+        log::info!("{}: {w}", input.name);
+    }
+    // Functions: symbols, and FDE ranges without one (stripped binaries).
+    let functions = sites::functions(input, &flow.fde_functions);
+    let from_fde: std::collections::HashSet<u64> = {
+        let named: std::collections::HashSet<u64> =
+            input.functions.iter().map(|f| f.addr).collect();
+        functions
+            .iter()
+            .map(|f| f.addr)
+            .filter(|a| !named.contains(a))
+            .collect()
+    };
+    // An FDE range with no symbol may be a split-off part of a function (entered by a
+    // jump, registers live): it gets entry and exit sites only if a direct call
+    // reaches it.
+    let call_targets = isa.call_targets(input);
+    let callable =
+        |f: &Function| !from_fde.contains(&f.addr) || call_targets.binary_search(&f.addr).is_ok();
+    let mut chosen = sites::select(input, &functions, &opts.functions)?;
     // USDT probes (every probe of the binary when asked): their functions are planned
     // too, even when no glob selected them.
     let probes = if opts.kinds.contains(&SiteKind::Usdt) {
@@ -90,9 +119,9 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
         Vec::new()
     };
     let probe_fn = |pc: u64| {
-        let i = input.functions.partition_point(|f| f.addr <= pc);
+        let i = functions.partition_point(|f| f.addr <= pc);
         i.checked_sub(1)
-            .map(|i| &input.functions[i])
+            .map(|i| &functions[i])
             .filter(|f| pc < f.addr + f.size)
     };
     let selected: std::collections::HashSet<u64> = chosen.iter().map(|(f, _)| f.addr).collect();
@@ -129,20 +158,8 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
             ),
         ));
     }
-    // Indirect control flow. Unreadable exception tables are not fatal, but then no
-    // function's interior is trusted.
-    let (flow, eh_problem) = match crate::flow::recover(input) {
-        Ok(f) => (f, None),
-        Err(e) => {
-            log::warn!("{e}: only function starts and last returns are patched inline");
-            (crate::flow::Flow::default(), Some(e.to_string()))
-        }
-    };
-    for w in &flow.warnings {
-        log::info!("{}: {w}", input.name);
-    }
     let targets = isa.branch_targets(input, &flow);
-    let fn_starts: Vec<u64> = input.functions.iter().map(|f| f.addr).collect();
+    let fn_starts: Vec<u64> = functions.iter().map(|f| f.addr).collect();
     // Site requests per function, ids in order.
     let mut reqs_of: Vec<Vec<SiteReq>> = Vec::with_capacity(chosen.len());
     let mut names: Vec<(String, SiteKind, u64, u8)> = Vec::new();
@@ -153,9 +170,24 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
         SiteKind::Block => 1,
         SiteKind::Usdt => 2,
         SiteKind::Memory => 3,
-        SiteKind::FunctionExit => 4,
+        SiteKind::Call => 4,
+        SiteKind::FunctionExit => 5,
     });
     kinds.dedup();
+    // Chosen record values (`--value`, `[values]`): parsed for this binary's ISA.
+    let mut values: std::collections::HashMap<SiteKind, crate::usdt::Arg> = Default::default();
+    for (kind, text) in &opts.values {
+        let arg = crate::usdt::parse_arg(text, input.machine, 0, &|s| {
+            Err(crate::usdt::ArgError::UnknownSymbol(s.to_string()))
+        })
+        .map_err(|e| {
+            Error::Spec(
+                input.name.clone(),
+                format!("value of {} records {text:?}: {e}", kind.name()),
+            )
+        })?;
+        values.insert(*kind, arg);
+    }
     let mut semaphores = Vec::new();
     for (f, name) in &chosen {
         let mut reqs = Vec::new();
@@ -166,7 +198,12 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
                 addr,
                 args: args.clone(),
             });
-            names.push((label.to_string(), kind, addr, args.len().min(255) as u8));
+            let nargs = if kind == SiteKind::Usdt {
+                args.len().min(255) as u8
+            } else {
+                0
+            };
+            names.push((label.to_string(), kind, addr, nargs));
         };
         let in_f = |pc: u64| (f.addr..f.addr + f.size).contains(&pc);
         for &kind in &kinds {
@@ -185,12 +222,16 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
             if !selected.contains(&f.addr) {
                 continue; // planned only for its USDT probes
             }
+            if matches!(kind, SiteKind::FunctionEntry | SiteKind::FunctionExit) && !callable(f) {
+                continue;
+            }
             let facts = crate::isa::FlowFacts {
                 targets: &targets,
                 tail_calls: &flow.tail_calls,
             };
+            let value: Vec<crate::usdt::Arg> = values.get(&kind).cloned().into_iter().collect();
             for addr in isa.sites_of(input, f, kind, &fn_starts, &facts) {
-                add(kind, addr, name, Vec::new());
+                add(kind, addr, name, value.clone());
             }
         }
         reqs_of.push(reqs);

@@ -13,9 +13,45 @@ pub fn is_fragment(name: &str) -> bool {
     name.contains(".cold") || name.contains(".warm")
 }
 
-/// The selected functions with the name to report (the alias that matched).
-pub fn select<'i>(input: &'i Input, globs: &[String]) -> Result<Vec<(&'i Function, String)>> {
-    if input.functions.is_empty() {
+/// Every function of the binary: its symbols, plus the `.eh_frame` FDE ranges no
+/// symbol covers (a stripped binary's functions), named `sub_<address>`. PLT sections
+/// (FDEs for the whole PLT) are not functions. Sorted by address.
+pub fn functions(input: &Input, fdes: &[(u64, u64)]) -> Vec<Function> {
+    let mut all = input.functions.clone();
+    let plt: Vec<(u64, u64)> = input
+        .sections
+        .iter()
+        .filter(|s| s.name.starts_with(".plt"))
+        .map(|s| (s.addr, s.addr + s.size))
+        .collect();
+    for &(start, size) in fdes {
+        let covered = {
+            let i = input.functions.partition_point(|f| f.addr <= start);
+            i.checked_sub(1)
+                .is_some_and(|i| start < input.functions[i].addr + input.functions[i].size.max(1))
+        };
+        if size == 0 || covered || plt.iter().any(|&(a, b)| (a..b).contains(&start)) {
+            continue;
+        }
+        all.push(Function {
+            addr: start,
+            size,
+            names: vec![format!("sub_{start:x}")],
+        });
+    }
+    all.sort_by_key(|f| f.addr);
+    all.dedup_by_key(|f| f.addr);
+    all
+}
+
+/// The selected functions of `functions` with the name to report (the alias that
+/// matched).
+pub fn select<'i>(
+    input: &Input,
+    functions: &'i [Function],
+    globs: &[String],
+) -> Result<Vec<(&'i Function, String)>> {
+    if functions.is_empty() {
         return Err(Error::NoSymbols(input.name.clone()));
     }
     let patterns = globs
@@ -23,7 +59,7 @@ pub fn select<'i>(input: &'i Input, globs: &[String]) -> Result<Vec<(&'i Functio
         .map(|g| glob::Pattern::new(g).map_err(|e| Error::BadGlob(g.clone(), e.to_string())))
         .collect::<Result<Vec<_>>>()?;
     let mut out = Vec::new();
-    for f in &input.functions {
+    for f in functions {
         // Split-off parts of a function (gcc `.cold`, LLVM/BOLT `.warm`) are entered by
         // jumps with live registers and flags, not by calls: never function entries
         // (the entry stub relies on the psABI making both dead there).

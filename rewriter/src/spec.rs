@@ -5,7 +5,14 @@
 //! ```toml
 //! functions = ["main", "work_*"]   # globs; absent or empty: every function
 //! sites = ["entry", "exit"]        # site kinds
-//! time = "coarse"                  # "record" (cycle counter per record) | "coarse"
+//! time = "coarse"                  # "record" (cycle counter per record) | "block"
+//!                                  # (per basic block) | "coarse" (none)
+//!
+//! [values]                         # what a record's value is, per site kind
+//! entry = "%rsi"                   # (default: first argument; exit: return value;
+//! exit = "%rdx"                    #  block: its address), as a <sys/sdt.h> argument
+//! block = "$7"                     #  spec of the binary's ISA: register, immediate,
+//!                                  #  memory (`8@-16(%rbp)`, `8@[sp, 16]`)
 //!
 //! [buffer]
 //! kind = "trace"                   # "trace" (flushed when full) | "circular" |
@@ -25,6 +32,7 @@ struct SpecFile {
     functions: Option<Vec<String>>,
     sites: Option<Vec<String>>,
     time: Option<String>,
+    values: Option<std::collections::BTreeMap<String, String>>,
     buffer: Option<BufferSpec>,
 }
 
@@ -44,10 +52,29 @@ pub fn parse_kind(name: &str) -> std::result::Result<SiteKind, String> {
         "block" => Ok(SiteKind::Block),
         "memory" => Ok(SiteKind::Memory),
         "usdt" => Ok(SiteKind::Usdt),
+        "call" => Ok(SiteKind::Call),
         _ => Err(format!(
-            "unknown site kind {name:?} (known: entry, exit, block, memory, usdt)"
+            "unknown site kind {name:?} (known: entry, exit, block, memory, usdt, call)"
         )),
     }
+}
+
+/// A site kind whose value can be chosen (`[values]`, `--value`).
+pub fn value_kind(name: &str) -> std::result::Result<SiteKind, String> {
+    match parse_kind(name)? {
+        k @ (SiteKind::FunctionEntry | SiteKind::FunctionExit | SiteKind::Block) => Ok(k),
+        _ => Err(format!(
+            "the value of {name} records is fixed (values can be chosen for entry, exit and block)"
+        )),
+    }
+}
+
+/// `KIND=SPEC` of `--value`.
+pub fn parse_value(s: &str) -> std::result::Result<(SiteKind, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: want KIND=SPEC, e.g. entry=%rsi"))?;
+    Ok((value_kind(k)?, v.to_string()))
 }
 
 /// A buffer kind by its spec / CLI name.
@@ -73,8 +100,9 @@ pub fn parse_time(name: &str) -> std::result::Result<TimeMode, String> {
     match name {
         "record" => Ok(TimeMode::Record),
         "coarse" => Ok(TimeMode::Coarse),
+        "block" => Ok(TimeMode::Block),
         _ => Err(format!(
-            "unknown time mode {name:?} (known: record, coarse)"
+            "unknown time mode {name:?} (known: record, block, coarse)"
         )),
     }
 }
@@ -98,6 +126,11 @@ pub fn apply(origin: &str, text: &str, opts: &mut Options) -> Result<()> {
     }
     if let Some(t) = spec.time {
         opts.time_mode = parse_time(&t).map_err(bad)?;
+    }
+    if let Some(values) = spec.values {
+        for (kind, v) in values {
+            opts.values.push((value_kind(&kind).map_err(bad)?, v));
+        }
     }
     if let Some(b) = spec.buffer {
         if let Some(k) = b.kind {
@@ -140,6 +173,20 @@ slots = 32
         assert_eq!(o.kinds, [SiteKind::FunctionEntry, SiteKind::FunctionExit]);
         assert_eq!(o.time_mode, TimeMode::Coarse);
         assert_eq!((o.buf_records, o.nslots), (4096, 32));
+        let mut o = Options::default();
+        apply(
+            "v.toml",
+            "[values]\nentry = \"%rsi\"\nblock = \"$7\"\n",
+            &mut o,
+        )
+        .unwrap();
+        assert_eq!(
+            o.values,
+            [
+                (SiteKind::Block, "$7".to_string()),
+                (SiteKind::FunctionEntry, "%rsi".to_string())
+            ]
+        );
     }
 
     #[test]
@@ -151,6 +198,10 @@ slots = 32
             ("sites = []", "`sites` is empty"),
             ("[buffer]\nrecords = -1", "invalid value"),
             ("functions = 3", "invalid type"),
+            (
+                "[values]\nmemory = \"%rax\"",
+                "the value of memory records is fixed",
+            ),
         ] {
             let e = apply("s.toml", text, &mut Options::default())
                 .unwrap_err()

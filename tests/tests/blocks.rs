@@ -481,8 +481,11 @@ fn memory_aarch64_o2() {
 /// Every kind at once on memtrace.c: stubs at one instruction share one reservation
 /// (an entry, its first block, a memory access). Memory records as when traced alone;
 /// one entry, one exit and one first-block record per call, in that order.
-fn all_kinds_case(a64: bool, opt: &str) {
-    let what = format!("all kinds {} {opt}", if a64 { "AArch64" } else { "x86-64" });
+fn all_kinds_case(a64: bool, opt: &str, time: &str) {
+    let what = format!(
+        "all kinds {} {opt} --time {time}",
+        if a64 { "AArch64" } else { "x86-64" }
+    );
     if a64 && !have_qemu() {
         eprintln!("SKIP {what}: qemu-aarch64 not installed");
         return;
@@ -503,7 +506,7 @@ fn all_kinds_case(a64: bool, opt: &str) {
     let fns = [
         "store8", "store16", "store32", "store64", "load64", "rmw32", "copy128", "tls_sum",
     ];
-    let mut extra = vec!["--sites", "entry,exit,block,memory", "--time", "coarse"];
+    let mut extra = vec!["--sites", "entry,exit,block,memory", "--time", time];
     for f in fns {
         extra.extend(["--functions", f]);
     }
@@ -547,15 +550,20 @@ fn all_kinds_case(a64: bool, opt: &str) {
 
 #[test]
 fn all_kinds_x86_o2() {
-    all_kinds_case(false, "-O2");
+    all_kinds_case(false, "-O2", "coarse");
 }
 
 #[test]
-fn all_kinds_x86_o0() {
-    all_kinds_case(false, "-O0");
+fn all_kinds_x86_o0_block_time() {
+    all_kinds_case(false, "-O0", "block");
+}
+
+#[test]
+fn all_kinds_x86_o2_record_time() {
+    all_kinds_case(false, "-O2", "record");
 }
 
 #[test]
 fn all_kinds_aarch64_o2() {
-    all_kinds_case(true, "-O2");
+    all_kinds_case(true, "-O2", "block");
 }

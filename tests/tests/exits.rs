@@ -97,7 +97,7 @@ fn check_nesting(
             let (k, name, ret) = kind[&r.site];
             match k {
                 SiteKind::FunctionEntry => stack.push((name, r.value)),
-                SiteKind::Block | SiteKind::Memory | SiteKind::Usdt => {}
+                SiteKind::Block | SiteKind::Memory | SiteKind::Usdt | SiteKind::Call => {}
                 SiteKind::FunctionExit => {
                     let Some((top, arg)) = stack.pop() else {
                         panic!("{what}: thread {tid}: exit of {name} with no entry before it");
@@ -396,4 +396,202 @@ fn spec_file() {
             "bad spec {text:?}: an output was written"
         );
     }
+}
+
+/// Call sites (`--sites entry,call`): every call of exits.c records where it goes and
+/// where it returns to; a call to an instrumented function is followed by that
+/// function's entry, whose address is the call's target and whose return address is
+/// the call's.
+fn call_case(a64: bool, opt: &str) {
+    let what = format!("calls {} gcc {opt}", if a64 { "AArch64" } else { "x86-64" });
+    if a64
+        && Command::new("qemu-aarch64")
+            .arg("--version")
+            .output()
+            .is_err()
+    {
+        eprintln!("SKIP {what}: qemu-aarch64 not installed");
+        return;
+    }
+    let tmp = TempDir::new(&format!("calls-{a64}{opt}"));
+    let (orig, traced, trace) = (
+        tmp.join("exits"),
+        tmp.join("exits.traced"),
+        tmp.join("t.utrace"),
+    );
+    let cc = if a64 { "aarch64-linux-gnu-gcc" } else { "gcc" };
+    compile(cc, &[fixture("exits.c")], &[opt], &orig);
+    let mut args: Vec<&OsStr> = vec![orig.as_os_str(), "-o".as_ref(), traced.as_os_str()];
+    for f in fixture_functions() {
+        args.extend([OsStr::new("--functions"), OsStr::new(f)]);
+    }
+    args.extend(["--sites", "entry,call"].map(OsStr::new));
+    rewriter(&args).ok();
+    let meta = metadata(&traced);
+    let n = "200";
+    let recs = if a64 {
+        let t = traced.to_str().unwrap();
+        tracer_record_with(
+            &["--user", "--binary", t],
+            &trace,
+            Path::new("qemu-aarch64"),
+            &["-L", SYSROOT, t, n],
+            &[],
+        );
+        dump(&trace)
+    } else {
+        tracer_record(&trace, &traced, &[n], &[]);
+        dump(&trace)
+    };
+    let kind = |r: &Rec| meta.sites[r.site as usize].kind;
+    let entry_addr = |r: &Rec| meta.sites[r.site as usize].vaddr;
+    let mut checked = 0;
+    let mut calls_in_main = 0;
+    for w in recs.windows(2) {
+        if kind(&w[0]) != SiteKind::Call {
+            continue;
+        }
+        if &*w[0].symbol == "main" {
+            calls_in_main += 1;
+        }
+        if kind(&w[1]) == SiteKind::FunctionEntry {
+            // Same load bias for both: target - entry = aux bias check.
+            let bias = w[0].value.wrapping_sub(entry_addr(&w[1]));
+            assert_eq!(w[0].value, entry_addr(&w[1]).wrapping_add(bias), "{what}");
+            assert_eq!(
+                w[1].aux, w[0].aux,
+                "{what}: return address of {:?} after {:?}",
+                w[1], w[0]
+            );
+            checked += 1;
+        }
+    }
+    // main calls leaf, multi, tail, tiny, tiny2 each round, plus atol and printf.
+    assert!(
+        calls_in_main >= 5 * 200,
+        "{what}: {calls_in_main} calls from main"
+    );
+    assert!(
+        checked >= 5 * 200,
+        "{what}: only {checked} call/entry pairs"
+    );
+    let biases: std::collections::HashSet<u64> = recs
+        .windows(2)
+        .filter(|w| kind(&w[0]) == SiteKind::Call && kind(&w[1]) == SiteKind::FunctionEntry)
+        .map(|w| w[0].value.wrapping_sub(entry_addr(&w[1])))
+        .collect();
+    assert_eq!(
+        biases.len(),
+        1,
+        "{what}: call targets are not the entries' addresses: {biases:?}"
+    );
+}
+
+#[test]
+fn calls_x86_o2() {
+    call_case(false, "-O2");
+}
+
+#[test]
+fn calls_x86_o0() {
+    call_case(false, "-O0");
+}
+
+#[test]
+fn calls_aarch64_o2() {
+    call_case(true, "-O2");
+}
+
+/// Chosen values (`--value KIND=SPEC`): entries record an immediate, first blocks a
+/// register or memory operand — at a function's first instruction, the return address
+/// (x86-64 `8@(%rsp)`, AArch64 `x30`), which the entry records as its aux.
+fn value_case(a64: bool) {
+    let what = format!("values {}", if a64 { "AArch64" } else { "x86-64" });
+    if a64
+        && Command::new("qemu-aarch64")
+            .arg("--version")
+            .output()
+            .is_err()
+    {
+        eprintln!("SKIP {what}: qemu-aarch64 not installed");
+        return;
+    }
+    let tmp = TempDir::new(&format!("values-{a64}"));
+    let (orig, traced, trace) = (
+        tmp.join("exits"),
+        tmp.join("exits.traced"),
+        tmp.join("t.utrace"),
+    );
+    let cc = if a64 { "aarch64-linux-gnu-gcc" } else { "gcc" };
+    compile(cc, &[fixture("exits.c")], &["-O2"], &orig);
+    let (imm, ra) = if a64 {
+        ("entry=77", "block=x30")
+    } else {
+        ("entry=$77", "block=8@(%rsp)")
+    };
+    let mut args: Vec<&OsStr> = vec![orig.as_os_str(), "-o".as_ref(), traced.as_os_str()];
+    for f in fixture_functions() {
+        args.extend([OsStr::new("--functions"), OsStr::new(f)]);
+    }
+    args.extend(["--sites", "entry,block", "--value", imm, "--value", ra].map(OsStr::new));
+    rewriter(&args).ok();
+    let meta = metadata(&traced);
+    let n = "50";
+    let recs = if a64 {
+        let t = traced.to_str().unwrap();
+        tracer_record_with(
+            &["--user", "--binary", t],
+            &trace,
+            Path::new("qemu-aarch64"),
+            &["-L", SYSROOT, t, n],
+            &[],
+        );
+        dump(&trace)
+    } else {
+        tracer_record(&trace, &traced, &[n], &[]);
+        dump(&trace)
+    };
+    let kind = |r: &Rec| meta.sites[r.site as usize].kind;
+    let mut pairs = 0;
+    for w in recs.windows(2) {
+        if kind(&w[0]) == SiteKind::FunctionEntry {
+            assert_eq!(w[0].value, 77, "{what}: entry value {:?}", w[0]);
+            assert_eq!(
+                kind(&w[1]),
+                SiteKind::Block,
+                "{what}: {:?} then {:?}",
+                w[0],
+                w[1]
+            );
+            assert_eq!(
+                w[1].value, w[0].aux,
+                "{what}: first block's value is the return address"
+            );
+            pairs += 1;
+        }
+    }
+    assert!(pairs >= 5 * 50, "{what}: {pairs} entries");
+    // A spec that does not parse for this ISA is refused, naming it.
+    let bad = rewriter(&[
+        orig.as_os_str(),
+        "-o".as_ref(),
+        tmp.join("bad").as_os_str(),
+        "--value".as_ref(),
+        "entry=%nope".as_ref(),
+    ]);
+    assert!(
+        !bad.success() && bad.stderr_str().contains("%nope"),
+        "{what}: {}",
+        bad.describe()
+    );
+}
+
+#[test]
+fn values_x86() {
+    value_case(false);
+}
+
+#[test]
+fn values_aarch64() {
+    value_case(true);
 }

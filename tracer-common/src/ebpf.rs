@@ -95,6 +95,9 @@ pub const SEL_MEMORY: u8 = 3;
 /// Value, aux and the `FLAG_USDT_MORE` records after them = the arguments, from the
 /// site's `OPERANDS` entry (a USDT probe; one record of zeros without one).
 pub const SEL_USDT: u8 = 4;
+/// Value = 0 (the target is not computed by the uprobe program), aux = the call
+/// instruction's address (a call site).
+pub const SEL_CALL: u8 = 5;
 
 /// The attach cookie of a uprobe site: binary ordinal (index into `BINARIES`) in bits
 /// 40..64, the record selector (`SEL_*`: which registers the record takes) in bits

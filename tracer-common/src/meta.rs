@@ -74,6 +74,9 @@ pub enum SiteKind {
     /// in value and aux; arguments 3.. follow in records of the same site flagged
     /// `FLAG_USDT_MORE` (two per record), reserved together with the first.
     Usdt = 5,
+    /// A call instruction. Record: the call's target (where it goes), the return
+    /// address (the instruction after the call).
+    Call = 6,
 }
 
 /// How records get their `time`.
@@ -87,6 +90,10 @@ pub enum TimeMode {
     /// time interpolated between the clock samples of the drains around it (every
     /// chunk header carries one; a thread's first drain is its registration).
     Coarse = 1,
+    /// Only basic-block stubs read the cycle counter; the other records of a block
+    /// store the buffer epoch and readers give them the time of the block record
+    /// before them on their thread.
+    Block = 2,
 }
 
 impl TimeMode {
@@ -94,6 +101,7 @@ impl TimeMode {
         match v {
             0 => Some(TimeMode::Record),
             1 => Some(TimeMode::Coarse),
+            2 => Some(TimeMode::Block),
             _ => None,
         }
     }
@@ -101,6 +109,7 @@ impl TimeMode {
         match self {
             TimeMode::Record => "record",
             TimeMode::Coarse => "coarse",
+            TimeMode::Block => "block",
         }
     }
 }
@@ -209,6 +218,7 @@ impl SiteKind {
             3 => Some(SiteKind::Block),
             4 => Some(SiteKind::Memory),
             5 => Some(SiteKind::Usdt),
+            6 => Some(SiteKind::Call),
             _ => None,
         }
     }
@@ -219,6 +229,7 @@ impl SiteKind {
             SiteKind::Block => "block",
             SiteKind::Memory => "memory",
             SiteKind::Usdt => "usdt",
+            SiteKind::Call => "call",
         }
     }
 }

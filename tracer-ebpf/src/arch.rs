@@ -53,23 +53,33 @@ mod regs {
 
     pub const NREGS: usize = tracer_common::operand::X86_NREGS;
 
-    /// The register file in the operand descriptors' numbering (`rax rcx rdx rbx rsp
-    /// rbp rsi rdi r8..r15 rip`). Every field is its own volatile load at a constant
-    /// offset: the verifier refuses context accesses at variable offsets, and LLVM
-    /// must not fuse them into a copy it might lower differently.
+    /// Fill `out` with the register file in the operand descriptors' numbering (`rax
+    /// rcx rdx rbx rsp rbp rsi rdi r8..r15 rip`). Every field is its own volatile load
+    /// at a constant offset (the verifier refuses context accesses at variable offsets)
+    /// stored at once with a volatile store (else LLVM loads them all first and spills
+    /// them, doubling the stack this needs).
     #[inline(always)]
-    pub fn registers(ctx: &ProbeContext) -> [u64; NREGS] {
+    pub fn registers(ctx: &ProbeContext, out: &mut [u64; NREGS]) {
         let r = ctx.regs;
+        let o = out.as_mut_ptr();
         macro_rules! rd {
-            ($($f:ident),*) => {
-                // SAFETY: ctx.regs is the program's pt_regs context, readable for its
-                // lifetime.
-                [$(unsafe { core::ptr::read_volatile(&raw const (*r).$f) }),*]
+            ($($n:literal $f:ident),*) => {
+                $(
+                    // SAFETY: ctx.regs is the program's pt_regs context, readable for
+                    // its lifetime; $n < NREGS.
+                    unsafe {
+                        core::ptr::write_volatile(
+                            o.add($n),
+                            core::ptr::read_volatile(&raw const (*r).$f),
+                        )
+                    };
+                )*
             };
         }
         rd!(
-            rax, rcx, rdx, rbx, rsp, rbp, rsi, rdi, r8, r9, r10, r11, r12, r13, r14, r15, rip
-        )
+            0 rax, 1 rcx, 2 rdx, 3 rbx, 4 rsp, 5 rbp, 6 rsi, 7 rdi, 8 r8, 9 r9, 10 r10, 11 r11,
+            12 r12, 13 r13, 14 r14, 15 r15, 16 rip
+        );
     }
 }
 
@@ -131,28 +141,38 @@ mod regs {
 
     pub const NREGS: usize = tracer_common::operand::A64_NREGS;
 
-    /// The register file in the operand descriptors' numbering (`x0..x30 sp pc`).
-    /// Every register is its own volatile load at a constant offset: the verifier
-    /// refuses context accesses at variable offsets, and LLVM must not fuse them into
-    /// a copy it might lower differently.
+    /// Fill `out` with the register file in the operand descriptors' numbering (`x0..x30
+    /// sp pc`). Every register is its own volatile load at a constant offset (the
+    /// verifier refuses context accesses at variable offsets) stored at once with a
+    /// volatile store (else LLVM loads them all first and spills them, and the frame
+    /// no longer fits under the drain's in 512 bytes).
     #[inline(always)]
-    pub fn registers(ctx: &ProbeContext) -> [u64; NREGS] {
+    pub fn registers(ctx: &ProbeContext, out: &mut [u64; NREGS]) {
         let r = ctx.regs.cast::<UserPtRegs>();
+        let o = out.as_mut_ptr();
         macro_rules! rd {
             ($($n:literal),*) => {
-                // SAFETY: ctx.regs is the program's pt_regs context, which starts
-                // with user_pt_regs.
-                [
-                    $(unsafe { core::ptr::read_volatile(&raw const (*r).regs[$n]) },)*
-                    unsafe { core::ptr::read_volatile(&raw const (*r).sp) },
-                    unsafe { core::ptr::read_volatile(&raw const (*r).pc) },
-                ]
+                $(
+                    // SAFETY: ctx.regs is the program's pt_regs context, which starts
+                    // with user_pt_regs; $n < 31 < NREGS.
+                    unsafe {
+                        core::ptr::write_volatile(
+                            o.add($n),
+                            core::ptr::read_volatile(&raw const (*r).regs[$n]),
+                        )
+                    };
+                )*
             };
         }
         rd!(
             0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
             24, 25, 26, 27, 28, 29, 30
-        )
+        );
+        // SAFETY: as above; 31 and 32 < NREGS.
+        unsafe {
+            core::ptr::write_volatile(o.add(31), core::ptr::read_volatile(&raw const (*r).sp));
+            core::ptr::write_volatile(o.add(32), core::ptr::read_volatile(&raw const (*r).pc));
+        }
     }
 }
 

@@ -54,7 +54,7 @@ use tracer_common::{
     CHUNK_KIND_UPROBE, ChunkHeader, FLAG_KTIME, FLAG_UPROBE, FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE,
     Record, STAT_CHUNKS, STAT_READ_ERRORS, STAT_RECORDS_DELIVERED, STAT_RECORDS_DROPPED, Slot,
     ebpf::{
-        SEL_BLOCK, SEL_EXIT, SEL_MEMORY, SEL_USDT, STAT_TABLE_FULL, cookie_ordinal,
+        SEL_BLOCK, SEL_CALL, SEL_EXIT, SEL_MEMORY, SEL_USDT, STAT_TABLE_FULL, cookie_ordinal,
         cookie_selector, operand_key,
     },
     operand::{
@@ -179,11 +179,12 @@ pub fn site(ctx: ProbeContext) -> u32 {
         SEL_MEMORY => (0, pc),
         // The arguments come from the site's operands.
         SEL_USDT => (0, 0),
+        SEL_CALL => (0, pc),
         _ => (arg, ra),
     };
     let ops = match selector {
         SEL_MEMORY | SEL_USDT => {
-            OPERANDS.get_ptr(&operand_key(cookie_ordinal(cookie), cookie as u32))
+            OPERANDS.get_ptr(operand_key(cookie_ordinal(cookie), cookie as u32))
         }
         _ => None,
     };
@@ -274,7 +275,8 @@ fn fill<const N: usize>(
     recs: *mut [Record; N],
     tp: u64,
 ) {
-    let regs = arch::registers(ctx);
+    let mut regs = [0u64; NREGS];
+    arch::registers(ctx, &mut regs);
     // SAFETY: a live OPERANDS value.
     let n = usize::from(unsafe { (*set).count });
     // A constant bound, so that the verifier sees every store inside the reservation.

@@ -1,4 +1,5 @@
-//! Times for the records of coarse-timestamp binaries (`TimeMode::Coarse`): their stubs
+//! Times for the records of block-timestamp binaries (`TimeMode::Block`: a record takes
+//! its basic block's time) and of coarse-timestamp binaries (`TimeMode::Coarse`): their stubs
 //! read no clock, so each record gets a time interpolated between the clock samples of
 //! the drains around it. Every chunk header carries its drain's sample (all chunks of a
 //! drain the same); a thread's records between its drains at t0 and t1 are spread
@@ -22,6 +23,10 @@ type Key = (u32, u32, u64);
 /// A first pass over the file: per thread and binary, each drain's (time, records).
 pub struct Timeline {
     coarse: Vec<u64>,
+    /// `TimeMode::Block` binaries: which of their site ids are basic blocks.
+    block_mode: HashMap<u64, Vec<bool>>,
+    /// Per thread and binary: the last basic-block record's time.
+    last_block: HashMap<Key, u64>,
     drains: HashMap<Key, Vec<(u64, u64)>>,
     /// Per key: (drain index, records of it already timed).
     cursor: HashMap<Key, (usize, u64)>,
@@ -31,9 +36,22 @@ impl Timeline {
     pub fn scan(path: &Path) -> Result<Self> {
         let mut r = Reader::open(path)?;
         let mut coarse = Vec::new();
+        let mut block_mode = HashMap::new();
         let mut drains: HashMap<Key, Vec<(u64, u64)>> = HashMap::new();
         while let Some(section) = r.next_section()? {
             match section {
+                Section::Binary(b)
+                    if b.metadata().is_ok_and(|m| m.time_mode == TimeMode::Block) =>
+                {
+                    let m = b.metadata()?;
+                    let mut is_block = vec![false; m.sites.len()];
+                    for s in &m.sites {
+                        if let Some(v) = is_block.get_mut(s.id as usize) {
+                            *v = s.kind == tracer_common::meta::SiteKind::Block;
+                        }
+                    }
+                    block_mode.insert(b.binary_id, is_block);
+                }
                 Section::Binary(b)
                     if b.metadata().is_ok_and(|m| m.time_mode == TimeMode::Coarse) =>
                 {
@@ -55,6 +73,8 @@ impl Timeline {
         }
         Ok(Timeline {
             coarse,
+            block_mode,
+            last_block: HashMap::new(),
             drains,
             cursor: HashMap::new(),
         })
@@ -64,6 +84,26 @@ impl Timeline {
     /// come from a coarse binary.
     pub fn apply(&mut self, c: &mut Chunk) {
         let h = c.header;
+        if let Some(is_block) = self.block_mode.get(&h.binary_id) {
+            // Block timestamps: a record other than a block's takes the time of the
+            // block record before it on its thread (0 before the first).
+            let last = self
+                .last_block
+                .entry((h.pid, h.tid, h.binary_id))
+                .or_default();
+            for rec in &mut c.records {
+                if rec.flags & FLAG_KTIME != 0 {
+                    continue; // a uprobe record: its own kernel time
+                }
+                if is_block.get(rec.site as usize).copied().unwrap_or(false) {
+                    *last = rec.time;
+                } else {
+                    rec.time = *last;
+                    rec.flags |= FLAG_INTERPOLATED;
+                }
+            }
+            return;
+        }
         if h.kind != tracer_common::CHUNK_KIND_RECORDS || !self.coarse.contains(&h.binary_id) {
             return;
         }

@@ -346,6 +346,7 @@ pub fn report(path: &Path, json: bool, last: usize, out: &mut impl Write) -> Res
     for t in &s.time_modes {
         let how = match t.time_mode.as_str() {
             "coarse" => "coarse (no clock in the stubs; times interpolated between drains)",
+            "block" => "block (cycle counter per basic block; other records take their block's)",
             _ => "record (cycle counter per record)",
         };
         writeln!(out, "timestamps of {}: {how}", t.binary)?;

@@ -28,8 +28,8 @@ use tracer_common::{
         GLOBAL_SYSTEM_WIDE, GLOBAL_TP_OFFSET, GLOBAL_WRITE_USER, MAP_BINARIES, MAP_EVENTS,
         MAP_OPERANDS, MAP_SEQ, MAP_STATS, MAP_TABLES, MAP_TARGETS, MAX_BINARIES, PROG_FLUSH,
         PROG_FORK, PROG_GROUP_EXIT, PROG_KILLED, PROG_SITE, PROG_TASK_EXIT, PROG_THREAD_EXIT,
-        SEL_BLOCK, SEL_ENTRY, SEL_EXIT, SEL_MEMORY, SEL_USDT, STAT_TABLE_FULL, TABLE_BINARIES,
-        operand_key, site_cookie,
+        SEL_BLOCK, SEL_CALL, SEL_ENTRY, SEL_EXIT, SEL_MEMORY, SEL_USDT, STAT_TABLE_FULL,
+        TABLE_BINARIES, operand_key, site_cookie,
     },
     meta::{SiteKind, SiteMode},
     operand::OperandSet,
@@ -43,6 +43,7 @@ fn site_selector(kind: SiteKind) -> u8 {
         SiteKind::Block => SEL_BLOCK,
         SiteKind::Memory => SEL_MEMORY,
         SiteKind::Usdt => SEL_USDT,
+        SiteKind::Call => SEL_CALL,
     }
 }
 

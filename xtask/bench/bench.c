@@ -4,6 +4,7 @@
  *
  * Built plain: the untraced loop; rewritten by the rewriter: the inline stub (with and
  * without the tracer); unrewritten under a plain uprobe.
+ * Built with -DUSDT: hit() holds a <sys/sdt.h> probe with its argument.
  * Built with -DHANDWRITTEN: hit() itself stores the same 32-byte record the stub stores
  * (site, flags, rdtsc, first argument, return address) into a thread-local buffer, bumps
  * the pointer and wraps when full: what an inline store costs at best.
@@ -42,6 +43,14 @@ __attribute__((noinline)) void hit(long i) {
                      :
                      : [c] "r"(c), [v] "r"(i), [ra] "r"(__builtin_return_address(0))
                      : "rax", "rdx", "memory");
+    sink += i;
+}
+#elif defined(USDT)
+/* A USDT probe in hit(): the inline stub (rewriter --sites usdt), our uprobe on it
+ * (--force-uprobe) and bpftrace's usdt probe compare on the same binary. */
+#include <sys/sdt.h>
+__attribute__((noinline)) void hit(long i) {
+    DTRACE_PROBE1(bench, hit, i);
     sink += i;
 }
 #else

@@ -30,6 +30,8 @@ pub const APT_PACKAGES: &[&str] = &[
     // USDT fixtures (<sys/sdt.h>) and real programs rewritten by the tests.
     "systemtap-sdt-dev",
     "sqlite3",
+    "jq",
+    "bzip2",
 ];
 
 /// The Rust target of the aarch64 tracer run in the arm64 VM (linked with rust-lld).

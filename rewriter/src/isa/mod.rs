@@ -192,6 +192,18 @@ pub trait Isa {
     fn arch(&self) -> u32;
     /// Push the targets of the direct branches in `bytes` (code at `addr`).
     fn direct_branch_targets(&self, addr: u64, bytes: &[u8], out: &mut Vec<u64>);
+    /// Push the targets of the direct calls in `bytes` (code at `addr`).
+    fn direct_call_targets(&self, addr: u64, bytes: &[u8], out: &mut Vec<u64>);
+    /// Sorted, deduplicated targets of every direct call in the code sections.
+    fn call_targets(&self, input: &Input) -> Vec<u64> {
+        let mut out = Vec::new();
+        for (addr, bytes) in input.code_sections() {
+            self.direct_call_targets(addr, bytes, &mut out);
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
     /// Sorted, deduplicated addresses that some known branch can land on: function
     /// symbols, the direct branches of a linear sweep of every code section, and what
     /// `flow` recovered (jump-table targets, exception landing pads, FDE starts).

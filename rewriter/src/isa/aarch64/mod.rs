@@ -55,6 +55,15 @@ impl Isa for Aarch64 {
         tracer_common::ARCH_AARCH64
     }
 
+    fn direct_call_targets(&self, addr: u64, bytes: &[u8], out: &mut Vec<u64>) {
+        for (i, c) in bytes.chunks_exact(INSN).enumerate() {
+            let w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            if let Class::Bl { target } = reloc::classify(w, addr + (i * INSN) as u64) {
+                out.push(target);
+            }
+        }
+    }
+
     fn direct_branch_targets(&self, addr: u64, bytes: &[u8], out: &mut Vec<u64>) {
         for (i, c) in bytes.chunks_exact(INSN).enumerate() {
             let w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
@@ -113,6 +122,12 @@ impl Isa for Aarch64 {
             }
             SiteKind::Memory => words
                 .filter(|&(pc, w)| mem::classify(w, pc).is_some())
+                .map(|(pc, _)| pc)
+                .collect(),
+            SiteKind::Call => words
+                .filter(|&(pc, w)| {
+                    matches!(reloc::classify(w, pc), Class::Bl { .. } | Class::Blr { .. })
+                })
                 .map(|(pc, _)| pc)
                 .collect(),
         }
@@ -195,7 +210,7 @@ impl Isa for Aarch64 {
                 let signed_lr = match r.kind {
                     SiteKind::FunctionEntry => first.is_some_and(|w| enc::PAC_PADS.contains(&w)),
                     SiteKind::FunctionExit => reloc::is_return(w) == Some(true),
-                    SiteKind::Block | SiteKind::Memory | SiteKind::Usdt => false,
+                    SiteKind::Block | SiteKind::Memory | SiteKind::Usdt | SiteKind::Call => false,
                 };
                 let flags = match (r.kind, mem::classify(w, at)) {
                     (SiteKind::Memory, Some(m)) => mem_flags(&m),

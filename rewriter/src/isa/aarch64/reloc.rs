@@ -18,6 +18,11 @@ use super::enc::{self, Asm, RET, RETAA, RETAB};
 pub enum Class {
     /// Position independent: copy it.
     Plain,
+    /// `blr xN`: re-created as a jump through x16 with x30 = the original return
+    /// address.
+    Blr {
+        rn: u32,
+    },
     Adr {
         rd: u32,
         target: u64,
@@ -147,7 +152,8 @@ pub fn classify(w: u32, pc: u64) -> Class {
         | InsnId::STLXRH_Rs_Rt_ADDR_SIMPLE
         | InsnId::STXP_Rs_Rt_Rt2_ADDR_SIMPLE
         | InsnId::STLXP_Rs_Rt_Rt2_ADDR_SIMPLE => Class::StoreExclusive,
-        InsnId::BLR_Rn | InsnId::BLRAA_Rn_Rd_SP | InsnId::BLRAB_Rn_Rd_SP => {
+        InsnId::BLR_Rn => Class::Blr { rn: (w >> 5) & 31 },
+        InsnId::BLRAA_Rn_Rd_SP | InsnId::BLRAB_Rn_Rd_SP => {
             // The callee would return into the trampoline, where no unwind
             // information describes the frame.
             Class::Refuse("indirect call in the displaced instruction")
@@ -248,6 +254,17 @@ pub fn relocate(a: &mut Asm, w: u32, pc: u64) -> Result<(), String> {
             a.b_to(false, target)?;
             return Ok(());
         }
+        Class::Blr { rn } => {
+            // Same for an indirect call, through x16 (an intra-procedure-call scratch
+            // register, free at a call; `bti c` accepts `br x16`), since x30 may be the
+            // target register itself.
+            if rn != 16 {
+                a.put(enc::mov_reg(16, rn));
+            }
+            a.addr(enc::LR, next)?;
+            a.put(0xd61f_0000 | 16 << 5); // br x16
+            return Ok(());
+        }
         Class::BCond { cond, target } => {
             cond_pair(a, 0x5400_0000 | 2 << 5 | cond, target)?;
             return Ok(());
@@ -335,6 +352,30 @@ mod tests {
             "adrp x30, 0x410000",
             "add x30, x30, #0x4",
             "b 0x410040",
+            "b 0x410004"
+        ]
+    );
+    check!(
+        blr,
+        0xd63f_0020,
+        "blr x1",
+        [
+            "mov x16, x1",
+            "adrp x30, 0x410000",
+            "add x30, x30, #0x4",
+            "br x16",
+            "b 0x410004"
+        ]
+    );
+    check!(
+        blr_x30,
+        0xd63f_03c0,
+        "blr x30",
+        [
+            "mov x16, x30",
+            "adrp x30, 0x410000",
+            "add x30, x30, #0x4",
+            "br x16",
             "b 0x410004"
         ]
     );
@@ -431,7 +472,8 @@ mod tests {
 
     #[test]
     fn refused_and_exclusive() {
-        assert!(matches!(classify(0xd63f_0020, PC), Class::Refuse(_))); // blr x1
+        assert_eq!(classify(0xd63f_0020, PC), Class::Blr { rn: 1 }); // blr x1
+        assert!(matches!(classify(0xd63f_083f, PC), Class::Refuse(_))); // blraaz x1
         assert!(matches!(classify(0xd400_0001, PC), Class::Refuse(_))); // svc #0
         assert!(matches!(classify(0x1c00_0100, PC), Class::Refuse(_))); // ldr s0, lit
         assert_eq!(classify(0xc85f_7c20, PC), Class::LoadExclusive); // ldxr x0, [x1]

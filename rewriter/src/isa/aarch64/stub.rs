@@ -179,18 +179,24 @@ fn emit_stub(
     pc: u64,
 ) -> Result<(Label, Label, Label, Label), String> {
     let (retry, out, miss, full, reserve) = (a.label(), a.label(), a.label(), a.label(), a.label());
-    // USDT: the arguments at [sp, #FRAME + 8i], two per record.
-    let no_args = Vec::new();
-    let args = sites
+    // Values computed up front (a USDT probe's arguments, a chosen value), every
+    // site's in order at [sp, #FRAME + 8i]; site i's start at index arg_base[i].
+    let args: Vec<&Arg> = sites.iter().flat_map(|s| &s.args).collect();
+    let arg_base: Vec<u32> = sites
         .iter()
-        .find(|s| s.kind == SiteKind::Usdt)
-        .map_or(&no_args, |s| &s.args);
-    let nargs = args.len() as u32;
-    let frame = FRAME + (8 * nargs).div_ceil(16) as i32 * 16;
+        .scan(0u32, |n, s| {
+            let b = *n;
+            *n += s.args.len() as u32;
+            Some(b)
+        })
+        .collect();
+    let frame = FRAME + (8 * args.len() as u32).div_ceil(16) as i32 * 16;
+    let slot = |i: u32| FRAME as u32 + 8 * i;
+    // Records per site: a USDT probe's arguments two per record.
     let per: Vec<u32> = sites
         .iter()
         .map(|s| match s.kind {
-            SiteKind::Usdt => nargs.div_ceil(2).max(1),
+            SiteKind::Usdt => (s.args.len() as u32).div_ceil(2).max(1),
             _ => 1,
         })
         .collect();
@@ -204,9 +210,9 @@ fn emit_stub(
         mem::emit_ea(a, &m, 10, frame as u32)?;
         a.put(str_x(10, SP, EA_SAVE));
     }
-    for (i, arg) in args.iter().enumerate() {
+    for (i, &arg) in args.iter().enumerate() {
         emit_usdt_arg(a, arg, frame as u32)?;
-        a.put(str_x(10, SP, FRAME as u32 + 8 * i as u32));
+        a.put(str_x(10, SP, slot(i as u32)));
     }
     a.bind(retry);
     a.put(mrs(10, TPIDR_EL0));
@@ -248,7 +254,12 @@ fn emit_stub(
         a.cbz_l(false, true, 10, reserve);
     }
     let ring_flag = if ring { FLAG_RING } else { 0 };
-    if layout.time_mode == TimeMode::Record {
+    let clock = match layout.time_mode {
+        TimeMode::Record => true,
+        TimeMode::Block => sites.iter().any(|s| s.kind == SiteKind::Block),
+        TimeMode::Coarse => false,
+    };
+    if clock {
         a.put(mrs(13, CNTVCT_EL0));
     } else {
         // No clock: `time` is the buffer epoch (Slot::generation, bumped at every
@@ -272,23 +283,51 @@ fn emit_stub(
     // value, aux: x0 is the first argument at an entry and the return value at an
     // exit; a block records its own address.
     let mut first = 0;
-    for (site, &n) in sites.iter().zip(&per) {
+    for ((site, &n), &base) in sites.iter().zip(&per).zip(&arg_base) {
         let rec = RECORD_SIZE as u32 * first;
+        let nargs = site.args.len() as u32;
         match site.kind {
             SiteKind::Usdt => {
                 for k in 0..2 * n {
                     let at = rec + RECORD_SIZE as u32 * (k / 2) + 16 + 8 * (k % 2);
                     if k < nargs {
-                        a.put(ldr_x(10, SP, FRAME as u32 + 8 * k));
+                        a.put(ldr_x(10, SP, slot(base + k)));
                         a.put(str_x(10, 11, at));
                     } else {
                         a.put(str_x(XZR, 11, at));
                     }
                 }
             }
+            // A chosen value (`--value`) instead of x0 / the block's address.
+            SiteKind::Block if nargs > 0 => {
+                a.put(ldr_x(10, SP, slot(base)));
+                a.put(stp(10, XZR, 11, rec as i32 + 16));
+            }
+            SiteKind::FunctionEntry | SiteKind::FunctionExit if nargs > 0 => {
+                a.put(ldr_x(10, SP, slot(base)));
+                if site.signed_lr {
+                    a.put(str_x(LR, SP, LR_SAVE));
+                    a.put(XPACLRI);
+                    a.put(stp(10, LR, 11, rec as i32 + 16));
+                    a.put(ldr_x(LR, SP, LR_SAVE));
+                } else {
+                    a.put(stp(10, LR, 11, rec as i32 + 16));
+                }
+            }
             SiteKind::Block => {
                 a.addr(10, pc)?;
                 a.put(stp(10, XZR, 11, rec as i32 + 16));
+            }
+            SiteKind::Call => {
+                // value: where the call goes; aux: the original return address.
+                match reloc::classify(word, pc) {
+                    reloc::Class::Bl { target } => a.addr(10, target)?,
+                    reloc::Class::Blr { rn: n @ 9..=13 } => a.put(ldr_x(10, SP, 8 * (n - 9))),
+                    reloc::Class::Blr { rn } => a.put(mov_reg(10, rn)),
+                    _ => return Err("not a call".into()),
+                }
+                a.addr(13, pc + 4)?;
+                a.put(stp(10, 13, 11, rec as i32 + 16));
             }
             SiteKind::Memory => {
                 a.put(ldr_x(10, SP, EA_SAVE));

@@ -100,6 +100,44 @@ fn mem_flags(ins: &Instruction) -> Option<u32> {
     Some(flags)
 }
 
+/// Where a call site's target comes from: None for a direct call (the stub takes its
+/// address), else the register or memory operand as a value to load.
+fn call_target(ins: &Instruction) -> Result<Option<crate::usdt::Arg>, String> {
+    use crate::usdt::{Arg, ArgLoc, Reg};
+    let reg = |r: Register| Reg::X86 {
+        reg: r,
+        high8: false,
+    };
+    let loc = match ins.op0_kind() {
+        OpKind::NearBranch64 => return Ok(None),
+        OpKind::Register => ArgLoc::Reg(reg(ins.op0_register())),
+        OpKind::Memory if ins.memory_base() == Register::RIP => ArgLoc::Static {
+            addr: ins.memory_displacement64(),
+        },
+        OpKind::Memory
+            if matches!(ins.memory_segment(), Register::DS | Register::SS)
+                && ins.memory_base() != Register::RIP =>
+        {
+            ArgLoc::Mem {
+                base: Some(ins.memory_base())
+                    .filter(|&b| b != Register::None)
+                    .map(reg),
+                index: Some(ins.memory_index())
+                    .filter(|&i| i != Register::None)
+                    .map(|i| (reg(i), ins.memory_index_scale() as u8)),
+                disp: ins.memory_displacement64() as i64,
+            }
+        }
+        _ => return Err(format!("call at {:#x}: operand not re-created", ins.ip())),
+    };
+    Ok(Some(Arg {
+        size: 8,
+        signed: false,
+        float: false,
+        loc,
+    }))
+}
+
 /// Bytes after the function up to `limit` that are only inter-function padding
 /// (`int3`, `nop` forms): a window may overwrite them.
 fn padding_after(input: &Input, end: u64, limit: u64) -> usize {
@@ -128,8 +166,19 @@ fn padding_after(input: &Input, end: u64, limit: u64) -> usize {
 fn unmovable(ins: &Instruction, last: bool) -> Option<String> {
     match ins.flow_control() {
         // The callee would return into the overwritten range, unless the call ends
-        // the window (its return address is then the window's end).
+        // the window (its return address is then the window's end; the trampoline
+        // pushes it and jumps, see stub::emit_window). An indirect call through
+        // `%fs:`/`%gs:` or with `%rsp` as index is not re-created.
         FlowControl::Call if last && ins.op0_kind() == OpKind::NearBranch64 => None,
+        FlowControl::IndirectCall
+            if last
+                && (ins.op0_kind() == OpKind::Register
+                    || ins.op0_kind() == OpKind::Memory
+                        && matches!(ins.memory_segment(), Register::DS | Register::SS)
+                        && ins.memory_index() != Register::RSP) =>
+        {
+            None
+        }
         FlowControl::Call | FlowControl::IndirectCall => {
             Some(format!("call at {:#x} in the displaced bytes", ins.ip()))
         }
@@ -162,7 +211,11 @@ fn window_for(
         let mut i = s;
         let mut len = insns[s].len();
         let mut ok = true;
-        while len < JMP_LEN {
+        if let Some(w) = unmovable(&insns[s], true) {
+            ok = false;
+            why = w;
+        }
+        while ok && len < JMP_LEN {
             if i == first_allowed {
                 ok = false;
                 why = "too few bytes before it in the function".into();
@@ -283,6 +336,27 @@ impl Isa for X86_64 {
                 .filter(|i| mem_flags(i).is_some())
                 .map(|i| i.ip())
                 .collect(),
+            SiteKind::Call => insns
+                .iter()
+                .filter(|i| {
+                    matches!(
+                        i.flow_control(),
+                        FlowControl::Call | FlowControl::IndirectCall
+                    )
+                })
+                .map(|i| i.ip())
+                .collect(),
+        }
+    }
+
+    fn direct_call_targets(&self, addr: u64, bytes: &[u8], out: &mut Vec<u64>) {
+        let mut dec = Decoder::with_ip(64, bytes, addr, DecoderOptions::NONE);
+        let mut ins = Instruction::default();
+        while dec.can_decode() {
+            dec.decode_out(&mut ins);
+            if ins.flow_control() == FlowControl::Call && ins.op0_kind() == OpKind::NearBranch64 {
+                out.push(ins.near_branch_target());
+            }
         }
     }
 
@@ -334,6 +408,18 @@ impl Isa for X86_64 {
                 SiteKind::FunctionEntry => f.addr + 4 * first as u64,
                 _ => r.addr,
             };
+            let mut req = r.clone();
+            if r.kind == SiteKind::Call {
+                match insns.iter().find(|i| i.ip() == at).map(call_target) {
+                    Some(Ok(arg)) => req.args = arg.into_iter().collect(),
+                    Some(Err(why)) => {
+                        cands.push(Candidate::uprobe(r, at, why));
+                        continue;
+                    }
+                    None => {}
+                }
+            }
+            let r = &req;
             let flags = match r.kind {
                 SiteKind::Memory => match insns.iter().find(|i| i.ip() == at).and_then(mem_flags) {
                     Some(f) => f,
@@ -380,7 +466,12 @@ impl Isa for X86_64 {
                         window: Ok((start, code_len.max(JMP_LEN), code_len)),
                     }
                 }
-                Err(why) => Candidate::uprobe(r, at, why),
+                // Its flags go along: merge_windows may still place it inside a
+                // neighbour's window.
+                Err(why) => Candidate {
+                    flags,
+                    ..Candidate::uprobe(r, at, why)
+                },
             };
             cands.push(c);
         }

@@ -35,7 +35,9 @@
 //! `%r11` save; with coarse timestamps only two registers are saved.
 
 use iced_x86::code_asm::*;
-use iced_x86::{BlockEncoderOptions, Code, FlowControl, Instruction, MemoryOperand, Register};
+use iced_x86::{
+    BlockEncoderOptions, Code, FlowControl, Instruction, MemoryOperand, OpKind, Register,
+};
 
 use super::super::{Layout, PlacedSite, Runtime};
 use crate::usdt::{Arg, ArgLoc, Reg as UsdtReg};
@@ -197,18 +199,33 @@ fn emit_stub(
     let miss = a.create_label();
     let mut out = a.create_label();
     let full = a.create_label();
-    let tsc = layout.time_mode == TimeMode::Record;
+    let tsc = match layout.time_mode {
+        TimeMode::Record => true,
+        TimeMode::Block => sites.iter().any(|s| s.kind == SiteKind::Block),
+        TimeMode::Coarse => false,
+    };
     // Entries and exits sit where RFLAGS and %r11 are dead (psABI); blocks, memory
     // accesses and USDT probes can be anywhere: save both there.
-    let live = sites
-        .iter()
-        .any(|s| matches!(s.kind, SiteKind::Block | SiteKind::Memory | SiteKind::Usdt));
+    // Values computed before anything is clobbered (a USDT probe's arguments, an
+    // indirect call's target, a chosen value): that needs the live-site frame.
+    let live = sites.iter().any(|s| {
+        !s.args.is_empty()
+            || matches!(
+                s.kind,
+                SiteKind::Block | SiteKind::Memory | SiteKind::Usdt | SiteKind::Call
+            )
+    });
     let mem = sites.iter().any(|s| s.kind == SiteKind::Memory);
-    let no_args = Vec::new();
-    let args = sites
+    // Every site's values, in site order; site i's start at arg_base[i].
+    let args: Vec<&Arg> = sites.iter().flat_map(|s| &s.args).collect();
+    let arg_base: Vec<usize> = sites
         .iter()
-        .find(|s| s.kind == SiteKind::Usdt)
-        .map_or(&no_args, |s| &s.args);
+        .scan(0, |n, s| {
+            let b = *n;
+            *n += s.args.len();
+            Some(b)
+        })
+        .collect();
     // Records per site (a USDT probe: its arguments two per record) and in all.
     let per: Vec<i32> = sites
         .iter()
@@ -240,7 +257,7 @@ fn emit_stub(
     // USDT arguments, computed from the original registers before any is clobbered;
     // argument i ends up at depth arg_depth[i].
     let mut arg_depth = Vec::new();
-    for arg in args {
+    for &arg in &args {
         // Original %rax: pushed first, at depth 136.
         emit_usdt_arg(a, arg, depth, depth - 136)?;
         a.push(rax)?;
@@ -293,8 +310,9 @@ fn emit_stub(
     }
     let ring_flag = if ring { FLAG_RING } else { 0 };
     let mut first = 0;
-    for (site, &n) in sites.iter().zip(&per) {
+    for ((site, &n), &base) in sites.iter().zip(&per).zip(&arg_base) {
         let at = |j: i32, field: i32| r11 + (RECORD_SIZE as i32 * (first + j) + field);
+        let site_args = &arg_depth[base..base + site.args.len()];
         match site.flags | ring_flag {
             // site in the low dword, flags = 0 in the high one (sign extension of a
             // non-negative imm32).
@@ -312,7 +330,20 @@ fn emit_stub(
             )?;
         }
         match site.kind {
+            // A chosen value (`--value`): computed up front.
+            SiteKind::FunctionEntry | SiteKind::FunctionExit | SiteKind::Block
+                if !site_args.is_empty() =>
+            {
+                a.mov(rcx, qword_ptr(rsp + (depth - site_args[0])))?;
+                a.mov(qword_ptr(at(0, 16)), rcx)?;
+            }
             SiteKind::FunctionEntry => a.mov(qword_ptr(at(0, 16)), rdi)?,
+            // In a live-site frame %rax holds the saved flags: the original is the
+            // first register pushed (depth 136).
+            SiteKind::FunctionExit if live => {
+                a.mov(rcx, qword_ptr(rsp + (depth - 136)))?;
+                a.mov(qword_ptr(at(0, 16)), rcx)?;
+            }
             SiteKind::FunctionExit => a.mov(qword_ptr(at(0, 16)), rax)?,
             SiteKind::Block => {
                 lea_rip(a, Register::RCX, ins.ip())?;
@@ -322,11 +353,20 @@ fn emit_stub(
                 a.mov(rcx, qword_ptr(rsp + (depth - ea_depth)))?;
                 a.mov(qword_ptr(at(0, 16)), rcx)?;
             }
+            SiteKind::Call => {
+                match site_args.first() {
+                    Some(&d) => a.mov(rcx, qword_ptr(rsp + (depth - d)))?,
+                    None => lea_rip(a, Register::RCX, ins.near_branch_target())?,
+                }
+                a.mov(qword_ptr(at(0, 16)), rcx)?;
+                lea_rip(a, Register::RCX, ins.next_ip())?;
+                a.mov(qword_ptr(at(0, 24)), rcx)?;
+            }
             SiteKind::Usdt => {
                 // value and aux of record j: arguments 2j and 2j + 1.
                 for k in 0..2 * n {
                     let field = at(k / 2, 16 + 8 * (k % 2));
-                    match arg_depth.get(k as usize) {
+                    match site_args.get(k as usize) {
                         Some(&d) => {
                             a.mov(rcx, qword_ptr(rsp + (depth - d)))?;
                             a.mov(qword_ptr(field), rcx)?;
@@ -346,7 +386,7 @@ fn emit_stub(
                 lea_rip(a, Register::RCX, ins.ip())?;
                 a.mov(qword_ptr(at(0, 24)), rcx)?;
             }
-            SiteKind::Usdt => {}
+            SiteKind::Usdt | SiteKind::Call => {}
         }
         first += n;
     }
@@ -469,14 +509,41 @@ pub(super) fn emit_window(
             ins.flow_control(),
             FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
         );
-        if ins.flow_control() == FlowControl::Call {
-            // push the return address without touching flags or registers.
+        if matches!(
+            ins.flow_control(),
+            FlowControl::Call | FlowControl::IndirectCall
+        ) {
+            // push the original return address without touching flags or registers,
+            // then jump where the call would go (an operand relative to %rsp is 8
+            // bytes further now).
             a.lea(rsp, ptr(rsp - 8))?;
             a.push(rax)?;
             lea_rip(&mut a, Register::RAX, ins.next_ip())?;
             a.mov(qword_ptr(rsp + 8), rax)?;
             a.pop(rax)?;
-            a.jmp(ins.near_branch_target())?;
+            match ins.op0_kind() {
+                OpKind::NearBranch64 => a.jmp(ins.near_branch_target())?,
+                OpKind::Register => {
+                    a.add_instruction(Instruction::with1(Code::Jmp_rm64, ins.op0_register())?)?
+                }
+                _ => {
+                    let base = ins.memory_base();
+                    let mut disp = ins.memory_displacement64() as i64;
+                    if base == Register::RSP {
+                        disp += 8;
+                    }
+                    let mem = MemoryOperand::new(
+                        base,
+                        ins.memory_index(),
+                        ins.memory_index_scale(),
+                        disp,
+                        8,
+                        false,
+                        Register::None,
+                    );
+                    a.add_instruction(Instruction::with1(Code::Jmp_rm64, mem)?)?;
+                }
+            }
             leaves = true;
             continue;
         }
