@@ -495,6 +495,25 @@ pub fn tracer_record(trace: &Path, prog: &Path, args: &[&str], env: &[(&str, &Os
     tracer_record_with(&[], trace, prog, args, env)
 }
 
+/// The arm64 sysroot of Debian's cross toolchain, for qemu-aarch64 `-L`.
+pub const A64_SYSROOT: &str = "/usr/aarch64-linux-gnu";
+
+/// An AArch64 program under qemu-user with the user-space drain: `tracer record --user
+/// --binary PROG -o TRACE -- qemu-aarch64 -L A64_SYSROOT PROG ARGS` (binfmt is off, so
+/// qemu is named; qemu itself is not instrumented).
+pub fn tracer_record_qemu(trace: &Path, prog: &Path, args: &[&str]) -> Out {
+    let p = prog.to_str().expect("UTF-8 temp path");
+    let mut qargs = vec!["-L", A64_SYSROOT, p];
+    qargs.extend(args);
+    tracer_record_with(
+        &["--user", "--binary", p],
+        trace,
+        Path::new("qemu-aarch64"),
+        &qargs,
+        &[],
+    )
+}
+
 /// `tracer record FLAGS -o TRACE -- PROG ARGS` (e.g. FLAGS = ["--user"]).
 pub fn tracer_record_with(
     flags: &[&str],

@@ -12,9 +12,9 @@ use std::ffi::OsStr;
 use std::path::Path;
 use std::process::Command;
 
+use tests::site_checks::{MEMTRACE_FUNCTIONS, check_memtrace, printed_addresses};
 use tests::*;
 use tracer_common::meta::{Metadata, SiteKind};
-use tracer_common::{FLAG_MEM_READ, FLAG_MEM_WRITE, mem_size};
 
 fn rewrite_sites(input: &Path, output: &Path, extra: &[&str]) -> (String, Metadata) {
     let mut args: Vec<&OsStr> = vec![
@@ -140,89 +140,6 @@ fn blocks_gcc_o3_static() {
     block_case("gcc", "-O3", "record");
 }
 
-/// Addresses the fixture prints: "g8 0x.. g16 0x.. ...".
-fn printed_addresses(stdout: &str) -> HashMap<String, u64> {
-    let first = stdout.lines().next().unwrap_or_default();
-    let words: Vec<&str> = first.split_whitespace().collect();
-    words
-        .chunks(2)
-        .filter_map(|kv| {
-            let v = u64::from_str_radix(kv.get(1)?.trim_start_matches("0x"), 16).ok()?;
-            Some((kv[0].to_string(), v))
-        })
-        .collect()
-}
-
-/// The memory records of function `f` that touch `[base, base + n * elem)`: per
-/// element, in order, the bytes read and written must be exactly `rw(i)`.
-fn check_array(
-    recs: &[&Rec],
-    f: &str,
-    (base, elem, n): (u64, u64, u64),
-    rw: impl Fn(u64) -> (u64, u64),
-    what: &str,
-) {
-    let mut per: Vec<(u64, u64)> = vec![(0, 0); n as usize];
-    let mut last = 0u64;
-    let mut seen = 0;
-    for r in recs.iter().filter(|r| &*r.symbol == f) {
-        if r.value < base || r.value >= base + n * elem {
-            continue;
-        }
-        seen += 1;
-        let i = (r.value - base) / elem;
-        assert!(
-            i >= last,
-            "{what}: {f}: element {i} after element {last} ({r:?})"
-        );
-        last = i;
-        let size = u64::from(mem_size(r.flags));
-        assert!(
-            r.value + size <= base + (i + 1) * elem,
-            "{what}: {f}: access crosses elements: {r:?}"
-        );
-        if r.flags & FLAG_MEM_READ != 0 {
-            per[i as usize].0 += size;
-        }
-        if r.flags & FLAG_MEM_WRITE != 0 {
-            per[i as usize].1 += size;
-        }
-        assert!(
-            r.flags & (FLAG_MEM_READ | FLAG_MEM_WRITE) != 0,
-            "{what}: {f}: no access kind: {r:?}"
-        );
-    }
-    assert!(seen > 0, "{what}: {f}: no record touches its array");
-    for (i, &(r, w)) in per.iter().enumerate() {
-        assert_eq!(
-            (r, w),
-            rw(i as u64),
-            "{what}: {f}: bytes (read, written) of element {i}"
-        );
-    }
-}
-
-/// Every array access of memtrace.c's functions, element by element (a read-modify-write
-/// is one instruction on x86-64, a load and a store on AArch64: the same bytes).
-fn check_memtrace(recs: &[&Rec], addr: &HashMap<String, u64>, n: u64, what: &str) {
-    let a = |name: &str, elem: u64| (addr[name], elem, n);
-    check_array(recs, "store8", a("g8", 1), |_| (0, 1), what);
-    check_array(recs, "store16", a("g16", 2), |_| (0, 2), what);
-    check_array(recs, "store32", a("g32", 4), |_| (0, 4), what);
-    check_array(recs, "store64", a("g64", 8), |_| (0, 8), what);
-    check_array(recs, "load64", a("g64", 8), |_| (8, 0), what);
-    check_array(recs, "rmw32", a("g32", 4), |_| (4, 4), what);
-    // copy128: element i-1 is read whole and element i written whole, for i >= 1.
-    check_array(
-        recs,
-        "copy128",
-        a("g128", 16),
-        |i| (if i + 1 < n { 16 } else { 0 }, if i > 0 { 16 } else { 0 }),
-        what,
-    );
-    check_array(recs, "tls_sum", a("tls", 8), |_| (8, 8), what);
-}
-
 fn memory_case(cc: &str, opt: &str) {
     let what = format!("memory x86-64 {cc} {opt}");
     let tmp = TempDir::new(&format!("mem-{cc}{opt}"));
@@ -239,9 +156,7 @@ fn memory_case(cc: &str, opt: &str) {
     let mut flags = vec![opt];
     flags.extend(novec);
     compile(cc, &[fixture("memtrace.c")], &flags, &orig);
-    let fns = [
-        "store8", "store16", "store32", "store64", "load64", "rmw32", "copy128", "tls_sum",
-    ];
+    let fns = MEMTRACE_FUNCTIONS;
     let mut extra = vec!["--sites", "memory"];
     for f in fns {
         extra.extend(["--functions", f]);
@@ -318,16 +233,7 @@ fn have_qemu() -> bool {
 
 /// `tracer record --user --binary PROG -- qemu-aarch64 -L SYSROOT PROG ARGS`.
 fn trace_a64(trace: &Path, prog: &Path, args: &[&str]) -> (Out, Vec<Rec>) {
-    let p = prog.to_str().unwrap();
-    let mut qargs = vec!["-L", SYSROOT, p];
-    qargs.extend(args);
-    let out = tracer_record_with(
-        &["--user", "--binary", p],
-        trace,
-        Path::new("qemu-aarch64"),
-        &qargs,
-        &[],
-    );
+    let out = tracer_record_qemu(trace, prog, args);
     let recs = dump(trace);
     assert_eq!(report(trace).dropped, 0, "dropped: {}", out.describe());
     (out, recs)
@@ -441,9 +347,7 @@ fn a64_memory_case(opt: &str) {
         &orig,
     );
     let mut extra = vec!["--sites", "memory"];
-    for f in [
-        "store8", "store16", "store32", "store64", "load64", "rmw32", "copy128", "tls_sum",
-    ] {
+    for f in MEMTRACE_FUNCTIONS {
         extra.extend(["--functions", f]);
     }
     let (line, meta) = rewrite_sites(&orig, &traced, &extra);
@@ -503,9 +407,7 @@ fn all_kinds_case(a64: bool, opt: &str, time: &str) {
         &[opt, "-fno-tree-vectorize"],
         &orig,
     );
-    let fns = [
-        "store8", "store16", "store32", "store64", "load64", "rmw32", "copy128", "tls_sum",
-    ];
+    let fns = MEMTRACE_FUNCTIONS;
     let mut extra = vec!["--sites", "entry,exit,block,memory", "--time", time];
     for f in fns {
         extra.extend(["--functions", f]);

@@ -149,14 +149,7 @@ fn a64_case(kind: &str, crash: bool) {
     let size = u64::from(meta.buf_records);
     let n = N.to_string();
     let mode = if crash { "segv" } else { "exit" };
-    let t = traced.to_str().unwrap();
-    let out = tracer_record_with(
-        &["--user", "--binary", t],
-        &trace,
-        Path::new("qemu-aarch64"),
-        &["-L", "/usr/aarch64-linux-gnu", t, &n, mode],
-        &[],
-    );
+    let out = tracer_record_qemu(&trace, &traced, &[&n, mode]);
     assert!(
         out.stdout_str().starts_with("crash n=5000 "),
         "{what}: {}",

@@ -289,14 +289,7 @@ fn a64_case(opt: &str, time: &str) {
         "{what}: original output"
     );
     assert_same_behaviour(&what, &qemu(&traced), &want);
-    let traced_s = traced.to_str().unwrap();
-    let out = tracer_record_with(
-        &["--user", "--binary", traced_s],
-        &trace,
-        Path::new("qemu-aarch64"),
-        &["-L", SYSROOT, traced_s, &n],
-        &[],
-    );
+    let out = tracer_record_qemu(&trace, &traced, &[&n]);
     assert_same_behaviour(&what, &without_tracer_lines(&out), &want);
     let recs = dump(&trace);
     let rep = report(&trace);
@@ -430,14 +423,7 @@ fn call_case(a64: bool, opt: &str) {
     let meta = metadata(&traced);
     let n = "200";
     let recs = if a64 {
-        let t = traced.to_str().unwrap();
-        tracer_record_with(
-            &["--user", "--binary", t],
-            &trace,
-            Path::new("qemu-aarch64"),
-            &["-L", SYSROOT, t, n],
-            &[],
-        );
+        tracer_record_qemu(&trace, &traced, &[n]);
         dump(&trace)
     } else {
         tracer_record(&trace, &traced, &[n], &[]);
@@ -538,14 +524,7 @@ fn value_case(a64: bool) {
     let meta = metadata(&traced);
     let n = "50";
     let recs = if a64 {
-        let t = traced.to_str().unwrap();
-        tracer_record_with(
-            &["--user", "--binary", t],
-            &trace,
-            Path::new("qemu-aarch64"),
-            &["-L", SYSROOT, t, n],
-            &[],
-        );
+        tracer_record_qemu(&trace, &traced, &[n]);
         dump(&trace)
     } else {
         tracer_record(&trace, &traced, &[n], &[]);

@@ -10,105 +10,12 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 
+use tests::site_checks::{check_usdt_events, usdt_events};
 use tests::*;
-use tracer_common::meta::{Metadata, SiteKind, SiteMode};
-use tracer_common::{FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE};
+use tracer_common::meta::SiteMode;
 
 const SYSROOT: &str = "/usr/aarch64-linux-gnu";
 const COUNTS: [&str; 3] = ["4", "6", "5"];
-
-/// One probe event: its name and arguments (value/aux of its records, in order).
-#[derive(Debug)]
-struct Event {
-    probe: String,
-    args: Vec<u64>,
-    inline: bool,
-}
-
-fn events(recs: &[Rec], meta: &Metadata) -> Vec<Event> {
-    let mut out: Vec<Event> = Vec::new();
-    for r in recs {
-        let site = &meta.sites[r.site as usize];
-        assert_eq!(site.kind, SiteKind::Usdt, "{r:?}");
-        if r.flags & FLAG_USDT_MORE != 0 {
-            let e = out
-                .last_mut()
-                .expect("an argument record with no probe record before it");
-            assert_eq!(
-                e.probe, site.name,
-                "argument record of another probe: {r:?}"
-            );
-            let k = (r.flags >> FLAG_USDT_INDEX_SHIFT) as usize;
-            assert_eq!(
-                e.args.len(),
-                2 * (k + 1),
-                "argument record out of order: {r:?}"
-            );
-            e.args.extend([r.value, r.aux]);
-        } else {
-            out.push(Event {
-                probe: site.name.clone(),
-                args: vec![r.value, r.aux],
-                inline: site.mode == SiteMode::Inline,
-            });
-        }
-    }
-    for e in &mut out {
-        let n = meta.sites.iter().find(|s| s.name == e.probe).unwrap().nargs as usize;
-        if e.inline {
-            assert!(e.args.len() >= n, "{e:?}: {n} arguments expected");
-        }
-        e.args.truncate(n);
-    }
-    out
-}
-
-/// The events the fixture's stdout announces (each probe prints its values first).
-fn expected(stdout: &str) -> Vec<(String, Vec<i64>)> {
-    let mut ptr_base = None;
-    stdout
-        .lines()
-        .map(|l| {
-            let mut w = l.split_whitespace();
-            let name = w.next().unwrap().to_string();
-            let mut v: Vec<i64> = w.map(|x| x.parse().unwrap()).collect();
-            if name == "ptr3" {
-                // A pointer printed as its offset from g_table: keep offsets.
-                ptr_base.get_or_insert(0);
-            }
-            if name == "start" {
-                v.clear();
-            }
-            (format!("fx:{name}"), v)
-        })
-        .collect()
-}
-
-fn check(what: &str, evs: &[Event], stdout: &str) {
-    let want = expected(stdout);
-    let names: Vec<&str> = evs.iter().map(|e| e.probe.as_str()).collect();
-    let want_names: Vec<&str> = want.iter().map(|(n, _)| n.as_str()).collect();
-    assert_seq_eq(&names, &want_names, &format!("{what}: probe sequence"));
-    let mut ptr0: Option<(u64, i64)> = None;
-    for (e, (name, vals)) in evs.iter().zip(&want) {
-        if !e.inline {
-            continue; // uprobe sites do not compute arguments (yet)
-        }
-        for (i, (&got, &w)) in e.args.iter().zip(vals).enumerate() {
-            if name == "fx:ptr3" && i == 0 {
-                // First argument: a pointer, printed as an offset from g_table.
-                let (p0, o0) = *ptr0.get_or_insert((got, w));
-                assert_eq!(
-                    got.wrapping_sub(p0) as i64,
-                    w - o0,
-                    "{what}: {name} pointer"
-                );
-                continue;
-            }
-            assert_eq!(got as i64, w, "{what}: {name} argument {}: {e:?}", i + 1);
-        }
-    }
-}
 
 fn x86_case(cc: &str, opt: &str) {
     let what = format!("usdt x86-64 {cc} {opt}");
@@ -159,8 +66,8 @@ fn x86_case(cc: &str, opt: &str) {
     let rep = report(&trace);
     assert_eq!(rep.dropped, 0);
     check_report_matches_dump(&rep, &recs);
-    let evs = events(&recs, &meta);
-    check(&what, &evs, &text);
+    let evs = usdt_events(&recs, &meta);
+    check_usdt_events(&what, &evs, &text);
     let inline = meta
         .sites
         .iter()
@@ -242,20 +149,11 @@ fn a64_case(opt: &str) {
     };
     let want = q(&orig).ok();
     assert_same_behaviour(&what, &q(&traced), &want);
-    let t = traced.to_str().unwrap();
-    let mut qargs = vec!["-L", SYSROOT, t];
-    qargs.extend(COUNTS);
-    let got = tracer_record_with(
-        &["--user", "--binary", t],
-        &trace,
-        Path::new("qemu-aarch64"),
-        &qargs,
-        &[],
-    );
+    let got = tracer_record_qemu(&trace, &traced, &COUNTS);
     assert_same_behaviour(&what, &without_tracer_lines(&got), &want);
     let recs = dump(&trace);
-    let evs = events(&recs, &meta);
-    check(&what, &evs, &want.stdout_str());
+    let evs = usdt_events(&recs, &meta);
+    check_usdt_events(&what, &evs, &want.stdout_str());
     let per: HashMap<&str, usize> = evs.iter().fold(HashMap::new(), |mut m, e| {
         *m.entry(e.probe.as_str()).or_default() += 1;
         m

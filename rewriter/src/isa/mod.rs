@@ -51,6 +51,11 @@ pub struct PlacedSite {
     pub flags: u32,
     /// USDT: the probe's arguments.
     pub args: Vec<Arg>,
+    /// x86-64 entry/exit: the function never writes RFLAGS (resp. %r11) itself and
+    /// calls nothing, so a caller compiled with interprocedural register allocation
+    /// (gcc -fipa-ra) may keep a value there across the call: the stub saves it.
+    pub keep_flags: bool,
+    pub keep_r11: bool,
 }
 
 /// A range of original code moved into one trampoline: the branch to the trampoline
@@ -99,6 +104,9 @@ pub struct Candidate {
     pub at: u64,
     pub signed_lr: bool,
     pub flags: u32,
+    /// See `PlacedSite::keep_flags` / `keep_r11`.
+    pub keep_flags: bool,
+    pub keep_r11: bool,
     pub window: Result<(u64, usize, usize), String>,
 }
 
@@ -109,6 +117,8 @@ impl Candidate {
             at,
             signed_lr: false,
             flags: 0,
+            keep_flags: false,
+            keep_r11: false,
             window: Err(why),
         }
     }
@@ -152,6 +162,8 @@ pub fn merge_windows(
             signed_lr: c.signed_lr,
             flags: c.flags,
             args: c.req.args,
+            keep_flags: c.keep_flags,
+            keep_r11: c.keep_r11,
         };
         match windows
             .iter_mut()

@@ -222,6 +222,9 @@ impl Isa for Aarch64 {
                     at,
                     signed_lr,
                     flags,
+                    // The AArch64 stub never writes NZCV and saves what it uses.
+                    keep_flags: false,
+                    keep_r11: false,
                     window: Ok((at, INSN, INSN)),
                 }
             })

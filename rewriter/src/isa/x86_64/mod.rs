@@ -402,6 +402,30 @@ impl Isa for X86_64 {
         let next = targets.partition_point(|&t| t < end);
         let limit = targets.get(next).copied().unwrap_or(u64::MAX);
         let pad = padding_after(input, end, limit);
+        // gcc's interprocedural register allocation (-fipa-ra, on at -O2) lets a caller
+        // keep a value in a call-clobbered register across a call to a function known
+        // not to write it: the stubs of this function's entry and exits may then only
+        // clobber RFLAGS and %r11 if the function itself writes them or calls out.
+        let (keep_flags, keep_r11) = {
+            let calls = insns.iter().any(|i| {
+                matches!(
+                    i.flow_control(),
+                    FlowControl::Call | FlowControl::IndirectCall
+                )
+            });
+            let mut factory = iced_x86::InstructionInfoFactory::new();
+            let writes_r11 = insns.iter().any(|i| {
+                factory.info(i).used_registers().iter().any(|u| {
+                    u.register().full_register() == Register::R11
+                        && !matches!(
+                            u.access(),
+                            iced_x86::OpAccess::Read | iced_x86::OpAccess::CondRead
+                        )
+                })
+            });
+            let writes_flags = insns.iter().any(|i| i.rflags_modified() != 0);
+            (!(calls || writes_flags), !(calls || writes_r11))
+        };
         let mut cands = Vec::new();
         for r in reqs {
             let at = match r.kind {
@@ -461,6 +485,8 @@ impl Isa for X86_64 {
                         at,
                         signed_lr: false,
                         flags,
+                        keep_flags,
+                        keep_r11,
                         // Shorter than a jmp only when the padding after the function
                         // makes up the rest.
                         window: Ok((start, code_len.max(JMP_LEN), code_len)),
@@ -470,6 +496,8 @@ impl Isa for X86_64 {
                 // neighbour's window.
                 Err(why) => Candidate {
                     flags,
+                    keep_flags,
+                    keep_r11,
                     ..Candidate::uprobe(r, at, why)
                 },
             };

@@ -1,7 +1,7 @@
 //! The inline stubs of function entries and exits, and the trampoline of a window.
 //!
 //! ```text
-//!   lea   -128(%rsp),%rsp          ; below the red zone
+//!   [lea -128(%rsp),%rsp]          ; below the red zone (sites inside a function)
 //!   push  %rcx,%rsi[,%rax,%rdx]    ; %rax/%rdx only when the stub reads the TSC
 //! retry:
 //!   mov   %fs:0,%r11               ; thread pointer
@@ -20,7 +20,7 @@
 //!   decq  56(%rsi)
 //!   add   $32,%r11 ; cmp 16(%rsi),%r11 ; jae full
 //! out:
-//!   pop   ... ; lea 128(%rsp),%rsp
+//!   pop   ... ; [lea 128(%rsp),%rsp]
 //! miss:
 //!   [push %rax,%rdx] call register [pop] ; test %rcx,%rcx ; jz out ; jmp retry
 //! full:
@@ -30,8 +30,9 @@
 //! Entries and exits sit where the psABI makes RFLAGS and %r11 dead (a function's
 //! first instruction, a `ret`, a direct tail-call `jmp`: status flags are not preserved
 //! across calls and %r11 is a scratch register that carries nothing in or out), so the
-//! stub uses and clobbers them freely (an indirect tail call may jump through %r11:
-//! saved there). That is what makes it cheap: no flag save, no
+//! stub uses and clobbers them freely — unless the function never writes them itself
+//! and calls nothing (then gcc's -fipa-ra may have let its callers keep values there:
+//! `PlacedSite::keep_flags`/`keep_r11`), or an indirect tail call jumps through %r11. That is what makes it cheap: no flag save, no
 //! `%r11` save; with coarse timestamps only two registers are saved.
 
 use iced_x86::code_asm::*;
@@ -210,6 +211,7 @@ fn emit_stub(
     // indirect call's target, a chosen value): that needs the live-site frame.
     let live = sites.iter().any(|s| {
         !s.args.is_empty()
+            || s.keep_flags
             || matches!(
                 s.kind,
                 SiteKind::Block | SiteKind::Memory | SiteKind::Usdt | SiteKind::Call
@@ -237,8 +239,14 @@ fn emit_stub(
     let nrec: i32 = per.iter().sum();
 
     // Bytes between the stub's %rsp and the original %rsp.
-    let mut depth = 128;
-    a.lea(rsp, ptr(rsp - 128))?;
+    // Below the red zone, which a leaf function may be using. Entries and exits need
+    // not: only a function that makes no call has a red zone, so at an entry nobody
+    // does (the caller just called), and at a return or tail call it is dead.
+    let red_zone = if live { 128 } else { 0 };
+    let mut depth = red_zone;
+    if red_zone > 0 {
+        a.lea(rsp, ptr(rsp - red_zone))?;
+    }
     let mut ea_depth = 0;
     if live {
         a.push(rax)?;
@@ -267,7 +275,8 @@ fn emit_stub(
     // rdtsc writes %rax/%rdx; %rax is already saved at a live site.
     let mut saved: Vec<AsmRegister64> = vec![rcx, rsi];
     // %r11 also carries the target of an indirect tail call (`jmp *%r11`, retpolines).
-    if live || ins.flow_control() == FlowControl::IndirectBranch {
+    if live || sites.iter().any(|s| s.keep_r11) || ins.flow_control() == FlowControl::IndirectBranch
+    {
         saved.push(r11);
     }
     if tsc {
@@ -428,7 +437,9 @@ fn emit_stub(
         a.sahf()?;
         a.pop(rax)?;
     }
-    a.lea(rsp, ptr(rsp + 128))?;
+    if red_zone > 0 {
+        a.lea(rsp, ptr(rsp + red_zone))?;
+    }
     // register and flush clobber %rax %rcx %rdx %rsi %r11 (and flags): keep what the
     // fast path did not save itself.
     let wrap = [rax, rdx]
