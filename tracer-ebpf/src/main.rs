@@ -364,14 +364,16 @@ pub fn thread_exit(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// The thread calling exit_group drains (and resets) its own slots while its memory is
-/// still mapped: before Linux 6.16 `sched_process_exit` fires after `exit_mm`, too late
-/// to read user memory, so `task_exit` alone would lose what the buffers hold.
+/// The thread calling exit_group (or execve) drains (and resets) its own slots while
+/// its memory is still mapped: before Linux 6.16 `sched_process_exit` fires after
+/// `exit_mm`, too late to read user memory, so `task_exit` alone would lose what the
+/// buffers hold. Circular buffers are delivered too (an exec that fails leaves the
+/// process running: trace buffers go on from where this drain stopped).
 #[tracepoint]
 pub fn group_exit(ctx: TracePointContext) -> u32 {
     let pid_tid = bpf_get_current_pid_tgid();
     if is_target((pid_tid >> 32) as u32) {
-        let r = drain_exiting(pid_tid, CAUSE_THREAD_EXIT, AFTER_RESET);
+        let r = drain_exiting(pid_tid, CAUSE_THREAD_EXIT, AFTER_SIGNAL);
         if r < 0 {
             error!(&ctx, "group_exit: drain failed: {}", r);
         }

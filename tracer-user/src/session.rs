@@ -59,9 +59,13 @@ use crate::{
 /// The eBPF object built by build.rs.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
 
-const TRACEPOINTS: [(&str, &str, &str); 5] = [
+const TRACEPOINTS: [(&str, &str, &str); 7] = [
     (PROG_THREAD_EXIT, "syscalls", "sys_enter_exit"),
     (PROG_GROUP_EXIT, "syscalls", "sys_enter_exit_group"),
+    // exec replaces the image the buffers live in: the thread calling it drains them
+    // first (its other threads are killed: `killed`).
+    (PROG_GROUP_EXIT, "syscalls", "sys_enter_execve"),
+    (PROG_GROUP_EXIT, "syscalls", "sys_enter_execveat"),
     (PROG_KILLED, "signal", "signal_deliver"),
     (PROG_TASK_EXIT, "sched", "sched_process_exit"),
     (PROG_FORK, "sched", "sched_process_fork"),
@@ -448,8 +452,10 @@ fn attach(ebpf: &mut Ebpf, list: &[&Instrumented], sets: &[(u64, OperandSet)]) -
             .program_mut(name)
             .with_context(|| format!("no program {name} in the eBPF object"))?
             .try_into()?;
-        tp.load()
-            .with_context(|| format!("the kernel rejected program {name}"))?;
+        if tp.fd().is_err() {
+            tp.load()
+                .with_context(|| format!("the kernel rejected program {name}"))?;
+        }
         tp.attach(category, event)
             .with_context(|| format!("cannot attach {name} to {category}:{event}"))?;
     }
@@ -465,7 +471,10 @@ fn detach(ebpf: &mut Ebpf) {
             log::warn!("cannot detach {name}: {e}");
         }
     }
-    for (name, _, _) in TRACEPOINTS {
+    // One program may sit on several tracepoints: unload each once.
+    let mut names: Vec<&str> = TRACEPOINTS.iter().map(|t| t.0).collect();
+    names.dedup();
+    for name in names {
         if let Some(Ok(p)) = ebpf.program_mut(name).map(<&mut TracePoint>::try_from)
             && let Err(e) = p.unload()
         {

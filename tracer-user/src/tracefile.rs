@@ -235,8 +235,17 @@ impl Writer {
         tmp_name.push(name);
         tmp_name.push(format!(".{}.tmp", std::process::id()));
         let tmp = dest.with_file_name(tmp_name);
-        let file =
-            File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+        // 0600: a trace holds arguments, return values and memory addresses of the
+        // traced programs. create_new: never write through a planted file or link.
+        let file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)
+        }
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
         let mut w = Writer {
             out: BufWriter::with_capacity(1 << 20, file),
             tmp,

@@ -51,9 +51,9 @@ pub struct PlacedSite {
     pub flags: u32,
     /// USDT: the probe's arguments.
     pub args: Vec<Arg>,
-    /// x86-64 entry/exit: the function never writes RFLAGS (resp. %r11) itself and
-    /// calls nothing, so a caller compiled with interprocedural register allocation
-    /// (gcc -fipa-ra) may keep a value there across the call: the stub saves it.
+    /// x86-64 entry/exit: the function never writes RFLAGS (resp. %r11) itself, so a
+    /// caller compiled with interprocedural register allocation (gcc -fipa-ra) may keep
+    /// a value there across the call: the stub saves it.
     pub keep_flags: bool,
     pub keep_r11: bool,
 }

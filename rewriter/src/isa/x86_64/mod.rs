@@ -404,15 +404,10 @@ impl Isa for X86_64 {
         let pad = padding_after(input, end, limit);
         // gcc's interprocedural register allocation (-fipa-ra, on at -O2) lets a caller
         // keep a value in a call-clobbered register across a call to a function known
-        // not to write it: the stubs of this function's entry and exits may then only
-        // clobber RFLAGS and %r11 if the function itself writes them or calls out.
+        // not to write it, directly or through its own callees: the stubs of this
+        // function's entry and exits may only clobber RFLAGS and %r11 if the function
+        // itself writes them (then no caller can count on them).
         let (keep_flags, keep_r11) = {
-            let calls = insns.iter().any(|i| {
-                matches!(
-                    i.flow_control(),
-                    FlowControl::Call | FlowControl::IndirectCall
-                )
-            });
             let mut factory = iced_x86::InstructionInfoFactory::new();
             let writes_r11 = insns.iter().any(|i| {
                 factory.info(i).used_registers().iter().any(|u| {
@@ -424,7 +419,7 @@ impl Isa for X86_64 {
                 })
             });
             let writes_flags = insns.iter().any(|i| i.rflags_modified() != 0);
-            (!(calls || writes_flags), !(calls || writes_r11))
+            (!writes_flags, !writes_r11)
         };
         let mut cands = Vec::new();
         for r in reqs {

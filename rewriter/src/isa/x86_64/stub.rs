@@ -31,7 +31,7 @@
 //! first instruction, a `ret`, a direct tail-call `jmp`: status flags are not preserved
 //! across calls and %r11 is a scratch register that carries nothing in or out), so the
 //! stub uses and clobbers them freely — unless the function never writes them itself
-//! and calls nothing (then gcc's -fipa-ra may have let its callers keep values there:
+//! (then gcc's -fipa-ra may have let its callers keep values there across the call:
 //! `PlacedSite::keep_flags`/`keep_r11`), or an indirect tail call jumps through %r11. That is what makes it cheap: no flag save, no
 //! `%r11` save; with coarse timestamps only two registers are saved.
 
