@@ -15,7 +15,7 @@ use tracer_common::{
     STAT_RECORDS_DELIVERED, STAT_RECORDS_DROPPED, ebpf::MAX_DRAIN_BYTES,
 };
 
-use crate::maps::{EVENTS, next_seq, stat_add, wakeup_flags};
+use crate::maps::{EVENTS, next_seq, stat_add};
 
 /// `drain` error: `[start, cur)` is not a valid span of records.
 pub const E_BAD_SPAN: i64 = -2000;
@@ -178,6 +178,6 @@ fn emit<const RECORDS: usize>(c: &DrainCtx, first: u64, count: u64) -> Emit {
         entry.discard(0);
         return Emit::ReadFailed;
     }
-    entry.submit(wakeup_flags());
+    entry.submit(0);
     Emit::Delivered
 }

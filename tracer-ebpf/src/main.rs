@@ -260,7 +260,7 @@ fn emit<const N: usize>(ctx: &ProbeContext, ev: &Event, set: Option<*const Opera
             fill::<N>(ctx, s, &raw mut (*p).records, ev.tp);
         }
     }
-    entry.submit(maps::wakeup_flags());
+    entry.submit(0);
     stat_add(STAT_RECORDS_DELIVERED, nrec as u64);
     stat_add(STAT_CHUNKS, 1);
 }

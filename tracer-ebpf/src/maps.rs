@@ -140,23 +140,3 @@ pub fn remember_rw_base(tgid: u32, rw_base: u64) -> i64 {
     }
     E_TABLE_FULL
 }
-
-/// `bpf_ringbuf_submit` flags: wake the consumer only when the ring is a quarter full
-/// (it also polls every 50 ms). A wakeup per entry would cost the traced thread far
-/// more than the entry itself (uprobe sites submit one record at a time).
-#[inline(always)]
-pub fn wakeup_flags() -> u64 {
-    const BPF_RB_NO_WAKEUP: u64 = 1;
-    const BPF_RB_FORCE_WAKEUP: u64 = 2;
-    const BPF_RB_AVAIL_DATA: u64 = 0;
-    const BPF_RB_RING_SIZE: u64 = 1;
-    let (avail, size) = (
-        EVENTS.query(BPF_RB_AVAIL_DATA),
-        EVENTS.query(BPF_RB_RING_SIZE),
-    );
-    if avail.saturating_mul(4) >= size {
-        BPF_RB_FORCE_WAKEUP
-    } else {
-        BPF_RB_NO_WAKEUP
-    }
-}
