@@ -1118,7 +1118,9 @@ pub fn functions_for_tracing(
     budget: usize,
 ) -> (Vec<String>, usize) {
     let mut uprobes: HashMap<&str, usize> = HashMap::new();
-    for s in &meta.sites {
+    // Functions with a symbol only: `sub_<address>` ranges (.eh_frame functions of a
+    // stripped library) hold hot internals that would flood the ring buffer.
+    for s in meta.sites.iter().filter(|s| !s.name.starts_with("sub_")) {
         *uprobes.entry(&s.name).or_default() += usize::from(s.mode == SiteMode::Uprobe);
     }
     let mut names: Vec<&str> = uprobes
