@@ -125,12 +125,7 @@ fn a64_case(kind: &str, crash: bool) {
         "circular AArch64 {kind} {}",
         if crash { "segv" } else { "exit" }
     );
-    if Command::new("qemu-aarch64")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("SKIP {what}: qemu-aarch64 not installed");
+    if !have_qemu_aarch64(&what) {
         return;
     }
     let tmp = TempDir::new(&format!("ring-a64-{kind}{crash}"));

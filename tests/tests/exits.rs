@@ -246,12 +246,7 @@ fn clang_o0_coarse() {
 
 fn a64_case(opt: &str, time: &str) {
     let what = format!("exits AArch64 gcc {opt} --time {time}");
-    if Command::new("qemu-aarch64")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("SKIP {what}: qemu-aarch64 not installed");
+    if !have_qemu_aarch64(&what) {
         return;
     }
     let tmp = TempDir::new(&format!("exits-a64{opt}{time}"));
@@ -397,13 +392,7 @@ fn spec_file() {
 /// the call's.
 fn call_case(a64: bool, opt: &str) {
     let what = format!("calls {} gcc {opt}", if a64 { "AArch64" } else { "x86-64" });
-    if a64
-        && Command::new("qemu-aarch64")
-            .arg("--version")
-            .output()
-            .is_err()
-    {
-        eprintln!("SKIP {what}: qemu-aarch64 not installed");
+    if a64 && !have_qemu_aarch64(&what) {
         return;
     }
     let tmp = TempDir::new(&format!("calls-{a64}{opt}"));
@@ -493,13 +482,7 @@ fn calls_aarch64_o2() {
 /// (x86-64 `8@(%rsp)`, AArch64 `x30`), which the entry records as its aux.
 fn value_case(a64: bool) {
     let what = format!("values {}", if a64 { "AArch64" } else { "x86-64" });
-    if a64
-        && Command::new("qemu-aarch64")
-            .arg("--version")
-            .output()
-            .is_err()
-    {
-        eprintln!("SKIP {what}: qemu-aarch64 not installed");
+    if a64 && !have_qemu_aarch64(&what) {
         return;
     }
     let tmp = TempDir::new(&format!("values-{a64}"));

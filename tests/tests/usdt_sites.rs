@@ -97,12 +97,7 @@ fn clang_o2() {
 
 fn a64_case(opt: &str) {
     let what = format!("usdt AArch64 gcc {opt}");
-    if Command::new("qemu-aarch64")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("SKIP {what}: qemu-aarch64 not installed");
+    if !have_qemu_aarch64(&what) {
         return;
     }
     let tmp = TempDir::new(&format!("usdt-a64{opt}"));
