@@ -70,6 +70,27 @@ pub fn rewrite(name: &str, data: &[u8], opts: &Options) -> Result<(Vec<u8>, Repo
     output::build(&input, isa, opts)
 }
 
+/// The metadata (`.note.utrace` section contents) describing an UNTOUCHED binary for
+/// tracing by uprobes only: the sites of `opts` (functions, kinds) as uprobe sites with
+/// their operand sets, at the file offsets of the original (a rewrite with every site a
+/// uprobe changes none of the original bytes). The binary itself is not written: the
+/// tracer attaches its uprobe fallback to the original file, so one session can mix
+/// rewritten and untouched programs. The metadata's flush and semaphore anchors point
+/// into code the original does not have; users must not attach there.
+pub fn uprobe_metadata(name: &str, data: &[u8], opts: &Options) -> Result<Vec<u8>> {
+    let opts = Options {
+        force_uprobe: true,
+        ..opts.clone()
+    };
+    let (bytes, _) = rewrite(name, data, &opts)?;
+    let bad = |why: String| Error::Layout(name.into(), why);
+    let file = object::File::parse(&*bytes).map_err(|e| bad(e.to_string()))?;
+    let section = object::Object::section_by_name(&file, tracer_common::meta::META_SECTION)
+        .ok_or_else(|| bad("no metadata section in the output".into()))?;
+    let note = object::ObjectSection::data(&section).map_err(|e| bad(e.to_string()))?;
+    Ok(note.to_vec())
+}
+
 /// Rewrite `input` into `output` atomically (temp file + rename), with the input's
 /// permission bits. The input is only read.
 pub fn rewrite_file(input: &Path, output: &Path, opts: &Options) -> Result<Report> {

@@ -22,6 +22,14 @@ pub const CHUNK_KIND_UPROBE: u32 = 2;
 /// trace files.
 pub const CHUNK_KIND_SLOT: u32 = 3;
 
+/// The thread's name (`comm`) changed or was not sent yet: `count` = 0, the header is
+/// followed by the 16 bytes of `comm` (NUL-padded). Sent before the records of a drain.
+pub const CHUNK_KIND_COMM: u32 = 4;
+/// Not written to trace files: a process mapped an executable file (`pid`; `tid`
+/// = the thread) or exec'd (`cause` = `CAUSE_EXEC`): the tracer looks for instrumented
+/// binaries it does not trace yet (system-wide sessions, `dlopen`).
+pub const CHUNK_KIND_MAPPED: u32 = 5;
+
 /// Why a drain happened (`ChunkHeader::cause`).
 pub const CAUSE_FULL: u32 = 1;
 pub const CAUSE_THREAD_EXIT: u32 = 2;
@@ -30,6 +38,8 @@ pub const CAUSE_UPROBE_SITE: u32 = 4;
 pub const CAUSE_REGISTER: u32 = 5;
 /// The thread took a crash signal (SIGSEGV, SIGABRT, ...).
 pub const CAUSE_CRASH: u32 = 6;
+/// `CHUNK_KIND_MAPPED`: the process exec'd (else: it mmap'ed an executable file).
+pub const CAUSE_EXEC: u32 = 7;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -66,4 +76,9 @@ pub const STAT_CHUNKS: u32 = 2;
 pub const STAT_READ_ERRORS: u32 = 3;
 /// Records skipped because an earlier drain already delivered them.
 pub const STAT_RECORDS_SKIPPED: u32 = 4;
+/// Records a filter (`filter::FilterConfig`) did not keep.
+pub const STAT_RECORDS_FILTERED: u32 = 6;
+/// Records taken out of buffers (or emitted at uprobe sites): each one is then
+/// delivered, filtered or dropped (also when its buffer could not be read).
+pub const STAT_RECORDS_PRODUCED: u32 = 7;
 pub const STAT_COUNT: u32 = 8;

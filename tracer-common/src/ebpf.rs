@@ -6,6 +6,15 @@
 
 /// Uprobe on the injected flush function (drains a full buffer, learns rw_bases).
 pub const PROG_FLUSH: &str = "flush";
+/// The same as [`PROG_FLUSH`], sleepable: a buffer page that is not resident (swapped
+/// out, never touched) is faulted in with `bpf_copy_from_user` where the plain read
+/// fails. Used when the kernel accepts it.
+pub const PROG_FLUSH_SLEEPABLE: &str = "flush_s";
+/// Tracepoint `sched:sched_process_exec`: tells the tracer a process exec'd
+/// (`CHUNK_KIND_MAPPED`), for system-wide sessions.
+pub const PROG_EXEC: &str = "exec";
+/// Tracepoint `syscalls:sys_enter_mmap` with `PROT_EXEC` and a file: tells the tracer a traced process maps code (`dlopen`), `CHUNK_KIND_MAPPED`.
+pub const PROG_MMAP: &str = "mmap";
 /// Uprobe on an unpatchable site (cookie = [`site_cookie`]).
 pub const PROG_SITE: &str = "site";
 /// Tracepoint `syscalls:sys_enter_exit`: drain and release the exiting thread's slots.
@@ -21,6 +30,14 @@ pub const PROG_GROUP_EXIT: &str = "group_exit";
 /// Tracepoint `signal:signal_deliver`: a thread taking SIGKILL (killed, or zapped by
 /// another thread's exit_group) drains its slots before `do_exit`, for the same reason.
 pub const PROG_KILLED: &str = "killed";
+
+/// Tracepoint program reached only by tail calls (`MAP_EXIT_STEPS`): one step of an
+/// exit drain.
+pub const PROG_EXIT_STEP: &str = "exit_step";
+/// `ProgramArray`, entry 0 = `exit_step`.
+pub const MAP_EXIT_STEPS: &str = "EXIT_STEPS";
+/// Exit drains in progress at once (threads exiting at the same time).
+pub const MAX_EXIT_WORK: u32 = 4096;
 
 /// Ring buffer of chunks (`ChunkHeader` + records).
 pub const MAP_EVENTS: &str = "EVENTS";
@@ -44,6 +61,19 @@ pub const MAP_OPERANDS: &str = "OPERANDS";
 /// `LruHashMap<[u64; 2] = [tgid, slot address], u64>`: how far a slot's buffer was
 /// delivered, used when the kernel forbids `bpf_probe_write_user` (lockdown).
 pub const MAP_DRAINED: &str = "DRAINED";
+
+/// `Array<FilterConfig>`, 2 entries: the filter configurations (see `filter`).
+pub const MAP_FILTER: &str = "FILTER";
+/// `Array<u32>`, 1 entry: which `FILTER` entry is in force.
+pub const MAP_FILTER_ACTIVE: &str = "FILTER_ACTIVE";
+/// `HashMap<u64 = filter::id_key(..), u8>`: pids and tids that pass.
+pub const MAP_FILTER_IDS: &str = "FILTER_IDS";
+/// `HashMap<[u64; 2] = filter::site_key(..), u64>`: site sets, 64 sites per entry.
+pub const MAP_FILTER_SITES: &str = "FILTER_SITES";
+/// Entries of `FILTER_IDS`.
+pub const MAX_FILTER_IDS: u32 = 4096;
+/// Entries of `FILTER_SITES` by default (both generations; 64 sites each).
+pub const DEFAULT_FILTER_SITE_WORDS: u32 = 1 << 16;
 
 /// Instrumented binaries per process that the eBPF side can track.
 pub const TABLE_BINARIES: usize = 8;

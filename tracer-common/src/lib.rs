@@ -8,6 +8,7 @@
 
 pub mod chunk;
 pub mod ebpf;
+pub mod filter;
 pub mod layout;
 #[cfg(feature = "std")]
 pub mod meta;

@@ -2,20 +2,39 @@
 //!
 //! A buffer holds up to thousands of records, more than the verifier accepts in a
 //! plain loop, so the copy runs under `bpf_loop`, one ring-buffer entry of up to
-//! CHUNK_RECORDS records per iteration, read with `bpf_probe_read_user` straight into
-//! the reservation. Entries are reserved in three sizes (room for 4, 16 or
-//! CHUNK_RECORDS records; `count` says how many are valid), so that the many small
-//! drains do not take 4 KiB of ring buffer each.
+//! CHUNK_RECORDS records per iteration. Unfiltered, a chunk is read with
+//! `bpf_probe_read_user` straight into the reservation; entries are reserved in three
+//! sizes (room for 4, 16 or CHUNK_RECORDS records; `count` says how many are valid),
+//! so that the many small drains do not take 4 KiB of ring buffer each. With
+//! per-record filters a chunk is read into a per-CPU scratch entry, compacted there
+//! (one `bpf_loop` step per record) and written with `bpf_ringbuf_output` at its
+//! exact size.
+//!
+//! Books: every record taken out of a buffer is counted produced, then delivered,
+//! filtered or dropped (no room in the ring buffer, or its chunk could not be read).
+//!
+//! `S` = the program is sleepable: where the plain read fails (a page that is not
+//! resident), `bpf_copy_from_user` faults it in. Non-sleepable programs get a copy of
+//! this code without that helper (the verifier refuses it there).
 
 use core::ffi::c_void;
 
-use aya_ebpf::helpers::generated::{bpf_ktime_get_ns, bpf_loop, bpf_probe_read_user};
+use aya_ebpf::helpers::generated::{
+    bpf_copy_from_user, bpf_ktime_get_ns, bpf_loop, bpf_probe_read_user,
+};
 use tracer_common::{
-    CHUNK_KIND_RECORDS, CHUNK_RECORDS, ChunkHeader, RECORD_SIZE, STAT_CHUNKS, STAT_READ_ERRORS,
-    STAT_RECORDS_DELIVERED, STAT_RECORDS_DROPPED, ebpf::MAX_DRAIN_BYTES,
+    CHUNK_KIND_RECORDS, CHUNK_RECORDS, ChunkHeader, RECORD_SIZE, Record, STAT_CHUNKS,
+    STAT_READ_ERRORS, STAT_RECORDS_DELIVERED, STAT_RECORDS_DROPPED, STAT_RECORDS_FILTERED,
+    STAT_RECORDS_PRODUCED,
+    ebpf::MAX_DRAIN_BYTES,
+    filter::{F_PER_RECORD, FilterConfig},
 };
 
-use crate::maps::{EVENTS, next_seq, stat_add};
+use crate::{
+    atomic,
+    filter::{RecordFilter, active, announce_comm, record_passes, thread_passes},
+    maps::{EVENTS, SCRATCH, next_seq, stat_add},
+};
 
 /// `drain` error: `[start, cur)` is not a valid span of records.
 pub const E_BAD_SPAN: i64 = -2000;
@@ -24,64 +43,131 @@ pub const E_READ: i64 = -2001;
 
 const HDR: usize = core::mem::size_of::<ChunkHeader>();
 
+/// Per-CPU scratch of filtered drains: a chunk (header and records contiguous, as
+/// `bpf_ringbuf_output` takes them), the filter state, and a busy flag (a sleepable
+/// program may be preempted while it holds the scratch).
+#[repr(C)]
+pub struct Scratch {
+    pub header: ChunkHeader,
+    /// The chunk being built from the records that pass.
+    pub records: [Record; CHUNK_RECORDS],
+    /// The records read from the buffer, CHUNK_RECORDS at a time.
+    pub input: [Record; CHUNK_RECORDS],
+    pub filter: RecordFilter,
+    pub kept: u64,
+    pub busy: u64,
+}
+
 /// State shared with the bpf_loop callback (lives on the caller's stack).
 #[repr(C)]
 struct DrainCtx {
-    start: u64,
+    /// First span: `n1` records at `a`; second span: `n - n1` records at `b`.
+    a: u64,
+    b: u64,
+    n1: u64,
     n: u64,
     pid_tid: u64,
     binary_id: u64,
-    cause: u64,
+    cause: u32,
+    /// A chunk could not be read (the rest of the drain is dropped).
+    failed: u32,
     /// The drain's clock sample, the same in all of its chunks.
     time: u64,
     delivered: u64,
     dropped: u64,
     chunks: u64,
-    failed: u64,
 }
 
-/// Copy the records `[from, to)` of the current thread's buffer (of binary
-/// `binary_id`) into `EVENTS`. `pid_tid` is `bpf_get_current_pid_tgid()`. Returns the
-/// number of records delivered, or a negative error (`E_*`). Does not touch the slot.
-/// Plain values, no `Slot`: the exit programs' call chain must stay within the
-/// verifier's 512-byte combined stack.
-#[inline(never)]
-pub fn drain(from: u64, to: u64, binary_id: u64, pid_tid: u64, cause: u32) -> i64 {
-    let (start, cur) = (from, to);
-    if cur < start || (cur - start) % RECORD_SIZE as u64 != 0 || cur - start > MAX_DRAIN_BYTES {
+/// What to drain: the records `[spans[0], spans[1])` then `[spans[2], spans[3])` of
+/// the current thread's buffer (a ring is delivered as its older part, then its newer
+/// part; a trace buffer has an empty second span) of binary `binary_id`. One request,
+/// so that every program has a single call of `drain` to verify.
+#[repr(C)]
+pub struct DrainReq {
+    pub spans: [u64; 4],
+    pub binary_id: u64,
+    /// `bpf_get_current_pid_tgid()`.
+    pub pid_tid: u64,
+    pub cause: u64,
+}
+
+/// Records in `[from, to)`, or None if that is not a valid span.
+#[inline(always)]
+fn span_records(from: u64, to: u64) -> Option<u64> {
+    if to < from || (to - from) % RECORD_SIZE as u64 != 0 || to - from > MAX_DRAIN_BYTES {
+        return None;
+    }
+    Some((to - from) / RECORD_SIZE as u64)
+}
+
+/// Copy the records of `req` into `EVENTS`, through the filters. Returns the number
+/// of records taken (delivered, filtered or dropped), or a negative error (`E_*`).
+/// Does not touch the slot. Plain values, no `Slot`: the exit programs' call chain
+/// must stay within the verifier's 512-byte combined stack: inlined into its one
+/// caller (`slots::drain_slot`), one frame less (Linux 6.1 counts callbacks too).
+#[inline(always)]
+pub fn drain<const S: bool>(req: &DrainReq) -> i64 {
+    let [a0, a1, b0, b1] = req.spans;
+    let (Some(n1), Some(n2)) = (span_records(a0, a1), span_records(b0, b1)) else {
         stat_add(STAT_READ_ERRORS, 1);
         return E_BAD_SPAN;
-    }
-    let n = (cur - start) / RECORD_SIZE as u64;
+    };
+    let n = n1 + n2;
     if n == 0 {
         return 0;
     }
-    let chunks = n.div_ceil(CHUNK_RECORDS as u64);
+    let (binary_id, pid_tid) = (req.binary_id, req.pid_tid);
+    stat_add(STAT_RECORDS_PRODUCED, n);
+    let mut per_record = false;
+    if let Some((cfg, _)) = active() {
+        // SAFETY: a live FILTER value.
+        let cfg = unsafe { &*cfg };
+        if !thread_passes(cfg, pid_tid) {
+            stat_add(STAT_RECORDS_FILTERED, n);
+            return n as i64;
+        }
+        per_record = cfg.flags & F_PER_RECORD != 0;
+    }
+    // SAFETY: no preconditions.
+    let time = unsafe { bpf_ktime_get_ns() };
+    announce_comm(pid_tid, binary_id, time);
+    let chunks1 = n1.div_ceil(CHUNK_RECORDS as u64);
+    let chunks = chunks1 + n2.div_ceil(CHUNK_RECORDS as u64);
     let mut c = DrainCtx {
-        start,
+        a: a0,
+        b: b0,
+        n1,
         n,
         pid_tid,
         binary_id,
-        cause: cause as u64,
-        // SAFETY: no preconditions.
-        time: unsafe { bpf_ktime_get_ns() },
+        cause: req.cause as u32,
+        failed: 0,
+        time,
         delivered: 0,
         dropped: 0,
         chunks: 0,
-        failed: 0,
     };
-    // SAFETY: the callback has the signature bpf_loop expects and receives `c`, which
-    // outlives the call.
-    unsafe {
-        bpf_loop(
-            chunks as u32,
-            drain_chunk as *const () as *mut c_void,
-            (&raw mut c).cast(),
-            0,
-        );
+    if per_record {
+        filtered_drain::<S>(&mut c);
+    } else {
+        // SAFETY: the callback has the signature bpf_loop expects and receives `c`,
+        // which outlives the call.
+        unsafe {
+            bpf_loop(
+                chunks as u32,
+                drain_chunk::<S> as *const () as *mut c_void,
+                (&raw mut c).cast(),
+                0,
+            );
+        }
     }
     stat_add(STAT_RECORDS_DELIVERED, c.delivered);
     stat_add(STAT_CHUNKS, c.chunks);
+    // Every record was delivered, dropped (a failed read counts the rest) or filtered.
+    let removed = n - c.delivered - c.dropped;
+    if removed != 0 {
+        stat_add(STAT_RECORDS_FILTERED, removed);
+    }
     if c.dropped != 0 {
         stat_add(STAT_RECORDS_DROPPED, c.dropped);
     }
@@ -89,20 +175,26 @@ pub fn drain(from: u64, to: u64, binary_id: u64, pid_tid: u64, cause: u32) -> i6
         stat_add(STAT_READ_ERRORS, 1);
         return E_READ;
     }
-    c.delivered as i64
+    n as i64
 }
 
 /// One bpf_loop iteration: chunk `index` of the span described by `ctx`.
 /// Returns 0 to go on, 1 to stop.
 #[inline(never)]
-extern "C" fn drain_chunk(index: u64, ctx: *mut c_void) -> i64 {
+extern "C" fn drain_chunk<const S: bool>(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop hands back the DrainCtx pointer that drain() passed in.
     let c = unsafe { &mut *ctx.cast::<DrainCtx>() };
-    let first = index * CHUNK_RECORDS as u64;
-    if first >= c.n {
+    // Computed, not kept: the context lives on a stack the verifier limits.
+    let chunks1 = c.n1.div_ceil(CHUNK_RECORDS as u64);
+    let (base, span_n, first) = if index < chunks1 {
+        (c.a, c.n1, index * CHUNK_RECORDS as u64)
+    } else {
+        (c.b, c.n - c.n1, (index - chunks1) * CHUNK_RECORDS as u64)
+    };
+    if first >= span_n {
         return 1;
     }
-    let left = c.n - first;
+    let left = span_n - first;
     let count = if left > CHUNK_RECORDS as u64 {
         CHUNK_RECORDS as u64
     } else {
@@ -110,24 +202,24 @@ extern "C" fn drain_chunk(index: u64, ctx: *mut c_void) -> i64 {
     };
     // Small drains (uprobe sites, thread exits) get a smaller ring-buffer entry: the
     // reservation size must be a constant, hence a few size classes.
+    let src = base + first * RECORD_SIZE as u64;
     let r = if count <= 4 {
-        emit::<4>(c, first, count)
+        emit::<S, 4>(c, src, count)
     } else if count <= 16 {
-        emit::<16>(c, first, count)
+        emit::<S, 16>(c, src, count)
     } else {
-        emit::<CHUNK_RECORDS>(c, first, count)
+        emit::<S, CHUNK_RECORDS>(c, src, count)
     };
     match r {
-        Emit::Delivered => {
-            c.delivered += count;
-            c.chunks += 1;
-            0
-        }
-        Emit::Dropped => {
-            c.dropped += count;
+        Emit::Done { kept, lost } => {
+            c.delivered += kept;
+            c.dropped += lost;
+            c.chunks += (kept != 0) as u64;
             0
         }
         Emit::ReadFailed => {
+            // This chunk and the ones after it are not delivered.
+            c.dropped += c.n - (if index < chunks1 { 0 } else { c.n1 } + first);
             c.failed = 1;
             1
         }
@@ -135,49 +227,176 @@ extern "C" fn drain_chunk(index: u64, ctx: *mut c_void) -> i64 {
 }
 
 enum Emit {
-    Delivered,
-    Dropped,
+    /// `kept` records delivered, `lost` found no room; the rest were filtered.
+    Done {
+        kept: u64,
+        lost: u64,
+    },
     ReadFailed,
 }
 
-/// Put `count` (1..=RECORDS, RECORDS a power of two) records starting at record `first`
-/// of the span into one ring-buffer entry with room for RECORDS records.
+/// `count` in [1, max] (a power of two) in a form the verifier can bound: the
+/// volatile read keeps LLVM from proving the mask redundant (it knows the caller's
+/// `count <= max`) and dropping it; older verifiers (Linux 6.1) do not carry that
+/// comparison over to this register.
 #[inline(always)]
-fn emit<const RECORDS: usize>(c: &DrainCtx, first: u64, count: u64) -> Emit {
+fn bounded(count: u64, max: u64) -> u64 {
+    // SAFETY: reading a local.
+    let count = unsafe { core::ptr::read_volatile(&count) };
+    ((count - 1) & (max - 1)) + 1
+}
+
+/// Read `len` bytes of the traced thread's memory at `src` into `dst`; sleepable
+/// programs fault a missing page in where the plain read fails.
+#[inline(always)]
+fn read_records<const S: bool>(dst: *mut u8, len: u32, src: u64) -> bool {
+    // SAFETY: the caller makes `dst` valid for `len` bytes; the helpers validate src.
+    unsafe {
+        if bpf_probe_read_user(dst.cast(), len, src as *const c_void) == 0 {
+            return true;
+        }
+        S && bpf_copy_from_user(dst.cast(), len, src as *const c_void) == 0
+    }
+}
+
+/// Put `count` (1..=RECORDS, RECORDS a power of two) records at `src` into one
+/// ring-buffer entry with room for RECORDS records.
+#[inline(always)]
+fn emit<const S: bool, const RECORDS: usize>(c: &DrainCtx, src: u64, count: u64) -> Emit {
     // Taken before the reservation: a chunk lost to a full ring buffer leaves a gap.
     let seq = next_seq();
     let Some(mut entry) = EVENTS.reserve_bytes(HDR + RECORDS * RECORD_SIZE, 0) else {
-        return Emit::Dropped;
+        return Emit::Done {
+            kept: 0,
+            lost: count,
+        };
     };
     let base = entry.as_mut_ptr();
-    let header = ChunkHeader {
+    let header = header(c, count, seq);
+    // SAFETY: the reservation is at least HDR bytes long and 8-byte aligned.
+    unsafe { base.cast::<ChunkHeader>().write(header) };
+    let len = bounded(count, RECORDS as u64) * RECORD_SIZE as u64;
+    // SAFETY: HDR + len <= the reserved size.
+    if !read_records::<S>(unsafe { base.add(HDR) }, len as u32, src) {
+        entry.discard(0);
+        return Emit::ReadFailed;
+    }
+    entry.submit(0);
+    Emit::Done {
+        kept: count,
+        lost: 0,
+    }
+}
+
+#[inline(always)]
+fn header(c: &DrainCtx, count: u64, seq: u64) -> ChunkHeader {
+    ChunkHeader {
         kind: CHUNK_KIND_RECORDS,
         count: count as u32,
         pid: (c.pid_tid >> 32) as u32,
         tid: c.pid_tid as u32,
         seq,
         binary_id: c.binary_id,
-        cause: c.cause as u32,
+        cause: c.cause,
         _pad: 0,
         time: c.time,
-    };
-    // SAFETY: the reservation is at least HDR bytes long and 8-byte aligned.
-    unsafe { base.cast::<ChunkHeader>().write(header) };
-    // count is in [1, RECORDS]; the mask spells that out for the verifier, which must
-    // see that the copy stays inside the reservation. The volatile read keeps LLVM from
-    // proving the mask redundant (it knows the caller's `count <= RECORDS`) and
-    // dropping it: older verifiers (Linux 6.1) do not carry that comparison over to
-    // this register and reject the program.
-    // SAFETY: reading a local.
-    let count = unsafe { core::ptr::read_volatile(&count) };
-    let len = (((count - 1) & (RECORDS as u64 - 1)) + 1) * RECORD_SIZE as u64;
-    let src = c.start + first * RECORD_SIZE as u64;
-    // SAFETY: dst is HDR + len <= the reserved size; the helper validates src.
-    let r = unsafe { bpf_probe_read_user(base.add(HDR).cast(), len as u32, src as *const c_void) };
-    if r != 0 {
-        entry.discard(0);
-        return Emit::ReadFailed;
     }
-    entry.submit(0);
-    Emit::Delivered
+}
+
+/// The filtered drain: one `bpf_loop` step per record (not nested in the chunk loop:
+/// nested callbacks multiply the verifier's work), reading the buffer CHUNK_RECORDS
+/// records at a time into the per-CPU scratch and writing the records that pass as
+/// chunks of their exact size with `bpf_ringbuf_output`. Inlined: one frame less for
+/// the verifier's 512-byte combined stack limit (Linux 6.1 counts callbacks too).
+#[inline(always)]
+fn filtered_drain<const S: bool>(c: &mut DrainCtx) {
+    let Some(s) = SCRATCH.get_ptr_mut(0) else {
+        c.dropped += c.n;
+        return;
+    };
+    // SAFETY: s is this CPU's scratch entry; busy keeps a preempted sleepable
+    // program's drain from being overwritten (this drain's records count as dropped);
+    // cfg is a live FILTER value.
+    unsafe {
+        if atomic::cmpxchg(&raw mut (*s).busy, 0, 1) != 0 {
+            c.dropped += c.n;
+            return;
+        }
+        match active() {
+            Some((cfg, generation)) => {
+                (*s).filter.cfg = *cfg;
+                (*s).filter.generation = generation as u64;
+            }
+            None => (*s).filter.cfg = FilterConfig::default(),
+        }
+        (*s).filter.binary_id = c.binary_id;
+        (*s).filter.word = 0;
+        (*s).kept = 0;
+        bpf_loop(
+            c.n as u32,
+            filter_one::<S> as *const () as *mut c_void,
+            (c as *mut DrainCtx).cast(),
+            0,
+        );
+        (*s).busy = 0;
+    }
+}
+
+/// Record `index` of a filtered drain: read its block of records at the block's
+/// first, keep it if it passes, write the chunk when it is full or the span ends.
+#[inline(never)]
+extern "C" fn filter_one<const S: bool>(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop hands back the DrainCtx pointer that filtered_drain() passed in.
+    let c = unsafe { &mut *ctx.cast::<DrainCtx>() };
+    let Some(s) = SCRATCH.get_ptr_mut(0) else {
+        return 1;
+    };
+    let mask = CHUNK_RECORDS as u64 - 1;
+    // SAFETY: s is this CPU's scratch entry, held by this drain (busy); indices masked.
+    unsafe {
+        // Position in its span: blocks are read per span.
+        let (base, span_n, j) = if index < c.n1 {
+            (c.a, c.n1, index)
+        } else {
+            (c.b, c.n - c.n1, index - c.n1)
+        };
+        if j & mask == 0 {
+            let left = span_n - j;
+            let count = if left > CHUNK_RECORDS as u64 {
+                CHUNK_RECORDS as u64
+            } else {
+                left
+            };
+            let len = bounded(count, CHUNK_RECORDS as u64) * RECORD_SIZE as u64;
+            let src = base + j * RECORD_SIZE as u64;
+            if !read_records::<S>((&raw mut (*s).input).cast(), len as u32, src) {
+                // This block and the ones after it are not delivered, nor the
+                // records kept and not yet written.
+                c.dropped += c.n - index + (*s).kept;
+                (*s).kept = 0;
+                c.failed = 1;
+                return 1;
+            }
+        }
+        let r = (*s).input[(j & mask) as usize];
+        if record_passes(&mut (*s).filter, &r) {
+            let k = (*s).kept;
+            (*s).records[(k & mask) as usize] = r;
+            (*s).kept = k + 1;
+        }
+        let kept = (*s).kept;
+        if kept == CHUNK_RECORDS as u64 || (index + 1 == c.n && kept != 0) {
+            (*s).kept = 0;
+            (*s).header = header(c, kept, next_seq());
+            let size = HDR + (bounded(kept, CHUNK_RECORDS as u64) as usize) * RECORD_SIZE;
+            let bytes = core::slice::from_raw_parts((&raw const (*s).header).cast::<u8>(), size);
+            if EVENTS.output::<[u8]>(bytes, 0).is_ok() {
+                c.delivered += kept;
+                c.chunks += 1;
+            } else {
+                c.dropped += kept;
+            }
+        }
+    }
+    0
 }

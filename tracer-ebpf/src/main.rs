@@ -34,6 +34,7 @@
 mod arch;
 mod atomic;
 mod drain;
+mod filter;
 mod maps;
 mod slots;
 mod tables;
@@ -52,7 +53,8 @@ use aya_log_ebpf::error;
 use tracer_common::{
     CAUSE_CRASH, CAUSE_FULL, CAUSE_REGISTER, CAUSE_TASK_EXIT, CAUSE_THREAD_EXIT, CAUSE_UPROBE_SITE,
     CHUNK_KIND_UPROBE, ChunkHeader, FLAG_KTIME, FLAG_UPROBE, FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE,
-    Record, STAT_CHUNKS, STAT_READ_ERRORS, STAT_RECORDS_DELIVERED, STAT_RECORDS_DROPPED, Slot,
+    Record, STAT_CHUNKS, STAT_READ_ERRORS, STAT_RECORDS_DELIVERED, STAT_RECORDS_DROPPED,
+    STAT_RECORDS_FILTERED, STAT_RECORDS_PRODUCED, Slot,
     ebpf::{
         SEL_BLOCK, SEL_CALL, SEL_EXIT, SEL_MEMORY, SEL_USDT, STAT_TABLE_FULL, cookie_ordinal,
         cookie_selector, operand_key,
@@ -71,23 +73,34 @@ use crate::{
         TABLES, TARGETS, is_target, next_seq, remember_rw_base, stat_add,
     },
     slots::{AFTER_EXIT, AFTER_RELEASE, AFTER_RESET, AFTER_SIGNAL, drain_slot},
-    tables::{drain_exiting, find_binary_slot},
+    tables::{drain_exiting, find_binary_slot, plan_exit_drain, run_exit_drain},
     user::read_user,
 };
 
 #[uprobe]
 pub fn flush(ctx: ProbeContext) -> u32 {
+    flush_impl::<false>(&ctx)
+}
+
+/// `flush` as a sleepable program: non-resident buffer pages are faulted in.
+#[uprobe(sleepable)]
+pub fn flush_s(ctx: ProbeContext) -> u32 {
+    flush_impl::<true>(&ctx)
+}
+
+#[inline(always)]
+fn flush_impl<const S: bool>(ctx: &ProbeContext) -> u32 {
     let pid_tid = bpf_get_current_pid_tgid();
     let tgid = (pid_tid >> 32) as u32;
     if !is_target(tgid) {
         return 0;
     }
-    let slot_addr = arch::slot_arg(&ctx);
+    let slot_addr = arch::slot_arg(ctx);
     let slot = match read_user::<Slot>(slot_addr) {
         Ok(s) => s,
         Err(e) => {
             stat_add(STAT_READ_ERRORS, 1);
-            error!(&ctx, "flush: cannot read slot at {:x}: {}", slot_addr, e);
+            error!(ctx, "flush: cannot read slot at {:x}: {}", slot_addr, e);
             return 0;
         }
     };
@@ -99,7 +112,7 @@ pub fn flush(ctx: ProbeContext) -> u32 {
     let r = remember_rw_base(tgid, slot.rw_base);
     if r == E_BAD_RW {
         error!(
-            &ctx,
+            ctx,
             "flush: slot {:x} names rw_base {:x} without an RW header", slot_addr, slot.rw_base
         );
     } else if r < 0 {
@@ -111,9 +124,9 @@ pub fn flush(ctx: ProbeContext) -> u32 {
     } else {
         CAUSE_FULL
     };
-    let r = drain_slot(slot_addr, slot.rw_base, pid_tid, cause, AFTER_RESET);
+    let r = drain_slot::<S>(slot_addr, slot.rw_base, pid_tid, cause, AFTER_RESET);
     if r < 0 {
-        error!(&ctx, "flush: drain of slot {:x} failed: {}", slot_addr, r);
+        error!(ctx, "flush: drain of slot {:x} failed: {}", slot_addr, r);
     }
     0
 }
@@ -156,20 +169,25 @@ pub fn site(ctx: ProbeContext) -> u32 {
         && tp != 0
         && let Some((rw, slot)) = find_binary_slot(tgid, binary_id, tp)
     {
-        let r = drain_slot(slot, rw, pid_tid, CAUSE_UPROBE_SITE, AFTER_RESET);
+        let r = drain_slot::<false>(slot, rw, pid_tid, CAUSE_UPROBE_SITE, AFTER_RESET);
         if r < 0 {
             error!(&ctx, "site: drain of slot {:x} failed: {}", slot, r);
         }
     }
 
+    site_event(&ctx, pid_tid, cookie, binary_id, tp);
+    0
+}
+
+/// The record of a uprobe site. Its own frame: the event's locals must not sit under
+/// the drain's frames (the verifier's 512-byte combined stack, callbacks included on
+/// Linux 6.1).
+#[inline(never)]
+fn site_event(ctx: &ProbeContext, pid_tid: u64, cookie: u64, binary_id: u64, tp: u64) {
     // Every register is read unconditionally: the verifier refuses a context access
     // through a pointer that depends on the selector.
-    let (arg, ret, pc) = (
-        arch::first_arg(&ctx),
-        arch::return_value(&ctx),
-        arch::pc(&ctx),
-    );
-    let ra = arch::return_address(&ctx);
+    let (arg, ret, pc) = (arch::first_arg(ctx), arch::return_value(ctx), arch::pc(ctx));
+    let ra = arch::return_address(ctx);
     // SAFETY: reading a local; keeps LLVM from turning the choice into a ctx offset.
     let selector = unsafe { core::ptr::read_volatile(&cookie_selector(cookie)) };
     let (value, aux) = match selector {
@@ -199,11 +217,10 @@ pub fn site(ctx: ProbeContext) -> u32 {
     match ops {
         // SAFETY: a live OPERANDS value.
         Some(set) if unsafe { (*set).count } > 2 => {
-            emit::<MAX_OPERAND_RECORDS>(&ctx, &ev, Some(set));
+            emit::<MAX_OPERAND_RECORDS>(ctx, &ev, Some(set));
         }
-        set => emit::<1>(&ctx, &ev, set),
+        set => emit::<1>(ctx, &ev, set),
     }
-    0
 }
 
 /// Reserve room for `N` records, write the event (values from `set` when there is
@@ -215,9 +232,15 @@ fn emit<const N: usize>(ctx: &ProbeContext, ev: &Event, set: Option<*const Opera
         Some(s) => unsafe { (*s).records() }.min(N),
         None => 1,
     };
-    let seq = next_seq();
+    stat_add(STAT_RECORDS_PRODUCED, nrec as u64);
     // SAFETY: no preconditions.
     let time = unsafe { bpf_ktime_get_ns() };
+    if !filter::uprobe_record_passes(ev.pid_tid, ev.binary_id, ev.site, ev.value) {
+        stat_add(STAT_RECORDS_FILTERED, nrec as u64);
+        return;
+    }
+    filter::announce_comm(ev.pid_tid, ev.binary_id, time);
+    let seq = next_seq();
     let Some(mut entry) = EVENTS.reserve::<UprobeChunk<N>>(0) else {
         stat_add(STAT_RECORDS_DROPPED, nrec as u64);
         return;
@@ -356,7 +379,7 @@ fn eval(regs: &[u64; NREGS], op: &Operand, tp: u64) -> u64 {
 pub fn thread_exit(ctx: TracePointContext) -> u32 {
     let pid_tid = bpf_get_current_pid_tgid();
     if is_target((pid_tid >> 32) as u32) {
-        let r = drain_exiting(pid_tid, CAUSE_THREAD_EXIT, AFTER_RELEASE);
+        let r = drain_exiting(&ctx, pid_tid, CAUSE_THREAD_EXIT, AFTER_RELEASE);
         if r < 0 {
             error!(&ctx, "thread_exit: drain failed: {}", r);
         }
@@ -373,7 +396,7 @@ pub fn thread_exit(ctx: TracePointContext) -> u32 {
 pub fn group_exit(ctx: TracePointContext) -> u32 {
     let pid_tid = bpf_get_current_pid_tgid();
     if is_target((pid_tid >> 32) as u32) {
-        let r = drain_exiting(pid_tid, CAUSE_THREAD_EXIT, AFTER_SIGNAL);
+        let r = drain_exiting(&ctx, pid_tid, CAUSE_THREAD_EXIT, AFTER_SIGNAL);
         if r < 0 {
             error!(&ctx, "group_exit: drain failed: {}", r);
         }
@@ -409,7 +432,7 @@ pub fn killed(ctx: TracePointContext) -> u32 {
     } else {
         return 0;
     };
-    let r = drain_exiting(pid_tid, cause, AFTER_SIGNAL);
+    let r = drain_exiting(&ctx, pid_tid, cause, AFTER_SIGNAL);
     if r < 0 {
         error!(&ctx, "killed: drain failed: {}", r);
     }
@@ -424,10 +447,11 @@ pub fn task_exit(ctx: TracePointContext) -> u32 {
     if !is_target(tgid) && TARGETS.get_ptr(tid).is_none() {
         return 0;
     }
-    // The task is PF_EXITING: user memory is still readable, not writable.
-    let r = drain_exiting(pid_tid, CAUSE_TASK_EXIT, AFTER_EXIT);
-    if r < 0 {
-        error!(&ctx, "task_exit: drain failed: {}", r);
+    // The task is PF_EXITING: user memory is still readable, not writable. The walk
+    // over its RW areas (copied now) runs after the maps below forget the task.
+    let planned = plan_exit_drain(pid_tid, CAUSE_TASK_EXIT, AFTER_EXIT);
+    if planned < 0 {
+        error!(&ctx, "task_exit: drain failed: {}", planned);
     }
     if tid != tgid {
         // `fork` cannot tell threads from processes and adds both; a thread's entries go
@@ -441,6 +465,20 @@ pub fn task_exit(ctx: TracePointContext) -> u32 {
         // Last thread of the process: its tgid may be reused by an unrelated process.
         let _ = TABLES.remove(tgid);
         let _ = TARGETS.remove(tgid);
+    }
+    if planned == 1 {
+        let r = run_exit_drain(&ctx, pid_tid);
+        error!(&ctx, "task_exit: drain failed: {}", r);
+    }
+    0
+}
+
+/// One step of an exit drain, reached by tail calls only (see `tables::ExitWork`).
+#[tracepoint]
+pub fn exit_step(ctx: TracePointContext) -> u32 {
+    let r = tables::exit_step(&ctx);
+    if r < 0 {
+        error!(&ctx, "exit drain step failed: {}", r);
     }
     0
 }
@@ -467,6 +505,67 @@ pub fn fork(ctx: TracePointContext) -> u32 {
         // SAFETY: p points at a live TABLES value; copied to the stack at once.
         let table = unsafe { *p };
         let _ = TABLES.insert(child, table, 0);
+    }
+    0
+}
+
+/// `prot` and `fd` in the sys_enter_mmap record (8 bytes of common fields, the
+/// syscall number padded to 8, then the six arguments as u64; stable ABI).
+const MMAP_PROT_OFF: usize = 32;
+const MMAP_FD_OFF: usize = 48;
+const PROT_EXEC: u64 = 4;
+
+/// Tell the tracer that process `pid` has new code to look at.
+#[inline(always)]
+fn announce_mapped(pid_tid: u64, cause: u32) {
+    let Some(mut entry) = EVENTS.reserve::<ChunkHeader>(0) else {
+        return;
+    };
+    let header = ChunkHeader {
+        kind: tracer_common::CHUNK_KIND_MAPPED,
+        count: 0,
+        pid: (pid_tid >> 32) as u32,
+        tid: pid_tid as u32,
+        seq: 0,
+        binary_id: 0,
+        cause,
+        _pad: 0,
+        // SAFETY: no preconditions.
+        time: unsafe { bpf_ktime_get_ns() },
+    };
+    // SAFETY: the reservation has room for one ChunkHeader.
+    unsafe { entry.as_mut_ptr().write(header) };
+    entry.submit(0);
+}
+
+/// A process exec'd: a system-wide session looks for instrumented binaries in it
+/// (its executable is mapped by now; the libraries come with `mmap`).
+#[tracepoint]
+pub fn exec(_ctx: TracePointContext) -> u32 {
+    let pid_tid = bpf_get_current_pid_tgid();
+    if is_target((pid_tid >> 32) as u32) {
+        announce_mapped(pid_tid, tracer_common::CAUSE_EXEC);
+    }
+    0
+}
+
+/// A traced process maps a file executable (the loader, or `dlopen`): the tracer
+/// looks for an instrumented binary it does not trace yet.
+#[tracepoint]
+pub fn mmap(ctx: TracePointContext) -> u32 {
+    let pid_tid = bpf_get_current_pid_tgid();
+    if !is_target((pid_tid >> 32) as u32) {
+        return 0;
+    }
+    // SAFETY: read_at checks the access (bpf_probe_read_kernel).
+    let (prot, fd) = unsafe {
+        (
+            ctx.read_at::<u64>(MMAP_PROT_OFF).unwrap_or(0),
+            ctx.read_at::<i64>(MMAP_FD_OFF).unwrap_or(-1),
+        )
+    };
+    if prot & PROT_EXEC != 0 && fd >= 0 {
+        announce_mapped(pid_tid, 0);
     }
     0
 }

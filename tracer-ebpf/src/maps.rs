@@ -4,17 +4,53 @@ use aya_ebpf::{
     Global,
     bindings::BPF_NOEXIST,
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use tracer_common::{
     RW_MAGIC, STAT_COUNT,
     ebpf::{
-        DEFAULT_RING_BYTES, MAX_BINARIES, MAX_DRAINED, MAX_PROCESSES, MAX_TARGETS, TABLE_BINARIES,
+        DEFAULT_FILTER_SITE_WORDS, DEFAULT_RING_BYTES, MAX_BINARIES, MAX_DRAINED, MAX_EXIT_WORK,
+        MAX_FILTER_IDS, MAX_PROCESSES, MAX_TARGETS, TABLE_BINARIES,
     },
+    filter::{COMM_LEN, FilterConfig},
     operand::OperandSet,
 };
 
-use crate::{atomic, user::read_user};
+use crate::{atomic, drain::Scratch, tables::ExitWork, user::read_user};
+
+/// Exit drains in progress, by pid_tid (see `tables::ExitWork`).
+#[map]
+pub static EXIT_WORK: HashMap<u64, ExitWork> = HashMap::with_max_entries(MAX_EXIT_WORK, 0);
+
+/// Entry 0: the `exit_step` program (set by the loader).
+#[map]
+pub static EXIT_STEPS: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// The two filter configurations (see `tracer_common::filter`).
+#[map]
+pub static FILTER: Array<FilterConfig> = Array::with_max_entries(2, 0);
+
+/// Which `FILTER` entry is in force.
+#[map]
+pub static FILTER_ACTIVE: Array<u32> = Array::with_max_entries(1, 0);
+
+/// `filter::id_key(..)` → 1: the pids and tids that pass.
+#[map]
+pub static FILTER_IDS: HashMap<u64, u8> = HashMap::with_max_entries(MAX_FILTER_IDS, 0);
+
+/// `filter::site_key(..)` → 64 bits, one per site: the sites that pass (size set by
+/// the loader).
+#[map]
+pub static FILTER_SITES: HashMap<[u64; 2], u64> =
+    HashMap::with_max_entries(DEFAULT_FILTER_SITE_WORDS, 0);
+
+/// pid_tid → the thread name last announced (`CHUNK_KIND_COMM`).
+#[map]
+pub static COMMS: LruHashMap<u64, [u8; COMM_LEN]> = LruHashMap::with_max_entries(MAX_TARGETS, 0);
+
+/// Per-CPU scratch of filtered drains.
+#[map]
+pub static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
 /// Chunks for the tracer (size overridden by the loader, `--ring-bytes`).
 #[map]
@@ -82,8 +118,10 @@ pub const E_BAD_RW: i64 = -1001;
 #[inline(always)]
 pub fn stat_add(index: u32, n: u64) {
     if let Some(p) = STATS.get_ptr_mut(index) {
-        // SAFETY: a per-CPU array value, only this CPU touches it while we run.
-        unsafe { *p += n };
+        // SAFETY: a per-CPU array value. Atomic all the same: a program may be
+        // preempted by another on the same CPU (sleepable ones, PREEMPT_RCU), and the
+        // books must balance exactly.
+        unsafe { atomic::fetch_add(p, n) };
     }
 }
 

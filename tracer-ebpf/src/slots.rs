@@ -10,7 +10,7 @@ use tracer_common::{
 };
 
 use crate::{
-    drain::drain,
+    drain::{DrainReq, drain},
     maps::{DRAINED, WRITE_USER, stat_add},
     user::{read_user, write_user},
 };
@@ -179,54 +179,91 @@ fn delivered_up_to(key: [u64; 2], slot: &Slot) -> Option<u64> {
 /// Offset of `Record::time`.
 const RECORD_TIME_OFF: u64 = 8;
 
-/// A circular buffer (`BUF_CIRCULAR`, `BUF_FAST_CIRCULAR`): delivered whole, oldest
-/// record first (`[cur, end)` then `[start, cur)`; never-written records have flags 0
-/// and readers skip them), only when the thread exits or takes a fatal signal (`after`
-/// is not `AFTER_RESET`). A ring unchanged since its last delivery (same `cur`, same
-/// record before it, remembered in `DRAINED`) is not delivered again. The slot is not
-/// touched: rings are never reset.
+/// What a circular buffer (`BUF_CIRCULAR`, `BUF_FAST_CIRCULAR`) delivers: the whole
+/// ring, oldest record first (`[cur, end)` then `[start, cur)`; never-written records
+/// have flags 0 and readers skip them), only when the thread exits or takes a fatal
+/// signal (`after` is not `AFTER_RESET`). A ring unchanged since its last delivery
+/// (same `cur`, same record before it, remembered in `DRAINED`) is not delivered
+/// again. The slot is not touched: rings are never reset. Returns the spans and the
+/// `DRAINED` entry to store once delivered, or None (nothing to deliver), or an error.
 #[inline(always)]
-fn drain_ring(slot: &Slot, slot_addr: u64, pid_tid: u64, cause: u32, after: u32) -> i64 {
+fn ring_spans(slot: &Slot, key: [u64; 2], after: u32) -> Result<Option<([u64; 4], [u64; 2])>, i64> {
     if after == AFTER_RESET {
-        return 0;
+        return Ok(None);
     }
     let cur = slot.cur;
     if cur < slot.start || cur >= slot.end {
-        return E_SLOT_IO;
+        return Err(E_SLOT_IO);
     }
-    let key = [pid_tid >> 32, slot_addr];
     let before = if cur > slot.start { cur } else { slot.end } - RECORD_SIZE as u64;
     let stamp = read_user::<[u64; 2]>(before).unwrap_or([0, 0]);
     let seen = stamp[0] ^ stamp[1].rotate_left(17);
     if let Some(p) = DRAINED.get_ptr(key) {
         // SAFETY: p points at a live map value, copied at once.
         if unsafe { *p } == [cur, seen] {
-            return 0;
+            return Ok(None);
         }
     }
-    let a = drain(cur, slot.end, slot.binary_id, pid_tid, cause);
-    if a < 0 {
-        return a;
-    }
-    let b = drain(slot.start, cur, slot.binary_id, pid_tid, cause);
-    if b < 0 {
-        return b;
-    }
-    let _ = DRAINED.insert(key, [cur, seen], 0);
-    a + b
+    Ok(Some(([cur, slot.end, slot.start, cur], [cur, seen])))
 }
 
 /// Drain the slot at `slot_addr` (in the RW area at `rw`) from where the last drain
-/// stopped, then do what `after` says (`AFTER_*`). Returns records delivered or a
-/// negative error.
+/// stopped, then do what `after` says (`AFTER_*`). Returns records taken or a
+/// negative error. `S`: the caller is a sleepable program (see `drain`).
 #[inline(never)]
-pub fn drain_slot(slot_addr: u64, rw: u64, pid_tid: u64, cause: u32, after: u32) -> i64 {
+pub fn drain_slot<const S: bool>(
+    slot_addr: u64,
+    rw: u64,
+    pid_tid: u64,
+    cause: u32,
+    after: u32,
+) -> i64 {
     let Ok(slot) = read_user::<Slot>(slot_addr) else {
         return E_SLOT_IO;
     };
-    if read_user::<u32>(rw + RWH_BUF_KIND).is_ok_and(|k| k != BUF_TRACE) {
-        return drain_ring(&slot, slot_addr, pid_tid, cause, after);
+    let key = [pid_tid >> 32, slot_addr];
+    let mut req = DrainReq {
+        spans: [0; 4],
+        binary_id: slot.binary_id,
+        pid_tid,
+        cause: cause as u64,
+    };
+    // One call of `drain` for both kinds of buffer: each call site costs the verifier
+    // the whole drain again.
+    let mut ring_state = [0u64; 2];
+    let ring = read_user::<u32>(rw + RWH_BUF_KIND).is_ok_and(|k| k != BUF_TRACE);
+    if ring {
+        match ring_spans(&slot, key, after) {
+            Ok(Some((spans, state))) => {
+                req.spans = spans;
+                ring_state = state;
+            }
+            Ok(None) => return 0,
+            Err(e) => return e,
+        }
+    } else {
+        match trace_from(&slot, key, after) {
+            Ok(from) => req.spans = [from, slot.cur, 0, 0],
+            Err(r) => return r,
+        }
     }
+    let delivered = drain::<S>(&req);
+    if ring {
+        if delivered >= 0 {
+            let _ = DRAINED.insert(key, ring_state, 0);
+        }
+        return delivered;
+    }
+    if delivered < 0 {
+        return delivered;
+    }
+    finish_trace(&slot, slot_addr, rw, key, after, delivered)
+}
+
+/// Where a trace buffer's drain starts (`Err`: a result to return at once, nothing
+/// to drain).
+#[inline(always)]
+fn trace_from(slot: &Slot, key: [u64; 2], after: u32) -> Result<u64, i64> {
     let after = if after == AFTER_SIGNAL {
         AFTER_RESET
     } else {
@@ -235,12 +272,12 @@ pub fn drain_slot(slot_addr: u64, rw: u64, pid_tid: u64, cause: u32, after: u32)
     // A stub interrupted by a signal handler is still writing a record: leave the
     // buffer alone (it has slack after `end`); the thread's next flush drains it.
     if slot.inflight != 0 && after == AFTER_RESET {
-        return 0;
+        return Err(0);
     }
-    let write = WRITE_USER.load() != 0;
-    let key = [pid_tid >> 32, slot_addr];
     let mut from = slot.start;
-    if !write && let Some(pos) = delivered_up_to(key, &slot) {
+    if WRITE_USER.load() == 0
+        && let Some(pos) = delivered_up_to(key, slot)
+    {
         from = pos;
         stat_add(
             STAT_RECORDS_SKIPPED,
@@ -249,13 +286,28 @@ pub fn drain_slot(slot_addr: u64, rw: u64, pid_tid: u64, cause: u32, after: u32)
     }
     if from < slot.start {
         stat_add(tracer_common::STAT_READ_ERRORS, 1);
-        return crate::drain::E_BAD_SPAN;
+        return Err(crate::drain::E_BAD_SPAN);
     }
-    let delivered = drain(from, slot.cur, slot.binary_id, pid_tid, cause);
-    if delivered < 0 {
-        return delivered;
-    }
-    if !write {
+    Ok(from)
+}
+
+/// After a trace buffer's drain: remember the position, or reset/release the slot
+/// in place (`WRITE_USER`).
+#[inline(always)]
+fn finish_trace(
+    slot: &Slot,
+    slot_addr: u64,
+    rw: u64,
+    key: [u64; 2],
+    after: u32,
+    delivered: i64,
+) -> i64 {
+    let after = if after == AFTER_SIGNAL {
+        AFTER_RESET
+    } else {
+        after
+    };
+    if WRITE_USER.load() == 0 {
         let r = if slot.cur == slot.start {
             match DRAINED.get_ptr(key) {
                 Some(_) => DRAINED.remove(key),

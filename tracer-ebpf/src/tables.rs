@@ -4,12 +4,15 @@
 
 use core::ffi::c_void;
 
-use aya_ebpf::helpers::{bpf_get_current_pid_tgid, generated::bpf_loop};
+use aya_ebpf::{
+    EbpfContext,
+    helpers::{bpf_get_current_pid_tgid, generated::bpf_loop},
+};
 use tracer_common::{KEY_CLAIMING, RWH_BINARY_ID, SLOT_KEY, SLOT_OWNER_TID, ebpf::TABLE_BINARIES};
 
 use crate::{
     arch::{THREAD_POINTER_MAY_BE_STALE, thread_pointer},
-    maps::TABLES,
+    maps::{EXIT_STEPS, EXIT_WORK, TABLES},
     slots::{drain_slot, find_slot, find_slot_by_tid, pre_tls_slot},
     user::read_user,
 };
@@ -17,80 +20,120 @@ use crate::{
 const INDEX_MASK: u64 = TABLE_BINARIES as u64 - 1;
 const _: () = assert!(TABLE_BINARIES.is_power_of_two());
 
-/// Small on purpose: the chain task_exit → drain_exiting → exit_one (bpf_loop callback)
-/// → drain_slot → drain → drain_chunk must fit the verifier's 512-byte combined stack,
-/// which Linux 6.1 also charges for callbacks; so no copy of the table here, the
-/// callback looks it up.
+/// An exit drain in progress (`EXIT_WORK`, keyed by pid_tid): the exiting thread's
+/// RW areas and where the walk is. The walk runs as a chain of tail calls of the
+/// `exit_step` program, one slot per step, instead of a loop inside the exit
+/// programs: a drain under a loop under a loop costs the verifier seconds per
+/// program, a drain in a program of its own a tenth of that.
 #[repr(C)]
-struct ExitCtx {
-    pid_tid: u64,
-    tp: u64,
-    cause: u64,
-    after: u64,
-    total: i64,
+#[derive(Clone, Copy)]
+pub struct ExitWork {
+    pub table: [u64; TABLE_BINARIES],
+    pub tp: u64,
+    pub cause: u32,
+    pub after: u32,
+    /// Next step: RW area `step / 2`, the thread's slot (even) or its pre-TLS slot (odd).
+    pub step: u32,
+    pub _pad: u32,
+    /// The thread's slot in the current RW area (even step), for the odd step.
+    pub slot: u64,
 }
 
 /// Drain the current thread's slot in every RW area of its process, and its pre-TLS
 /// slot (a static executable's main thread may still hold records there from before
-/// libc installed its own thread pointer). Returns the records delivered or the last
-/// error.
-#[inline(never)]
-pub fn drain_exiting(pid_tid: u64, cause: u32, after: u32) -> i64 {
-    if TABLES.get_ptr((pid_tid >> 32) as u32).is_none() {
-        return 0;
+/// libc installed its own thread pointer): tail-calls `exit_step`, so it only returns
+/// if there is nothing to drain (0) or the walk cannot start (an error).
+#[inline(always)]
+pub fn drain_exiting<C: EbpfContext>(ctx: &C, pid_tid: u64, cause: u32, after: u32) -> i64 {
+    match plan_exit_drain(pid_tid, cause, after) {
+        1 => run_exit_drain(ctx, pid_tid),
+        r => r,
     }
-    let mut c = ExitCtx {
-        pid_tid,
-        tp: thread_pointer(),
-        cause: cause as u64,
-        after: after as u64,
-        total: 0,
-    };
-    // SAFETY: callback and context as bpf_loop expects; `c` outlives the call.
-    unsafe {
-        bpf_loop(
-            TABLE_BINARIES as u32,
-            exit_one as *const () as *mut c_void,
-            (&raw mut c).cast(),
-            0,
-        );
-    }
-    c.total
 }
 
-#[inline(never)]
-extern "C" fn exit_one(index: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: bpf_loop hands back the ExitCtx pointer that drain_exiting() passed in.
-    let c = unsafe { &mut *ctx.cast::<ExitCtx>() };
-    let Some(p) = TABLES.get_ptr((c.pid_tid >> 32) as u32) else {
-        return 1;
+/// Tail-call the exit drain planned by [`plan_exit_drain`]; returns only on failure.
+#[inline(always)]
+pub fn run_exit_drain<C: EbpfContext>(ctx: &C, pid_tid: u64) -> i64 {
+    // SAFETY: ctx is the calling program's context; EXIT_STEPS holds exit_step.
+    unsafe { EXIT_STEPS.tail_call(ctx, 0) };
+    let _ = EXIT_WORK.remove(pid_tid);
+    E_EXIT_WORK
+}
+
+/// Record the exit drain of the current thread in `EXIT_WORK` (its process's RW areas
+/// copied, so the caller may forget them before running it): 1 = planned, 0 = nothing
+/// to drain, < 0 = error.
+#[inline(always)]
+pub fn plan_exit_drain(pid_tid: u64, cause: u32, after: u32) -> i64 {
+    let Some(p) = TABLES.get_ptr((pid_tid >> 32) as u32) else {
+        return 0;
     };
-    // SAFETY: p points at a live TABLES value; one entry is read at once.
-    let rw = unsafe { (*p)[(index & INDEX_MASK) as usize] };
-    if rw == 0 {
-        return 1;
+    let work = ExitWork {
+        // SAFETY: p points at a live TABLES value; copied at once.
+        table: unsafe { *p },
+        tp: thread_pointer(),
+        cause,
+        after,
+        step: 0,
+        _pad: 0,
+        slot: 0,
+    };
+    if EXIT_WORK.insert(pid_tid, work, 0).is_err() {
+        return E_EXIT_WORK;
     }
-    let (cause, after) = (c.cause as u32, c.after as u32);
-    let mut slot = find_slot(rw, c.tp);
-    if THREAD_POINTER_MAY_BE_STALE && (slot == 0 || slot == pre_tls_slot(rw)) {
-        let own = find_slot_by_tid(rw, c.pid_tid as u32);
-        if own != 0 {
-            slot = own;
+    1
+}
+
+/// Error of [`drain_exiting`]: no room in `EXIT_WORK`, or `exit_step` not installed.
+pub const E_EXIT_WORK: i64 = -4000;
+
+/// One step of an exit drain (see [`ExitWork`]); tail-calls itself for the next.
+#[inline(always)]
+pub fn exit_step<C: EbpfContext>(ctx: &C) -> i64 {
+    let pid_tid = bpf_get_current_pid_tgid();
+    let Some(w) = EXIT_WORK.get_ptr_mut(pid_tid) else {
+        return 0;
+    };
+    // SAFETY: w is this thread's live EXIT_WORK value (no other thread uses the key).
+    let (step, rw) = unsafe {
+        let step = (*w).step;
+        (*w).step = step + 1;
+        (step, (*w).table[((step >> 1) as u64 & INDEX_MASK) as usize])
+    };
+    if step >= 2 * TABLE_BINARIES as u32 || rw == 0 {
+        let _ = EXIT_WORK.remove(pid_tid);
+        return 0;
+    }
+    // SAFETY: as above.
+    let (tp, cause, after, last) = unsafe { ((*w).tp, (*w).cause, (*w).after, (*w).slot) };
+    let slot = if step & 1 == 0 {
+        let mut slot = find_slot(rw, tp);
+        if THREAD_POINTER_MAY_BE_STALE && (slot == 0 || slot == pre_tls_slot(rw)) {
+            let own = find_slot_by_tid(rw, pid_tid as u32);
+            if own != 0 {
+                slot = own;
+            }
         }
-    }
-    if slot != 0 {
-        let r = drain_slot(slot, rw, c.pid_tid, cause, after);
-        c.total = if r < 0 { r } else { c.total + r };
-    }
-    let pre = pre_tls_slot(rw);
-    if pre != slot
-        && read_user::<u32>(pre + SLOT_OWNER_TID) == Ok(c.pid_tid as u32)
-        && read_user::<u64>(pre + SLOT_KEY).is_ok_and(|k| k > KEY_CLAIMING)
-    {
-        let r = drain_slot(pre, rw, c.pid_tid, cause, after);
-        c.total = if r < 0 { r } else { c.total + r };
-    }
-    0
+        // SAFETY: as above.
+        unsafe { (*w).slot = slot };
+        slot
+    } else {
+        let pre = pre_tls_slot(rw);
+        let mine = pre != last
+            && read_user::<u32>(pre + SLOT_OWNER_TID) == Ok(pid_tid as u32)
+            && read_user::<u64>(pre + SLOT_KEY).is_ok_and(|k| k > KEY_CLAIMING);
+        if mine { pre } else { 0 }
+    };
+    let r = if slot != 0 {
+        drain_slot::<false>(slot, rw, pid_tid, cause, after)
+    } else {
+        0
+    };
+    // SAFETY: ctx is this program's context; EXIT_STEPS holds this program.
+    unsafe { EXIT_STEPS.tail_call(ctx, 0) };
+    // Out of tail calls (cannot happen: 2 * TABLE_BINARIES < 33 steps).
+    let _ = EXIT_WORK.remove(pid_tid);
+    r
 }
 
 #[repr(C)]

@@ -22,13 +22,19 @@ pub struct Instrumented {
     pub meta: Metadata,
     /// Raw contents of the note section (stored in the trace file).
     pub note: Vec<u8>,
+    /// Not rewritten: traced by uprobes only (`record --uprobe/--usdt`); the metadata
+    /// describes the original file, it has no flush function, RW area or anchors.
+    pub untouched: bool,
 }
 
 /// The metadata of `path` if it is an instrumented binary. Files that are not ELF or
 /// have no note give None; a note that does not parse gives None and a warning.
 pub fn read_instrumented(path: &Path) -> Result<Option<Instrumented>> {
-    let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let Ok(file) = object::File::parse(&*data) else {
+    // Read lazily: only the headers and the note (system-wide sessions look at every
+    // file every process maps).
+    let f = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let data = object::read::ReadCache::new(f);
+    let Ok(file) = object::File::parse(&data) else {
         return Ok(None);
     };
     let Some(section) = file.section_by_name(META_SECTION) else {
@@ -42,6 +48,7 @@ pub fn read_instrumented(path: &Path) -> Result<Option<Instrumented>> {
             path: path.to_path_buf(),
             meta,
             note: note.to_vec(),
+            untouched: false,
         })),
         Some(Err(e)) => {
             log::warn!("{}: ignoring broken {META_SECTION}: {e}", path.display());
@@ -55,6 +62,36 @@ pub fn read_instrumented(path: &Path) -> Result<Option<Instrumented>> {
             Ok(None)
         }
     }
+}
+
+/// An untouched binary traced by uprobes only: the sites the rewriter would place
+/// (function entries of `functions`, or its USDT probes with `usdt`), all as uprobes.
+pub fn untouched(path: &Path, functions: &[String], usdt: bool) -> Result<Instrumented> {
+    let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let kinds = if usdt {
+        vec![rewriter::SiteKind::Usdt]
+    } else {
+        vec![rewriter::SiteKind::FunctionEntry]
+    };
+    let opts = rewriter::Options {
+        functions: functions.to_vec(),
+        kinds,
+        ..Default::default()
+    };
+    let name = path.display().to_string();
+    let note = rewriter::uprobe_metadata(&name, &data, &opts)?;
+    let meta = Metadata::from_note_section(&note)
+        .context("no utrace note")?
+        .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+    if meta.sites.is_empty() {
+        bail!("{name}: nothing to probe (no USDT probes)");
+    }
+    Ok(Instrumented {
+        path: path.to_path_buf(),
+        meta,
+        note,
+        untouched: true,
+    })
 }
 
 /// The program interpreter (PT_INTERP) of an ELF executable, None for static ones.
@@ -248,6 +285,41 @@ pub fn for_process(pid: u32) -> Result<Vec<(Instrumented, u64)>> {
         match load_bias(&b.path, &maps) {
             Ok(bias) => out.push((b, bias)),
             Err(e) => log::warn!("{}: {e:#}; not traced", b.path.display()),
+        }
+    }
+    Ok(out)
+}
+
+/// [`for_process`] for sessions that look at many processes: what each file is
+/// (instrumented or not) is remembered in `seen`, and files already there that are
+/// instrumented are returned again (their bias differs per process).
+pub fn for_process_cached(
+    pid: u32,
+    seen: &mut std::collections::HashMap<PathBuf, Option<Instrumented>>,
+) -> Result<Vec<(Instrumented, u64)>> {
+    let maps = process_mappings(pid)?;
+    let mut out = Vec::new();
+    let mut done = BTreeSet::new();
+    for m in &maps {
+        if !done.insert(m.path.clone()) {
+            continue;
+        }
+        let b = match seen.get(&m.path) {
+            Some(b) => b.clone(),
+            None => {
+                let b = read_instrumented(&m.path).unwrap_or_else(|e| {
+                    log::debug!("{e:#}");
+                    None
+                });
+                seen.insert(m.path.clone(), b.clone());
+                b
+            }
+        };
+        if let Some(b) = b {
+            match load_bias(&b.path, &maps) {
+                Ok(bias) => out.push((b, bias)),
+                Err(e) => log::warn!("{} in process {pid}: {e:#}", b.path.display()),
+            }
         }
     }
     Ok(out)

@@ -12,7 +12,7 @@ use std::{
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
-        mpsc::{Receiver, SyncSender, sync_channel},
+        mpsc::{Receiver, Sender, SyncSender, sync_channel},
     },
     thread::JoinHandle,
 };
@@ -21,7 +21,9 @@ use anyhow::{Context, Result, anyhow};
 use aya::maps::{MapData, RingBuf};
 use aya_log::EbpfLogger;
 
-use crate::tracefile::{Writer, encode_chunk};
+use tracer_common::{CHUNK_KIND_COMM, CHUNK_KIND_MAPPED};
+
+use crate::tracefile::{Writer, encode_chunk, encode_comm};
 
 /// Batches handed to the writer at once (bytes, soft limit).
 const BATCH_BYTES: usize = 1 << 20;
@@ -42,13 +44,21 @@ pub struct Consumed {
 
 pub struct Pipeline {
     stop: Arc<AtomicBool>,
+    /// For sections that do not come from the ring buffer (binaries joining later).
+    sections: SyncSender<Vec<u8>>,
     consumer: JoinHandle<Result<Consumed>>,
     writer: JoinHandle<Result<Writer>>,
 }
 
 impl Pipeline {
     /// Start consuming `ring` into `writer` (which already holds the file's head).
-    pub fn start(ring: RingBuf<MapData>, logger: Option<Logger>, writer: Writer) -> Result<Self> {
+    /// `CHUNK_KIND_MAPPED` notices go to `mapped` as (pid, cause), not to the file.
+    pub fn start(
+        ring: RingBuf<MapData>,
+        logger: Option<Logger>,
+        writer: Writer,
+        mapped: Option<Sender<(u32, u32)>>,
+    ) -> Result<Self> {
         let (tx, rx) = sync_channel::<Vec<u8>>(CHANNEL_BATCHES);
         let stop = Arc::new(AtomicBool::new(false));
         let writer = std::thread::Builder::new()
@@ -56,12 +66,14 @@ impl Pipeline {
             .spawn(move || write_loop(writer, rx))
             .context("cannot start the writer thread")?;
         let stop2 = stop.clone();
+        let sections = tx.clone();
         let consumer = std::thread::Builder::new()
             .name("utrace-consumer".into())
-            .spawn(move || consume_loop(ring, logger, tx, &stop2))
+            .spawn(move || consume_loop(ring, logger, tx, mapped, &stop2))
             .context("cannot start the consumer thread")?;
         Ok(Pipeline {
             stop,
+            sections,
             consumer,
             writer,
         })
@@ -70,6 +82,7 @@ impl Pipeline {
     /// Empty the ring buffer one last time, stop both threads and return the writer.
     /// Call when nothing more is produced (the traced processes are gone).
     pub fn finish(self) -> Result<(Consumed, Writer)> {
+        drop(self.sections);
         self.stop.store(true, Ordering::SeqCst);
         let consumed = self
             .consumer
@@ -83,6 +96,15 @@ impl Pipeline {
         let writer = writer?;
         let consumed = consumed?;
         Ok((consumed, writer))
+    }
+}
+
+impl Pipeline {
+    /// Queue complete sections for the file, in order with the chunks consumed so far.
+    pub fn write_sections(&self, bytes: Vec<u8>) -> Result<()> {
+        self.sections
+            .send(bytes)
+            .map_err(|_| anyhow!("the writer thread stopped"))
     }
 }
 
@@ -103,6 +125,7 @@ fn consume_loop(
     mut ring: RingBuf<MapData>,
     mut logger: Option<Logger>,
     tx: SyncSender<Vec<u8>>,
+    mapped: Option<Sender<(u32, u32)>>,
     stop: &AtomicBool,
 ) -> Result<Consumed> {
     raise_priority();
@@ -118,6 +141,21 @@ fn consume_loop(
             poll_readable(&fds, POLL_MS);
         }
         while let Some(item) = ring.next() {
+            let kind = item
+                .get(..4)
+                .map(|k| u32::from_le_bytes([k[0], k[1], k[2], k[3]]));
+            if kind == Some(CHUNK_KIND_MAPPED) {
+                if let (Some(tx), Some(h)) = (&mapped, crate::tracefile::chunk_header(&item)) {
+                    let _ = tx.send((h.pid, h.cause));
+                }
+                continue;
+            }
+            if kind == Some(CHUNK_KIND_COMM) {
+                if !encode_comm(&item, &mut batch) {
+                    seen.bad_entries += 1;
+                }
+                continue;
+            }
             match encode_chunk(&item, &mut batch) {
                 Some(h) => {
                     seen.records += u64::from(h.count);

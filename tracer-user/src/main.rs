@@ -6,6 +6,8 @@ mod btf;
 mod clock;
 mod coarse;
 mod consumer;
+mod control;
+mod filters;
 mod kernel;
 mod process;
 mod report;
@@ -25,7 +27,10 @@ use anyhow::{Result, bail};
 use clap::{Parser, Subcommand};
 use tracer_common::ebpf::DEFAULT_RING_BYTES;
 
-use crate::session::{RecordOptions, Target};
+use crate::{
+    filters::FilterSpec,
+    session::{RecordOptions, Target},
+};
 
 #[derive(Parser)]
 #[command(
@@ -40,8 +45,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run a command (`record -- CMD ARGS...`) or attach to a process (`record -p PID`)
-    /// and record its instrumented binaries' records; exits with the command's status.
+    /// Run a command (`record -- CMD ARGS...`), attach to a process (`record -p PID`) or
+    /// trace every process running an instrumented binary (`record --system-wide`) and
+    /// record its instrumented binaries' records; exits with the command's status.
     Record {
         /// Trace file to write.
         #[arg(short, long, default_value = session::default_output().as_os_str())]
@@ -52,9 +58,23 @@ enum Cmd {
         /// Attach to this running process instead of running a command.
         #[arg(short, long, conflicts_with = "command")]
         pid: Option<u32>,
-        /// With -p: stop after this many seconds.
-        #[arg(long, requires = "pid")]
+        /// Every process that runs an instrumented binary or library: those running now
+        /// and those started later, until Ctrl-C or --duration.
+        #[arg(short = 'a', long, conflicts_with_all = ["command", "pid"])]
+        system_wide: bool,
+        /// With -p or --system-wide: stop after this many seconds.
+        #[arg(long)]
         duration: Option<f64>,
+        #[command(flatten)]
+        filter: FilterSpec,
+        /// Also trace an untouched (not rewritten) binary by uprobes: its functions
+        /// matching the globs (all when none), e.g. `--uprobe /usr/lib/libz.so.1:deflate*`
+        /// (repeatable). Records are the same as a rewritten binary's.
+        #[arg(long = "uprobe", value_name = "PATH[:GLOB,...]")]
+        uprobes: Vec<String>,
+        /// Also trace the USDT probes of an untouched binary by uprobes (repeatable).
+        #[arg(long = "usdt", value_name = "PATH")]
+        usdt: Vec<PathBuf>,
         /// User-space drain: no eBPF, no privileges; full buffers come over a socket
         /// and leftovers at thread exit are read with ptrace.
         #[arg(long, conflicts_with = "pid")]
@@ -67,6 +87,18 @@ enum Cmd {
         /// The command and its arguments (after `--`).
         #[arg(last = true)]
         command: Vec<OsString>,
+    },
+    /// Change the in-kernel filters of a running session (records that pass are never
+    /// lost in the change). Without filter options: show the session's filter.
+    Filter {
+        /// The session: its tracer's pid (default: the only running session).
+        #[arg(long, value_name = "TRACER_PID")]
+        session: Option<u32>,
+        /// Remove every filter.
+        #[arg(long)]
+        clear: bool,
+        #[command(flatten)]
+        filter: FilterSpec,
     },
     /// Per-function and per-thread record counts of a trace.
     Report {
@@ -104,11 +136,37 @@ fn run(cli: Cli) -> Result<i32> {
             output,
             ring_bytes,
             pid,
+            system_wide,
             duration,
+            filter,
+            uprobes,
+            usdt,
             user,
             binaries,
             command,
         } => {
+            let mut untouched: Vec<session::Untouched> = uprobes
+                .iter()
+                .map(|spec| session::Untouched::parse_uprobe(spec))
+                .collect();
+            untouched.extend(usdt.into_iter().map(|path| session::Untouched {
+                path,
+                functions: Vec::new(),
+                usdt: true,
+            }));
+            if user && !untouched.is_empty() {
+                bail!("--uprobe/--usdt need eBPF: not with --user");
+            }
+            let duration = duration
+                .map(Duration::try_from_secs_f64)
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--duration: {e}"))?;
+            if duration.is_some() && pid.is_none() && !system_wide {
+                bail!("--duration is for -p PID or --system-wide (a command ends by itself)");
+            }
+            if user && !filter.is_empty() {
+                bail!("filters run in the eBPF drain: not with --user");
+            }
             if user {
                 if command.is_empty() {
                     bail!("--user needs a command: `tracer record --user -- CMD ARGS...`");
@@ -118,26 +176,47 @@ fn run(cli: Cli) -> Result<i32> {
                     ring_bytes,
                     target: Target::Exec(command.clone()),
                     binaries,
+                    filter,
+                    untouched,
                 };
                 return userdrain::record(opts, command);
             }
             let target = match (pid, command.is_empty()) {
-                (Some(pid), true) => Target::Attach {
-                    pid,
-                    duration: duration
-                        .map(Duration::try_from_secs_f64)
-                        .transpose()
-                        .map_err(|e| anyhow::anyhow!("--duration: {e}"))?,
-                },
+                _ if system_wide => Target::SystemWide { duration },
+                (Some(pid), true) => Target::Attach { pid, duration },
                 (None, false) => Target::Exec(command),
-                _ => bail!("give either a command (`tracer record -- CMD ARGS...`) or -p PID"),
+                _ => bail!(
+                    "give a command (`tracer record -- CMD ARGS...`), -p PID or --system-wide"
+                ),
             };
             session::record(RecordOptions {
                 output,
                 ring_bytes,
                 target,
                 binaries,
+                filter,
+                untouched,
             })
+        }
+        Cmd::Filter {
+            session,
+            clear,
+            filter,
+        } => {
+            if clear && !filter.is_empty() {
+                bail!("--clear removes every filter: give no filter options with it");
+            }
+            filter.validate()?;
+            let req = control::Request {
+                filter: (clear || !filter.is_empty()).then_some(filter),
+                show: false,
+            };
+            let reply = control::request(session, &req)?;
+            if !reply.ok {
+                bail!("{}", reply.message);
+            }
+            println!("{}", reply.message);
+            Ok(0)
         }
         Cmd::Report { file, json, last } => {
             report::report(

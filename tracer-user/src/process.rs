@@ -10,7 +10,6 @@ use std::{
     },
     path::{Path, PathBuf},
     sync::atomic::{AtomicBool, Ordering},
-    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
@@ -245,40 +244,60 @@ pub enum WaitEnd {
     Timeout,
 }
 
-/// Wait for process `pid` (not our child) to exit, for a signal from
-/// [`catch_stop_signals`], or for `duration`.
-pub fn wait_process(pid: u32, duration: Option<Duration>) -> Result<WaitEnd> {
-    // SAFETY: pidfd_open takes a pid and flags, returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error()).with_context(|| format!("pidfd_open({pid})"));
+/// Our child `pid`'s exit code (128+signal if killed) if it has exited, without
+/// blocking.
+pub fn try_wait_child(pid: u32) -> Result<Option<i32>> {
+    let mut status = 0;
+    // SAFETY: status is a valid int; pid is our child.
+    let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
+    if r == 0 {
+        return Ok(None);
     }
-    // SAFETY: a descriptor pidfd_open just returned, owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
-    let deadline = duration.map(|d| Instant::now() + d);
-    loop {
-        if INTERRUPTED.load(Ordering::SeqCst) {
-            return Ok(WaitEnd::Interrupted);
+    if r != pid as libc::pid_t {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(None);
         }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Ok(WaitEnd::Timeout);
+        return Err(e).with_context(|| format!("waitpid({pid})"));
+    }
+    Ok(Some(if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else if libc::WIFSIGNALED(status) {
+        128 + libc::WTERMSIG(status)
+    } else {
+        1
+    }))
+}
+
+/// Whether Ctrl-C / SIGTERM arrived (after [`catch_stop_signals`]).
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// Watches a process that is not our child (a pidfd).
+pub struct PidWatch(OwnedFd);
+
+impl PidWatch {
+    pub fn open(pid: u32) -> Result<Self> {
+        // SAFETY: pidfd_open takes a pid and flags, returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error()).with_context(|| format!("pidfd_open({pid})"));
         }
+        // SAFETY: a descriptor pidfd_open just returned, owned by nobody else.
+        Ok(PidWatch(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
+    }
+
+    /// Whether the process has exited (never blocks).
+    pub fn exited(&self) -> Result<bool> {
         let mut p = libc::pollfd {
-            fd: fd.as_raw_fd(),
+            fd: self.0.as_raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         };
         // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut p, 1, 100) };
-        if r > 0 {
-            return Ok(WaitEnd::Exited);
-        }
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e).context("poll(pidfd)");
-            }
-        }
+        let r = unsafe { libc::poll(&mut p, 1, 0) };
+        Ok(r > 0)
     }
 }
 

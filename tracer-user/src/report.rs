@@ -125,6 +125,7 @@ pub fn dump(path: &Path, out: &mut impl Write) -> Result<()> {
                 }
             }
             Section::Stats(s) => stats = Some(s),
+            Section::Comm(..) => {}
             Section::Unknown(kind) => log::debug!("skipping section of unknown kind {kind}"),
         }
     }
@@ -164,7 +165,34 @@ struct BinaryTime {
 struct ThreadCount {
     pid: u32,
     tid: u32,
+    /// The thread's name when its records were drained.
+    comm: String,
     count: u64,
+}
+
+#[derive(Serialize)]
+struct BinarySummary {
+    path: String,
+    binary_id: u64,
+    /// GNU build-id of the original binary, hex.
+    build_id: String,
+}
+
+/// The session's books: every record taken out of a buffer (or emitted at a uprobe
+/// site) was delivered, filtered or dropped.
+#[derive(Serialize, Default)]
+struct Books {
+    produced: u64,
+    delivered: u64,
+    filtered: u64,
+    dropped: u64,
+    dropped_per_cpu: Vec<u64>,
+    /// Records in the file (equals delivered unless the file is truncated).
+    received: u64,
+    /// produced == delivered + filtered + dropped, and received == delivered.
+    balanced: bool,
+    filter: String,
+    filter_changes: u64,
 }
 
 #[derive(Serialize)]
@@ -179,6 +207,8 @@ struct Summary {
     truncated: bool,
     functions: Vec<FunctionCount>,
     threads: Vec<ThreadCount>,
+    binaries: Vec<BinarySummary>,
+    books: Books,
     time_modes: Vec<BinaryTime>,
     /// `--last N`: each thread's last records, newest first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -211,11 +241,26 @@ fn summarize(path: &Path, last: usize) -> Result<(Summary, Option<SessionInfo>)>
     let mut stats: Option<FinalStats> = None;
     let mut functions: HashMap<(u64, u32), u64> = HashMap::new();
     let mut threads: HashMap<(u32, u32), u64> = HashMap::new();
+    let mut comms: HashMap<(u32, u32), String> = HashMap::new();
+    let mut binaries: Vec<BinarySummary> = Vec::new();
     let (mut records, mut inline, mut uprobe, mut chunks) = (0u64, 0u64, 0u64, 0u64);
     while let Some(section) = r.next_section()? {
         match section {
             Section::Session(s) => session = Some(s),
-            Section::Binary(b) => names.add(&b),
+            Section::Binary(b) => {
+                names.add(&b);
+                binaries.push(BinarySummary {
+                    path: b.path.clone(),
+                    binary_id: b.binary_id,
+                    build_id: b
+                        .metadata()
+                        .map(|m| m.build_id.iter().map(|x| format!("{x:02x}")).collect())
+                        .unwrap_or_default(),
+                });
+            }
+            Section::Comm(pid, tid, name) => {
+                comms.insert((pid, tid), name);
+            }
             Section::Chunk(c) => {
                 chunks += 1;
                 let h = c.header;
@@ -266,7 +311,12 @@ fn summarize(path: &Path, last: usize) -> Result<(Summary, Option<SessionInfo>)>
     });
     let mut threads: Vec<ThreadCount> = threads
         .into_iter()
-        .map(|((pid, tid), count)| ThreadCount { pid, tid, count })
+        .map(|((pid, tid), count)| ThreadCount {
+            pid,
+            tid,
+            comm: comms.get(&(pid, tid)).cloned().unwrap_or_default(),
+            count,
+        })
         .collect();
     threads.sort_by_key(|t| (t.pid, t.tid));
     let mut last: Vec<LastRecords> = recent
@@ -302,6 +352,20 @@ fn summarize(path: &Path, last: usize) -> Result<(Summary, Option<SessionInfo>)>
             truncated: r.truncated().is_some(),
             functions,
             threads,
+            binaries,
+            books: Books {
+                produced: st.records_produced,
+                delivered: st.records_delivered,
+                filtered: st.records_filtered,
+                dropped: st.records_dropped,
+                dropped_per_cpu: st.dropped_per_cpu.clone(),
+                received: st.records_received,
+                balanced: st.records_produced
+                    == st.records_delivered + st.records_filtered + st.records_dropped
+                    && st.records_received == st.records_delivered,
+                filter: st.filter.clone(),
+                filter_changes: st.filter_changes,
+            },
             last,
             time_modes: names
                 .time_modes
@@ -327,13 +391,17 @@ pub fn report(path: &Path, json: bool, last: usize, out: &mut impl Write) -> Res
     writeln!(out, "trace: {}", path.display())?;
     if let Some(session) = &session {
         let pids: Vec<String> = session.pids.iter().map(u32::to_string).collect();
-        writeln!(
-            out,
-            "command: {} ({} pid {})",
-            session.command.join(" "),
-            session.mode,
-            pids.join(",")
-        )?;
+        if session.command.is_empty() && pids.is_empty() {
+            writeln!(out, "session: {}", session.mode)?;
+        } else {
+            writeln!(
+                out,
+                "command: {} ({} pid {})",
+                session.command.join(" "),
+                session.mode,
+                pids.join(",")
+            )?;
+        }
     }
     writeln!(
         out,
@@ -342,6 +410,49 @@ pub fn report(path: &Path, json: bool, last: usize, out: &mut impl Write) -> Res
     )?;
     if s.chunks_lost > 0 {
         writeln!(out, "chunks lost: {}", s.chunks_lost)?;
+    }
+    let b = &s.books;
+    writeln!(
+        out,
+        "books: produced {} = delivered {} + filtered {} + dropped {} ({})",
+        b.produced,
+        b.delivered,
+        b.filtered,
+        b.dropped,
+        if b.balanced {
+            "balanced"
+        } else {
+            "NOT balanced"
+        }
+    )?;
+    if b.dropped > 0 {
+        let per: Vec<String> = b
+            .dropped_per_cpu
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(cpu, n)| format!("cpu{cpu} {n}"))
+            .collect();
+        writeln!(out, "dropped per CPU: {}", per.join(", "))?;
+    }
+    if !b.filter.is_empty() {
+        writeln!(
+            out,
+            "filter: {} ({} changes during the session)",
+            b.filter, b.filter_changes
+        )?;
+    }
+    for bin in &s.binaries {
+        writeln!(
+            out,
+            "binary: {} (build-id {})",
+            bin.path,
+            if bin.build_id.is_empty() {
+                "none"
+            } else {
+                &bin.build_id
+            }
+        )?;
     }
     for t in &s.time_modes {
         let how = match t.time_mode.as_str() {
@@ -365,9 +476,9 @@ pub fn report(path: &Path, json: bool, last: usize, out: &mut impl Write) -> Res
         )?;
     }
     writeln!(out, "\nthreads ({}):", s.threads.len())?;
-    writeln!(out, "{:>8} {:>8} {:>12}", "pid", "tid", "count")?;
+    writeln!(out, "{:>8} {:>8} {:>12}  name", "pid", "tid", "count")?;
     for t in &s.threads {
-        writeln!(out, "{:>8} {:>8} {:>12}", t.pid, t.tid, t.count)?;
+        writeln!(out, "{:>8} {:>8} {:>12}  {}", t.pid, t.tid, t.count, t.comm)?;
     }
     for l in &s.last {
         writeln!(

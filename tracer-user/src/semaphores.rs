@@ -26,10 +26,6 @@ const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 pub struct Raised(Vec<OwnedFd>);
 
 impl Raised {
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
     /// Raise the semaphores of the binary at `path`.
     pub fn raise(&mut self, path: &Path, sems: &[Semaphore]) -> Result<()> {
         if sems.is_empty() {

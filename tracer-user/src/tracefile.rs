@@ -21,7 +21,7 @@
 //!   programs could write user memory (`write_user`), and the clock
 //!   calibration at the start: counter frequency `tsc_hz` and an anchor
 //!   `{tsc, monotonic_ns}`.
-//! - `SECTION_BINARY` (2, one per traced binary, before any chunk): `u32 ordinal`
+//! - `SECTION_BINARY` (2, one per traced binary, before its first chunk): `u32 ordinal`
 //!   (index used in uprobe-site cookies), `u32 path_len`, `u64 binary_id`, `path_len`
 //!   bytes of path, then the raw contents of the binary's `.note.utrace` section (a
 //!   complete ELF note, parse with `Metadata::from_note_section`), so that a trace can be
@@ -29,6 +29,11 @@
 //! - `SECTION_CHUNK` (3, any number): exactly what eBPF put in the ring buffer, trimmed
 //!   to its valid part: a 48-byte `ChunkHeader` followed by `count` 32-byte `Record`s
 //!   (tracer-common `chunk.rs` / `record.rs`). Chunks are in delivery order.
+//! - `SECTION_COMM` (5, any number): a thread's name as the kernel had it when its
+//!   records were drained (`u32 pid`, `u32 tid`, 16 bytes of `comm`, NUL-padded), before
+//!   that thread's chunks; again when it changes. Also `SECTION_BINARY` may come later
+//!   than the first chunk: a binary that joined a running session (system-wide, or
+//!   loaded with `dlopen`) is written before its first chunk.
 //! - `SECTION_STATS` (4, last, once): JSON [`FinalStats`] — kernel-side counters
 //!   (delivered, dropped, read errors), what the consumer received, the end clock anchor
 //!   and the traced command's exit status.
@@ -63,6 +68,7 @@ pub const SECTION_SESSION: u32 = 1;
 pub const SECTION_BINARY: u32 = 2;
 pub const SECTION_CHUNK: u32 = 3;
 pub const SECTION_STATS: u32 = 4;
+pub const SECTION_COMM: u32 = 5;
 
 /// Largest section a reader accepts (a JSON blob or a note; chunks are ~4 KiB).
 const MAX_SECTION: u64 = 1 << 30;
@@ -107,6 +113,25 @@ pub struct FinalStats {
     pub chunks_received: u64,
     /// Ring-buffer entries the consumer could not make sense of.
     pub bad_entries: u64,
+    /// Records taken out of buffers or emitted at uprobe sites; each was delivered,
+    /// filtered or dropped: produced = delivered + filtered + dropped.
+    #[serde(default)]
+    pub records_produced: u64,
+    /// Records the in-kernel filters did not keep.
+    #[serde(default)]
+    pub records_filtered: u64,
+    /// `records_dropped` per CPU (index = CPU).
+    #[serde(default)]
+    pub dropped_per_cpu: Vec<u64>,
+    /// The filter in force at the end (`FilterSpec::describe`).
+    #[serde(default)]
+    pub filter: String,
+    /// Filter changes made while the session ran (`tracer filter`).
+    #[serde(default)]
+    pub filter_changes: u64,
+    /// Instrumented binaries that joined the running session.
+    #[serde(default)]
+    pub binaries_added: u64,
     pub threads: u64,
     /// Counter/clock anchor at the end of the session.
     pub clock_end: Option<Anchor>,
@@ -148,7 +173,7 @@ impl BinaryInfo {
         let path_len = u32_at(b, 4) as usize;
         let path = b
             .get(16..16 + path_len)
-            .context("binary section: path out of bounds")?;
+            .with_context(|| format!("path of {path_len} bytes runs past the section's end"))?;
         Ok(BinaryInfo {
             ordinal: u32_at(b, 0),
             binary_id: u64_at(b, 8),
@@ -211,10 +236,65 @@ pub fn encode_chunk(entry: &[u8], out: &mut Vec<u8>) -> Option<ChunkHeader> {
     Some(h)
 }
 
+/// A `CHUNK_KIND_COMM` ring-buffer entry as a comm section; false if malformed.
+pub fn encode_comm(entry: &[u8], out: &mut Vec<u8>) -> bool {
+    let Some(h) = chunk_header(entry) else {
+        return false;
+    };
+    let Some(comm) = entry.get(CHUNK_HEADER_LEN..CHUNK_HEADER_LEN + 16) else {
+        return false;
+    };
+    push_section_header(out, SECTION_COMM, 24);
+    out.extend_from_slice(&h.pid.to_le_bytes());
+    out.extend_from_slice(&h.tid.to_le_bytes());
+    out.extend_from_slice(comm);
+    true
+}
+
+/// A binary section as bytes (for a binary that joins a running session).
+pub fn encode_binary(b: &BinaryInfo) -> Vec<u8> {
+    let payload = b.encode();
+    let mut out = Vec::with_capacity(SECTION_HEADER_LEN + payload.len());
+    push_section_header(&mut out, SECTION_BINARY, payload.len() as u64);
+    out.extend_from_slice(&payload);
+    out
+}
+
 fn push_section_header(out: &mut Vec<u8>, kind: u32, len: u64) {
     out.extend_from_slice(&kind.to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
     out.extend_from_slice(&len.to_le_bytes());
+}
+
+/// Temporary files of earlier sessions writing `dest` whose tracer is gone (killed
+/// before it could rename or remove them): `.<name>.<pid>.tmp` with a dead pid.
+fn remove_stale_temporaries(dest: &Path, name: &std::ffi::OsStr) {
+    let (Some(dir), Some(name)) = (dest.parent(), name.to_str()) else {
+        return;
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let prefix = format!(".{name}.");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let file = e.file_name();
+        let Some(pid) = file
+            .to_str()
+            .and_then(|f| f.strip_prefix(&prefix))
+            .and_then(|f| f.strip_suffix(".tmp"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// Writes a trace to `<dir>/.<name>.<pid>.tmp` and renames it to the destination in
@@ -235,6 +315,7 @@ impl Writer {
         tmp_name.push(name);
         tmp_name.push(format!(".{}.tmp", std::process::id()));
         let tmp = dest.with_file_name(tmp_name);
+        remove_stale_temporaries(dest, name);
         // 0600: a trace holds arguments, return values and memory addresses of the
         // traced programs. create_new: never write through a planted file or link.
         let file = {
@@ -311,6 +392,8 @@ impl Drop for Writer {
 
 pub enum Section {
     Session(SessionInfo),
+    /// A thread's name: pid, tid, name.
+    Comm(u32, u32, String),
     Binary(BinaryInfo),
     Chunk(Chunk),
     Stats(FinalStats),
@@ -450,6 +533,19 @@ impl Reader {
                     .collect();
                 Section::Chunk(Chunk { header, records })
             }
+            SECTION_COMM => {
+                ensure!(
+                    payload.len() == 24,
+                    "{at}: comm section of {} bytes",
+                    payload.len()
+                );
+                let name = payload[8..].split(|&c| c == 0).next().unwrap_or_default();
+                Section::Comm(
+                    u32_at(&payload, 0),
+                    u32_at(&payload, 4),
+                    String::from_utf8_lossy(name).into_owned(),
+                )
+            }
             SECTION_STATS => Section::Stats(
                 serde_json::from_slice(&payload)
                     .with_context(|| format!("{at}: bad stats section"))?,
@@ -466,21 +562,30 @@ pub fn read_stats(path: &Path) -> Result<Option<FinalStats>> {
     let mut r = Reader::open(path)?;
     let mut stats = None;
     loop {
+        let at = r.offset;
+        let ctx = || format!("{} at byte {at}", path.display());
         let mut h = [0u8; SECTION_HEADER_LEN];
-        if read_full(&mut r.r, &mut h)? < SECTION_HEADER_LEN {
+        if read_full(&mut r.r, &mut h).with_context(ctx)? < SECTION_HEADER_LEN {
             return Ok(stats);
         }
         let (kind, len) = (u32_at(&h, 0), u64_at(&h, 8));
-        if kind == SECTION_STATS && len <= MAX_SECTION {
+        // The reader's limit: a longer section is corruption (and seeking past it
+        // could overflow the file offset).
+        ensure!(
+            len <= MAX_SECTION,
+            "{}: section of {len} bytes is implausible (corrupt file)",
+            ctx()
+        );
+        if kind == SECTION_STATS {
             let mut payload = vec![0u8; len as usize];
-            if read_full(&mut r.r, &mut payload)? < payload.len() {
+            if read_full(&mut r.r, &mut payload).with_context(ctx)? < payload.len() {
                 return Ok(stats);
             }
             stats = serde_json::from_slice(&payload).ok();
         } else {
-            let len = i64::try_from(len).context("corrupt section length")?;
-            r.r.seek_relative(len)?;
+            r.r.seek_relative(len as i64).with_context(ctx)?;
         }
+        r.offset += SECTION_HEADER_LEN as u64 + len;
     }
 }
 
@@ -577,6 +682,7 @@ mod tests {
                     );
                     "binary"
                 }
+                Section::Comm(..) => "comm",
                 Section::Chunk(c) => {
                     assert_eq!(c.header.pid, 7);
                     assert_eq!(c.records.len(), c.header.count as usize);

@@ -18,6 +18,12 @@
 //! rest) must behave like the original: `rustc --version --verbose`, and a small program
 //! compiled by each (compiler output and the program's output identical).
 //! `--large-trace` also compiles it under `tracer record` (slow: see [`large_binary`]).
+//!
+//! Between the two: drain throughput (`bench_drain.rs`): records per second through
+//! flush → eBPF (filter) → ring buffer → tracer → trace file, 1 and 2 producing threads,
+//! and the per-record cost of the in-kernel filters (`--no-drain`: skip it).
+//!
+//! `--only events|drain|large` runs one section alone.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -53,6 +59,31 @@ pub struct Args {
     /// Also compile with the rewritten rustc under `tracer record`.
     #[arg(long)]
     large_trace: bool,
+    /// Run only this section.
+    #[arg(long, value_enum, conflicts_with_all = ["large_only", "no_large", "no_drain"])]
+    only: Option<Section>,
+    /// Skip the drain-throughput section.
+    #[arg(long)]
+    no_drain: bool,
+    /// Records per session of the drain section (calls of the instrumented function,
+    /// shared by the producing threads).
+    #[arg(long, default_value_t = 20_000_000)]
+    drain_records: u64,
+    /// Sessions per row of the drain section; the least disturbed one (least CPU on the
+    /// record path) is reported.
+    #[arg(long, default_value_t = 2)]
+    drain_runs: u32,
+}
+
+/// The sections of the bench.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Section {
+    /// ns per event of the stubs (and the other site kinds, USDT, the AArch64 smoke).
+    Events,
+    /// Drain throughput: records/s through flush, eBPF, ring buffer, tracer, file.
+    Drain,
+    /// The large binary (librustc_driver).
+    Large,
 }
 
 type Measure = std::result::Result<f64, String>;
@@ -66,10 +97,24 @@ struct Row {
 pub fn bench(args: &Args) -> Result<()> {
     crate::build()?;
     println!("== cargo xtask bench");
-    if !args.large_only {
+    let run = |s: Section| match args.only {
+        Some(only) => only == s,
+        None => match s {
+            Section::Events => !args.large_only,
+            Section::Drain => !args.large_only && !args.no_drain,
+            Section::Large => !args.no_large,
+        },
+    };
+    if run(Section::Events) {
         ns_per_event(args)?;
     }
-    if !args.no_large {
+    if run(Section::Drain) {
+        crate::bench_drain::drain_throughput(&crate::bench_drain::Options {
+            records: args.drain_records,
+            runs: args.drain_runs,
+        })?;
+    }
+    if run(Section::Large) {
         large_binary(args)?;
     }
     Ok(())

@@ -4,6 +4,7 @@
 
 mod arm64_vm;
 mod bench;
+mod bench_drain;
 mod setup;
 mod util;
 
@@ -58,7 +59,8 @@ enum Task {
     /// AArch64 programs there with an aarch64 tracer (real uprobes, eBPF, ring buffer);
     /// passes on exact counts read from the console.
     TestArm64Vm(arm64_vm::Args),
-    /// Compare ns/event: untraced, inline stub, under the tracer, hand-written store, uprobe.
+    /// Compare ns/event: untraced, inline stub, under the tracer, hand-written store, uprobe;
+    /// drain throughput (records/s through eBPF, ring buffer, tracer); the large binary.
     Bench(bench::Args),
 }
 

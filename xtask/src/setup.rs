@@ -32,6 +32,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "sqlite3",
     "jq",
     "bzip2",
+    // tests/tests/tracer_kill.rs: what a killed tracer left in the kernel.
+    "bpftool",
 ];
 
 /// The Rust target of the aarch64 tracer run in the arm64 VM (linked with rust-lld).

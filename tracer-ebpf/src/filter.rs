@@ -1,0 +1,201 @@
+//! In-kernel filters (`tracer_common::filter`): the per-thread tests of a drain, the
+//! per-record tests, and the thread-name announcements (`CHUNK_KIND_COMM`).
+
+use aya_ebpf::helpers::{
+    bpf_get_current_comm, bpf_get_current_uid_gid, generated::bpf_get_current_cgroup_id,
+};
+use tracer_common::{
+    CHUNK_KIND_COMM, ChunkHeader, FLAG_USDT_MORE, Record,
+    filter::{
+        COMM_LEN, F_CGROUP, F_COMM, F_PER_RECORD, F_PER_THREAD, F_PID, F_SAMPLE, F_SITES, F_TID,
+        F_UID, F_VALUE, FilterConfig, ID_PID, ID_TID, id_key, site_key,
+    },
+};
+
+use crate::{
+    atomic,
+    maps::{COMMS, EVENTS, FILTER, FILTER_ACTIVE, FILTER_IDS, FILTER_SITES, SCRATCH},
+};
+
+/// The configuration in force and its generation (`FILTER` index), if any test is on.
+#[inline(always)]
+pub fn active() -> Option<(*const FilterConfig, u32)> {
+    let generation = FILTER_ACTIVE.get(0).copied().unwrap_or(0) & 1;
+    let cfg = FILTER.get_ptr(generation)?;
+    // SAFETY: a live map value.
+    (unsafe { (*cfg).flags } != 0).then_some((cfg, generation))
+}
+
+/// Whether the current thread passes the per-thread tests of `cfg`.
+#[inline(never)]
+pub fn thread_passes(cfg: &FilterConfig, pid_tid: u64) -> bool {
+    let f = cfg.flags & F_PER_THREAD;
+    if f == 0 {
+        return true;
+    }
+    let (pid, tid) = ((pid_tid >> 32) as u32, pid_tid as u32);
+    if f & F_PID != 0 && FILTER_IDS.get_ptr(id_key(ID_PID, pid)).is_none() {
+        return false;
+    }
+    if f & F_TID != 0 && FILTER_IDS.get_ptr(id_key(ID_TID, tid)).is_none() {
+        return false;
+    }
+    if f & F_UID != 0 && bpf_get_current_uid_gid() as u32 != cfg.uid {
+        return false;
+    }
+    // SAFETY: no preconditions.
+    if f & F_CGROUP != 0 && unsafe { bpf_get_current_cgroup_id() } != cfg.cgroup {
+        return false;
+    }
+    if f & F_COMM != 0 {
+        let c = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
+        let word = |w: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&c[w * 8..w * 8 + 8]);
+            u64::from_le_bytes(a)
+        };
+        let comm = [word(0), word(1)];
+        let n = cfg.ncomm as usize;
+        let any = (n > 0 && cfg.comm_matches(0, &comm))
+            || (n > 1 && cfg.comm_matches(1, &comm))
+            || (n > 2 && cfg.comm_matches(2, &comm))
+            || (n > 3 && cfg.comm_matches(3, &comm));
+        if !any {
+            return false;
+        }
+    }
+    true
+}
+
+/// Per-record state of a filtered drain (lives in the per-CPU scratch, not on the
+/// stack: the exit programs' call chain has little stack left).
+#[repr(C)]
+pub struct RecordFilter {
+    pub cfg: FilterConfig,
+    pub generation: u64,
+    pub binary_id: u64,
+    /// Cached `FILTER_SITES` word: key word index + 1 (0 = none) and its bits.
+    pub word: u64,
+    pub bits: u64,
+    /// Decision for the last first record (argument records of a USDT probe follow it).
+    pub last_keep: u64,
+    /// Records seen on this CPU, for 1-in-N sampling.
+    pub sampled: u64,
+}
+
+/// Whether record `r` passes the per-record tests.
+#[inline(always)]
+pub fn record_passes(f: &mut RecordFilter, r: &Record) -> bool {
+    if r.flags & FLAG_USDT_MORE != 0 {
+        return f.last_keep != 0;
+    }
+    let flags = f.cfg.flags & F_PER_RECORD;
+    let mut keep = true;
+    if flags & F_SITES != 0 {
+        let word = (r.site / 64) as u64 + 1;
+        if f.word != word {
+            let key = site_key(f.binary_id, f.generation as u32, r.site);
+            f.bits = match FILTER_SITES.get_ptr(key) {
+                // SAFETY: a live map value, read at once.
+                Some(p) => unsafe { *p },
+                None => 0,
+            };
+            f.word = word;
+        }
+        keep = f.bits & (1u64 << (r.site % 64)) != 0;
+    }
+    if keep && flags & F_VALUE != 0 {
+        keep = r.value >= f.cfg.value_min && r.value <= f.cfg.value_max;
+    }
+    if keep && flags & F_SAMPLE != 0 && f.cfg.sample > 1 {
+        f.sampled += 1;
+        keep = f.sampled % f.cfg.sample == 0;
+    }
+    f.last_keep = keep as u64;
+    keep
+}
+
+/// Comm announcement as it goes into the ring buffer.
+#[repr(C)]
+struct CommChunk {
+    header: ChunkHeader,
+    comm: [u8; COMM_LEN],
+}
+
+/// Tell the tracer the current thread's name if it has not been told it yet (or it
+/// changed): a `CHUNK_KIND_COMM` entry before the thread's records.
+#[inline(never)]
+pub fn announce_comm(pid_tid: u64, binary_id: u64, time: u64) {
+    let comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
+    if let Some(known) = COMMS.get_ptr(pid_tid) {
+        // SAFETY: a live map value, copied at once.
+        if unsafe { *known } == comm {
+            return;
+        }
+    }
+    let Some(mut entry) = EVENTS.reserve::<CommChunk>(0) else {
+        // Try again at the next drain.
+        return;
+    };
+    // No sequence number: readers count chunks of records against the numbers issued.
+    let chunk = CommChunk {
+        header: ChunkHeader {
+            kind: CHUNK_KIND_COMM,
+            count: 0,
+            pid: (pid_tid >> 32) as u32,
+            tid: pid_tid as u32,
+            seq: 0,
+            binary_id,
+            cause: 0,
+            _pad: 0,
+            time,
+        },
+        comm,
+    };
+    // SAFETY: the reservation has room for one CommChunk.
+    unsafe { entry.as_mut_ptr().write(chunk) };
+    entry.submit(0);
+    let _ = COMMS.insert(pid_tid, comm, 0);
+}
+
+/// The filters for a record emitted at a uprobe site (its thread, then its site and
+/// value), evaluated in the per-CPU scratch. Kept when the scratch is held by a
+/// preempted drain on this CPU (it cannot be evaluated then; rare).
+#[inline(never)]
+pub fn uprobe_record_passes(pid_tid: u64, binary_id: u64, site: u32, value: u64) -> bool {
+    let Some((cfg, generation)) = active() else {
+        return true;
+    };
+    // SAFETY: a live FILTER value.
+    let cfg = unsafe { &*cfg };
+    if !thread_passes(cfg, pid_tid) {
+        return false;
+    }
+    if cfg.flags & F_PER_RECORD == 0 {
+        return true;
+    }
+    let Some(s) = SCRATCH.get_ptr_mut(0) else {
+        return true;
+    };
+    // SAFETY: this CPU's scratch, taken with its busy flag.
+    unsafe {
+        if atomic::cmpxchg(&raw mut (*s).busy, 0, 1) != 0 {
+            return true;
+        }
+        let f = &mut (*s).filter;
+        f.cfg = *cfg;
+        f.generation = generation as u64;
+        f.binary_id = binary_id;
+        f.word = 0;
+        let r = Record {
+            site,
+            flags: 0,
+            time: 0,
+            value,
+            aux: 0,
+        };
+        let keep = record_passes(f, &r);
+        (*s).busy = 0;
+        keep
+    }
+}

@@ -1,0 +1,174 @@
+//! The control socket of a running session (`tracer filter` talks to it).
+//!
+//! `/run/utrace/<tracer pid>.sock`, a Unix stream socket in a 0700 directory (only
+//! root, who runs sessions, can change their filters). One request per connection: a
+//! JSON line `{"filter": FilterSpec}` (replace the filter) or `{"show": true}`, and a
+//! JSON line back `{"ok": bool, "message": "..."}`. The socket dies with the tracer;
+//! a stale file of a dead tracer is removed by the next session, and `tracer filter`
+//! only talks to live ones.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    os::unix::{
+        fs::{DirBuilderExt, PermissionsExt},
+        net::{UnixListener, UnixStream},
+    },
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::filters::FilterSpec;
+
+pub const DIR: &str = "/run/utrace";
+
+#[derive(Serialize, Deserialize, Debug)]
+pub struct Request {
+    #[serde(default)]
+    pub filter: Option<FilterSpec>,
+    #[serde(default)]
+    pub show: bool,
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+pub struct Reply {
+    pub ok: bool,
+    pub message: String,
+}
+
+fn path_of(pid: u32) -> PathBuf {
+    Path::new(DIR).join(format!("{pid}.sock"))
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// The listening side, owned by the session.
+pub struct Control {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl Control {
+    pub fn open() -> Result<Self> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(DIR)
+            .with_context(|| format!("cannot create {DIR}"))?;
+        std::fs::set_permissions(DIR, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot make {DIR} private"))?;
+        // Sockets of sessions that died (SIGKILL) stay behind: clear them.
+        if let Ok(dir) = std::fs::read_dir(DIR) {
+            for e in dir.flatten() {
+                let name = e.file_name();
+                let stale = name
+                    .to_str()
+                    .and_then(|n| n.strip_suffix(".sock"))
+                    .and_then(|p| p.parse::<u32>().ok())
+                    .is_some_and(|pid| !alive(pid));
+                if stale {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        let path = path_of(std::process::id());
+        let _ = std::fs::remove_file(&path);
+        let listener =
+            UnixListener::bind(&path).with_context(|| format!("cannot bind {}", path.display()))?;
+        listener.set_nonblocking(true)?;
+        Ok(Control { listener, path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Serve the requests waiting now (never blocks for long: a client has 1 s to send
+    /// its line). `handle` answers one request.
+    pub fn serve(&self, mut handle: impl FnMut(Request) -> Reply) {
+        while let Ok((stream, _)) = self.listener.accept() {
+            let _ = stream.set_nonblocking(false);
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+            let mut line = String::new();
+            let mut r = BufReader::new(&stream);
+            let reply = match r.read_line(&mut line) {
+                Ok(_) => match serde_json::from_str::<Request>(&line) {
+                    Ok(req) => handle(req),
+                    Err(e) => Reply {
+                        ok: false,
+                        message: format!("bad request: {e}"),
+                    },
+                },
+                Err(e) => Reply {
+                    ok: false,
+                    message: format!("cannot read the request: {e}"),
+                },
+            };
+            let mut w = &stream;
+            if let Ok(mut s) = serde_json::to_string(&reply) {
+                s.push('\n');
+                let _ = w.write_all(s.as_bytes());
+            }
+        }
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The live sessions (tracer pids with a control socket).
+pub fn sessions() -> Vec<u32> {
+    let mut out: Vec<u32> = std::fs::read_dir(DIR)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_suffix(".sock")?
+                .parse::<u32>()
+                .ok()
+        })
+        .filter(|&pid| alive(pid))
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// Send one request to session `pid` (or the only live session) and return the reply.
+pub fn request(pid: Option<u32>, req: &Request) -> Result<Reply> {
+    let pid = match pid {
+        Some(p) => p,
+        None => match sessions().as_slice() {
+            [one] => *one,
+            [] => bail!("no recording session is running (no socket in {DIR})"),
+            many => bail!(
+                "{} sessions are running (tracer pids {}): name one with --session PID",
+                many.len(),
+                many.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        },
+    };
+    let path = path_of(pid);
+    let stream = UnixStream::connect(&path)
+        .with_context(|| format!("no session with tracer pid {pid} ({})", path.display()))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut line = serde_json::to_string(req)?;
+    line.push('\n');
+    (&stream).write_all(line.as_bytes())?;
+    let mut reply = String::new();
+    BufReader::new(&stream)
+        .read_line(&mut reply)
+        .with_context(|| format!("session {pid} did not answer"))?;
+    serde_json::from_str(&reply).with_context(|| format!("session {pid}: bad reply {reply:?}"))
+}
