@@ -485,11 +485,14 @@ pub fn exit_step(ctx: TracePointContext) -> u32 {
 
 #[tracepoint]
 pub fn fork(ctx: TracePointContext) -> u32 {
-    if SYSTEM_WIDE.load() != 0 {
+    let system_wide = SYSTEM_WIDE.load() != 0;
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !system_wide && TARGETS.get_ptr(tgid).is_none() {
         return 0;
     }
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if TARGETS.get_ptr(tgid).is_none() {
+    // System-wide, only the RW areas matter (every process is a target): a child that
+    // records into its parent's slot without registering is drained at exit too.
+    if system_wide && TABLES.get_ptr(tgid).is_none() {
         return 0;
     }
     // SAFETY: read_at checks the access (bpf_probe_read_kernel).
@@ -497,7 +500,7 @@ pub fn fork(ctx: TracePointContext) -> u32 {
         error!(&ctx, "fork: cannot read child_pid");
         return 0;
     };
-    if let Err(e) = TARGETS.insert(child, 1u8, 0) {
+    if !system_wide && let Err(e) = TARGETS.insert(child, 1u8, 0) {
         error!(&ctx, "fork: cannot add pid {} to TARGETS: {}", child, e);
     }
     // The child starts with a copy of the parent's memory, RW areas included.
@@ -543,7 +546,11 @@ fn announce_mapped(pid_tid: u64, cause: u32) {
 #[tracepoint]
 pub fn exec(_ctx: TracePointContext) -> u32 {
     let pid_tid = bpf_get_current_pid_tgid();
-    if is_target((pid_tid >> 32) as u32) {
+    let tgid = (pid_tid >> 32) as u32;
+    if is_target(tgid) {
+        // The old image's RW areas are gone (their buffers were drained at
+        // sys_enter_execve); the new image's are learned afresh.
+        let _ = TABLES.remove(tgid);
         announce_mapped(pid_tid, tracer_common::CAUSE_EXEC);
     }
     0

@@ -25,14 +25,24 @@ pub struct Instrumented {
     /// Not rewritten: traced by uprobes only (`record --uprobe/--usdt`); the metadata
     /// describes the original file, it has no flush function, RW area or anchors.
     pub untouched: bool,
+    /// Where uprobes are attached: `path`, or for a binary found in a process's
+    /// mappings `/proc/self/fd/N` of the very file mapped there (held open in `file`),
+    /// so that a path swapped after the check cannot redirect the uprobes.
+    pub attach: PathBuf,
+    pub file: Option<std::sync::Arc<std::fs::File>>,
 }
 
 /// The metadata of `path` if it is an instrumented binary. Files that are not ELF or
 /// have no note give None; a note that does not parse gives None and a warning.
 pub fn read_instrumented(path: &Path) -> Result<Option<Instrumented>> {
+    let f = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    read_instrumented_file(f, path)
+}
+
+/// [`read_instrumented`] of an open file (named `path` in messages and traces).
+fn read_instrumented_file(f: std::fs::File, path: &Path) -> Result<Option<Instrumented>> {
     // Read lazily: only the headers and the note (system-wide sessions look at every
     // file every process maps).
-    let f = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     let data = object::read::ReadCache::new(f);
     let Ok(file) = object::File::parse(&data) else {
         return Ok(None);
@@ -49,6 +59,8 @@ pub fn read_instrumented(path: &Path) -> Result<Option<Instrumented>> {
             meta,
             note: note.to_vec(),
             untouched: false,
+            attach: path.to_path_buf(),
+            file: None,
         })),
         Some(Err(e)) => {
             log::warn!("{}: ignoring broken {META_SECTION}: {e}", path.display());
@@ -91,6 +103,8 @@ pub fn untouched(path: &Path, functions: &[String], usdt: bool) -> Result<Instru
         meta,
         note,
         untouched: true,
+        attach: path.to_path_buf(),
+        file: None,
     })
 }
 
@@ -233,6 +247,9 @@ pub struct Mapping {
     pub start: u64,
     pub offset: u64,
     pub path: PathBuf,
+    /// `start-end` as in the maps file (the name in `/proc/PID/map_files`).
+    pub range: String,
+    pub inode: u64,
 }
 
 /// File-backed mappings from /proc/PID/maps.
@@ -244,7 +261,7 @@ pub fn process_mappings(pid: u32) -> Result<Vec<Mapping>> {
     for line in text.lines() {
         // start-end perms offset dev inode path
         let mut f = line.splitn(6, ' ');
-        let (Some(range), Some(_perms), Some(offset), Some(_dev), Some(_inode), Some(path)) =
+        let (Some(range), Some(_perms), Some(offset), Some(_dev), Some(inode), Some(path)) =
             (f.next(), f.next(), f.next(), f.next(), f.next(), f.next())
         else {
             continue;
@@ -265,6 +282,8 @@ pub fn process_mappings(pid: u32) -> Result<Vec<Mapping>> {
             start,
             offset,
             path: PathBuf::from(path),
+            range: range.to_string(),
+            inode: inode.parse().unwrap_or(0),
         });
     }
     Ok(maps)
@@ -273,21 +292,7 @@ pub fn process_mappings(pid: u32) -> Result<Vec<Mapping>> {
 /// The instrumented binaries mapped into process `pid`, each with its load bias
 /// (run-time address − link-time address).
 pub fn for_process(pid: u32) -> Result<Vec<(Instrumented, u64)>> {
-    let maps = process_mappings(pid)?;
-    let mut paths: Vec<PathBuf> = Vec::new();
-    for m in &maps {
-        if !paths.contains(&m.path) {
-            paths.push(m.path.clone());
-        }
-    }
-    let mut out = Vec::new();
-    for b in collect(paths)? {
-        match load_bias(&b.path, &maps) {
-            Ok(bias) => out.push((b, bias)),
-            Err(e) => log::warn!("{}: {e:#}; not traced", b.path.display()),
-        }
-    }
-    Ok(out)
+    for_process_cached(pid, &mut Default::default())
 }
 
 /// [`for_process`] for sessions that look at many processes: what each file is
@@ -295,28 +300,29 @@ pub fn for_process(pid: u32) -> Result<Vec<(Instrumented, u64)>> {
 /// instrumented are returned again (their bias differs per process).
 pub fn for_process_cached(
     pid: u32,
-    seen: &mut std::collections::HashMap<PathBuf, Option<Instrumented>>,
+    seen: &mut std::collections::HashMap<(PathBuf, u64), Option<Instrumented>>,
 ) -> Result<Vec<(Instrumented, u64)>> {
     let maps = process_mappings(pid)?;
     let mut out = Vec::new();
     let mut done = BTreeSet::new();
     for m in &maps {
-        if !done.insert(m.path.clone()) {
+        let key = (m.path.clone(), m.inode);
+        if !done.insert(key.clone()) {
             continue;
         }
-        let b = match seen.get(&m.path) {
+        let b = match seen.get(&key) {
             Some(b) => b.clone(),
             None => {
-                let b = read_instrumented(&m.path).unwrap_or_else(|e| {
+                let b = open_mapped(pid, m).unwrap_or_else(|e| {
                     log::debug!("{e:#}");
                     None
                 });
-                seen.insert(m.path.clone(), b.clone());
+                seen.insert(key, b.clone());
                 b
             }
         };
         if let Some(b) = b {
-            match load_bias(&b.path, &maps) {
+            match load_bias(&b.attach, &b.path, &maps) {
                 Ok(bias) => out.push((b, bias)),
                 Err(e) => log::warn!("{} in process {pid}: {e:#}", b.path.display()),
             }
@@ -325,9 +331,29 @@ pub fn for_process_cached(
     Ok(out)
 }
 
+/// The file process `pid` maps at `m`, opened through `/proc/PID/map_files` (the
+/// mapped file itself, not whatever its path names now; also right for processes in
+/// other mount namespaces), if it is instrumented.
+fn open_mapped(pid: u32, m: &Mapping) -> Result<Option<Instrumented>> {
+    use std::os::unix::{fs::MetadataExt, io::AsRawFd};
+    let link = format!("/proc/{pid}/map_files/{}", m.range);
+    let f = std::fs::File::open(&link).with_context(|| format!("cannot open {link}"))?;
+    if f.metadata()?.ino() != m.inode {
+        bail!("{link} is not inode {} any more", m.inode);
+    }
+    let held = f.try_clone()?;
+    let Some(mut b) = read_instrumented_file(f, &m.path)? else {
+        return Ok(None);
+    };
+    b.attach = PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()));
+    b.file = Some(std::sync::Arc::new(held));
+    Ok(Some(b))
+}
+
 /// Load bias of `path` in a process: where its first PT_LOAD segment was mapped.
-fn load_bias(path: &Path, maps: &[Mapping]) -> Result<u64> {
-    let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+/// `file` is read (the file itself), `path` is its name in `maps`.
+fn load_bias(file: &Path, path: &Path, maps: &[Mapping]) -> Result<u64> {
+    let data = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
     let elf = ElfFile64::<Endianness>::parse(&*data).context("not a 64-bit ELF file")?;
     let endian = elf.endian();
     let first = elf
@@ -382,7 +408,7 @@ mod tests {
         let maps = process_mappings(std::process::id()).unwrap();
         assert!(!maps.is_empty());
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        let bias = load_bias(&exe, &maps).unwrap();
+        let bias = load_bias(&exe, &exe, &maps).unwrap();
         // PIE test binaries load high, non-PIE at bias 0.
         assert!(bias == 0 || bias > 0x1000);
     }

@@ -87,16 +87,12 @@ impl Control {
         &self.path
     }
 
-    /// Serve the requests waiting now (never blocks for long: a client has 1 s to send
-    /// its line). `handle` answers one request.
+    /// Serve the requests waiting now (never blocks for long: a client has 1 s in all
+    /// to send its line, of at most 64 KiB). `handle` answers one request.
     pub fn serve(&self, mut handle: impl FnMut(Request) -> Reply) {
         while let Ok((stream, _)) = self.listener.accept() {
-            let _ = stream.set_nonblocking(false);
-            let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-            let mut line = String::new();
-            let mut r = BufReader::new(&stream);
-            let reply = match r.read_line(&mut line) {
-                Ok(_) => match serde_json::from_str::<Request>(&line) {
+            let reply = match read_request(&stream) {
+                Ok(line) => match serde_json::from_str::<Request>(&line) {
                     Ok(req) => handle(req),
                     Err(e) => Reply {
                         ok: false,
@@ -115,6 +111,31 @@ impl Control {
             }
         }
     }
+}
+
+/// One request line, read within a deadline (the session loop waits meanwhile).
+fn read_request(stream: &UnixStream) -> std::io::Result<String> {
+    use std::io::Read;
+    const MAX: usize = 64 << 10;
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    stream.set_nonblocking(false)?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !buf.contains(&b'\n') {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || buf.len() > MAX {
+            return Err(std::io::Error::other(
+                "no complete request line within 1 s / 64 KiB",
+            ));
+        }
+        stream.set_read_timeout(Some(left))?;
+        let n = (&*stream).read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    String::from_utf8(buf).map_err(|_| std::io::Error::other("request is not UTF-8"))
 }
 
 impl Drop for Control {

@@ -289,7 +289,8 @@ impl Filters {
         self.config.set(next, config, 0)?;
         self.active.set(0, next, 0)?;
         self.generation = next;
-        self.clear_generation(next ^ 1)?;
+        // The old generation's site words stay until the next change: a drain that
+        // took the old configuration just before the flip still finds them.
         self.spec = spec.clone();
         Ok(total)
     }
@@ -328,8 +329,9 @@ impl Filters {
                 .insert(site_key(b.meta.binary_id, generation, word * 64), bits, 0)
                 .with_context(|| {
                     format!(
-                        "{}: too many sites for the filter map (--filter-site-words)",
-                        b.path.display()
+                        "{}: the site filter map is full ({} words of 64 sites)",
+                        b.path.display(),
+                        tracer_common::ebpf::DEFAULT_FILTER_SITE_WORDS
                     )
                 })?;
         }

@@ -88,8 +88,9 @@ enum Cmd {
         #[arg(last = true)]
         command: Vec<OsString>,
     },
-    /// Change the in-kernel filters of a running session (records that pass are never
-    /// lost in the change). Without filter options: show the session's filter.
+    /// Change the in-kernel filters of a running session (records are judged when they
+    /// are drained: those still buffered by the new filter). Without filter options:
+    /// show the session's filter.
     Filter {
         /// The session: its tracer's pid (default: the only running session).
         #[arg(long, value_name = "TRACER_PID")]

@@ -163,10 +163,13 @@ pub fn record(opts: RecordOptions) -> Result<i32> {
         initial.push((b, None));
     }
     let mut live = Live::load(opts.ring_bytes, system_wide, &initial)?;
-    let mut seen_files: StdHashMap<PathBuf, Option<Instrumented>> = StdHashMap::new();
+    let mut seen_files: StdHashMap<(PathBuf, u64), Option<Instrumented>> = StdHashMap::new();
     for (b, _) in &initial {
         live.add_binary(b.clone(), None)?;
-        seen_files.insert(b.path.clone(), Some(b.clone()));
+        if let Ok(md) = std::fs::metadata(&b.path) {
+            use std::os::unix::fs::MetadataExt;
+            seen_files.insert((b.path.clone(), md.ino()), Some(b.clone()));
+        }
     }
     live.attach_tracepoints()?;
     let list: Vec<Instrumented> = live.binaries.iter().map(|(b, _)| b.clone()).collect();
@@ -294,6 +297,9 @@ pub fn record(opts: RecordOptions) -> Result<i32> {
 
     // The session's loop: new code mapped by traced processes, filter requests, the end.
     let mut pending: HashSet<u32> = HashSet::new();
+    // Each notice is looked at again a little later: `mmap` is announced on entry to
+    // the system call, so the first look may come before the mapping exists.
+    let mut again: Vec<(Instant, u32)> = Vec::new();
     let (end, exit_code) = loop {
         if let Some(end) = ending.check(deadline)? {
             break end;
@@ -306,9 +312,20 @@ pub fn record(opts: RecordOptions) -> Result<i32> {
                 pending.insert(pid);
             }
         }
+        let now = Instant::now();
         for pid in pending.drain() {
             live.scan_process(pid, &mut seen_files, &pipeline);
+            if !again.iter().any(|&(_, p)| p == pid) {
+                again.push((now + Duration::from_millis(10), pid));
+            }
         }
+        // Second looks, once each.
+        again.retain(|&(at, pid)| {
+            if at <= now {
+                live.scan_process(pid, &mut seen_files, &pipeline);
+            }
+            at > now
+        });
         if let Some(c) = &control {
             c.serve(|req| live.handle(req));
         }
@@ -501,6 +518,11 @@ impl Live {
             };
             p.write_sections(encode_binary(&info))?;
         }
+        // The ordinal is taken from here on, even if an attach below fails: uprobes
+        // already attached carry it in their cookies. The filter first, so that its
+        // first drains are judged by the filter in force.
+        self.filters.add_binary(&b)?;
+        self.binaries.push((b.clone(), None));
         if !b.untouched {
             let flush: &mut UProbe = self
                 .ebpf
@@ -508,7 +530,7 @@ impl Live {
                 .with_context(|| format!("no program {}", self.flush))?
                 .try_into()?;
             flush
-                .attach(b.meta.flush_file_off, &b.path, UProbeScope::AllProcesses)
+                .attach(b.meta.flush_file_off, &b.attach, UProbeScope::AllProcesses)
                 .with_context(|| {
                     format!(
                         "cannot attach the flush uprobe to {} at file offset {:#x}",
@@ -536,7 +558,7 @@ impl Live {
                 location: UProbeAttachLocation::AbsoluteOffset(s.file_off),
                 cookie: Some(site_cookie(ordinal, site_selector(s.kind), s.id)),
             };
-            site.attach(point, &b.path, UProbeScope::AllProcesses)
+            site.attach(point, &b.attach, UProbeScope::AllProcesses)
                 .with_context(|| {
                     format!(
                         "cannot attach a uprobe to {} site {} ({}) at file offset {:#x}",
@@ -549,39 +571,47 @@ impl Live {
         }
         // Kept until the session ends: USDT probes guarded by a semaphore fire meanwhile.
         if b.untouched {
-            // No anchors in an untouched file: the semaphores' reference-counting
-            // uprobes sit right after a probe's nop (an instruction boundary; not on a
-            // site: the kernel refuses two uprobes at one place with different
-            // reference counters).
+            // No anchors in an untouched file: each semaphore's reference-counting
+            // uprobe sits right after a different probe's nop (an instruction
+            // boundary; not on a site, nor two at one place: the kernel refuses two
+            // uprobes at one address with different reference counters).
             let nop = if b.meta.arch == tracer_common::ARCH_AARCH64 {
                 4
             } else {
                 1
             };
             let taken: HashSet<u64> = b.meta.sites.iter().map(|s| s.file_off).collect();
-            let at = b
+            let mut anchors: Vec<u64> = b
                 .meta
                 .sites
                 .iter()
                 .filter(|s| s.kind == SiteKind::Usdt)
                 .map(|s| s.file_off + nop)
-                .find(|off| !taken.contains(off));
-            if let Some(anchor) = at {
-                let sems: Vec<_> = b
-                    .meta
-                    .semaphores
-                    .iter()
-                    .map(|s| tracer_common::meta::Semaphore {
-                        anchor_file_off: anchor,
-                        semaphore_file_off: s.semaphore_file_off,
-                    })
-                    .collect();
-                self.raised.raise(&b.path, &sems)?;
+                .filter(|off| !taken.contains(off))
+                .collect();
+            anchors.dedup();
+            if anchors.len() < b.meta.semaphores.len() {
+                log::warn!(
+                    "{}: {} USDT semaphores but {} places to raise them from; some stay 0",
+                    b.path.display(),
+                    b.meta.semaphores.len(),
+                    anchors.len()
+                );
             }
+            let sems: Vec<_> = b
+                .meta
+                .semaphores
+                .iter()
+                .zip(anchors)
+                .map(|(s, anchor)| tracer_common::meta::Semaphore {
+                    anchor_file_off: anchor,
+                    semaphore_file_off: s.semaphore_file_off,
+                })
+                .collect();
+            self.raised.raise(&b.attach, &sems)?;
         } else {
-            self.raised.raise(&b.path, &b.meta.semaphores)?;
+            self.raised.raise(&b.attach, &b.meta.semaphores)?;
         }
-        self.filters.add_binary(&b)?;
         if pipeline.is_some() {
             log::info!(
                 "tracing {} (binary_id {:#x}) from now on",
@@ -589,7 +619,6 @@ impl Live {
                 b.meta.binary_id
             );
         }
-        self.binaries.push((b, None));
         Ok(ordinal)
     }
 
@@ -695,7 +724,7 @@ impl Live {
     fn scan_process(
         &mut self,
         pid: u32,
-        seen: &mut StdHashMap<PathBuf, Option<Instrumented>>,
+        seen: &mut StdHashMap<(PathBuf, u64), Option<Instrumented>>,
         pipeline: &Pipeline,
     ) {
         let found = match binaries::for_process_cached(pid, seen) {
