@@ -3,10 +3,12 @@
 
 mod binaries;
 mod btf;
+mod calls;
 mod clock;
 mod coarse;
 mod consumer;
 mod control;
+mod export;
 mod filters;
 mod kernel;
 mod process;
@@ -100,6 +102,17 @@ enum Cmd {
         clear: bool,
         #[command(flatten)]
         filter: FilterSpec,
+    },
+    /// Write a trace in another tool's format: `chrome` (trace event JSON for
+    /// chrome://tracing and ui.perfetto.dev: a slice per function call, instants for
+    /// other records, thread names).
+    Export {
+        file: PathBuf,
+        #[arg(long, default_value = "chrome")]
+        format: String,
+        /// Output file.
+        #[arg(short, long)]
+        output: PathBuf,
     },
     /// Per-function and per-thread record counts of a trace.
     Report {
@@ -226,6 +239,14 @@ fn run(cli: Cli) -> Result<i32> {
                 last.unwrap_or(0),
                 &mut BufWriter::new(std::io::stdout().lock()),
             )?;
+            Ok(0)
+        }
+        Cmd::Export {
+            file,
+            format,
+            output,
+        } => {
+            export::export(&file, &format, &output)?;
             Ok(0)
         }
         Cmd::Dump { file } => {

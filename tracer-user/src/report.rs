@@ -136,6 +136,63 @@ pub fn dump(path: &Path, out: &mut impl Write) -> Result<()> {
 
 /// CLOCK_MONOTONIC ns of a record: uprobe records already are; inline records carry
 /// the cycle counter.
+/// One record as [`each_record`] hands it out.
+pub struct Event<'a> {
+    pub pid: u32,
+    pub tid: u32,
+    /// The thread's name (empty when the trace has none).
+    pub comm: &'a str,
+    pub binary: &'a str,
+    pub symbol: &'a str,
+    /// Site kind name: "entry", "exit", "block", ...
+    pub kind: &'static str,
+    pub rec: &'a Record,
+    /// CLOCK_MONOTONIC ns (interpolated in coarse mode).
+    pub time_ns: u64,
+}
+
+/// Every real record of a trace, in delivery order, with its names and time; the
+/// file's stats section (if any) at the end.
+pub fn each_record(path: &Path, mut f: impl FnMut(&Event)) -> Result<Option<FinalStats>> {
+    let end = tracefile::read_stats(path)?.and_then(|s| s.clock_end);
+    let mut timeline = crate::coarse::Timeline::scan(path)?;
+    let mut r = Reader::open(path)?;
+    let mut names = Names::default();
+    let mut clock: Option<Calibration> = None;
+    let mut comms: HashMap<(u32, u32), String> = HashMap::new();
+    let mut stats = None;
+    while let Some(section) = r.next_section()? {
+        match section {
+            Section::Session(s) => clock = Some(s.clock.refined(end)),
+            Section::Binary(b) => names.add(&b),
+            Section::Comm(pid, tid, name) => {
+                comms.insert((pid, tid), name);
+            }
+            Section::Chunk(mut c) => {
+                timeline.apply(&mut c);
+                let h = c.header;
+                let comm = comms.get(&(h.pid, h.tid)).map_or("", String::as_str);
+                for rec in c.records.iter().filter(|r| names.is_record(h.binary_id, r)) {
+                    f(&Event {
+                        pid: h.pid,
+                        tid: h.tid,
+                        comm,
+                        binary: names.binary(h.binary_id),
+                        symbol: names.symbol(h.binary_id, rec.site),
+                        kind: names.kind(h.binary_id, rec.site),
+                        rec,
+                        time_ns: time_ns(rec, clock.as_ref()),
+                    });
+                }
+            }
+            Section::Stats(s) => stats = Some(s),
+            Section::Unknown(kind) => log::debug!("skipping section of unknown kind {kind}"),
+        }
+    }
+    truncation_warning(path, r.truncated(), stats.as_ref());
+    Ok(stats)
+}
+
 fn time_ns(rec: &Record, clock: Option<&Calibration>) -> u64 {
     if rec.flags & FLAG_KTIME != 0 {
         rec.time
@@ -178,6 +235,17 @@ struct BinarySummary {
     build_id: String,
 }
 
+/// `calls` of the report.
+#[derive(Serialize, Default)]
+struct CallTimes {
+    functions: Vec<crate::calls::FunctionTime>,
+    /// Exits with no open call of their function (e.g. the call began before the
+    /// session).
+    unmatched_exits: u64,
+    /// Calls that never exited through a traced exit.
+    unfinished: u64,
+}
+
 /// The session's books: every record taken out of a buffer (or emitted at a uprobe
 /// site) was delivered, filtered or dropped.
 #[derive(Serialize, Default)]
@@ -206,6 +274,8 @@ struct Summary {
     chunks_lost: u64,
     truncated: bool,
     functions: Vec<FunctionCount>,
+    /// Calls from entry/exit pairs, by total time.
+    calls: CallTimes,
     threads: Vec<ThreadCount>,
     binaries: Vec<BinarySummary>,
     books: Books,
@@ -351,6 +421,7 @@ fn summarize(path: &Path, last: usize) -> Result<(Summary, Option<SessionInfo>)>
             chunks_lost: st.seq_issued.saturating_sub(chunks),
             truncated: r.truncated().is_some(),
             functions,
+            calls: CallTimes::default(),
             threads,
             binaries,
             books: Books {
@@ -382,7 +453,17 @@ fn summarize(path: &Path, last: usize) -> Result<(Summary, Option<SessionInfo>)>
 
 /// Per-function and per-thread counts, as text or one JSON object.
 pub fn report(path: &Path, json: bool, last: usize, out: &mut impl Write) -> Result<()> {
-    let (s, session) = summarize(path, last)?;
+    let (mut s, session) = summarize(path, last)?;
+    let mut calls = crate::calls::Calls::default();
+    each_record(path, |ev| {
+        calls.event(ev);
+    })?;
+    let (functions, unmatched_exits, unfinished) = calls.finish();
+    s.calls = CallTimes {
+        functions,
+        unmatched_exits,
+        unfinished,
+    };
     if json {
         serde_json::to_writer(&mut *out, &s).context("cannot write JSON")?;
         writeln!(out)?;
@@ -475,6 +556,9 @@ pub fn report(path: &Path, json: bool, last: usize, out: &mut impl Write) -> Res
             f.count, f.binary, f.site, f.kind, f.symbol
         )?;
     }
+    if !s.calls.functions.is_empty() {
+        write_calls(out, &s.calls)?;
+    }
     writeln!(out, "\nthreads ({}):", s.threads.len())?;
     writeln!(out, "{:>8} {:>8} {:>12}  name", "pid", "tid", "count")?;
     for t in &s.threads {
@@ -495,6 +579,61 @@ pub fn report(path: &Path, json: bool, last: usize, out: &mut impl Write) -> Res
                 r.kind, r.binary, r.site, r.value, r.aux, r.symbol
             )?;
         }
+    }
+    Ok(())
+}
+
+/// Human-readable nanoseconds.
+fn ns(v: u64) -> String {
+    match v {
+        0..1_000 => format!("{v}ns"),
+        1_000..1_000_000 => format!("{:.1}us", v as f64 / 1e3),
+        1_000_000..1_000_000_000 => format!("{:.1}ms", v as f64 / 1e6),
+        _ => format!("{:.2}s", v as f64 / 1e9),
+    }
+}
+
+fn write_calls(out: &mut impl Write, c: &CallTimes) -> Result<()> {
+    writeln!(
+        out,
+        "\ncalls ({} functions with entry/exit pairs), by total time:",
+        c.functions.len()
+    )?;
+    writeln!(
+        out,
+        "{:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  function",
+        "calls", "total", "self", "avg", "min", "max"
+    )?;
+    for f in &c.functions {
+        writeln!(
+            out,
+            "{:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {} ({})",
+            f.calls,
+            ns(f.total_ns),
+            ns(f.self_ns),
+            ns(f.total_ns / f.calls.max(1)),
+            ns(f.min_ns),
+            ns(f.max_ns),
+            f.function,
+            f.binary
+        )?;
+    }
+    for f in c.functions.iter().take(5) {
+        let buckets: Vec<String> = f
+            .histogram
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(i, n)| format!("<{} {n}", ns(1u64 << (i + 1))))
+            .collect();
+        writeln!(out, "latency of {}: {}", f.function, buckets.join(", "))?;
+    }
+    if c.unmatched_exits + c.unfinished > 0 {
+        writeln!(
+            out,
+            "unpaired: {} exits without their entry, {} calls without their exit",
+            c.unmatched_exits, c.unfinished
+        )?;
     }
     Ok(())
 }
