@@ -19,13 +19,7 @@ pub fn export(trace: &Path, format: &str, out: &Path) -> Result<()> {
     if format != "chrome" {
         bail!("unknown export format {format:?} (supported: chrome)");
     }
-    let name = out
-        .file_name()
-        .with_context(|| format!("{} is not a file name", out.display()))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".{}.tmp", std::process::id()));
-    let tmp = out.with_file_name(tmp_name);
+    let tmp = crate::tracefile::temporary_for(out)?;
     let file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

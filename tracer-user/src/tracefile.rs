@@ -266,6 +266,18 @@ fn push_section_header(out: &mut Vec<u8>, kind: u32, len: u64) {
     out.extend_from_slice(&len.to_le_bytes());
 }
 
+/// Where an output `dest` is written before it is renamed into place:
+/// `<dir>/.<name>.<pid>.tmp`.
+pub fn temporary_for(dest: &Path) -> Result<PathBuf> {
+    let name = dest
+        .file_name()
+        .with_context(|| format!("{} is not a file name", dest.display()))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    Ok(dest.with_file_name(tmp_name))
+}
+
 /// Temporary files of earlier sessions writing `dest` whose tracer is gone (killed
 /// before it could rename or remove them): `.<name>.<pid>.tmp` with a dead pid.
 fn remove_stale_temporaries(dest: &Path, name: &std::ffi::OsStr) {
@@ -308,14 +320,10 @@ pub struct Writer {
 
 impl Writer {
     pub fn create(dest: &Path) -> Result<Self> {
-        let name = dest
-            .file_name()
-            .with_context(|| format!("{} is not a file name", dest.display()))?;
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(format!(".{}.tmp", std::process::id()));
-        let tmp = dest.with_file_name(tmp_name);
-        remove_stale_temporaries(dest, name);
+        let tmp = temporary_for(dest)?;
+        if let Some(name) = dest.file_name() {
+            remove_stale_temporaries(dest, name);
+        }
         // 0600: a trace holds arguments, return values and memory addresses of the
         // traced programs. create_new: never write through a planted file or link.
         let file = {
