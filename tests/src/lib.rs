@@ -690,12 +690,17 @@ impl Report {
     }
 }
 
-pub fn report(trace: &Path) -> Report {
+/// `tracer report --json TRACE` as parsed JSON (the command must succeed).
+pub fn report_json(trace: &Path) -> serde_json::Value {
     let mut c = Command::new(tracer_bin());
     c.arg("report").arg(trace).arg("--json");
     let out = run(&mut c, TRACE_TIMEOUT).ok();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("tracer report --json is not JSON ({e}): {}", out.describe()));
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("tracer report --json is not JSON ({e}): {}", out.describe()))
+}
+
+pub fn report(trace: &Path) -> Report {
+    let v = report_json(trace);
     let num = |v: &serde_json::Value, k: &str| -> u64 {
         v.get(k)
             .and_then(|x| x.as_u64())

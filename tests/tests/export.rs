@@ -46,15 +46,7 @@ fn traced_exits(tmp: &TempDir) -> std::path::PathBuf {
 fn call_times_in_the_report() {
     let tmp = TempDir::new("calltimes");
     let trace = traced_exits(&tmp);
-    let out = run(
-        Command::new(tracer_bin())
-            .arg("report")
-            .arg("--json")
-            .arg(&trace),
-        TRACE_TIMEOUT,
-    )
-    .ok();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = report_json(&trace);
     let calls = &v["calls"];
     assert_eq!(calls["unmatched_exits"], 0, "{calls}");
     assert_eq!(calls["unfinished"], 0, "{calls}");

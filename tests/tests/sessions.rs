@@ -38,16 +38,7 @@ fn record(trace: &Path, flags: &[&str], prog: &Path, args: &[&str]) -> Out {
 
 /// `books` of `tracer report --json`.
 fn books(trace: &Path) -> serde_json::Value {
-    let out = run(
-        Command::new(tracer_bin())
-            .arg("report")
-            .arg("--json")
-            .arg(trace),
-        TRACE_TIMEOUT,
-    )
-    .ok();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("report JSON");
-    v["books"].clone()
+    report_json(trace)["books"].clone()
 }
 
 fn n(v: &serde_json::Value, k: &str) -> u64 {
@@ -170,15 +161,7 @@ fn filters_in_the_kernel() {
         recs.len()
     );
     // Threads carry their names.
-    let rep = run(
-        Command::new(tracer_bin())
-            .arg("report")
-            .arg("--json")
-            .arg(&trace),
-        TRACE_TIMEOUT,
-    )
-    .ok();
-    let v: serde_json::Value = serde_json::from_slice(&rep.stdout).unwrap();
+    let v = report_json(&trace);
     for th in v["threads"].as_array().unwrap() {
         assert_eq!(th["comm"], "sessions.traced", "{th}");
     }
@@ -401,18 +384,7 @@ fn system_wide_and_a_second_session_at_once() {
             );
         }
     }
-    let v: serde_json::Value = serde_json::from_slice(
-        &run(
-            Command::new(tracer_bin())
-                .arg("report")
-                .arg("--json")
-                .arg(&sw),
-            TRACE_TIMEOUT,
-        )
-        .ok()
-        .stdout,
-    )
-    .unwrap();
+    let v = report_json(&sw);
     assert_eq!(v["books"]["balanced"], true, "{}", v["books"]);
     let bins = v["binaries"].as_array().unwrap();
     assert!(

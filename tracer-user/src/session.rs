@@ -510,12 +510,7 @@ impl Live {
             }
         }
         if let Some(p) = pipeline {
-            let info = BinaryInfo {
-                ordinal,
-                binary_id: b.meta.binary_id,
-                path: b.path.to_string_lossy().into_owned(),
-                note: b.note.clone(),
-            };
+            let info = binary_info(ordinal, &b);
             p.write_sections(encode_binary(&info))?;
         }
         // The ordinal is taken from here on, even if an attach below fails: uprobes
@@ -783,13 +778,18 @@ pub fn binary_infos(binaries: &[Traced]) -> Vec<BinaryInfo> {
     binaries
         .iter()
         .enumerate()
-        .map(|(i, (b, _))| BinaryInfo {
-            ordinal: i as u32,
-            binary_id: b.meta.binary_id,
-            path: b.path.to_string_lossy().into_owned(),
-            note: b.note.clone(),
-        })
+        .map(|(i, (b, _))| binary_info(i as u32, b))
         .collect()
+}
+
+/// What the trace file says about binary `b` traced as `ordinal`.
+fn binary_info(ordinal: u32, b: &Instrumented) -> BinaryInfo {
+    BinaryInfo {
+        ordinal,
+        binary_id: b.meta.binary_id,
+        path: b.path.to_string_lossy().into_owned(),
+        note: b.note.clone(),
+    }
 }
 
 /// The instrumented binaries of a command (plus `extra`) and its resolved path.
