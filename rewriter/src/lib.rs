@@ -10,6 +10,7 @@ pub mod flow;
 pub mod input;
 pub mod isa;
 pub mod output;
+pub mod progress;
 pub mod sites;
 pub mod spec;
 pub mod usdt;
@@ -19,6 +20,7 @@ use std::path::Path;
 
 pub use error::{Error, Result};
 pub use output::Report;
+pub use sites::demangle;
 pub use tracer_common::meta::{SiteKind, TimeMode};
 
 /// What to instrument and how big the buffers are.
@@ -43,6 +45,36 @@ pub struct Options {
     /// a register `%rsi` / `x1`, an immediate `$42` / `42`, memory `8@-16(%rbp)` /
     /// `8@[sp, 16]`).
     pub values: Vec<(SiteKind, String)>,
+    /// Told how far the rewrite is (the CLI draws a progress bar on a terminal).
+    pub progress: Progress,
+}
+
+/// A progress callback: `(stage, done, total)`, called once per function of each stage.
+#[derive(Clone, Default)]
+pub struct Progress(Option<std::sync::Arc<ProgressFn>>);
+
+type ProgressFn = dyn Fn(&'static str, u64, u64) + Send + Sync;
+
+impl Progress {
+    pub fn new(f: impl Fn(&'static str, u64, u64) + Send + Sync + 'static) -> Progress {
+        Progress(Some(std::sync::Arc::new(f)))
+    }
+
+    pub(crate) fn report(&self, stage: &'static str, done: u64, total: u64) {
+        if let Some(f) = &self.0 {
+            f(stage, done, total);
+        }
+    }
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Progress(..)"
+        } else {
+            "Progress(none)"
+        })
+    }
 }
 
 impl Default for Options {
@@ -56,6 +88,7 @@ impl Default for Options {
             time_mode: TimeMode::Record,
             buf_kind: tracer_common::BUF_TRACE,
             values: Vec::new(),
+            progress: Progress::default(),
         }
     }
 }

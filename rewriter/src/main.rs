@@ -92,7 +92,26 @@ fn main() -> ExitCode {
     opts.values.extend(args.values.iter().cloned());
     opts.buf_records = args.buffer_records.unwrap_or(opts.buf_records);
     opts.force_uprobe = args.force_uprobe;
-    match rewriter::rewrite_file(&args.input, &output, &opts) {
+    // A progress bar over the functions of each stage (a terminal only, long jobs only).
+    let bar = std::sync::Arc::new(std::sync::Mutex::new(rewriter::progress::Bar::new(
+        0,
+        "{msg:>13} [{bar:40}] {pos}/{len} functions",
+        String::new(),
+    )));
+    let b = bar.clone();
+    opts.progress = rewriter::Progress::new(move |stage, done, total| {
+        if let Ok(mut b) = b.lock() {
+            if done == 0 {
+                b.stage(total, stage);
+            }
+            b.set_position(done);
+        }
+    });
+    let result = rewriter::rewrite_file(&args.input, &output, &opts);
+    if let Ok(b) = bar.lock() {
+        b.finish();
+    }
+    match result {
         Ok(r) => {
             println!(
                 "{} -> {} ({}): {} sites: {} inline, {} uprobe; {} -> {} bytes",

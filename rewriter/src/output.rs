@@ -189,7 +189,9 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
         values.insert(*kind, arg);
     }
     let mut semaphores = Vec::new();
-    for (f, name) in &chosen {
+    let total = chosen.len() as u64;
+    for (i, (f, name)) in chosen.iter().enumerate() {
+        opts.progress.report("finding sites", i as u64, total);
         let mut reqs = Vec::new();
         let mut add = |kind, addr, label: &str, args: Vec<crate::usdt::Arg>| {
             reqs.push(SiteReq {
@@ -241,7 +243,12 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
     let plans: Vec<FunctionPlan> = chosen
         .iter()
         .zip(&reqs_of)
-        .map(|((f, _), reqs)| match opts.force_uprobe {
+        .enumerate()
+        .map(|(i, ((f, _), reqs))| {
+            opts.progress.report("planning", i as u64, total);
+            (f, reqs)
+        })
+        .map(|(f, reqs)| match opts.force_uprobe {
             true => FunctionPlan::all_uprobes(reqs, "--force-uprobe"),
             false => {
                 let end = f.addr + f.size;
@@ -340,7 +347,12 @@ pub fn build(input: &Input, isa: &dyn Isa, opts: &Options) -> Result<(Vec<u8>, R
         input_size: file_len,
         ..Default::default()
     };
-    for ((f, _), (plan, reqs)) in chosen.iter().zip(plans.into_iter().zip(&reqs_of)) {
+    for (i, ((f, _), (plan, reqs))) in chosen
+        .iter()
+        .zip(plans.into_iter().zip(&reqs_of))
+        .enumerate()
+    {
+        opts.progress.report("writing", i as u64, total);
         let mut uprobes = plan.uprobes;
         for w in &plan.windows {
             // The branch to the trampoline is encoded first: when the trampoline is

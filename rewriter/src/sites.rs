@@ -44,6 +44,20 @@ pub fn functions(input: &Input, fdes: &[(u64, u64)]) -> Vec<Function> {
     all
 }
 
+/// The readable name of a C++ (Itanium ABI) or Rust (legacy or v0) symbol; None for
+/// other names. Rust names without their hash; C++ names with their parameter types.
+pub fn demangle(name: &str) -> Option<String> {
+    if let Ok(d) = rustc_demangle::try_demangle(name) {
+        return Some(format!("{d:#}"));
+    }
+    if name.starts_with("_Z") {
+        return cpp_demangle::Symbol::new(name)
+            .ok()
+            .and_then(|s| s.demangle(&Default::default()).ok());
+    }
+    None
+}
+
 /// The selected functions of `functions` with the name to report (the alias that
 /// matched).
 pub fn select<'i>(
@@ -72,9 +86,15 @@ pub fn select<'i>(
         let name = if patterns.is_empty() {
             Some(f.names[0].clone())
         } else {
+            // A glob matches the symbol or its demangled name (`shapes::*`).
             f.names
                 .iter()
-                .find(|n| patterns.iter().any(|p| p.matches(n)))
+                .find(|n| {
+                    let readable = demangle(n);
+                    patterns
+                        .iter()
+                        .any(|p| p.matches(n) || readable.as_deref().is_some_and(|d| p.matches(d)))
+                })
                 .cloned()
         };
         if let Some(name) = name {

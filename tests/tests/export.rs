@@ -183,3 +183,215 @@ fn chrome_trace_export() {
     );
     assert!(!tmp.join("x.json").exists());
 }
+
+/// Slices of one thread nest: each starts and ends within any slice it starts in.
+fn check_nesting(spans: &mut [(u64, u64)]) {
+    spans.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    let mut open: Vec<(u64, u64)> = Vec::new();
+    for &(s, e) in spans.iter() {
+        while open.last().is_some_and(|&(_, oe)| oe <= s) {
+            open.pop();
+        }
+        if let Some(&(_, oe)) = open.last() {
+            assert!(e <= oe, "slice {s}..{e} overlaps its parent ending at {oe}");
+        }
+        open.push((s, e));
+    }
+}
+
+#[test]
+fn perfetto_export_read_by_perfettos_protos() {
+    let tmp = TempDir::new("perfetto");
+    let trace = traced_exits(&tmp);
+    let pf = tmp.join("t.pftrace");
+    // Perfetto is the default format.
+    let out = run(
+        Command::new(tracer_bin())
+            .arg("export")
+            .arg(&trace)
+            .arg("-o")
+            .arg(&pf),
+        TRACE_TIMEOUT,
+    )
+    .ok();
+    assert_eq!(out.stderr_str(), "", "quiet when not on a terminal");
+    let s = perfetto_summary(&pf);
+    assert_eq!(s["first_sequence_cleared"], true, "{}", s["packets"]);
+    assert_eq!(s["open"], serde_json::json!({}), "every slice ends");
+    // One process track and one thread track named after the thread, plus the two
+    // counter tracks.
+    let tracks = s["tracks"].as_array().unwrap();
+    let threads: Vec<&serde_json::Value> =
+        tracks.iter().filter(|t| t.get("tid").is_some()).collect();
+    assert_eq!(threads.len(), 1, "{tracks:?}");
+    assert_eq!(threads[0]["thread_name"], "exits.traced");
+    let process = tracks
+        .iter()
+        .find(|t| t.get("process_name").is_some())
+        .expect("a process track");
+    assert_eq!(threads[0]["parent"], process["uuid"]);
+    assert_eq!(threads[0]["pid"], process["pid"]);
+    let counters: Vec<&str> = tracks
+        .iter()
+        .filter(|t| t.get("counter").is_some())
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(counters, ["records dropped", "records filtered"]);
+    assert_eq!(s["counters"]["records dropped"], serde_json::json!([0, 0]));
+    assert_eq!(s["counters"]["records filtered"], serde_json::json!([0, 0]));
+    // Exactly the calls of the program, nested.
+    let slices = s["slices"].as_object().unwrap();
+    assert_eq!(slices.len(), 1);
+    let list = slices.values().next().unwrap().as_array().unwrap();
+    for f in FUNCTIONS {
+        let n = list.iter().filter(|x| x["name"] == f).count() as u64;
+        assert_eq!(n, expected_calls(f), "slices of {f}");
+    }
+    let mut spans: Vec<(u64, u64)> = list
+        .iter()
+        .map(|x| (x["start"].as_u64().unwrap(), x["end"].as_u64().unwrap()))
+        .collect();
+    check_nesting(&mut spans);
+    // leaf is called by multi (depth one deeper than multi's).
+    let depth_of = |name: &str| -> Vec<u64> {
+        let mut d: Vec<u64> = list
+            .iter()
+            .filter(|x| x["name"] == name)
+            .map(|x| x["depth"].as_u64().unwrap())
+            .collect();
+        d.sort();
+        d.dedup();
+        d
+    };
+    let multi = depth_of("multi");
+    assert_eq!(multi.len(), 1, "{multi:?}");
+    assert!(
+        depth_of("leaf").contains(&(multi[0] + 1)),
+        "{:?}",
+        depth_of("leaf")
+    );
+}
+
+#[test]
+fn flamegraph_svg_sums_self_time() {
+    let tmp = TempDir::new("flamegraph");
+    let trace = traced_exits(&tmp);
+    let svg = tmp.join("t.svg");
+    run(
+        Command::new(tracer_bin())
+            .arg("flamegraph")
+            .arg(&trace)
+            .arg("-o")
+            .arg(&svg),
+        TRACE_TIMEOUT,
+    )
+    .ok();
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<?xml") && text.trim_end().ends_with("</svg>"));
+    // Frame titles: "name (N ns, P%)".
+    let titles: Vec<(String, u64)> = text
+        .split("<title>")
+        .skip(1)
+        .filter_map(|t| {
+            let t = &t[..t.find("</title>")?];
+            let (name, rest) = t.rsplit_once(" (")?;
+            let ns: String = rest
+                .split(' ')
+                .next()?
+                .chars()
+                .filter(char::is_ascii_digit)
+                .collect();
+            Some((name.to_string(), ns.parse().ok()?))
+        })
+        .collect();
+    // The whole graph is the self time of every call: what the report sums.
+    let v = report_json(&trace);
+    let self_total: u64 = v["calls"]["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["self_ns"].as_u64().unwrap())
+        .sum();
+    let all = titles.iter().find(|(n, _)| n == "all").expect("root frame");
+    assert_eq!(all.1, self_total, "{titles:?}");
+    // Every function with at least 1% of the time has a frame (inferno leaves out frames
+    // narrower than 0.1 pixel).
+    for f in v["calls"]["functions"].as_array().unwrap() {
+        let (name, own) = (
+            f["function"].as_str().unwrap(),
+            f["self_ns"].as_u64().unwrap(),
+        );
+        if own * 100 >= self_total {
+            assert!(
+                titles.iter().any(|(n, _)| n == name),
+                "{name} not in {titles:?}"
+            );
+        }
+    }
+    assert!(titles.iter().any(|(n, _)| n == "multi"), "{titles:?}");
+    // A trace without entry/exit pairs is refused with a reason, and nothing written.
+    let tmp2 = TempDir::new("flamegraph-none");
+    let bad = run(
+        Command::new(tracer_bin())
+            .arg("flamegraph")
+            .arg(tmp2.join("missing.utrace"))
+            .arg("-o")
+            .arg(tmp2.join("x.svg")),
+        TRACE_TIMEOUT,
+    );
+    assert_eq!(bad.status(), 1, "{}", bad.describe());
+    assert!(!tmp2.join("x.svg").exists());
+}
+
+#[test]
+fn progress_bar_on_a_terminal_only() {
+    let tmp = TempDir::new("progress");
+    let trace = traced_exits(&tmp);
+    // On a terminal (a pty from `script`): a bar naming the job.
+    let cmd = format!(
+        "{} export {} -o {}",
+        tracer_bin().display(),
+        trace.display(),
+        tmp.join("a.pftrace").display()
+    );
+    // (Shown at once here: normally only after 0.7 s, so short jobs draw nothing.)
+    let tty = run(
+        Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .env("UTRACE_PROGRESS_AFTER_MS", "0"),
+        TRACE_TIMEOUT,
+    )
+    .ok();
+    let shown = tty.stdout_str();
+    assert!(
+        shown.contains(&format!("reading {}", trace.display())),
+        "{}",
+        tty.describe()
+    );
+    // A short job on a terminal: nothing (the bar waits 0.7 s).
+    let short = run(
+        Command::new("script").args(["-qec", &cmd, "/dev/null"]),
+        TRACE_TIMEOUT,
+    )
+    .ok();
+    assert!(
+        !short.stdout_str().contains("reading"),
+        "{}",
+        short.describe()
+    );
+    // Not on a terminal: nothing on stderr, same output.
+    let quiet = run(
+        Command::new(tracer_bin())
+            .arg("export")
+            .arg(&trace)
+            .arg("-o")
+            .arg(tmp.join("b.pftrace")),
+        TRACE_TIMEOUT,
+    )
+    .ok();
+    assert_eq!(quiet.stderr_str(), "");
+    assert_eq!(
+        std::fs::read(tmp.join("a.pftrace")).unwrap(),
+        std::fs::read(tmp.join("b.pftrace")).unwrap()
+    );
+}

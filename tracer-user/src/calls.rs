@@ -29,6 +29,23 @@ pub struct FunctionTime {
     pub max_ns: u64,
     /// Calls per power-of-two latency bucket (see [`BUCKETS`]), trailing zeros cut.
     pub histogram: Vec<u64>,
+    /// `file:line` of the function (empty without debug information).
+    pub location: String,
+    /// (binary id, site) of an entry site of the function.
+    #[serde(skip)]
+    pub entry_site: Option<(u64, u32)>,
+}
+
+/// What one record did to its thread's calls.
+#[derive(Default)]
+pub struct Step {
+    /// An entry: the function whose call began.
+    pub began: Option<usize>,
+    /// Open calls above the one this exit completes, given up (never exited through a
+    /// traced exit); they end here.
+    pub abandoned: usize,
+    /// An exit: the call it completes.
+    pub completed: Option<Slice>,
 }
 
 /// A completed call.
@@ -49,6 +66,8 @@ struct Frame {
 #[derive(Default)]
 pub struct Calls {
     index: HashMap<(String, String), usize>,
+    /// (binary id, site) → function: one lookup per record, no string hashing.
+    by_site: HashMap<(u64, u32), usize>,
     pub functions: Vec<FunctionTime>,
     stacks: HashMap<(u32, u32), Vec<Frame>>,
     /// Exits with no open call of their function.
@@ -56,9 +75,20 @@ pub struct Calls {
     /// Calls left open: never exited through a traced exit (dropped from their
     /// stack by a later exit of a caller, or still open at the end).
     pub unfinished: u64,
+    /// With [`Calls::folding`]: self time (ns) per call stack (functions, outermost
+    /// first), for flame graphs.
+    pub folded: Option<HashMap<Vec<usize>, u64>>,
 }
 
 impl Calls {
+    /// Also sum self time per call stack ([`Calls::folded`]).
+    pub fn folding() -> Calls {
+        Calls {
+            folded: Some(HashMap::new()),
+            ..Calls::default()
+        }
+    }
+
     fn function(&mut self, binary: &str, name: &str) -> usize {
         let key = (binary.to_string(), name.to_string());
         if let Some(&i) = self.index.get(&key) {
@@ -73,19 +103,31 @@ impl Calls {
             min_ns: u64::MAX,
             max_ns: 0,
             histogram: vec![0; BUCKETS],
+            location: String::new(),
+            entry_site: None,
         });
         self.index.insert(key, self.functions.len() - 1);
         self.functions.len() - 1
     }
 
-    /// Take one record; returns the call it completes, if any.
-    pub fn event(&mut self, ev: &Event) -> Option<Slice> {
+    /// Take one record.
+    pub fn event(&mut self, ev: &Event) -> Step {
         let entry = match ev.kind {
             "entry" => true,
             "exit" => false,
-            _ => return None,
+            _ => return Step::default(),
         };
-        let f = self.function(ev.binary, ev.symbol);
+        let f = match self.by_site.get(&(ev.binary_id, ev.rec.site)) {
+            Some(&f) => f,
+            None => {
+                let f = self.function(ev.binary, ev.symbol);
+                self.by_site.insert((ev.binary_id, ev.rec.site), f);
+                f
+            }
+        };
+        if entry && self.functions[f].entry_site.is_none() {
+            self.functions[f].entry_site = Some((ev.binary_id, ev.rec.site));
+        }
         let stack = self.stacks.entry((ev.pid, ev.tid)).or_default();
         if entry {
             stack.push(Frame {
@@ -93,16 +135,26 @@ impl Calls {
                 start_ns: ev.time_ns,
                 child_ns: 0,
             });
-            return None;
+            return Step {
+                began: Some(f),
+                ..Step::default()
+            };
         }
         let Some(at) = stack.iter().rposition(|fr| fr.function == f) else {
             self.unmatched_exits += 1;
-            return None;
+            return Step::default();
         };
-        self.unfinished += (stack.len() - at - 1) as u64;
+        let abandoned = stack.len() - at - 1;
+        self.unfinished += abandoned as u64;
         stack.truncate(at + 1);
-        let frame = stack.pop()?;
+        let Some(frame) = stack.pop() else {
+            return Step::default();
+        };
         let total = ev.time_ns.saturating_sub(frame.start_ns);
+        if let Some(folded) = &mut self.folded {
+            let path: Vec<usize> = stack.iter().map(|fr| fr.function).chain([f]).collect();
+            *folded.entry(path).or_default() += total.saturating_sub(frame.child_ns);
+        }
         if let Some(parent) = stack.last_mut() {
             parent.child_ns += total;
         }
@@ -114,13 +166,22 @@ impl Calls {
         t.max_ns = t.max_ns.max(total);
         let bucket = (63 - total.max(1).leading_zeros() as usize).min(BUCKETS - 1);
         t.histogram[bucket] += 1;
-        Some(Slice {
-            pid: ev.pid,
-            tid: ev.tid,
-            function: f,
-            start_ns: frame.start_ns,
-            end_ns: ev.time_ns,
-        })
+        Step {
+            began: None,
+            abandoned,
+            completed: Some(Slice {
+                pid: ev.pid,
+                tid: ev.tid,
+                function: f,
+                start_ns: frame.start_ns,
+                end_ns: ev.time_ns,
+            }),
+        }
+    }
+
+    /// Calls still open per thread (for closing them at the end of a trace).
+    pub fn open_calls(&self) -> impl Iterator<Item = ((u32, u32), usize)> + '_ {
+        self.stacks.iter().map(|(&t, s)| (t, s.len()))
     }
 
     /// Close the books: calls still open count as unfinished; the functions that were

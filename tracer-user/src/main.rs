@@ -11,10 +11,12 @@ mod control;
 mod export;
 mod filters;
 mod kernel;
+mod perfetto;
 mod process;
 mod report;
 mod semaphores;
 mod session;
+mod symbols;
 mod tracefile;
 mod userdrain;
 
@@ -103,16 +105,32 @@ enum Cmd {
         #[command(flatten)]
         filter: FilterSpec,
     },
-    /// Write a trace in another tool's format: `chrome` (trace event JSON for
-    /// chrome://tracing and ui.perfetto.dev: a slice per function call, instants for
-    /// other records, thread names).
+    /// Write a trace in another tool's format: `perfetto` (Perfetto's protobuf trace,
+    /// for ui.perfetto.dev, any size) or `chrome` (trace event JSON for chrome://tracing,
+    /// small traces): a slice per function call, instants for other records, a track
+    /// per thread with its name, drops as counters.
     Export {
         file: PathBuf,
-        #[arg(long, default_value = "chrome")]
+        #[arg(long, default_value = "perfetto")]
         format: String,
         /// Output file.
         #[arg(short, long)]
         output: PathBuf,
+        #[command(flatten)]
+        debug: DebugDirs,
+    },
+    /// Draw a flame graph (SVG) of the self time of each call stack, from the entry and
+    /// exit records of a trace.
+    Flamegraph {
+        file: PathBuf,
+        /// Output file.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// The graph's title.
+        #[arg(long)]
+        title: Option<String>,
+        #[command(flatten)]
+        debug: DebugDirs,
     },
     /// Per-function and per-thread record counts of a trace.
     Report {
@@ -124,10 +142,22 @@ enum Cmd {
         /// buffers: what ran last before the thread exited or crashed).
         #[arg(long, value_name = "N")]
         last: Option<usize>,
+        #[command(flatten)]
+        debug: DebugDirs,
     },
     /// One tab-separated line per record, in delivery order:
     /// pid tid binary site symbol value aux time_ns flags.
     Dump { file: PathBuf },
+}
+
+/// Where to look for debug information besides the binary, the tracer's cache and
+/// `/usr/lib/debug`.
+#[derive(clap::Args)]
+struct DebugDirs {
+    /// A directory of debug files (`.build-id/xx/yyyy.debug`, or files named by a
+    /// binary's `.gnu_debuglink`); repeatable.
+    #[arg(long = "debug-dir", value_name = "DIR")]
+    dirs: Vec<PathBuf>,
 }
 
 fn parse_size(s: &str) -> Result<u32, String> {
@@ -232,11 +262,17 @@ fn run(cli: Cli) -> Result<i32> {
             println!("{}", reply.message);
             Ok(0)
         }
-        Cmd::Report { file, json, last } => {
+        Cmd::Report {
+            file,
+            json,
+            last,
+            debug,
+        } => {
             report::report(
                 &file,
                 json,
                 last.unwrap_or(0),
+                &debug.dirs,
                 &mut BufWriter::new(std::io::stdout().lock()),
             )?;
             Ok(0)
@@ -245,8 +281,18 @@ fn run(cli: Cli) -> Result<i32> {
             file,
             format,
             output,
+            debug,
         } => {
-            export::export(&file, &format, &output)?;
+            export::export(&file, &format, &output, &debug.dirs)?;
+            Ok(0)
+        }
+        Cmd::Flamegraph {
+            file,
+            output,
+            title,
+            debug,
+        } => {
+            export::flamegraph(&file, &output, title.as_deref(), &debug.dirs)?;
             Ok(0)
         }
         Cmd::Dump { file } => {

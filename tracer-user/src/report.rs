@@ -1,6 +1,12 @@
 //! `tracer report` and `tracer dump`: reading a trace file back.
 
-use std::{collections::HashMap, io::Write, path::Path};
+use std::{
+    cell::RefCell,
+    collections::HashMap,
+    io::Write,
+    path::{Path, PathBuf},
+    rc::Rc,
+};
 
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -11,38 +17,77 @@ use tracer_common::{
 
 use crate::{
     clock::Calibration,
+    symbols::{Frame, Symbolizer},
     tracefile::{self, BinaryInfo, FinalStats, Reader, Section, SessionInfo, Truncation},
 };
 
-/// Site id → (name, kind) of one binary.
-type SiteNames = HashMap<u32, (String, SiteKind)>;
+/// One site of a binary: its raw symbol, the readable (demangled) name, kind, address.
+struct SiteName {
+    raw: String,
+    name: String,
+    kind: SiteKind,
+    vaddr: u64,
+}
 
-/// Names for the (binary_id, site id) pairs of a trace, from its binary sections.
-#[derive(Default)]
-struct Names {
-    binaries: HashMap<u64, (String, SiteNames)>,
+/// Names for the (binary_id, site id) pairs of a trace, from its binary sections, and
+/// source locations of code addresses (DWARF, see [`crate::symbols`]).
+pub struct Names {
+    /// Per binary: its name and its sites, indexed by site id.
+    binaries: HashMap<u64, (String, Vec<Option<SiteName>>)>,
     /// (binary name, time mode) per binary.
     time_modes: Vec<(String, TimeMode)>,
     /// Binaries with circular buffers: their never-written records are skipped.
     rings: Vec<u64>,
+    symbols: RefCell<Symbolizer>,
+    /// Load bias of a binary in a process, learned from records holding both a site's
+    /// run-time address and its site (blocks, memory accesses).
+    biases: RefCell<HashMap<(u32, u64), u64>>,
 }
 
 impl Names {
+    pub fn new(debug_dirs: &[PathBuf]) -> Names {
+        Names {
+            binaries: HashMap::new(),
+            time_modes: Vec::new(),
+            rings: Vec::new(),
+            symbols: RefCell::new(Symbolizer::new(debug_dirs)),
+            biases: RefCell::new(HashMap::new()),
+        }
+    }
+
     fn add(&mut self, b: &BinaryInfo) {
+        if self.binaries.contains_key(&b.binary_id) {
+            return;
+        }
         let sites = match b.metadata() {
             Ok(m) => {
                 self.time_modes.push((b.name().to_string(), m.time_mode));
                 if m.buf_kind() != tracer_common::BUF_TRACE {
                     self.rings.push(b.binary_id);
                 }
-                m.sites
-                    .into_iter()
-                    .map(|s| (s.id, (s.name, s.kind)))
-                    .collect()
+                self.symbols
+                    .borrow_mut()
+                    .add_binary(b.binary_id, &b.path, &m.build_id);
+                // Site ids are indices into the site table (a bad one is not a site).
+                let mut table: Vec<Option<SiteName>> = Vec::new();
+                table.resize_with(m.sites.len(), || None);
+                for s in m.sites {
+                    let Some(slot) = table.get_mut(s.id as usize) else {
+                        log::warn!("{}: site id {} out of range", b.path, s.id);
+                        continue;
+                    };
+                    *slot = Some(SiteName {
+                        name: crate::symbols::demangle(&s.name).into_owned(),
+                        raw: s.name,
+                        kind: s.kind,
+                        vaddr: s.vaddr,
+                    });
+                }
+                table
             }
             Err(e) => {
                 log::warn!("{}: cannot parse its metadata: {e}", b.path);
-                HashMap::new()
+                Vec::new()
             }
         };
         self.binaries
@@ -59,19 +104,108 @@ impl Names {
         self.binaries.get(&id).map_or("?", |(n, _)| n)
     }
 
-    fn symbol(&self, id: u64, site: u32) -> &str {
+    fn site(&self, id: u64, site: u32) -> Option<&SiteName> {
         self.binaries
             .get(&id)
-            .and_then(|(_, s)| s.get(&site))
-            .map_or("?", |(n, _)| n.as_str())
+            .and_then(|(_, s)| s.get(site as usize))
+            .and_then(Option::as_ref)
+    }
+
+    /// The site's symbol as the binary spells it (mangled).
+    fn raw_symbol(&self, id: u64, site: u32) -> &str {
+        self.site(id, site).map_or("?", |s| s.raw.as_str())
+    }
+
+    /// The site's function, demangled.
+    fn symbol(&self, id: u64, site: u32) -> &str {
+        self.site(id, site).map_or("?", |s| s.name.as_str())
     }
 
     fn kind(&self, id: u64, site: u32) -> &'static str {
-        self.binaries
-            .get(&id)
-            .and_then(|(_, s)| s.get(&site))
-            .map_or("?", |(_, k)| k.name())
+        self.site(id, site).map_or("?", |s| s.kind.name())
     }
+
+    /// Source frames of a site, innermost first (empty: no debug information).
+    pub fn site_frames(&self, id: u64, site: u32) -> Rc<[Frame]> {
+        match self.site(id, site) {
+            Some(s) => self.symbols.borrow_mut().frames(id, s.vaddr),
+            None => Rc::from([]),
+        }
+    }
+
+    /// Binary `id` is at `bias` in process `pid` (a load section).
+    fn loaded_at(&self, pid: u32, id: u64, bias: u64) {
+        self.biases.borrow_mut().insert((pid, id), bias);
+    }
+
+    /// Learn load biases from a record that holds its own site's run-time address.
+    fn learn(&self, pid: u32, id: u64, rec: &Record) {
+        if let Some(s) = self.site(id, rec.site) {
+            self.learn_at(pid, id, s, rec);
+        }
+    }
+
+    fn learn_at(&self, pid: u32, id: u64, s: &SiteName, rec: &Record) {
+        let at = match s.kind {
+            SiteKind::Memory if rec.flags & FLAG_UPROBE == 0 => rec.aux,
+            SiteKind::Block => rec.value,
+            _ => return,
+        };
+        if at >= s.vaddr {
+            self.biases
+                .borrow_mut()
+                .entry((pid, id))
+                .or_insert(at - s.vaddr);
+        }
+    }
+
+    /// Frames of a run-time code address of process `pid` that lies in binary `id`
+    /// (e.g. a return address); empty when the binary's load bias in that process is
+    /// unknown. `call_return`: the address follows a call (its line is the call's).
+    pub fn code_frames(&self, pid: u32, id: u64, addr: u64, call_return: bool) -> Rc<[Frame]> {
+        let bias = self.biases.borrow().get(&(pid, id)).copied();
+        let bias = match bias {
+            Some(b) => Some(b),
+            None if self.symbols.borrow_mut().fixed_address(id) => Some(0),
+            None => None,
+        };
+        let Some(at) = bias.and_then(|b| addr.checked_sub(b)) else {
+            return Rc::from([]);
+        };
+        let mut sym = self.symbols.borrow_mut();
+        if !sym.is_code(id, at) {
+            return Rc::from([]);
+        }
+        sym.frames(id, at - u64::from(call_return))
+    }
+
+    /// Where the debug information of each binary came from.
+    fn debug_source(&self, id: u64) -> Option<crate::symbols::DebugSource> {
+        self.symbols.borrow_mut().source(id)
+    }
+}
+
+/// Entry and exit sites stand for their function.
+fn kind_is_call_edge(kind: &str) -> bool {
+    matches!(kind, "entry" | "exit")
+}
+
+/// "function (file:line)" of the outermost frame, with the inlined ones inside it:
+/// "inner (a.c:3) inlined in outer (b.c:9)".
+pub fn describe(frames: &[Frame]) -> String {
+    let one = |f: &Frame| {
+        let loc = f.location();
+        if loc.is_empty() {
+            f.function.clone()
+        } else {
+            format!("{} ({loc})", f.function)
+        }
+    };
+    frames
+        .iter()
+        .map(one)
+        .collect::<Vec<_>>()
+        .join(" inlined in ")
 }
 
 fn truncation_warning(path: &Path, t: Option<&Truncation>, stats: Option<&FinalStats>) {
@@ -97,7 +231,7 @@ pub fn dump(path: &Path, out: &mut impl Write) -> Result<()> {
     let end = tracefile::read_stats(path)?.and_then(|s| s.clock_end);
     let mut timeline = crate::coarse::Timeline::scan(path)?;
     let mut r = Reader::open(path)?;
-    let mut names = Names::default();
+    let mut names = Names::new(&[]);
     let mut clock: Option<Calibration> = None;
     let mut stats = None;
     while let Some(section) = r.next_section()? {
@@ -116,7 +250,7 @@ pub fn dump(path: &Path, out: &mut impl Write) -> Result<()> {
                         h.tid,
                         bin,
                         rec.site,
-                        names.symbol(h.binary_id, rec.site),
+                        names.raw_symbol(h.binary_id, rec.site),
                         rec.value,
                         rec.aux,
                         time_ns(rec, clock.as_ref()),
@@ -125,7 +259,7 @@ pub fn dump(path: &Path, out: &mut impl Write) -> Result<()> {
                 }
             }
             Section::Stats(s) => stats = Some(s),
-            Section::Comm(..) => {}
+            Section::Comm(..) | Section::Load(..) => {}
             Section::Unknown(kind) => log::debug!("skipping section of unknown kind {kind}"),
         }
     }
@@ -140,9 +274,11 @@ pub fn dump(path: &Path, out: &mut impl Write) -> Result<()> {
 pub struct Event<'a> {
     pub pid: u32,
     pub tid: u32,
+    pub binary_id: u64,
     /// The thread's name (empty when the trace has none).
     pub comm: &'a str,
     pub binary: &'a str,
+    /// The site's function, demangled.
     pub symbol: &'a str,
     /// Site kind name: "entry", "exit", "block", ...
     pub kind: &'static str,
@@ -152,12 +288,20 @@ pub struct Event<'a> {
 }
 
 /// Every real record of a trace, in delivery order, with its names and time; the
-/// file's stats section (if any) at the end.
-pub fn each_record(path: &Path, mut f: impl FnMut(&Event)) -> Result<Option<FinalStats>> {
+/// file's stats section (if any) at the end. `names` also learns load biases.
+pub fn each_record(
+    path: &Path,
+    names: &mut Names,
+    mut f: impl FnMut(&Event, &Names),
+) -> Result<Option<FinalStats>> {
     let end = tracefile::read_stats(path)?.and_then(|s| s.clock_end);
     let mut timeline = crate::coarse::Timeline::scan(path)?;
     let mut r = Reader::open(path)?;
-    let mut names = Names::default();
+    let mut bar = rewriter::progress::Bar::new(
+        std::fs::metadata(path).map_or(0, |m| m.len()),
+        "{msg} [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta} left)",
+        format!("reading {}", path.display()),
+    );
     let mut clock: Option<Calibration> = None;
     let mut comms: HashMap<(u32, u32), String> = HashMap::new();
     let mut stats = None;
@@ -168,27 +312,45 @@ pub fn each_record(path: &Path, mut f: impl FnMut(&Event)) -> Result<Option<Fina
             Section::Comm(pid, tid, name) => {
                 comms.insert((pid, tid), name);
             }
+            Section::Load(pid, id, bias) => names.loaded_at(pid, id, bias),
             Section::Chunk(mut c) => {
+                bar.set_position(r.offset());
                 timeline.apply(&mut c);
                 let h = c.header;
                 let comm = comms.get(&(h.pid, h.tid)).map_or("", String::as_str);
+                // One binary lookup per chunk, an index per record.
+                let bin = names.binaries.get(&h.binary_id);
+                let bin_name = bin.map_or("?", |(n, _)| n.as_str());
                 for rec in c.records.iter().filter(|r| names.is_record(h.binary_id, r)) {
-                    f(&Event {
-                        pid: h.pid,
-                        tid: h.tid,
-                        comm,
-                        binary: names.binary(h.binary_id),
-                        symbol: names.symbol(h.binary_id, rec.site),
-                        kind: names.kind(h.binary_id, rec.site),
-                        rec,
-                        time_ns: time_ns(rec, clock.as_ref()),
-                    });
+                    let site = bin
+                        .and_then(|(_, s)| s.get(rec.site as usize))
+                        .and_then(Option::as_ref);
+                    if let Some(s) = site
+                        && matches!(s.kind, SiteKind::Memory | SiteKind::Block)
+                    {
+                        names.learn_at(h.pid, h.binary_id, s, rec);
+                    }
+                    f(
+                        &Event {
+                            pid: h.pid,
+                            tid: h.tid,
+                            binary_id: h.binary_id,
+                            comm,
+                            binary: bin_name,
+                            symbol: site.map_or("?", |s| s.name.as_str()),
+                            kind: site.map_or("?", |s| s.kind.name()),
+                            rec,
+                            time_ns: time_ns(rec, clock.as_ref()),
+                        },
+                        names,
+                    );
                 }
             }
             Section::Stats(s) => stats = Some(s),
             Section::Unknown(kind) => log::debug!("skipping section of unknown kind {kind}"),
         }
     }
+    bar.finish();
     truncation_warning(path, r.truncated(), stats.as_ref());
     Ok(stats)
 }
@@ -204,11 +366,18 @@ fn time_ns(rec: &Record, clock: Option<&Calibration>) -> u64 {
 #[derive(Serialize)]
 struct FunctionCount {
     binary: String,
+    /// The site's symbol as the binary has it (mangled, as `tracer dump` prints it).
     symbol: String,
+    /// Demangled.
+    function: String,
     site: u32,
     /// Site kind: "entry", "exit".
     kind: String,
     count: u64,
+    /// `file:line` of the site (innermost frame); empty without debug information.
+    location: String,
+    /// Source frames at the site, innermost first (more than one: inlined code).
+    frames: Vec<Frame>,
 }
 
 #[derive(Serialize)]
@@ -233,6 +402,8 @@ struct BinarySummary {
     binary_id: u64,
     /// GNU build-id of the original binary, hex.
     build_id: String,
+    /// Where its debug information came from (none: names from the site table only).
+    debug: Option<crate::symbols::DebugSource>,
 }
 
 /// `calls` of the report.
@@ -301,12 +472,20 @@ struct LastRecord {
     value: u64,
     aux: u64,
     flags: u32,
+    /// The site: function (file:line), inlined frames inside.
+    at: String,
+    /// Entry/exit: the caller at the return address; call sites: the call's target.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    other: String,
 }
 
-fn summarize(path: &Path, last: usize) -> Result<(Summary, Option<SessionInfo>)> {
+fn summarize(
+    path: &Path,
+    last: usize,
+    names: &mut Names,
+) -> Result<(Summary, Option<SessionInfo>)> {
     let mut recent: HashMap<(u32, u32), std::collections::VecDeque<(u64, Record)>> = HashMap::new();
     let mut r = Reader::open(path)?;
-    let mut names = Names::default();
     let mut session = None;
     let mut stats: Option<FinalStats> = None;
     let mut functions: HashMap<(u64, u32), u64> = HashMap::new();
@@ -326,17 +505,20 @@ fn summarize(path: &Path, last: usize) -> Result<(Summary, Option<SessionInfo>)>
                         .metadata()
                         .map(|m| m.build_id.iter().map(|x| format!("{x:02x}")).collect())
                         .unwrap_or_default(),
+                    debug: None,
                 });
             }
             Section::Comm(pid, tid, name) => {
                 comms.insert((pid, tid), name);
             }
+            Section::Load(pid, id, bias) => names.loaded_at(pid, id, bias),
             Section::Chunk(c) => {
                 chunks += 1;
                 let h = c.header;
                 let mut n = 0;
                 for rec in c.records.iter().filter(|r| names.is_record(h.binary_id, r)) {
                     n += 1;
+                    names.learn(h.pid, h.binary_id, rec);
                     if last > 0 {
                         let q = recent.entry((h.pid, h.tid)).or_default();
                         if q.len() == last {
@@ -365,12 +547,29 @@ fn summarize(path: &Path, last: usize) -> Result<(Summary, Option<SessionInfo>)>
     truncation_warning(path, r.truncated(), stats.as_ref());
     let mut functions: Vec<FunctionCount> = functions
         .into_iter()
-        .map(|((bin, site), count)| FunctionCount {
-            binary: names.binary(bin).to_string(),
-            symbol: names.symbol(bin, site).to_string(),
-            site,
-            kind: names.kind(bin, site).to_string(),
-            count,
+        .map(|((bin, site), count)| {
+            let frames = names.site_frames(bin, site);
+            FunctionCount {
+                binary: names.binary(bin).to_string(),
+                symbol: names.raw_symbol(bin, site).to_string(),
+                function: frames
+                    .last()
+                    .map(|f| f.function.clone())
+                    .filter(|f| !f.is_empty())
+                    .unwrap_or_else(|| names.symbol(bin, site).to_string()),
+                site,
+                kind: names.kind(bin, site).to_string(),
+                count,
+                // A function's entry or exit is the function's (the instruction may
+                // belong to code inlined there); other sites are their innermost line.
+                location: match kind_is_call_edge(names.kind(bin, site)) {
+                    true => frames.last(),
+                    false => frames.first(),
+                }
+                .map(Frame::location)
+                .unwrap_or_default(),
+                frames: frames.to_vec(),
+            }
         })
         .collect();
     functions.sort_by(|a, b| {
@@ -397,18 +596,37 @@ fn summarize(path: &Path, last: usize) -> Result<(Summary, Option<SessionInfo>)>
             records: q
                 .iter()
                 .rev()
-                .map(|(bin, r)| LastRecord {
-                    binary: names.binary(*bin).to_string(),
-                    site: r.site,
-                    symbol: names.symbol(*bin, r.site).to_string(),
-                    kind: names.kind(*bin, r.site).to_string(),
-                    value: r.value,
-                    aux: r.aux,
-                    flags: r.flags,
+                .map(|(bin, r)| {
+                    let kind = names.kind(*bin, r.site);
+                    let other = match kind {
+                        "entry" | "exit" => names.code_frames(pid, *bin, r.aux, true),
+                        "call" => names.code_frames(pid, *bin, r.value, false),
+                        _ => Rc::from([]),
+                    };
+                    LastRecord {
+                        binary: names.binary(*bin).to_string(),
+                        site: r.site,
+                        symbol: names.raw_symbol(*bin, r.site).to_string(),
+                        kind: kind.to_string(),
+                        value: r.value,
+                        aux: r.aux,
+                        flags: r.flags,
+                        at: {
+                            let frames = names.site_frames(*bin, r.site);
+                            match (kind_is_call_edge(kind), frames.last()) {
+                                (true, Some(f)) => describe(std::slice::from_ref(f)),
+                                _ => describe(&frames),
+                            }
+                        },
+                        other: describe(&other),
+                    }
                 })
                 .collect(),
         })
         .collect();
+    for b in &mut binaries {
+        b.debug = names.debug_source(b.binary_id);
+    }
     last.sort_by_key(|l| (l.pid, l.tid));
     let st = stats.unwrap_or_default();
     Ok((
@@ -452,13 +670,29 @@ fn summarize(path: &Path, last: usize) -> Result<(Summary, Option<SessionInfo>)>
 }
 
 /// Per-function and per-thread counts, as text or one JSON object.
-pub fn report(path: &Path, json: bool, last: usize, out: &mut impl Write) -> Result<()> {
-    let (mut s, session) = summarize(path, last)?;
+pub fn report(
+    path: &Path,
+    json: bool,
+    last: usize,
+    debug_dirs: &[PathBuf],
+    out: &mut impl Write,
+) -> Result<()> {
+    let mut names = Names::new(debug_dirs);
+    let (mut s, session) = summarize(path, last, &mut names)?;
     let mut calls = crate::calls::Calls::default();
-    each_record(path, |ev| {
+    each_record(path, &mut names, |ev, _| {
         calls.event(ev);
     })?;
-    let (functions, unmatched_exits, unfinished) = calls.finish();
+    let (mut functions, unmatched_exits, unfinished) = calls.finish();
+    for f in &mut functions {
+        if let Some((bin, site)) = f.entry_site {
+            f.location = names
+                .site_frames(bin, site)
+                .last()
+                .map(Frame::location)
+                .unwrap_or_default();
+        }
+    }
     s.calls = CallTimes {
         functions,
         unmatched_exits,
@@ -524,9 +758,15 @@ pub fn report(path: &Path, json: bool, last: usize, out: &mut impl Write) -> Res
         )?;
     }
     for bin in &s.binaries {
+        let debug = match &bin.debug {
+            Some(d) if d.how == "symbols" => "symbol table only, no DWARF".to_string(),
+            Some(d) if d.how == "binary" => "DWARF in the binary".to_string(),
+            Some(d) => format!("DWARF from {} ({})", d.path, d.how),
+            None => "no debug information".to_string(),
+        };
         writeln!(
             out,
-            "binary: {} (build-id {})",
+            "binary: {} (build-id {}; {debug})",
             bin.path,
             if bin.build_id.is_empty() {
                 "none"
@@ -546,14 +786,22 @@ pub fn report(path: &Path, json: bool, last: usize, out: &mut impl Write) -> Res
     writeln!(out, "\nfunctions ({}):", s.functions.len())?;
     writeln!(
         out,
-        "{:>12}  {:<24} {:>6}  {:<5}  symbol",
+        "{:>12}  {:<24} {:>6}  {:<6}  function (file:line)",
         "count", "binary", "site", "kind"
     )?;
     for f in &s.functions {
+        // Inlined code: the chain of frames; otherwise the function and its line.
+        let what = if f.frames.len() > 1 && !kind_is_call_edge(&f.kind) {
+            describe(&f.frames)
+        } else if f.location.is_empty() {
+            f.function.clone()
+        } else {
+            format!("{} ({})", f.function, f.location)
+        };
         writeln!(
             out,
-            "{:>12}  {:<24} {:>6}  {:<5}  {}",
-            f.count, f.binary, f.site, f.kind, f.symbol
+            "{:>12}  {:<24} {:>6}  {:<6}  {what}",
+            f.count, f.binary, f.site, f.kind
         )?;
     }
     if !s.calls.functions.is_empty() {
@@ -573,10 +821,16 @@ pub fn report(path: &Path, json: bool, last: usize, out: &mut impl Write) -> Res
             l.pid
         )?;
         for r in &l.records {
+            let at = if r.at.is_empty() { &r.symbol } else { &r.at };
+            let other = match (r.other.is_empty(), r.kind.as_str()) {
+                (true, _) => String::new(),
+                (false, "call") => format!(" -> {}", r.other),
+                (false, _) => format!(" <- {}", r.other),
+            };
             writeln!(
                 out,
-                "  {:<6} {:<24} {:>6}  {:#18x} {:#18x}  {}",
-                r.kind, r.binary, r.site, r.value, r.aux, r.symbol
+                "  {:<6} {:<24} {:>6}  {:#18x} {:#18x}  {at}{other}",
+                r.kind, r.binary, r.site, r.value, r.aux
             )?;
         }
     }
@@ -607,7 +861,7 @@ fn write_calls(out: &mut impl Write, c: &CallTimes) -> Result<()> {
     for f in &c.functions {
         writeln!(
             out,
-            "{:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {} ({})",
+            "{:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {} ({}{}{})",
             f.calls,
             ns(f.total_ns),
             ns(f.self_ns),
@@ -615,9 +869,23 @@ fn write_calls(out: &mut impl Write, c: &CallTimes) -> Result<()> {
             ns(f.min_ns),
             ns(f.max_ns),
             f.function,
-            f.binary
+            f.binary,
+            if f.location.is_empty() { "" } else { ", " },
+            f.location
         )?;
     }
+    let mut by_self: Vec<&crate::calls::FunctionTime> = c.functions.iter().collect();
+    by_self.sort_by(|a, b| {
+        b.self_ns
+            .cmp(&a.self_ns)
+            .then_with(|| a.function.cmp(&b.function))
+    });
+    let top: Vec<String> = by_self
+        .iter()
+        .take(10)
+        .map(|f| format!("{} {}", f.function, ns(f.self_ns)))
+        .collect();
+    writeln!(out, "top by self time: {}", top.join(", "))?;
     for f in c.functions.iter().take(5) {
         let buckets: Vec<String> = f
             .histogram

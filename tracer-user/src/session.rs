@@ -59,7 +59,7 @@ use crate::{
     kernel,
     process::{self, GatedChild, WaitEnd},
     semaphores::Raised,
-    tracefile::{BinaryInfo, FinalStats, SessionInfo, Writer, encode_binary},
+    tracefile::{BinaryInfo, FinalStats, SessionInfo, Writer, encode_binary, encode_load},
 };
 
 /// The eBPF object built by build.rs.
@@ -251,6 +251,11 @@ pub fn record(opts: RecordOptions) -> Result<i32> {
             session.command = process::cmdline(*pid);
             process::catch_stop_signals();
             let pipeline = Pipeline::start(ring, logger, start_writer(&session)?, Some(mapped_tx))?;
+            for (b, bias) in &initial {
+                if let Some(bias) = bias {
+                    live.note_load(*pid, b, *bias, &pipeline);
+                }
+            }
             (
                 Ending::Process(process::PidWatch::open(*pid)?),
                 duration.map(|d| Instant::now() + d),
@@ -348,6 +353,9 @@ pub fn record(opts: RecordOptions) -> Result<i32> {
     stats.binaries_added = live.binaries.len().saturating_sub(initial.len()) as u64;
     let path = writer.finish(&stats)?;
     print_summary(&consumed, &stats, &path);
+    for (b, _) in &live.binaries {
+        cache_debug_info(b);
+    }
     Ok(exit_code.unwrap_or(0))
 }
 
@@ -406,6 +414,8 @@ struct Live {
     filter_changes: u64,
     /// (pid, rw_base) already in `TABLES`.
     seeded: HashSet<(u32, u64)>,
+    /// (pid, binary id, bias) written to the trace file.
+    loads: HashSet<(u32, u64, u64)>,
 }
 
 impl Live {
@@ -467,6 +477,7 @@ impl Live {
             filters,
             filter_changes: 0,
             seeded: HashSet::new(),
+            loads: HashSet::new(),
         })
     }
 
@@ -740,6 +751,17 @@ impl Live {
                 continue;
             }
             self.seed_table(pid, &b, bias);
+            self.note_load(pid, &b, bias, pipeline);
+        }
+    }
+
+    /// Tell the trace file where `b` is in process `pid` (once per process and binary),
+    /// so readers can symbolize its run-time code addresses.
+    fn note_load(&mut self, pid: u32, b: &Instrumented, bias: u64, pipeline: &Pipeline) {
+        if self.loads.insert((pid, b.meta.binary_id, bias))
+            && let Err(e) = pipeline.write_sections(encode_load(pid, b.meta.binary_id, bias))
+        {
+            log::warn!("{e:#}");
         }
     }
 
@@ -773,6 +795,14 @@ impl Live {
         }
     }
 }
+/// Keep `b`'s debug information in the tracer's cache (by build-id), so the trace can
+/// be symbolized after the binary changes. Best effort.
+pub fn cache_debug_info(b: &Instrumented) {
+    if let Err(e) = crate::symbols::cache_debug_info(&b.path, &b.meta.build_id, &[]) {
+        log::warn!("{}: debug information not cached: {e:#}", b.path.display());
+    }
+}
+
 /// What the trace file says about each traced binary (ordinal = position).
 pub fn binary_infos(binaries: &[Traced]) -> Vec<BinaryInfo> {
     binaries

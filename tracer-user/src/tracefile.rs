@@ -34,6 +34,10 @@
 //!   that thread's chunks; again when it changes. Also `SECTION_BINARY` may come later
 //!   than the first chunk: a binary that joined a running session (system-wide, or
 //!   loaded with `dlopen`) is written before its first chunk.
+//! - `SECTION_LOAD` (6, any number): where a traced binary is loaded in a process, as the
+//!   session saw it (`u32 pid`, `u32` 0, `u64 binary_id`, `u64 bias` = run-time address
+//!   minus file address), so readers can symbolize run-time code addresses in records
+//!   (return addresses, call targets).
 //! - `SECTION_STATS` (4, last, once): JSON [`FinalStats`] — kernel-side counters
 //!   (delivered, dropped, read errors), what the consumer received, the end clock anchor
 //!   and the traced command's exit status.
@@ -69,6 +73,7 @@ pub const SECTION_BINARY: u32 = 2;
 pub const SECTION_CHUNK: u32 = 3;
 pub const SECTION_STATS: u32 = 4;
 pub const SECTION_COMM: u32 = 5;
+pub const SECTION_LOAD: u32 = 6;
 
 /// Largest section a reader accepts (a JSON blob or a note; chunks are ~4 KiB).
 const MAX_SECTION: u64 = 1 << 30;
@@ -251,6 +256,17 @@ pub fn encode_comm(entry: &[u8], out: &mut Vec<u8>) -> bool {
     true
 }
 
+/// A load section as bytes: binary `binary_id` is at `bias` in process `pid`.
+pub fn encode_load(pid: u32, binary_id: u64, bias: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(SECTION_HEADER_LEN + 24);
+    push_section_header(&mut out, SECTION_LOAD, 24);
+    out.extend_from_slice(&pid.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&binary_id.to_le_bytes());
+    out.extend_from_slice(&bias.to_le_bytes());
+    out
+}
+
 /// A binary section as bytes (for a binary that joins a running session).
 pub fn encode_binary(b: &BinaryInfo) -> Vec<u8> {
     let payload = b.encode();
@@ -402,6 +418,8 @@ pub enum Section {
     Session(SessionInfo),
     /// A thread's name: pid, tid, name.
     Comm(u32, u32, String),
+    /// A binary's load bias in a process: pid, binary id, bias.
+    Load(u32, u64, u64),
     Binary(BinaryInfo),
     Chunk(Chunk),
     Stats(FinalStats),
@@ -472,6 +490,11 @@ impl Reader {
     }
 
     /// Set when the file ended inside a section.
+    /// Bytes of the file read so far.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
     pub fn truncated(&self) -> Option<&Truncation> {
         self.truncated.as_ref()
     }
@@ -552,6 +575,18 @@ impl Reader {
                     u32_at(&payload, 0),
                     u32_at(&payload, 4),
                     String::from_utf8_lossy(name).into_owned(),
+                )
+            }
+            SECTION_LOAD => {
+                ensure!(
+                    payload.len() == 24,
+                    "{at}: load section of {} bytes",
+                    payload.len()
+                );
+                Section::Load(
+                    u32_at(&payload, 0),
+                    u64_at(&payload, 8),
+                    u64_at(&payload, 16),
                 )
             }
             SECTION_STATS => Section::Stats(
@@ -691,6 +726,7 @@ mod tests {
                     "binary"
                 }
                 Section::Comm(..) => "comm",
+                Section::Load(..) => "load",
                 Section::Chunk(c) => {
                     assert_eq!(c.header.pid, 7);
                     assert_eq!(c.records.len(), c.header.count as usize);

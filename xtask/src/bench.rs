@@ -23,7 +23,11 @@
 //! flush → eBPF (filter) → ring buffer → tracer → trace file, 1 and 2 producing threads,
 //! and the per-record cost of the in-kernel filters (`--no-drain`: skip it).
 //!
-//! `--only events|drain|large` runs one section alone.
+//! Then the readers (`bench_readers.rs`): `report`, `export --format perfetto` and
+//! `flamegraph` of a trace of `--readers-records` records: time, records/s, peak memory
+//! (`--no-readers`: skip it).
+//!
+//! `--only events|drain|readers|large` runs one section alone.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -60,7 +64,7 @@ pub struct Args {
     #[arg(long)]
     large_trace: bool,
     /// Run only this section.
-    #[arg(long, value_enum, conflicts_with_all = ["large_only", "no_large", "no_drain"])]
+    #[arg(long, value_enum, conflicts_with_all = ["large_only", "no_large", "no_drain", "no_readers"])]
     only: Option<Section>,
     /// Skip the drain-throughput section.
     #[arg(long)]
@@ -69,6 +73,12 @@ pub struct Args {
     /// shared by the producing threads).
     #[arg(long, default_value_t = 20_000_000)]
     drain_records: u64,
+    /// Skip the readers section.
+    #[arg(long)]
+    no_readers: bool,
+    /// Records of the trace the readers section reads.
+    #[arg(long, default_value_t = 30_000_000)]
+    readers_records: u64,
     /// Sessions per row of the drain section; the least disturbed one (least CPU on the
     /// record path) is reported.
     #[arg(long, default_value_t = 2)]
@@ -82,11 +92,32 @@ enum Section {
     Events,
     /// Drain throughput: records/s through flush, eBPF, ring buffer, tracer, file.
     Drain,
+    /// Reading a big trace back: report, Perfetto export, flame graph.
+    Readers,
     /// The large binary (librustc_driver).
     Large,
 }
 
 type Measure = std::result::Result<f64, String>;
+
+/// Compile `xtask/bench/<name>.c` with `cflags` into a fresh `target/xtask/bench-<name>`
+/// and rewrite it with `rewrite` (rewriter arguments): (the directory, the rewritten
+/// program).
+pub fn build_workload(name: &str, cflags: &[&str], rewrite: &[&str]) -> Result<(PathBuf, PathBuf)> {
+    let dir = util::scratch_dir(&format!("bench-{name}"))?;
+    let src = util::workspace_root().join(format!("xtask/bench/{name}.c"));
+    let plain = dir.join(name);
+    let traced = dir.join(format!("{name}.traced"));
+    util::run(cmd("gcc").args(cflags).arg(&src).arg("-o").arg(&plain))?;
+    util::run(
+        cmd(crate::rewriter_bin())
+            .arg(&plain)
+            .arg("-o")
+            .arg(&traced)
+            .args(rewrite),
+    )?;
+    Ok((dir, traced))
+}
 
 struct Row {
     name: &'static str,
@@ -102,6 +133,7 @@ pub fn bench(args: &Args) -> Result<()> {
         None => match s {
             Section::Events => !args.large_only,
             Section::Drain => !args.large_only && !args.no_drain,
+            Section::Readers => !args.large_only && !args.no_readers,
             Section::Large => !args.no_large,
         },
     };
@@ -113,6 +145,9 @@ pub fn bench(args: &Args) -> Result<()> {
             records: args.drain_records,
             runs: args.drain_runs,
         })?;
+    }
+    if run(Section::Readers) {
+        crate::bench_readers::readers(args.readers_records)?;
     }
     if run(Section::Large) {
         large_binary(args)?;

@@ -187,32 +187,21 @@ pub fn drain_throughput(opts: &Options) -> Result<()> {
         println!("skipped: `tracer record` needs root (BPF, uprobes)");
         return Ok(());
     }
-    let dir = util::scratch_dir("bench-drain")?;
-    let src = util::workspace_root().join("xtask/bench/drain.c");
-    let plain = dir.join("drain");
-    let traced = dir.join("drain.traced");
-    util::run(
-        cmd("gcc")
-            .args(["-O2", "-pthread"])
-            .arg(&src)
-            .arg("-o")
-            .arg(&plain),
-    )?;
-    util::run(
-        cmd(crate::rewriter_bin())
-            .arg(&plain)
-            .arg("-o")
-            .arg(&traced)
-            .args([
-                "--functions",
-                "hot",
-                "rare",
-                "--time",
-                "coarse",
-                "--slots",
-                "8",
-            ])
-            .args(["--buffer-records", &BUFFER_RECORDS.to_string()]),
+    let buffer_records = BUFFER_RECORDS.to_string();
+    let (_, traced) = crate::bench::build_workload(
+        "drain",
+        &["-O2", "-pthread"],
+        &[
+            "--functions",
+            "hot",
+            "rare",
+            "--time",
+            "coarse",
+            "--slots",
+            "8",
+            "--buffer-records",
+            &buffer_records,
+        ],
     )?;
     let help = util::output_ok(cmd(crate::tracer_bin()).args(["record", "--help"]))?;
     let has_filters = help.contains("--sample") && help.contains("--functions");

@@ -5,6 +5,7 @@
 mod arm64_vm;
 mod bench;
 mod bench_drain;
+mod bench_readers;
 mod setup;
 mod util;
 
@@ -142,7 +143,13 @@ fn demo() -> Result<()> {
     println!("-- the original program:");
     util::run(&mut cmd(&exe))?;
     println!("-- rewrite it:");
-    util::run(cmd(rewriter_bin()).arg(&exe).arg("-o").arg(&traced))?;
+    util::run(
+        cmd(rewriter_bin())
+            .arg(&exe)
+            .arg("-o")
+            .arg(&traced)
+            .args(["--sites", "entry,exit"]),
+    )?;
     println!("-- run the rewritten program under the tracer:");
     util::run(
         cmd(tracer_bin())
@@ -152,11 +159,28 @@ fn demo() -> Result<()> {
             .arg("--")
             .arg(&traced),
     )?;
-    println!("-- report:");
+    println!("-- report (names and lines from DWARF, call times from entry/exit pairs):");
     util::run(cmd(tracer_bin()).arg("report").arg(&trace))?;
+    println!("-- export for ui.perfetto.dev, and a flame graph:");
+    let pftrace = dir.join("demo.pftrace");
+    let svg = dir.join("demo.svg");
+    util::run(
+        cmd(tracer_bin())
+            .arg("export")
+            .arg(&trace)
+            .args(["--format", "perfetto", "-o"])
+            .arg(&pftrace),
+    )?;
+    util::run(
+        cmd(tracer_bin())
+            .arg("flamegraph")
+            .arg(&trace)
+            .arg("-o")
+            .arg(&svg),
+    )?;
     println!(
-        "-- files in {}: demo (original), demo.traced (rewritten), demo.utrace (trace); \
-         try `{} dump {}`",
+        "-- files in {}: demo (original), demo.traced (rewritten), demo.utrace (trace), \
+         demo.pftrace (open it in ui.perfetto.dev), demo.svg (flame graph); try `{} dump {}`",
         dir.display(),
         tracer_bin().display(),
         trace.display()

@@ -68,10 +68,58 @@ pub fn setup() -> Result<()> {
     let nightly_llvm = rust_src(&mut log)?;
     bpf_linker(&mut log, &nightly_llvm)?;
     rust_targets(&mut log)?;
+    python_packages(&mut log)?;
     println!("== setup summary");
     for l in &log.0 {
         println!("   {l}");
     }
+    Ok(())
+}
+
+/// Python packages of the tests (PyPI), installed into [`PYTHON_DIR`]: Perfetto's own
+/// generated protos (`perfetto_trace_pb2`) read the Perfetto exports independently.
+pub const PYTHON_PACKAGES: &[&str] = &["perfetto==0.59.1", "protobuf==7.36.2"];
+/// Where [`PYTHON_PACKAGES`] go (PYTHONPATH of the tests that use them).
+pub const PYTHON_DIR: &str = "target/xtask/python";
+
+fn python_packages(log: &mut Log) -> Result<()> {
+    let dir = util::workspace_root().join(PYTHON_DIR);
+    let check = cmd("python3")
+        .args([
+            "-c",
+            "from perfetto.protos.perfetto.trace import perfetto_trace_pb2",
+        ])
+        .env("PYTHONPATH", &dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+    if check.is_ok_and(|s| s.success()) {
+        log.skipped(format!(
+            "python: already in {}: {}",
+            dir.display(),
+            PYTHON_PACKAGES.join(" ")
+        ));
+        return Ok(());
+    }
+    util::run(
+        cmd("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--upgrade",
+                "--target",
+            ])
+            .arg(&dir)
+            .args(PYTHON_PACKAGES),
+    )?;
+    log.did(format!(
+        "python: installed {} into {}",
+        PYTHON_PACKAGES.join(" "),
+        dir.display()
+    ));
     Ok(())
 }
 

@@ -1,0 +1,379 @@
+//! `export --format perfetto`: Perfetto's protobuf trace format, written as a stream
+//! (a `Trace` is only its repeated `packet` field 1, so packets are appended one by one
+//! and memory stays flat however long the trace).
+//!
+//! Layout: a process track per process and a thread track under it per thread (named
+//! after the thread); per function call a `TYPE_SLICE_BEGIN` at its entry and a
+//! `TYPE_SLICE_END` at its exit (calls given up by an exit of a caller, and calls open at
+//! the end, end there too, so slices nest); an instant per other record (blocks, memory
+//! accesses, USDT probes, calls); counter tracks "records dropped" and "records
+//! filtered". Names and source locations are interned (sent once per trace on one
+//! sequence), so an event is ~25 bytes.
+//!
+//! The messages below are the subset of Perfetto's `protos/perfetto/trace/` this writer
+//! uses, with Perfetto's field numbers.
+
+use std::{collections::HashMap, io::Write};
+
+use anyhow::Result;
+use prost::Message;
+
+use crate::symbols::Frame;
+
+#[derive(Clone, PartialEq, Message)]
+pub struct TracePacket {
+    #[prost(uint64, optional, tag = "8")]
+    pub timestamp: Option<u64>,
+    #[prost(uint32, optional, tag = "10")]
+    pub trusted_packet_sequence_id: Option<u32>,
+    #[prost(message, optional, tag = "11")]
+    pub track_event: Option<TrackEvent>,
+    #[prost(message, optional, tag = "12")]
+    pub interned_data: Option<InternedData>,
+    #[prost(uint32, optional, tag = "13")]
+    pub sequence_flags: Option<u32>,
+    #[prost(message, optional, tag = "60")]
+    pub track_descriptor: Option<TrackDescriptor>,
+}
+
+/// `TracePacket.SequenceFlags`.
+const SEQ_INCREMENTAL_STATE_CLEARED: u32 = 1;
+const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
+
+#[derive(Clone, PartialEq, Message)]
+pub struct TrackDescriptor {
+    #[prost(uint64, optional, tag = "1")]
+    pub uuid: Option<u64>,
+    #[prost(string, optional, tag = "2")]
+    pub name: Option<String>,
+    #[prost(message, optional, tag = "3")]
+    pub process: Option<ProcessDescriptor>,
+    #[prost(message, optional, tag = "4")]
+    pub thread: Option<ThreadDescriptor>,
+    #[prost(uint64, optional, tag = "5")]
+    pub parent_uuid: Option<u64>,
+    #[prost(message, optional, tag = "8")]
+    pub counter: Option<CounterDescriptor>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct ProcessDescriptor {
+    #[prost(int32, optional, tag = "1")]
+    pub pid: Option<i32>,
+    #[prost(string, optional, tag = "6")]
+    pub process_name: Option<String>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct ThreadDescriptor {
+    #[prost(int32, optional, tag = "1")]
+    pub pid: Option<i32>,
+    #[prost(int64, optional, tag = "2")]
+    pub tid: Option<i64>,
+    #[prost(string, optional, tag = "5")]
+    pub thread_name: Option<String>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct CounterDescriptor {}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct TrackEvent {
+    #[prost(uint64, repeated, packed = "false", tag = "3")]
+    pub category_iids: Vec<u64>,
+    /// `TrackEvent.Type`.
+    #[prost(int32, optional, tag = "9")]
+    pub r#type: Option<i32>,
+    #[prost(uint64, optional, tag = "10")]
+    pub name_iid: Option<u64>,
+    #[prost(uint64, optional, tag = "11")]
+    pub track_uuid: Option<u64>,
+    #[prost(int64, optional, tag = "30")]
+    pub counter_value: Option<i64>,
+    #[prost(uint64, optional, tag = "34")]
+    pub source_location_iid: Option<u64>,
+}
+
+const TYPE_SLICE_BEGIN: i32 = 1;
+const TYPE_SLICE_END: i32 = 2;
+const TYPE_INSTANT: i32 = 3;
+const TYPE_COUNTER: i32 = 4;
+
+#[derive(Clone, PartialEq, Message)]
+pub struct InternedData {
+    #[prost(message, repeated, tag = "1")]
+    pub event_categories: Vec<InternedString>,
+    #[prost(message, repeated, tag = "2")]
+    pub event_names: Vec<InternedString>,
+    #[prost(message, repeated, tag = "4")]
+    pub source_locations: Vec<SourceLocation>,
+}
+
+/// `EventName` and `EventCategory` (same shape).
+#[derive(Clone, PartialEq, Message)]
+pub struct InternedString {
+    #[prost(uint64, optional, tag = "1")]
+    pub iid: Option<u64>,
+    #[prost(string, optional, tag = "2")]
+    pub name: Option<String>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct SourceLocation {
+    #[prost(uint64, optional, tag = "1")]
+    pub iid: Option<u64>,
+    #[prost(string, optional, tag = "2")]
+    pub file_name: Option<String>,
+    #[prost(string, optional, tag = "3")]
+    pub function_name: Option<String>,
+    #[prost(uint32, optional, tag = "4")]
+    pub line_number: Option<u32>,
+}
+
+/// The one packet sequence of an export.
+const SEQUENCE: u32 = 1;
+/// Track uuids: processes `PROCESS | pid`, threads `THREAD | tid`, counters below.
+const PROCESS: u64 = 1 << 40;
+const THREAD: u64 = 2 << 40;
+const DROPPED_TRACK: u64 = 1;
+const FILTERED_TRACK: u64 = 2;
+
+/// Streams packets into `w`.
+pub struct Writer<W: Write> {
+    w: W,
+    buf: Vec<u8>,
+    names: HashMap<String, u64>,
+    categories: HashMap<&'static str, u64>,
+    locations: HashMap<(String, String, u32), u64>,
+    processes: HashMap<u32, ()>,
+    threads: HashMap<(u32, u32), String>,
+    first: bool,
+    /// (binary id, site) → interned (name, category, location).
+    by_site: HashMap<(u64, u32), (u64, u64, Option<u64>)>,
+    last_thread: Option<(u32, u32, String)>,
+    pub packets: u64,
+}
+
+impl<W: Write> Writer<W> {
+    pub fn new(w: W) -> Writer<W> {
+        Writer {
+            w,
+            buf: Vec::with_capacity(256),
+            names: HashMap::new(),
+            categories: HashMap::new(),
+            locations: HashMap::new(),
+            processes: HashMap::new(),
+            threads: HashMap::new(),
+            first: true,
+            by_site: HashMap::new(),
+            last_thread: None,
+            packets: 0,
+        }
+    }
+
+    fn put(&mut self, mut p: TracePacket) -> Result<()> {
+        p.trusted_packet_sequence_id = Some(SEQUENCE);
+        if p.track_event.is_some() || p.interned_data.is_some() {
+            p.sequence_flags = Some(if std::mem::take(&mut self.first) {
+                SEQ_INCREMENTAL_STATE_CLEARED | SEQ_NEEDS_INCREMENTAL_STATE
+            } else {
+                SEQ_NEEDS_INCREMENTAL_STATE
+            });
+        }
+        self.buf.clear();
+        // `Trace.packet` (field 1, length-delimited).
+        prost::encoding::encode_key(1, prost::encoding::WireType::LengthDelimited, &mut self.buf);
+        p.encode_length_delimited(&mut self.buf)?;
+        self.w.write_all(&self.buf)?;
+        self.packets += 1;
+        Ok(())
+    }
+
+    /// The counter tracks; first, before any event.
+    pub fn start(&mut self) -> Result<()> {
+        for (uuid, name) in [
+            (DROPPED_TRACK, "records dropped"),
+            (FILTERED_TRACK, "records filtered"),
+        ] {
+            self.put(TracePacket {
+                track_descriptor: Some(TrackDescriptor {
+                    uuid: Some(uuid),
+                    name: Some(name.into()),
+                    counter: Some(CounterDescriptor {}),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Describe the process and thread tracks of a thread (once; again when its name
+    /// changes).
+    fn thread(&mut self, pid: u32, tid: u32, comm: &str) -> Result<u64> {
+        let uuid = THREAD | u64::from(tid);
+        if self.processes.insert(pid, ()).is_none() {
+            self.put(TracePacket {
+                track_descriptor: Some(TrackDescriptor {
+                    uuid: Some(PROCESS | u64::from(pid)),
+                    process: Some(ProcessDescriptor {
+                        pid: Some(pid as i32),
+                        process_name: (pid == tid && !comm.is_empty()).then(|| comm.into()),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })?;
+        }
+        if self.threads.get(&(pid, tid)).map(String::as_str) != Some(comm) {
+            self.threads.insert((pid, tid), comm.to_string());
+            self.put(TracePacket {
+                track_descriptor: Some(TrackDescriptor {
+                    uuid: Some(uuid),
+                    parent_uuid: Some(PROCESS | u64::from(pid)),
+                    thread: Some(ThreadDescriptor {
+                        pid: Some(pid as i32),
+                        tid: Some(i64::from(tid)),
+                        thread_name: (!comm.is_empty()).then(|| comm.into()),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })?;
+        }
+        Ok(uuid)
+    }
+
+    /// Interned ids of an event's name, category and source location; new ones go into
+    /// `interned`.
+    fn intern(
+        &mut self,
+        name: &str,
+        category: &'static str,
+        at: Option<&Frame>,
+        interned: &mut InternedData,
+    ) -> (u64, u64, Option<u64>) {
+        let name_iid = match self.names.get(name) {
+            Some(&i) => i,
+            None => {
+                let i = self.names.len() as u64 + 1;
+                self.names.insert(name.to_string(), i);
+                interned.event_names.push(InternedString {
+                    iid: Some(i),
+                    name: Some(name.to_string()),
+                });
+                i
+            }
+        };
+        let cat_iid = match self.categories.get(category) {
+            Some(&i) => i,
+            None => {
+                let i = self.categories.len() as u64 + 1;
+                self.categories.insert(category, i);
+                interned.event_categories.push(InternedString {
+                    iid: Some(i),
+                    name: Some(category.to_string()),
+                });
+                i
+            }
+        };
+        let loc_iid = at.and_then(|f| {
+            let file = f.file.clone()?;
+            let key = (file, f.function.clone(), f.line.unwrap_or(0));
+            Some(match self.locations.get(&key) {
+                Some(&i) => i,
+                None => {
+                    let i = self.locations.len() as u64 + 1;
+                    interned.source_locations.push(SourceLocation {
+                        iid: Some(i),
+                        file_name: Some(key.0.clone()),
+                        function_name: Some(key.1.clone()),
+                        line_number: f.line,
+                    });
+                    self.locations.insert(key, i);
+                    i
+                }
+            })
+        });
+        (name_iid, cat_iid, loc_iid)
+    }
+
+    /// A slice begin or end, or an instant, on thread `tid`'s track. `key` names the
+    /// event's site (binary id, site id): its name, category and source location
+    /// (`describe`) are asked for and interned once per site.
+    pub fn event(
+        &mut self,
+        (pid, tid, comm): (u32, u32, &str),
+        time_ns: u64,
+        kind: EventKind,
+        key: (u64, u32),
+        describe: impl FnOnce() -> (String, &'static str, Option<Frame>),
+    ) -> Result<()> {
+        // Records come a chunk (one thread) at a time: most events are the last one's.
+        let track = match &self.last_thread {
+            Some((p, t, c)) if *p == pid && *t == tid && c == comm => THREAD | u64::from(tid),
+            _ => {
+                let track = self.thread(pid, tid, comm)?;
+                self.last_thread = Some((pid, tid, comm.to_string()));
+                track
+            }
+        };
+        let mut interned = InternedData::default();
+        let mut ev = TrackEvent {
+            track_uuid: Some(track),
+            r#type: Some(match kind {
+                EventKind::Begin => TYPE_SLICE_BEGIN,
+                EventKind::End => TYPE_SLICE_END,
+                EventKind::Instant => TYPE_INSTANT,
+            }),
+            ..Default::default()
+        };
+        if kind != EventKind::End {
+            let (n, c, l) = match self.by_site.get(&key) {
+                Some(&ids) => ids,
+                None => {
+                    let (name, category, at) = describe();
+                    let ids = self.intern(&name, category, at.as_ref(), &mut interned);
+                    self.by_site.insert(key, ids);
+                    ids
+                }
+            };
+            ev.name_iid = Some(n);
+            ev.category_iids = vec![c];
+            ev.source_location_iid = l;
+        }
+        let has_interned = !(interned.event_names.is_empty()
+            && interned.event_categories.is_empty()
+            && interned.source_locations.is_empty());
+        self.put(TracePacket {
+            timestamp: Some(time_ns),
+            track_event: Some(ev),
+            interned_data: has_interned.then_some(interned),
+            ..Default::default()
+        })
+    }
+
+    /// A value of the "records dropped" / "records filtered" counters.
+    pub fn counters(&mut self, time_ns: u64, dropped: u64, filtered: u64) -> Result<()> {
+        for (track, v) in [(DROPPED_TRACK, dropped), (FILTERED_TRACK, filtered)] {
+            self.put(TracePacket {
+                timestamp: Some(time_ns),
+                track_event: Some(TrackEvent {
+                    track_uuid: Some(track),
+                    r#type: Some(TYPE_COUNTER),
+                    counter_value: Some(v as i64),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    Begin,
+    End,
+    Instant,
+}

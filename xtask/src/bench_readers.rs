@@ -1,0 +1,140 @@
+//! `bench` readers section: how fast and in how much memory a big trace is read back —
+//! `tracer report`, `tracer export --format perfetto` (streamed: memory must stay flat
+//! whatever the trace's size) and `tracer flamegraph`, on one trace of
+//! `--readers-records` records (xtask/bench/calls.c: nested calls, every entry and exit
+//! traced). Per reader: wall time, CPU time, peak RSS (the child's own `wait4` rusage),
+//! records per second and output bytes per record.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+use crate::util::{self, cmd};
+
+/// Records per iteration of calls.c (outer, inner, inner: an entry and an exit each).
+const RECORDS_PER_ITERATION: u64 = 6;
+
+struct Usage {
+    wall_s: f64,
+    cpu_s: f64,
+    max_rss_kib: u64,
+}
+
+/// Run `c` to completion and measure it (its own rusage, not other children's).
+fn measured(c: &mut Command) -> Result<Usage> {
+    let t0 = Instant::now();
+    let child = c
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot run {c:?}"))?;
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid out-parameter for wait4.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for our own child; status and ru are valid, writable.
+    let r = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut ru) };
+    let wall_s = t0.elapsed().as_secs_f64();
+    if r < 0 || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        bail!("{c:?} failed (wait status {status:#x})");
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Ok(Usage {
+        wall_s,
+        cpu_s: secs(ru.ru_utime) + secs(ru.ru_stime),
+        max_rss_kib: ru.ru_maxrss as u64,
+    })
+}
+
+pub fn readers(records: u64) -> Result<()> {
+    println!();
+    println!("== readers: report, Perfetto export and flame graph of a big trace");
+    if !util::is_root() {
+        println!("skipped: `tracer record` needs root (BPF, uprobes)");
+        return Ok(());
+    }
+    let (dir, traced) = crate::bench::build_workload(
+        "calls",
+        &["-O2", "-g"],
+        &["--sites", "entry,exit", "--functions", "inner", "outer"],
+    )?;
+    let trace = dir.join("calls.utrace");
+    let iterations = records.div_ceil(RECORDS_PER_ITERATION);
+    util::run(
+        cmd(crate::tracer_bin())
+            .args(["record", "--ring-bytes", "256M", "-o"])
+            .arg(&trace)
+            .arg("--")
+            .arg(&traced)
+            .arg(iterations.to_string()),
+    )?;
+    let report = util::output_ok(
+        cmd(crate::tracer_bin())
+            .arg("report")
+            .arg("--json")
+            .arg(&trace),
+    )?;
+    let v: serde_json::Value = serde_json::from_str(&report).context("report --json")?;
+    let n = v["records"].as_u64().unwrap_or(0);
+    let dropped = v["dropped"].as_u64().unwrap_or(0);
+    let trace_bytes = std::fs::metadata(&trace)?.len();
+    println!(
+        "trace: {n} records ({dropped} dropped), {:.1} MB, {} calls",
+        trace_bytes as f64 / 1e6,
+        iterations * 3
+    );
+    println!(
+        "{:<22} {:>9} {:>9} {:>12} {:>12} {:>12}",
+        "reader", "wall s", "CPU s", "M rec/s", "peak RSS MB", "out B/rec"
+    );
+    let pftrace = dir.join("calls.pftrace");
+    let svg = dir.join("calls.svg");
+    let rows: [(&str, Vec<&std::ffi::OsStr>, Option<&Path>); 3] = [
+        ("report", vec!["report".as_ref(), trace.as_os_str()], None),
+        (
+            "export --format perfetto",
+            vec![
+                "export".as_ref(),
+                trace.as_os_str(),
+                "--format".as_ref(),
+                "perfetto".as_ref(),
+                "-o".as_ref(),
+                pftrace.as_os_str(),
+            ],
+            Some(&pftrace),
+        ),
+        (
+            "flamegraph",
+            vec![
+                "flamegraph".as_ref(),
+                trace.as_os_str(),
+                "-o".as_ref(),
+                svg.as_os_str(),
+            ],
+            Some(&svg),
+        ),
+    ];
+    for (name, args, out) in rows {
+        let u = measured(cmd(crate::tracer_bin()).args(&args))?;
+        let out_per_rec = match out {
+            Some(p) => format!(
+                "{:.1}",
+                std::fs::metadata(p)?.len() as f64 / n.max(1) as f64
+            ),
+            None => "-".into(),
+        };
+        println!(
+            "{name:<22} {:>9.2} {:>9.2} {:>12.2} {:>12.1} {:>12}",
+            u.wall_s,
+            u.cpu_s,
+            n as f64 / u.wall_s / 1e6,
+            u.max_rss_kib as f64 / 1024.0,
+            out_per_rec
+        );
+    }
+    // The big outputs are not kept.
+    for p in [&trace, &pftrace] {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}
