@@ -543,6 +543,11 @@ pub fn tracer_record_with(
         .arg("--")
         .arg(prog)
         .args(args);
+    // Sessions cache debug information; the tests' go to a scratch cache, not root's.
+    c.env(
+        "UTRACE_DEBUG_CACHE",
+        std::env::temp_dir().join("utrace-test-debug-cache"),
+    );
     for (k, v) in env {
         c.env(k, v);
     }

@@ -79,6 +79,25 @@ fn call_times_in_the_report() {
             "calls of {f}"
         );
     }
+    // Per thread: its completed calls, time span, and where its self time went.
+    let threads = v["threads"].as_array().unwrap();
+    assert_eq!(threads.len(), 1, "{threads:?}");
+    let t = &threads[0];
+    let all: u64 = FUNCTIONS.iter().map(|f| expected_calls(f)).sum();
+    assert_eq!(t["calls"], all, "{t}");
+    assert_eq!(t["count"], 2 * all, "an entry and an exit per call: {t}");
+    assert!(t["first_ns"].as_u64() < t["last_ns"].as_u64(), "{t}");
+    let top = t["top_function"].as_str().unwrap();
+    let most = fs
+        .iter()
+        .map(|f| f["self_ns"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    assert_eq!(
+        fs.iter().find(|f| f["function"] == top).unwrap()["self_ns"],
+        most,
+        "one thread: its top function is the report's: {t}"
+    );
     // multi calls leaf: its children's time is not its own.
     let get = |name: &str| fs.iter().find(|f| f["function"] == name).unwrap();
     let multi = get("multi");

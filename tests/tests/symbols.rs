@@ -69,6 +69,14 @@ fn check_cpp_calls(v: &serde_json::Value) {
     assert_eq!(calls.len(), cpp_expected().len(), "{calls:?}");
 }
 
+/// The exit record of `shapes::count` among the `--last` records of a report.
+fn exit_of_count(v: &serde_json::Value) -> &serde_json::Value {
+    let last = v["last"][0]["records"].as_array().unwrap();
+    last.iter()
+        .find(|r| r["kind"] == "exit" && r["symbol"] == "_ZN6shapes5countEPii")
+        .unwrap_or_else(|| panic!("no exit of count in {last:?}"))
+}
+
 fn build_cpp(tmp: &TempDir, flags: &[&str]) -> std::path::PathBuf {
     let orig = tmp.join("names");
     let mut all = vec!["-g", "-O2"];
@@ -148,11 +156,7 @@ fn cpp_names_lines_and_inlined_frames() {
 
     // A return address symbolized: `count` returns to main's line that calls it.
     let call_line = tagged_line("names.cpp", "call_count");
-    let last = v["last"][0]["records"].as_array().unwrap();
-    let exit = last
-        .iter()
-        .find(|r| r["kind"] == "exit" && r["symbol"] == "_ZN6shapes5countEPii")
-        .unwrap_or_else(|| panic!("no exit of count in {last:?}"));
+    let exit = exit_of_count(&v);
     assert_eq!(
         exit["at"],
         format!("shapes::count(int*, int) (names.cpp:{count})")
@@ -336,7 +340,11 @@ fn debug_files_by_debuglink_build_id_and_cache() {
     assert_eq!(how(&v), "build-id", "{}", v["binaries"]);
     check_cpp_calls(&v);
 
-    // 3. Nothing but the symbol table: names, no lines.
+    // 3. Nothing but the symbol table: names, no lines. A FIFO where the debuglink
+    //    points is not read (it would block): only regular files are.
+    let fifo = std::ffi::CString::new(debug.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
     let v = report_json_with(&trace, &[], no_cache);
     assert_eq!(how(&v), "symbols", "{}", v["binaries"]);
     let calls = calls_of(&v);
@@ -356,10 +364,24 @@ fn debug_files_by_debuglink_build_id_and_cache() {
     std::fs::remove_dir_all(tmp.join("dbg")).unwrap();
     std::fs::copy("/bin/true", &traced).unwrap();
     let with_cache: &[(&str, &OsStr)] = &[("UTRACE_DEBUG_CACHE", cache.as_os_str())];
-    let out = report_with(&trace, &["--json".as_ref()], with_cache);
+    let out = report_with(
+        &trace,
+        &["--json".as_ref(), "--last".as_ref(), "3".as_ref()],
+        with_cache,
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(how(&v), "cache", "{}", v["binaries"]);
     check_cpp_calls(&v);
+    // Return addresses too: the code ranges come from the cached file, not from
+    // whatever is at the path now.
+    let exit = exit_of_count(&v);
+    assert_eq!(
+        exit["other"],
+        format!(
+            "main (names.cpp:{})",
+            tagged_line("names.cpp", "call_count")
+        )
+    );
     assert!(
         out.stderr_str().contains("build-id differs"),
         "{}",

@@ -5,7 +5,8 @@
 //! Per thread a stack of open calls: an entry pushes; an exit pops down to the nearest
 //! open call of the same function (calls above it never returned through a traced
 //! exit: longjmp, an exception, an untraced exit; they are dropped and counted). A
-//! call's self time is its total minus its children's totals.
+//! call's self time is its total minus its children's totals; a recursive function's
+//! total time counts its outermost calls only, so no time is counted twice.
 
 use std::collections::HashMap;
 
@@ -55,17 +56,21 @@ pub struct Slice {
     pub function: usize,
     pub start_ns: u64,
     pub end_ns: u64,
+    /// The call's time minus its children's.
+    pub self_ns: u64,
 }
 
 struct Frame {
     function: usize,
     start_ns: u64,
     child_ns: u64,
+    /// With [`Calls::folding`]: this call's node in the call-stack tree.
+    node: usize,
 }
 
 #[derive(Default)]
 pub struct Calls {
-    index: HashMap<(String, String), usize>,
+    index: HashMap<(u64, String), usize>,
     /// (binary id, site) → function: one lookup per record, no string hashing.
     by_site: HashMap<(u64, u32), usize>,
     pub functions: Vec<FunctionTime>,
@@ -75,28 +80,70 @@ pub struct Calls {
     /// Calls left open: never exited through a traced exit (dropped from their
     /// stack by a later exit of a caller, or still open at the end).
     pub unfinished: u64,
-    /// With [`Calls::folding`]: self time (ns) per call stack (functions, outermost
-    /// first), for flame graphs.
-    pub folded: Option<HashMap<Vec<usize>, u64>>,
+    /// With [`Calls::folding`]: the call-stack tree with self time per node, for
+    /// flame graphs (a tree, not a map of whole stacks: deep recursion stays linear).
+    pub folded: Option<StackTree>,
+}
+
+/// Call stacks as a tree: node 0 is the root; each other node is a function called
+/// from its parent node. Stacks deeper than [`MAX_STACK_DEPTH`] (deep recursion) end
+/// in their frame at that depth, which takes the time of the calls below it.
+#[derive(Default)]
+pub struct StackTree {
+    /// (parent node, function, self time ns, depth) per node; node 0 is the root.
+    pub nodes: Vec<(usize, usize, u64, u32)>,
+    children: HashMap<(usize, usize), usize>,
+}
+
+pub const MAX_STACK_DEPTH: u32 = 512;
+
+impl StackTree {
+    fn child(&mut self, parent: usize, function: usize) -> usize {
+        if self.nodes.is_empty() {
+            self.nodes.push((0, usize::MAX, 0, 0));
+        }
+        let depth = self.nodes[parent].3 + 1;
+        if depth > MAX_STACK_DEPTH {
+            return parent;
+        }
+        *self.children.entry((parent, function)).or_insert_with(|| {
+            self.nodes.push((parent, function, 0, depth));
+            self.nodes.len() - 1
+        })
+    }
+
+    /// The functions of `node`'s stack, outermost first.
+    pub fn path(&self, mut node: usize) -> Vec<usize> {
+        let mut path = Vec::new();
+        while node != 0 {
+            let (parent, function, ..) = self.nodes[node];
+            path.push(function);
+            node = parent;
+        }
+        path.reverse();
+        path
+    }
 }
 
 impl Calls {
     /// Also sum self time per call stack ([`Calls::folded`]).
     pub fn folding() -> Calls {
         Calls {
-            folded: Some(HashMap::new()),
+            folded: Some(StackTree::default()),
             ..Calls::default()
         }
     }
 
-    fn function(&mut self, binary: &str, name: &str) -> usize {
-        let key = (binary.to_string(), name.to_string());
+    /// The function of `ev`'s site: one per binary and symbol (the raw one: Rust
+    /// instantiations differing only in their hash demangle alike).
+    fn function(&mut self, ev: &Event) -> usize {
+        let key = (ev.binary_id, ev.raw_symbol.to_string());
         if let Some(&i) = self.index.get(&key) {
             return i;
         }
         self.functions.push(FunctionTime {
-            binary: key.0.clone(),
-            function: key.1.clone(),
+            binary: ev.binary.to_string(),
+            function: ev.symbol.to_string(),
             calls: 0,
             total_ns: 0,
             self_ns: 0,
@@ -113,14 +160,15 @@ impl Calls {
     /// Take one record.
     pub fn event(&mut self, ev: &Event) -> Step {
         let entry = match ev.kind {
-            "entry" => true,
+            // An entry of a function without exit sites never completes: not a call.
+            "entry" if ev.paired => true,
             "exit" => false,
             _ => return Step::default(),
         };
         let f = match self.by_site.get(&(ev.binary_id, ev.rec.site)) {
             Some(&f) => f,
             None => {
-                let f = self.function(ev.binary, ev.symbol);
+                let f = self.function(ev);
                 self.by_site.insert((ev.binary_id, ev.rec.site), f);
                 f
             }
@@ -130,10 +178,15 @@ impl Calls {
         }
         let stack = self.stacks.entry((ev.pid, ev.tid)).or_default();
         if entry {
+            let node = match &mut self.folded {
+                Some(tree) => tree.child(stack.last().map_or(0, |fr| fr.node), f),
+                None => 0,
+            };
             stack.push(Frame {
                 function: f,
                 start_ns: ev.time_ns,
                 child_ns: 0,
+                node,
             });
             return Step {
                 began: Some(f),
@@ -151,17 +204,22 @@ impl Calls {
             return Step::default();
         };
         let total = ev.time_ns.saturating_sub(frame.start_ns);
-        if let Some(folded) = &mut self.folded {
-            let path: Vec<usize> = stack.iter().map(|fr| fr.function).chain([f]).collect();
-            *folded.entry(path).or_default() += total.saturating_sub(frame.child_ns);
+        if let Some(tree) = &mut self.folded {
+            tree.nodes[frame.node].2 += total.saturating_sub(frame.child_ns);
         }
         if let Some(parent) = stack.last_mut() {
             parent.child_ns += total;
         }
+        // A recursive function's total counts its outermost calls only (the inner
+        // ones are inside it already); each call still has its own latency.
+        let outermost = !stack.iter().any(|fr| fr.function == f);
         let t = &mut self.functions[f];
         t.calls += 1;
-        t.total_ns += total;
-        t.self_ns += total.saturating_sub(frame.child_ns);
+        if outermost {
+            t.total_ns += total;
+        }
+        let own = total.saturating_sub(frame.child_ns);
+        t.self_ns += own;
         t.min_ns = t.min_ns.min(total);
         t.max_ns = t.max_ns.max(total);
         let bucket = (63 - total.max(1).leading_zeros() as usize).min(BUCKETS - 1);
@@ -175,6 +233,7 @@ impl Calls {
                 function: f,
                 start_ns: frame.start_ns,
                 end_ns: ev.time_ns,
+                self_ns: own,
             }),
         }
     }
@@ -208,5 +267,140 @@ impl Calls {
                 .then_with(|| a.function.cmp(&b.function))
         });
         (fs, self.unmatched_exits, self.unfinished)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tracer_common::Record;
+
+    use super::*;
+
+    fn run(events: &[(&'static str, u32, u64)]) -> (Calls, Vec<Step>) {
+        run_paired(events, true)
+    }
+
+    fn run_paired(events: &[(&'static str, u32, u64)], paired: bool) -> (Calls, Vec<Step>) {
+        let mut c = Calls::default();
+        let steps = feed(&mut c, events, paired);
+        (c, steps)
+    }
+
+    /// Feed (kind, site, time) records of one thread to `c`: site 0 = "f", 1 = "g".
+    fn feed(c: &mut Calls, events: &[(&'static str, u32, u64)], paired: bool) -> Vec<Step> {
+        events
+            .iter()
+            .map(|&(kind, site, t)| {
+                let rec = Record {
+                    site,
+                    ..Record::default()
+                };
+                let name = ["f", "g"][site as usize];
+                c.event(&Event {
+                    pid: 1,
+                    tid: 1,
+                    binary_id: 7,
+                    comm: "t",
+                    binary: "b",
+                    symbol: name,
+                    raw_symbol: name,
+                    paired,
+                    kind,
+                    rec: &rec,
+                    time_ns: t,
+                })
+            })
+            .collect()
+    }
+
+    fn get<'a>(fs: &'a [FunctionTime], name: &str) -> &'a FunctionTime {
+        fs.iter().find(|f| f.function == name).unwrap()
+    }
+
+    #[test]
+    fn nested_calls_self_and_total() {
+        // f [0, 100) calls g [10, 40) and g [50, 60).
+        let (c, _) = run(&[
+            ("entry", 0, 0),
+            ("entry", 1, 10),
+            ("exit", 1, 40),
+            ("entry", 1, 50),
+            ("exit", 1, 60),
+            ("exit", 0, 100),
+        ]);
+        let (fs, unmatched, unfinished) = c.finish();
+        let (f, g) = (get(&fs, "f"), get(&fs, "g"));
+        assert_eq!((f.calls, f.total_ns, f.self_ns), (1, 100, 60));
+        assert_eq!((g.calls, g.total_ns, g.self_ns), (2, 40, 40));
+        assert_eq!((g.min_ns, g.max_ns), (10, 30));
+        assert_eq!(g.histogram, [0, 0, 0, 1, 1]); // 10 in [8,16), 30 in [16,32)
+        assert_eq!((unmatched, unfinished), (0, 0));
+        assert_eq!(fs[0].function, "f", "sorted by total time");
+    }
+
+    #[test]
+    fn recursion_counts_the_outermost_call_once() {
+        // f [0, 100) → f [10, 90) → f [20, 30).
+        let (c, _) = run(&[
+            ("entry", 0, 0),
+            ("entry", 0, 10),
+            ("entry", 0, 20),
+            ("exit", 0, 30),
+            ("exit", 0, 90),
+            ("exit", 0, 100),
+        ]);
+        let (fs, _, _) = c.finish();
+        let f = get(&fs, "f");
+        assert_eq!((f.calls, f.total_ns, f.self_ns), (3, 100, 100));
+        assert_eq!((f.min_ns, f.max_ns), (10, 100));
+    }
+
+    #[test]
+    fn an_exit_of_a_caller_abandons_the_calls_above_it() {
+        // f calls g, g never exits (longjmp), f exits; then an exit with no entry.
+        let (c, steps) = run(&[
+            ("entry", 0, 0),
+            ("entry", 1, 10),
+            ("exit", 0, 50),
+            ("exit", 1, 60),
+        ]);
+        assert_eq!(steps[0].began, Some(0));
+        assert_eq!(steps[2].abandoned, 1);
+        let s = steps[2].completed.as_ref().unwrap();
+        assert_eq!((s.start_ns, s.end_ns), (0, 50));
+        assert!(steps[3].completed.is_none());
+        let (fs, unmatched, unfinished) = c.finish();
+        assert_eq!((unmatched, unfinished), (1, 1));
+        assert_eq!(get(&fs, "f").total_ns, 50);
+        assert!(fs.iter().all(|f| f.function != "g"), "g never completed");
+    }
+
+    #[test]
+    fn entries_of_functions_without_exit_sites_are_not_calls() {
+        let (c, steps) = run_paired(&[("entry", 0, 0), ("entry", 0, 10)], false);
+        assert!(steps.iter().all(|s| s.began.is_none()));
+        assert_eq!(c.open_calls().map(|(_, n)| n).sum::<usize>(), 0);
+        let (fs, _, unfinished) = c.finish();
+        assert!(fs.is_empty());
+        assert_eq!(unfinished, 0);
+    }
+
+    #[test]
+    fn the_stack_tree_stays_linear_in_deep_recursion() {
+        let mut c = Calls::folding();
+        let depth = 2000u64;
+        let mut events: Vec<(&'static str, u32, u64)> =
+            (0..depth).map(|i| ("entry", 0, i)).collect();
+        events.extend((0..depth).map(|i| ("exit", 0, depth + i)));
+        feed(&mut c, &events, true);
+        let tree = c.folded.as_ref().unwrap();
+        // Root + one node per depth, capped.
+        assert_eq!(tree.nodes.len() as u32, MAX_STACK_DEPTH + 1);
+        let total: u64 = tree.nodes.iter().map(|n| n.2).sum();
+        assert_eq!(
+            total,
+            2 * depth - 1,
+            "all self time kept: the outermost call's length"
+        );
     }
 }

@@ -33,11 +33,13 @@ fn write_atomically(
     write: impl FnOnce(&mut BufWriter<File>) -> Result<()>,
 ) -> Result<()> {
     let tmp = crate::tracefile::temporary_for(out)?;
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
-        .with_context(|| format!("cannot create {}", tmp.display()))?;
+    // 0600 like the trace: exports carry the records' values.
+    let file = std::os::unix::fs::OpenOptionsExt::mode(
+        std::fs::OpenOptions::new().write(true).create_new(true),
+        0o600,
+    )
+    .open(&tmp)
+    .with_context(|| format!("cannot create {}", tmp.display()))?;
     let mut w = BufWriter::with_capacity(1 << 20, file);
     let result = write(&mut w)
         .and_then(|()| {
@@ -96,7 +98,7 @@ fn write_chrome(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Res
                     put(
                         w,
                         json!({"name": f.function, "cat": f.binary, "ph": "X",
-                               "ts": us(s.start_ns), "dur": us(s.end_ns - s.start_ns),
+                               "ts": us(s.start_ns), "dur": us(s.end_ns.saturating_sub(s.start_ns)),
                                "pid": s.pid, "tid": s.tid}),
                     );
                 }
@@ -194,14 +196,16 @@ fn write_perfetto(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> R
     if let Some(e) = err {
         return Err(e).context("cannot write the export");
     }
-    // Calls still open at the end of the trace end with it.
-    let open: Vec<((u32, u32), usize)> = calls.open_calls().collect();
+    // Calls still open at the end of the trace end with their thread's last event.
+    let mut open: Vec<((u32, u32), usize)> = calls.open_calls().collect();
+    open.sort_unstable();
     for ((pid, tid), n) in open {
         let comm = comms.get(&(pid, tid)).cloned().unwrap_or_default();
+        let end = p.last_ns_of(pid, tid).unwrap_or(last_ns);
         for _ in 0..n {
             p.event(
                 (pid, tid, &comm),
-                last_ns,
+                end,
                 EventKind::End,
                 (0, 0),
                 unreachable_name,
@@ -235,8 +239,8 @@ pub fn flamegraph(
     each_record(trace, &mut names, |ev, _| {
         calls.event(ev);
     })?;
-    let folded = calls.folded.take().unwrap_or_default();
-    if folded.is_empty() {
+    let tree = calls.folded.take().unwrap_or_default();
+    if tree.nodes.iter().all(|n| n.2 == 0) {
         bail!(
             "{} has no completed function calls (a flame graph needs entry and exit sites)",
             trace.display()
@@ -244,15 +248,15 @@ pub fn flamegraph(
     }
     // inferno wants "a;b;c N" lines; frames may not contain ';' (C++ templates can't,
     // but be safe) and are sorted for a stable layout.
-    let mut lines: Vec<String> = folded
-        .iter()
-        .filter(|(_, ns)| **ns > 0)
-        .map(|(path, ns)| {
-            let stack: Vec<String> = path
+    let mut lines: Vec<String> = (1..tree.nodes.len())
+        .filter(|&n| tree.nodes[n].2 > 0)
+        .map(|n| {
+            let stack: Vec<String> = tree
+                .path(n)
                 .iter()
                 .map(|&f| calls.functions[f].function.replace(';', ":"))
                 .collect();
-            format!("{} {ns}", stack.join(";"))
+            format!("{} {}", stack.join(";"), tree.nodes[n].2)
         })
         .collect();
     lines.sort();

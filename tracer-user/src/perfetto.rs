@@ -132,7 +132,8 @@ pub struct SourceLocation {
 
 /// The one packet sequence of an export.
 const SEQUENCE: u32 = 1;
-/// Track uuids: processes `PROCESS | pid`, threads `THREAD | tid`, counters below.
+/// Track uuids: processes `PROCESS | pid`, threads `THREAD | n` (n-th thread seen: a
+/// tid reused by another process is another track), counters below.
 const PROCESS: u64 = 1 << 40;
 const THREAD: u64 = 2 << 40;
 const DROPPED_TRACK: u64 = 1;
@@ -146,12 +147,22 @@ pub struct Writer<W: Write> {
     categories: HashMap<&'static str, u64>,
     locations: HashMap<(String, String, u32), u64>,
     processes: HashMap<u32, ()>,
-    threads: HashMap<(u32, u32), String>,
+    /// Threads seen, but the current one (in `current`: records come a chunk, one
+    /// thread, at a time).
+    threads: HashMap<(u32, u32), ThreadTrack>,
+    current: Option<((u32, u32), ThreadTrack)>,
     first: bool,
     /// (binary id, site) → interned (name, category, location).
     by_site: HashMap<(u64, u32), (u64, u64, Option<u64>)>,
-    last_thread: Option<(u32, u32, String)>,
     pub packets: u64,
+}
+
+struct ThreadTrack {
+    uuid: u64,
+    comm: String,
+    /// Its latest event: its events never go back in time (trace processor sorts by
+    /// time, and a begin after its end would close the wrong slice).
+    last_ns: u64,
 }
 
 impl<W: Write> Writer<W> {
@@ -164,9 +175,9 @@ impl<W: Write> Writer<W> {
             locations: HashMap::new(),
             processes: HashMap::new(),
             threads: HashMap::new(),
+            current: None,
             first: true,
             by_site: HashMap::new(),
-            last_thread: None,
             packets: 0,
         }
     }
@@ -208,10 +219,18 @@ impl<W: Write> Writer<W> {
         Ok(())
     }
 
-    /// Describe the process and thread tracks of a thread (once; again when its name
-    /// changes).
-    fn thread(&mut self, pid: u32, tid: u32, comm: &str) -> Result<u64> {
-        let uuid = THREAD | u64::from(tid);
+    /// Make thread (pid, tid) the current one, describing its process and thread
+    /// tracks first (once; the thread's again when its name changes).
+    fn thread(&mut self, pid: u32, tid: u32, comm: &str) -> Result<()> {
+        if let Some((k, t)) = &self.current
+            && *k == (pid, tid)
+            && t.comm == comm
+        {
+            return Ok(());
+        }
+        if let Some((k, t)) = self.current.take() {
+            self.threads.insert(k, t);
+        }
         if self.processes.insert(pid, ()).is_none() {
             self.put(TracePacket {
                 track_descriptor: Some(TrackDescriptor {
@@ -225,11 +244,17 @@ impl<W: Write> Writer<W> {
                 ..Default::default()
             })?;
         }
-        if self.threads.get(&(pid, tid)).map(String::as_str) != Some(comm) {
-            self.threads.insert((pid, tid), comm.to_string());
+        let next = THREAD | (self.threads.len() as u64 + 1);
+        let mut t = self.threads.remove(&(pid, tid)).unwrap_or(ThreadTrack {
+            uuid: next,
+            comm: String::new(),
+            last_ns: 0,
+        });
+        if t.uuid == next || t.comm != comm {
+            t.comm = comm.to_string();
             self.put(TracePacket {
                 track_descriptor: Some(TrackDescriptor {
-                    uuid: Some(uuid),
+                    uuid: Some(t.uuid),
                     parent_uuid: Some(PROCESS | u64::from(pid)),
                     thread: Some(ThreadDescriptor {
                         pid: Some(pid as i32),
@@ -241,7 +266,16 @@ impl<W: Write> Writer<W> {
                 ..Default::default()
             })?;
         }
-        Ok(uuid)
+        self.current = Some(((pid, tid), t));
+        Ok(())
+    }
+
+    /// The time of thread (pid, tid)'s latest event.
+    pub fn last_ns_of(&self, pid: u32, tid: u32) -> Option<u64> {
+        match &self.current {
+            Some((k, t)) if *k == (pid, tid) => Some(t.last_ns),
+            _ => self.threads.get(&(pid, tid)).map(|t| t.last_ns),
+        }
     }
 
     /// Interned ids of an event's name, category and source location; new ones go into
@@ -309,15 +343,12 @@ impl<W: Write> Writer<W> {
         key: (u64, u32),
         describe: impl FnOnce() -> (String, &'static str, Option<Frame>),
     ) -> Result<()> {
-        // Records come a chunk (one thread) at a time: most events are the last one's.
-        let track = match &self.last_thread {
-            Some((p, t, c)) if *p == pid && *t == tid && c == comm => THREAD | u64::from(tid),
-            _ => {
-                let track = self.thread(pid, tid, comm)?;
-                self.last_thread = Some((pid, tid, comm.to_string()));
-                track
-            }
+        self.thread(pid, tid, comm)?;
+        let Some((_, t)) = self.current.as_mut() else {
+            return Ok(());
         };
+        let (track, time_ns) = (t.uuid, time_ns.max(t.last_ns));
+        t.last_ns = time_ns;
         let mut interned = InternedData::default();
         let mut ev = TrackEvent {
             track_uuid: Some(track),
@@ -376,4 +407,75 @@ pub enum EventKind {
     Begin,
     End,
     Instant,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `Trace.packet` entries back from the bytes.
+    fn packets(bytes: &[u8]) -> Vec<TracePacket> {
+        #[derive(Clone, PartialEq, Message)]
+        struct Trace {
+            #[prost(message, repeated, tag = "1")]
+            packet: Vec<TracePacket>,
+        }
+        Trace::decode(bytes).unwrap().packet
+    }
+
+    fn name() -> (String, &'static str, Option<Frame>) {
+        ("f".into(), "call", None)
+    }
+
+    #[test]
+    fn a_thread_never_goes_back_in_time_and_tids_of_two_processes_differ() {
+        let mut w = Writer::new(Vec::new());
+        w.start().unwrap();
+        w.event((1, 7, "a"), 100, EventKind::Begin, (0, 0), name)
+            .unwrap();
+        // Earlier than the begin (TSC vs ktime): clamped to it.
+        w.event((1, 7, "a"), 90, EventKind::End, (0, 0), name)
+            .unwrap();
+        // The same tid in another process: another track.
+        w.event((2, 7, "b"), 50, EventKind::Instant, (0, 0), name)
+            .unwrap();
+        w.event((1, 7, "a"), 120, EventKind::Instant, (0, 0), name)
+            .unwrap();
+        assert_eq!(w.last_ns_of(1, 7), Some(120));
+        assert_eq!(w.last_ns_of(2, 7), Some(50));
+        let ps = packets(&w.w);
+        let threads: Vec<(u64, i32)> = ps
+            .iter()
+            .filter_map(|p| p.track_descriptor.as_ref())
+            .filter_map(|d| Some((d.uuid?, d.thread.as_ref()?.pid?)))
+            .collect();
+        assert_eq!(threads.len(), 2, "{threads:?}");
+        assert_ne!(threads[0].0, threads[1].0);
+        let events: Vec<(u64, u64, i32)> = ps
+            .iter()
+            .filter_map(|p| {
+                let e = p.track_event.as_ref()?;
+                Some((e.track_uuid?, p.timestamp?, e.r#type?))
+            })
+            .collect();
+        let t1 = threads.iter().find(|t| t.1 == 1).unwrap().0;
+        let t2 = threads.iter().find(|t| t.1 == 2).unwrap().0;
+        assert_eq!(
+            events,
+            [
+                (t1, 100, TYPE_SLICE_BEGIN),
+                (t1, 100, TYPE_SLICE_END),
+                (t2, 50, TYPE_INSTANT),
+                (t1, 120, TYPE_INSTANT)
+            ]
+        );
+        // The name is interned once and referred to by every named event.
+        let names: Vec<&InternedString> = ps
+            .iter()
+            .filter_map(|p| p.interned_data.as_ref())
+            .flat_map(|i| &i.event_names)
+            .collect();
+        assert_eq!(names.len(), 1);
+        assert_eq!(ps.iter().filter(|p| p.sequence_flags == Some(3)).count(), 1);
+    }
 }

@@ -27,6 +27,8 @@ struct SiteName {
     name: String,
     kind: SiteKind,
     vaddr: u64,
+    /// Its function has exit sites (entry records can be paired).
+    paired: bool,
 }
 
 /// Names for the (binary_id, site id) pairs of a trace, from its binary sections, and
@@ -71,7 +73,18 @@ impl Names {
                 // Site ids are indices into the site table (a bad one is not a site).
                 let mut table: Vec<Option<SiteName>> = Vec::new();
                 table.resize_with(m.sites.len(), || None);
-                for s in m.sites {
+                let with_exits: std::collections::HashSet<&str> = m
+                    .sites
+                    .iter()
+                    .filter(|s| s.kind == SiteKind::FunctionExit)
+                    .map(|s| s.name.as_str())
+                    .collect();
+                let paired: Vec<bool> = m
+                    .sites
+                    .iter()
+                    .map(|s| with_exits.contains(s.name.as_str()))
+                    .collect();
+                for (s, paired) in m.sites.into_iter().zip(paired) {
                     let Some(slot) = table.get_mut(s.id as usize) else {
                         log::warn!("{}: site id {} out of range", b.path, s.id);
                         continue;
@@ -81,6 +94,7 @@ impl Names {
                         raw: s.name,
                         kind: s.kind,
                         vaddr: s.vaddr,
+                        paired,
                     });
                 }
                 table
@@ -151,32 +165,47 @@ impl Names {
             SiteKind::Block => rec.value,
             _ => return,
         };
-        if at >= s.vaddr {
-            self.biases
-                .borrow_mut()
-                .entry((pid, id))
-                .or_insert(at - s.vaddr);
+        // A bias is a whole number of pages (modulo 2^64: a library may load below its
+        // link address); anything else is not an address (a damaged record, or a block
+        // record carrying a chosen value).
+        let bias = at.wrapping_sub(s.vaddr);
+        if bias & 0xfff == 0 {
+            self.biases.borrow_mut().entry((pid, id)).or_insert(bias);
         }
     }
 
-    /// Frames of a run-time code address of process `pid` that lies in binary `id`
-    /// (e.g. a return address); empty when the binary's load bias in that process is
-    /// unknown. `call_return`: the address follows a call (its line is the call's).
+    /// Frames of a run-time code address of process `pid` (e.g. a return address), in
+    /// binary `id` or another traced binary of that process whose load bias is known;
+    /// empty when none has code there. `call_return`: the address follows a call (its
+    /// line is the call's).
     pub fn code_frames(&self, pid: u32, id: u64, addr: u64, call_return: bool) -> Rc<[Frame]> {
-        let bias = self.biases.borrow().get(&(pid, id)).copied();
-        let bias = match bias {
-            Some(b) => Some(b),
-            None if self.symbols.borrow_mut().fixed_address(id) => Some(0),
-            None => None,
-        };
-        let Some(at) = bias.and_then(|b| addr.checked_sub(b)) else {
-            return Rc::from([]);
-        };
-        let mut sym = self.symbols.borrow_mut();
-        if !sym.is_code(id, at) {
-            return Rc::from([]);
+        let mut candidates: Vec<(u64, u64)> = Vec::new();
+        {
+            let biases = self.biases.borrow();
+            candidates.extend(biases.get(&(pid, id)).map(|&b| (id, b)));
+            let mut others: Vec<(u64, u64)> = biases
+                .iter()
+                .filter(|&(&(p, other), _)| p == pid && other != id)
+                .map(|(&(_, other), &b)| (other, b))
+                .collect();
+            others.sort_unstable();
+            candidates.extend(others);
         }
-        sym.frames(id, at - u64::from(call_return))
+        let mut sym = self.symbols.borrow_mut();
+        let mut fixed: Vec<u64> = self.binaries.keys().copied().collect();
+        fixed.sort_unstable_by_key(|&b| (b != id, b));
+        for b in fixed {
+            if !candidates.iter().any(|&(c, _)| c == b) && sym.fixed_address(b) {
+                candidates.push((b, 0));
+            }
+        }
+        for (b, bias) in candidates {
+            let at = addr.wrapping_sub(bias);
+            if sym.is_code(b, at) {
+                return sym.frames(b, at.saturating_sub(u64::from(call_return)));
+            }
+        }
+        Rc::from([])
     }
 
     /// Where the debug information of each binary came from.
@@ -280,6 +309,10 @@ pub struct Event<'a> {
     pub binary: &'a str,
     /// The site's function, demangled.
     pub symbol: &'a str,
+    /// The site's symbol as the binary has it.
+    pub raw_symbol: &'a str,
+    /// An entry site of a function that has exit sites too (its calls can complete).
+    pub paired: bool,
     /// Site kind name: "entry", "exit", "block", ...
     pub kind: &'static str,
     pub rec: &'a Record,
@@ -338,6 +371,8 @@ pub fn each_record(
                             comm,
                             binary: bin_name,
                             symbol: site.map_or("?", |s| s.name.as_str()),
+                            raw_symbol: site.map_or("?", |s| s.raw.as_str()),
+                            paired: site.is_some_and(|s| s.paired),
                             kind: site.map_or("?", |s| s.kind.name()),
                             rec,
                             time_ns: time_ns(rec, clock.as_ref()),
@@ -368,7 +403,7 @@ struct FunctionCount {
     binary: String,
     /// The site's symbol as the binary has it (mangled, as `tracer dump` prints it).
     symbol: String,
-    /// Demangled.
+    /// The site's name demangled: its function (a USDT site: its probe).
     function: String,
     site: u32,
     /// Site kind: "entry", "exit".
@@ -394,6 +429,14 @@ struct ThreadCount {
     /// The thread's name when its records were drained.
     comm: String,
     count: u64,
+    /// CLOCK_MONOTONIC ns of its first and last record.
+    first_ns: u64,
+    last_ns: u64,
+    /// Completed calls (entry/exit pairs).
+    calls: u64,
+    /// The function it spent most self time in, and that time.
+    top_function: String,
+    top_self_ns: u64,
 }
 
 #[derive(Serialize)]
@@ -552,11 +595,9 @@ fn summarize(
             FunctionCount {
                 binary: names.binary(bin).to_string(),
                 symbol: names.raw_symbol(bin, site).to_string(),
-                function: frames
-                    .last()
-                    .map(|f| f.function.clone())
-                    .filter(|f| !f.is_empty())
-                    .unwrap_or_else(|| names.symbol(bin, site).to_string()),
+                // The site table's name (the calls table's too): a function, or a
+                // USDT probe; the DWARF frames add where in it.
+                function: names.symbol(bin, site).to_string(),
                 site,
                 kind: names.kind(bin, site).to_string(),
                 count,
@@ -585,6 +626,11 @@ fn summarize(
             tid,
             comm: comms.get(&(pid, tid)).cloned().unwrap_or_default(),
             count,
+            first_ns: 0,
+            last_ns: 0,
+            calls: 0,
+            top_function: String::new(),
+            top_self_ns: 0,
         })
         .collect();
     threads.sort_by_key(|t| (t.pid, t.tid));
@@ -680,9 +726,56 @@ pub fn report(
     let mut names = Names::new(debug_dirs);
     let (mut s, session) = summarize(path, last, &mut names)?;
     let mut calls = crate::calls::Calls::default();
+    // Per thread: time span, completed calls, self time per function.
+    #[derive(Default)]
+    struct Times {
+        first_ns: u64,
+        last_ns: u64,
+        calls: u64,
+        self_by_function: HashMap<usize, u64>,
+    }
+    let mut times: Vec<Times> = Vec::new();
+    let mut index: HashMap<(u32, u32), usize> = HashMap::new();
+    let mut recent: Option<((u32, u32), usize)> = None;
     each_record(path, &mut names, |ev, _| {
-        calls.event(ev);
+        let key = (ev.pid, ev.tid);
+        // Records come a chunk (one thread) at a time.
+        let i = match recent {
+            Some((k, i)) if k == key => i,
+            _ => {
+                let i = *index.entry(key).or_insert_with(|| {
+                    times.push(Times {
+                        first_ns: u64::MAX,
+                        ..Times::default()
+                    });
+                    times.len() - 1
+                });
+                recent = Some((key, i));
+                i
+            }
+        };
+        let t = &mut times[i];
+        t.first_ns = t.first_ns.min(ev.time_ns);
+        t.last_ns = t.last_ns.max(ev.time_ns);
+        if let Some(c) = calls.event(ev).completed {
+            t.calls += 1;
+            *t.self_by_function.entry(c.function).or_default() += c.self_ns;
+        }
     })?;
+    for th in &mut s.threads {
+        let Some(t) = index.get(&(th.pid, th.tid)).map(|&i| &times[i]) else {
+            continue;
+        };
+        (th.first_ns, th.last_ns, th.calls) = (t.first_ns, t.last_ns, t.calls);
+        if let Some((&f, &own)) = t
+            .self_by_function
+            .iter()
+            .max_by_key(|&(&f, &own)| (own, std::cmp::Reverse(f)))
+        {
+            th.top_function = calls.functions[f].function.clone();
+            th.top_self_ns = own;
+        }
+    }
     let (mut functions, unmatched_exits, unfinished) = calls.finish();
     for f in &mut functions {
         if let Some((bin, site)) = f.entry_site {
@@ -808,9 +901,27 @@ pub fn report(
         write_calls(out, &s.calls)?;
     }
     writeln!(out, "\nthreads ({}):", s.threads.len())?;
-    writeln!(out, "{:>8} {:>8} {:>12}  name", "pid", "tid", "count")?;
+    writeln!(
+        out,
+        "{:>8} {:>8} {:>12} {:>10} {:>10}  {:<16} most self time in",
+        "pid", "tid", "count", "span", "calls", "name"
+    )?;
     for t in &s.threads {
-        writeln!(out, "{:>8} {:>8} {:>12}  {}", t.pid, t.tid, t.count, t.comm)?;
+        let top = if t.top_function.is_empty() {
+            String::new()
+        } else {
+            format!("{} ({})", t.top_function, ns(t.top_self_ns))
+        };
+        writeln!(
+            out,
+            "{:>8} {:>8} {:>12} {:>10} {:>10}  {:<16} {top}",
+            t.pid,
+            t.tid,
+            t.count,
+            ns(t.last_ns.saturating_sub(t.first_ns)),
+            t.calls,
+            t.comm
+        )?;
     }
     for l in &s.last {
         writeln!(

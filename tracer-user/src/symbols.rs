@@ -66,6 +66,8 @@ pub struct DebugSource {
 struct Loaded {
     loader: addr2line::Loader,
     source: DebugSource,
+    /// Read from the same (build-id checked) file as the DWARF.
+    layout: Layout,
 }
 
 /// Resolves code addresses of the binaries of one trace.
@@ -76,30 +78,62 @@ pub struct Symbolizer {
     /// Where each binary (by binary id) is and which build-id it was recorded with.
     known: HashMap<u64, (PathBuf, Vec<u8>)>,
     memo: HashMap<(u64, u64), Rc<[Frame]>>,
-    layouts: HashMap<u64, Layout>,
 }
 
+/// What the ELF headers and symbol table of a binary say.
 #[derive(Default)]
 struct Layout {
+    /// `ET_EXEC`: loaded at its link-time addresses.
     fixed: bool,
+    /// File addresses of its code (executable `PT_LOAD`s).
     code: Vec<(u64, u64)>,
+    /// Function symbols: (start, end, name), sorted; a symbol of size 0 covers only
+    /// its address.
+    functions: Vec<(u64, u64, String)>,
 }
 
-fn read_layout(path: &Path) -> Option<Layout> {
+impl Layout {
+    fn function_at(&self, vaddr: u64) -> Option<&str> {
+        let i = self.functions.partition_point(|f| f.0 <= vaddr);
+        // Symbols starting at or below vaddr, nearest first: the first that covers it
+        // (a few: symbols nest only as aliases and local labels).
+        self.functions[..i]
+            .iter()
+            .rev()
+            .take(64)
+            .find(|f| vaddr < f.1 || f.0 == vaddr)
+            .map(|f| f.2.as_str())
+    }
+}
+
+fn read_layout(data: &[u8]) -> Option<Layout> {
     use object::read::elf::{FileHeader, ProgramHeader};
-    let data = std::fs::read(path).ok()?;
-    let h = object::elf::FileHeader64::<object::Endianness>::parse(&*data).ok()?;
+    use object::{ObjectSymbol, SymbolKind};
+    let h = object::elf::FileHeader64::<object::Endianness>::parse(data).ok()?;
     let e = h.endian().ok()?;
     let code = h
-        .program_headers(e, &*data)
+        .program_headers(e, data)
         .ok()?
         .iter()
         .filter(|p| p.p_type(e) == object::elf::PT_LOAD && p.p_flags(e) & object::elf::PF_X != 0)
-        .map(|p| (p.p_vaddr(e), p.p_vaddr(e) + p.p_memsz(e)))
+        .filter_map(|p| Some((p.p_vaddr(e), p.p_vaddr(e).checked_add(p.p_memsz(e))?)))
         .collect();
+    let obj = object::File::parse(data).ok()?;
+    let mut functions: Vec<(u64, u64, String)> = obj
+        .symbols()
+        .chain(obj.dynamic_symbols())
+        .filter(|s| s.kind() == SymbolKind::Text && s.is_definition())
+        .filter_map(|s| {
+            let end = s.address().checked_add(s.size())?;
+            Some((s.address(), end, s.name().ok()?.to_string()))
+        })
+        .collect();
+    functions.sort();
+    functions.dedup();
     Some(Layout {
         fixed: h.e_type(e) == object::elf::ET_EXEC,
         code,
+        functions,
     })
 }
 
@@ -113,7 +147,6 @@ impl Symbolizer {
             binaries: HashMap::new(),
             known: HashMap::new(),
             memo: HashMap::new(),
-            layouts: HashMap::new(),
         }
     }
 
@@ -122,30 +155,19 @@ impl Symbolizer {
             .insert(binary_id, (PathBuf::from(path), build_id.to_vec()));
     }
 
-    /// Whether `binary_id` loads at its link-time addresses (ELF `ET_EXEC`: bias 0),
-    /// and the file addresses of its code (executable `PT_LOAD`s).
-    fn layout(&mut self, binary_id: u64) -> &Layout {
-        if !self.layouts.contains_key(&binary_id) {
-            let l = self
-                .known
-                .get(&binary_id)
-                .and_then(|(path, _)| read_layout(path))
-                .unwrap_or_default();
-            self.layouts.insert(binary_id, l);
-        }
-        &self.layouts[&binary_id]
-    }
-
+    /// Whether `binary_id` loads at its link-time addresses (ELF `ET_EXEC`: bias 0).
     pub fn fixed_address(&mut self, binary_id: u64) -> bool {
-        self.layout(binary_id).fixed
+        self.loaded(binary_id).is_some_and(|l| l.layout.fixed)
     }
 
     /// Whether file address `vaddr` is in `binary_id`'s code.
     pub fn is_code(&mut self, binary_id: u64, vaddr: u64) -> bool {
-        self.layout(binary_id)
-            .code
-            .iter()
-            .any(|&(lo, hi)| (lo..hi).contains(&vaddr))
+        self.loaded(binary_id).is_some_and(|l| {
+            l.layout
+                .code
+                .iter()
+                .any(|&(lo, hi)| (lo..hi).contains(&vaddr))
+        })
     }
 
     /// Where the debug information of `binary_id` comes from (None: nothing usable).
@@ -160,6 +182,9 @@ impl Symbolizer {
         let l = self.known.get(&binary_id).and_then(|(path, build_id)| {
             let found = locate(path, build_id, self.cache.as_deref(), &self.dirs);
             let (file, how) = found?;
+            let layout = map_regular(&file)
+                .and_then(|m| read_layout(&m))
+                .unwrap_or_default();
             match addr2line::Loader::new(&file) {
                 Ok(loader) => {
                     log::debug!(
@@ -173,6 +198,7 @@ impl Symbolizer {
                             path: file.to_string_lossy().into_owned(),
                             how,
                         },
+                        layout,
                     }))
                 }
                 Err(e) => {
@@ -192,7 +218,7 @@ impl Symbolizer {
             return f.clone();
         }
         let frames: Rc<[Frame]> = match self.loaded(binary_id) {
-            Some(l) => resolve(&l.loader, vaddr).into(),
+            Some(l) => resolve(&l.loader, &l.layout, vaddr).into(),
             None => Rc::from([]),
         };
         self.memo.insert((binary_id, vaddr), frames.clone());
@@ -200,7 +226,7 @@ impl Symbolizer {
     }
 }
 
-fn resolve(loader: &addr2line::Loader, vaddr: u64) -> Vec<Frame> {
+fn resolve(loader: &addr2line::Loader, layout: &Layout, vaddr: u64) -> Vec<Frame> {
     let mut out = Vec::new();
     if let Ok(mut it) = loader.find_frames(vaddr) {
         while let Ok(Some(f)) = it.next() {
@@ -223,9 +249,10 @@ fn resolve(loader: &addr2line::Loader, vaddr: u64) -> Vec<Frame> {
     if let Some(last) = out.last_mut() {
         last.inlined = false;
     }
-    // No DWARF function (or no DWARF): the symbol table names the function.
+    // No DWARF function (or no DWARF): the symbol that covers the address (by its
+    // size: the nearest one below may be another function's) names the function.
     if (out.is_empty() || out.iter().all(|f| f.function.is_empty()))
-        && let Some(name) = loader.find_symbol(vaddr)
+        && let Some(name) = layout.function_at(vaddr)
     {
         let name = demangle(name).into_owned();
         match out.last_mut() {
@@ -274,9 +301,28 @@ struct FileFacts {
     debuglink: Option<(Vec<u8>, u32)>,
 }
 
-fn facts(path: &Path) -> Option<FileFacts> {
-    let data = std::fs::read(path).ok()?;
-    let obj = object::File::parse(&*data).ok()?;
+/// `path` mapped read-only, if it is a regular file (not a FIFO or device a hostile
+/// debuglink or trace could name).
+fn map_regular(path: &Path) -> Option<memmap2::Mmap> {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Non-blocking: opening a FIFO for reading would wait for a writer.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    if !f.metadata().ok()?.is_file() {
+        log::warn!("{}: not a regular file; ignored", path.display());
+        return None;
+    }
+    // SAFETY: a read-only private mapping of a regular file; a file truncated by
+    // someone else while mapped faults like any reader's would (addr2line maps the
+    // same files the same way).
+    unsafe { memmap2::Mmap::map(&f) }.ok()
+}
+
+fn facts_of(data: &[u8]) -> Option<FileFacts> {
+    let obj = object::File::parse(data).ok()?;
     Some(FileFacts {
         build_id: obj.build_id().ok().flatten().map(<[u8]>::to_vec),
         dwarf: obj
@@ -290,6 +336,22 @@ fn facts(path: &Path) -> Option<FileFacts> {
     })
 }
 
+fn facts(path: &Path) -> Option<FileFacts> {
+    facts_of(&map_regular(path)?)
+}
+
+/// A `.gnu_debuglink` name is a file name: one normal path component (not absolute,
+/// no `..`), else it could point anywhere.
+fn debuglink_name(name: &[u8]) -> Option<PathBuf> {
+    use std::path::Component;
+    let p = Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name));
+    let mut c = p.components();
+    match (c.next(), c.next()) {
+        (Some(Component::Normal(_)), None) => Some(p.to_path_buf()),
+        _ => None,
+    }
+}
+
 /// The file to read `path`'s debug information from, and how it was found.
 fn locate(
     path: &Path,
@@ -297,7 +359,14 @@ fn locate(
     cache: Option<&Path>,
     dirs: &[PathBuf],
 ) -> Option<(PathBuf, &'static str)> {
+    // No recorded build-id: any file at the path is taken, with a note.
     let same_build = |f: &FileFacts| build_id.is_empty() || f.build_id.as_deref() == Some(build_id);
+    if build_id.is_empty() {
+        log::info!(
+            "{}: no build-id recorded; the file there now is taken as the traced one",
+            path.display()
+        );
+    }
     let own = facts(path).filter(|f| {
         let ok = same_build(f);
         if !ok {
@@ -331,8 +400,14 @@ fn locate(
         }
     }
     if let Some((name, crc)) = own.as_ref().and_then(|f| f.debuglink.clone()) {
-        let name =
-            PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&name));
+        let Some(name) = debuglink_name(&name) else {
+            log::warn!(
+                "{}: ignoring debuglink {:?} (not a plain file name)",
+                path.display(),
+                String::from_utf8_lossy(&name)
+            );
+            return own.map(|_| (path.to_path_buf(), "symbols"));
+        };
         let dir = path.parent().unwrap_or(Path::new("/"));
         let mut candidates = vec![dir.join(&name), dir.join(".debug").join(&name)];
         if let Ok(rel) = dir.strip_prefix("/") {
@@ -341,8 +416,8 @@ fn locate(
         candidates.extend(dirs.iter().map(|d| d.join(&name)));
         for c in candidates {
             if c != path
-                && std::fs::read(&c).is_ok_and(|d| crc32(&d) == crc)
-                && facts(&c).is_some_and(|f| f.dwarf)
+                && map_regular(&c)
+                    .is_some_and(|m| crc32(&m) == crc && facts_of(&m).is_some_and(|f| f.dwarf))
             {
                 return Some((c, "debuglink"));
             }
@@ -383,16 +458,80 @@ pub fn cache_debug_info(path: &Path, build_id: &[u8], dirs: &[PathBuf]) -> Resul
         return Ok(());
     }
     let parent = dest.parent().context("cache path has no parent")?;
-    std::fs::create_dir_all(parent)
-        .with_context(|| format!("cannot create {}", parent.display()))?;
+    if !safe_cache_dir(&cache, parent)? {
+        return Ok(());
+    }
+    // The bytes written are the bytes checked: the build-id again, on this mapping.
+    let data = map_regular(&src).with_context(|| format!("cannot read {}", src.display()))?;
+    if facts_of(&data).and_then(|f| f.build_id).as_deref() != Some(build_id) {
+        return Ok(()); // changed since located
+    }
     let tmp = crate::tracefile::temporary_for(&dest)?;
-    // A copy, not a hard link: a binary rewritten in place must not change the cache.
-    std::fs::copy(&src, &tmp)
-        .with_context(|| format!("cannot copy {} to {}", src.display(), tmp.display()))?;
-    std::fs::rename(&tmp, &dest).with_context(|| {
+    let written = (|| {
+        use std::os::unix::fs::OpenOptionsExt;
+        // A new file (never through a link planted at the name), readable by all: the
+        // debug information of a binary that was readable.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&tmp)?;
+        std::io::Write::write_all(&mut f, &data)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &dest)
+    })();
+    if let Err(e) = written {
         let _ = std::fs::remove_file(&tmp);
-        format!("cannot rename {} to {}", tmp.display(), dest.display())
-    })
+        return Err(e).with_context(|| format!("cannot write {}", dest.display()));
+    }
+    Ok(())
+}
+
+/// Make `dir` (inside `cache`) and check that nobody else could have steered it: the
+/// cache must be ours (as root, a cache under another user's home is skipped: `sudo -E`
+/// keeps `HOME`), and no directory on the way may be a symbolic link.
+fn safe_cache_dir(cache: &Path, dir: &Path) -> Result<bool> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    let mut existing = cache;
+    while !existing.exists() {
+        match existing.parent() {
+            Some(p) => existing = p,
+            None => break,
+        }
+    }
+    if let Ok(m) = std::fs::metadata(existing)
+        && m.uid() != euid
+    {
+        log::info!(
+            "not caching debug information in {}: owned by uid {}, not {euid}",
+            existing.display(),
+            m.uid()
+        );
+        return Ok(false);
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut d = dir;
+    while d.starts_with(cache) {
+        let m = std::fs::symlink_metadata(d)?;
+        if m.file_type().is_symlink() || m.uid() != euid {
+            log::warn!(
+                "not caching debug information: {} is a link or not ours",
+                d.display()
+            );
+            return Ok(false);
+        }
+        match d.parent() {
+            Some(p) => d = p,
+            None => break,
+        }
+    }
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -402,6 +541,38 @@ mod tests {
     #[test]
     fn crc32_matches_the_standard_check_value() {
         assert_eq!(crc32(b"123456789"), 0xcbf4_3926);
+    }
+
+    #[test]
+    fn debuglink_names_are_plain_file_names() {
+        assert_eq!(debuglink_name(b"x.debug"), Some(PathBuf::from("x.debug")));
+        for bad in [&b"/dev/zero"[..], b"../x.debug", b"a/b.debug", b"..", b"."] {
+            assert_eq!(
+                debuglink_name(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn symbols_cover_their_size_only() {
+        let l = Layout {
+            functions: vec![
+                (0x10, 0x20, "f".into()),
+                (0x30, 0x30, "marker".into()),
+                (0x40, 0x80, "g".into()),
+                (0x40, 0x44, "g_alias".into()),
+            ],
+            ..Layout::default()
+        };
+        assert_eq!(l.function_at(0x18), Some("f"));
+        assert_eq!(l.function_at(0x20), None, "past f's end");
+        assert_eq!(l.function_at(0x30), Some("marker"));
+        assert_eq!(l.function_at(0x31), None);
+        assert_eq!(l.function_at(0x50), Some("g"));
+        assert_eq!(l.function_at(0x8), None);
     }
 
     #[test]

@@ -205,6 +205,11 @@ fn test(args: &[String], arm64_vm: bool) -> Result<()> {
             .args(["test", "--release", "--no-fail-fast"])
             .args(args)
             .env("UTRACE_AARCH64_TRACER", &a64_tracer)
+            // The tests' sessions cache debug information in a scratch cache.
+            .env(
+                "UTRACE_DEBUG_CACHE",
+                util::target_dir().join("xtask/test-debug-cache"),
+            )
             .current_dir(util::workspace_root()),
     )
     .context("cannot run cargo test")?;
