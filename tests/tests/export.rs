@@ -413,4 +413,23 @@ fn progress_bar_on_a_terminal_only() {
         std::fs::read(tmp.join("a.pftrace")).unwrap(),
         std::fs::read(tmp.join("b.pftrace")).unwrap()
     );
+    // The rewriter's bar names its stages and counts functions (on a pty, shown at once).
+    let rewrite = format!(
+        "{} {} -o {} --sites entry,exit",
+        rewriter_bin().display(),
+        tmp.join("exits").display(),
+        tmp.join("exits.again").display()
+    );
+    let tty = run(
+        Command::new("script")
+            .args(["-qec", &rewrite, "/dev/null"])
+            .env("UTRACE_PROGRESS_AFTER_MS", "0"),
+        TRACE_TIMEOUT,
+    )
+    .ok();
+    let shown = tty.stdout_str();
+    for stage in ["finding sites", "planning", "writing"] {
+        assert!(shown.contains(stage), "{stage}: {}", tty.describe());
+    }
+    assert!(shown.contains(" functions"), "{}", tty.describe());
 }

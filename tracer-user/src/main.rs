@@ -132,7 +132,10 @@ enum Cmd {
         #[command(flatten)]
         debug: DebugDirs,
     },
-    /// Per-function and per-thread record counts of a trace.
+    /// Summarize a trace: records per site (function, file:line, inlined frames), call
+    /// times from entry/exit pairs (total, self, latency histograms), per-thread
+    /// summaries, the books (delivered, filtered, dropped), binaries and their debug
+    /// information.
     Report {
         file: PathBuf,
         /// One JSON object instead of text.
