@@ -388,3 +388,63 @@ fn debug_files_by_debuglink_build_id_and_cache() {
         out.describe()
     );
 }
+
+#[test]
+fn callers_in_a_static_pie_program_and_its_forked_child() {
+    let tmp = TempDir::new("sym-callers");
+    let orig = tmp.join("callers");
+    compile(
+        "gcc",
+        &[fixture("callers.c")],
+        &["-g", "-O2", "-static-pie"],
+        &orig,
+    );
+    let traced = tmp.join("callers.traced");
+    rewriter(&[
+        orig.as_os_str(),
+        "-o".as_ref(),
+        traced.as_os_str(),
+        "--sites".as_ref(),
+        "entry,exit".as_ref(),
+        "--functions".as_ref(),
+        "work".as_ref(),
+    ])
+    .ok();
+    let trace = tmp.join("t.utrace");
+    let out = tracer_record(&trace, &traced, &["100000"], &[]);
+    assert_eq!(out.status(), 0, "{}", out.describe());
+    let v = report_json_with(&trace, &["--last".as_ref(), "2".as_ref()], &[]);
+    let threads = v["last"].as_array().unwrap();
+    let pids: std::collections::BTreeSet<u64> =
+        threads.iter().map(|t| t["pid"].as_u64().unwrap()).collect();
+    assert_eq!(pids.len(), 2, "the program and its child: {threads:?}");
+    let want = format!(
+        "burst (callers.c:{})",
+        tagged_line("callers.c", "call_work")
+    );
+    for t in threads {
+        let recs = t["records"].as_array().unwrap();
+        assert_eq!(recs.len(), 2, "{t}");
+        for r in recs {
+            assert_eq!(r["other"], want.as_str(), "pid {}: {r}", t["pid"]);
+            assert!(
+                r["at"].as_str().unwrap().starts_with("work (callers.c:"),
+                "{r}"
+            );
+        }
+    }
+    // The child ran to its end (its first flush used to crash it: see the flush
+    // function's 4-byte NOP), and each process delivered all its calls (the child also
+    // those still buffered at the fork, copied with its memory).
+    let sum = (0..100_000i64).map(|i| i * 7 + 1).sum::<i64>().to_string();
+    assert_eq!(
+        out.stdout_str().lines().filter(|l| *l == sum).count(),
+        2,
+        "{}",
+        out.describe()
+    );
+    for t in v["threads"].as_array().unwrap() {
+        assert!(t["calls"].as_u64().unwrap() >= 100_001, "{t}");
+    }
+    assert_eq!(v["dropped"], 0);
+}

@@ -121,6 +121,9 @@ fn poll_readable(fds: &[RawFd], timeout_ms: i32) {
     unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout_ms) };
 }
 
+/// The cause of a notice sent for a process's first records (not a `CAUSE_*`).
+pub const FIRST_RECORDS: u32 = u32::MAX;
+
 fn consume_loop(
     mut ring: RingBuf<MapData>,
     mut logger: Option<Logger>,
@@ -133,6 +136,11 @@ fn consume_loop(
     let mut fds = vec![ring.as_raw_fd()];
     fds.extend(logger.as_ref().map(|l| l.as_raw_fd()));
     let mut batch = Vec::with_capacity(BATCH_BYTES + 8192);
+    // Processes whose records arrived: the first chunk of each is announced like a
+    // mapping, so the session looks at the process (where its binaries are loaded:
+    // return addresses of forked children and static programs become readable).
+    let mut pids: std::collections::HashSet<u32> = std::collections::HashSet::new();
+    let mut last_pid = 0;
     loop {
         // Read the flag before draining: entries produced before it was set are in
         // the buffer by now, so one more full drain gets everything.
@@ -161,6 +169,14 @@ fn consume_loop(
                     seen.records += u64::from(h.count);
                     seen.chunks += 1;
                     seen.threads.insert((h.pid, h.tid));
+                    if h.pid != last_pid {
+                        last_pid = h.pid;
+                        if pids.insert(h.pid)
+                            && let Some(tx) = &mapped
+                        {
+                            let _ = tx.send((h.pid, FIRST_RECORDS));
+                        }
+                    }
                 }
                 None => seen.bad_entries += 1,
             }
