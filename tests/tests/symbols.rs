@@ -85,20 +85,24 @@ fn build_cpp(tmp: &TempDir, flags: &[&str]) -> std::path::PathBuf {
     orig
 }
 
-/// Rewrite with demangled globs (`shapes::*` matches `_ZN6shapes...`).
-fn rewrite_cpp(orig: &Path, traced: &Path) {
-    rewriter(&[
+/// `rewriter ORIG -o TRACED --sites SITES --functions F...`.
+fn rewrite_with(orig: &Path, traced: &Path, sites: &str, functions: &[&str]) {
+    let mut args: Vec<&OsStr> = vec![
         orig.as_os_str(),
         "-o".as_ref(),
         traced.as_os_str(),
         "--sites".as_ref(),
-        "entry,exit,memory".as_ref(),
-        "--functions".as_ref(),
-        "shapes::*".as_ref(),
-        "--functions".as_ref(),
-        "main".as_ref(),
-    ])
-    .ok();
+        sites.as_ref(),
+    ];
+    for f in functions {
+        args.extend(["--functions".as_ref(), OsStr::new(f)]);
+    }
+    rewriter(&args).ok();
+}
+
+/// Rewrite with demangled globs (`shapes::*` matches `_ZN6shapes...`).
+fn rewrite_cpp(orig: &Path, traced: &Path) {
+    rewrite_with(orig, traced, "entry,exit,memory", &["shapes::*", "main"]);
 }
 
 #[test]
@@ -225,18 +229,7 @@ fn rust_names_and_lines() {
     .ok();
     let traced = tmp.join("names.traced");
     // Demangled globs: v0 symbols `_RNv...` matched as `names::*` and `<names::*`.
-    rewriter(&[
-        orig.as_os_str(),
-        "-o".as_ref(),
-        traced.as_os_str(),
-        "--sites".as_ref(),
-        "entry,exit".as_ref(),
-        "--functions".as_ref(),
-        "names::*".as_ref(),
-        "--functions".as_ref(),
-        "<names::*".as_ref(),
-    ])
-    .ok();
+    rewrite_with(&orig, &traced, "entry,exit", &["names::*", "<names::*"]);
     let trace = tmp.join("t.utrace");
     let out = tracer_record(&trace, &traced, &[&N.to_string()], &[]);
     assert_eq!(out.status(), 0, "{}", out.describe());
@@ -400,16 +393,7 @@ fn callers_in_a_static_pie_program_and_its_forked_child() {
         &orig,
     );
     let traced = tmp.join("callers.traced");
-    rewriter(&[
-        orig.as_os_str(),
-        "-o".as_ref(),
-        traced.as_os_str(),
-        "--sites".as_ref(),
-        "entry,exit".as_ref(),
-        "--functions".as_ref(),
-        "work".as_ref(),
-    ])
-    .ok();
+    rewrite_with(&orig, &traced, "entry,exit", &["work"]);
     let trace = tmp.join("t.utrace");
     let out = tracer_record(&trace, &traced, &["100000"], &[]);
     assert_eq!(out.status(), 0, "{}", out.describe());
