@@ -136,16 +136,12 @@ fn write_perfetto(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> R
     p.start()?;
     let mut err: Option<anyhow::Error> = None;
     let (mut first_ns, mut last_ns) = (u64::MAX, 0u64);
-    let mut comms: std::collections::HashMap<(u32, u32), String> = Default::default();
     let stats = each_record(trace, names, |ev, names| {
         if err.is_some() {
             return;
         }
         first_ns = first_ns.min(ev.time_ns);
         last_ns = last_ns.max(ev.time_ns);
-        if comms.get(&(ev.pid, ev.tid)).map(String::as_str) != Some(ev.comm) {
-            comms.insert((ev.pid, ev.tid), ev.comm.to_string());
-        }
         let thread = (ev.pid, ev.tid, ev.comm);
         let key = (ev.binary_id, ev.rec.site);
         // The site's name and source line, asked for once per site: a call's slice
@@ -171,7 +167,7 @@ fn write_perfetto(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> R
                 for _ in 0..step.abandoned + usize::from(step.completed.is_some()) {
                     r = r.and_then(|()| {
                         p.event(thread, ev.time_ns, EventKind::End, key, || {
-                            unreachable_name()
+                            (String::new(), "", None)
                         })
                     });
                 }
@@ -200,17 +196,7 @@ fn write_perfetto(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> R
     let mut open: Vec<((u32, u32), usize)> = calls.open_calls().collect();
     open.sort_unstable();
     for ((pid, tid), n) in open {
-        let comm = comms.get(&(pid, tid)).cloned().unwrap_or_default();
-        let end = p.last_ns_of(pid, tid).unwrap_or(last_ns);
-        for _ in 0..n {
-            p.event(
-                (pid, tid, &comm),
-                end,
-                EventKind::End,
-                (0, 0),
-                unreachable_name,
-            )?;
-        }
+        p.end_open(pid, tid, n)?;
     }
     if let Some(st) = stats
         && first_ns <= last_ns
@@ -220,11 +206,6 @@ fn write_perfetto(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> R
     }
     log::info!("{} packets", p.packets);
     Ok(())
-}
-
-/// End events carry no name.
-fn unreachable_name() -> (String, &'static str, Option<crate::symbols::Frame>) {
-    (String::new(), "", None)
 }
 
 /// `tracer flamegraph`: an SVG of self time per call stack (entry/exit pairs).

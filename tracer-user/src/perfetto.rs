@@ -270,12 +270,30 @@ impl<W: Write> Writer<W> {
         Ok(())
     }
 
-    /// The time of thread (pid, tid)'s latest event.
-    pub fn last_ns_of(&self, pid: u32, tid: u32) -> Option<u64> {
+    /// The name and latest event time of thread (pid, tid).
+    fn thread_state(&self, pid: u32, tid: u32) -> Option<(&str, u64)> {
         match &self.current {
-            Some((k, t)) if *k == (pid, tid) => Some(t.last_ns),
-            _ => self.threads.get(&(pid, tid)).map(|t| t.last_ns),
+            Some((k, t)) if *k == (pid, tid) => Some((t.comm.as_str(), t.last_ns)),
+            _ => self
+                .threads
+                .get(&(pid, tid))
+                .map(|t| (t.comm.as_str(), t.last_ns)),
         }
+    }
+
+    /// End `n` slices still open on thread (pid, tid) at its latest event (calls that
+    /// never exited before the trace ended).
+    pub fn end_open(&mut self, pid: u32, tid: u32, n: usize) -> Result<()> {
+        let Some((comm, at)) = self.thread_state(pid, tid) else {
+            return Ok(());
+        };
+        let comm = comm.to_string();
+        for _ in 0..n {
+            self.event((pid, tid, &comm), at, EventKind::End, (0, 0), || {
+                (String::new(), "", None)
+            })?;
+        }
+        Ok(())
     }
 
     /// Interned ids of an event's name, category and source location; new ones go into
@@ -441,8 +459,8 @@ mod tests {
             .unwrap();
         w.event((1, 7, "a"), 120, EventKind::Instant, (0, 0), name)
             .unwrap();
-        assert_eq!(w.last_ns_of(1, 7), Some(120));
-        assert_eq!(w.last_ns_of(2, 7), Some(50));
+        assert_eq!(w.thread_state(1, 7), Some(("a", 120)));
+        assert_eq!(w.thread_state(2, 7), Some(("b", 50)));
         let ps = packets(&w.w);
         let threads: Vec<(u64, i32)> = ps
             .iter()

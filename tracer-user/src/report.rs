@@ -153,12 +153,6 @@ impl Names {
     }
 
     /// Learn load biases from a record that holds its own site's run-time address.
-    fn learn(&self, pid: u32, id: u64, rec: &Record) {
-        if let Some(s) = self.site(id, rec.site) {
-            self.learn_at(pid, id, s, rec);
-        }
-    }
-
     fn learn_at(&self, pid: u32, id: u64, s: &SiteName, rec: &Record) {
         let at = match s.kind {
             SiteKind::Memory if rec.flags & FLAG_UPROBE == 0 => rec.aux,
@@ -561,7 +555,6 @@ fn summarize(
                 let mut n = 0;
                 for rec in c.records.iter().filter(|r| names.is_record(h.binary_id, r)) {
                     n += 1;
-                    names.learn(h.pid, h.binary_id, rec);
                     if last > 0 {
                         let q = recent.entry((h.pid, h.tid)).or_default();
                         if q.len() == last {
@@ -724,9 +717,9 @@ pub fn report(
     out: &mut impl Write,
 ) -> Result<()> {
     let mut names = Names::new(debug_dirs);
-    let (mut s, session) = summarize(path, last, &mut names)?;
     let mut calls = crate::calls::Calls::default();
-    // Per thread: time span, completed calls, self time per function.
+    // First: calls and times (each record with its time). Per thread: time span,
+    // completed calls, self time per function.
     #[derive(Default)]
     struct Times {
         first_ns: u64,
@@ -762,6 +755,9 @@ pub fn report(
             *t.self_by_function.entry(c.function).or_default() += c.self_ns;
         }
     })?;
+    // Second: the counts and `--last` records (whose callers need the load biases the
+    // first pass learned).
+    let (mut s, session) = summarize(path, last, &mut names)?;
     for th in &mut s.threads {
         let Some(t) = index.get(&(th.pid, th.tid)).map(|&i| &times[i]) else {
             continue;
