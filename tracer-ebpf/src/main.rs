@@ -69,8 +69,8 @@ use tracer_common::{RWH_USER_STATE, USER_ON};
 use crate::{
     arch::{NREGS, thread_pointer},
     maps::{
-        BINARIES, E_BAD_RW, EVENTS, EXIT_GROUP_DEAD_OFF, FORK_CHILD_PID_OFF, OPERANDS, SYSTEM_WIDE,
-        TABLES, TARGETS, is_target, next_seq, remember_rw_base, stat_add,
+        BINARIES, E_BAD_RW, EVENTS, EXIT_DRAINED, EXIT_GROUP_DEAD_OFF, FORK_CHILD_PID_OFF,
+        OPERANDS, SYSTEM_WIDE, TABLES, TARGETS, is_target, next_seq, remember_rw_base, stat_add,
     },
     slots::{AFTER_EXIT, AFTER_RELEASE, AFTER_RESET, AFTER_SIGNAL, drain_slot},
     tables::{drain_exiting, find_binary_slot, plan_exit_drain, run_exit_drain},
@@ -448,8 +448,15 @@ pub fn task_exit(ctx: TracePointContext) -> u32 {
         return 0;
     }
     // The task is PF_EXITING: user memory is still readable, not writable. The walk
-    // over its RW areas (copied now) runs after the maps below forget the task.
-    let planned = plan_exit_drain(pid_tid, CAUSE_TASK_EXIT, AFTER_EXIT);
+    // over its RW areas (copied now) runs after the maps below forget the task. Not
+    // when its exit() drain already delivered everything (see `EXIT_DRAINED`).
+    let drained = EXIT_DRAINED.get_ptr(pid_tid).is_some();
+    let _ = EXIT_DRAINED.remove(pid_tid);
+    let planned = if drained {
+        0
+    } else {
+        plan_exit_drain(pid_tid, CAUSE_TASK_EXIT, AFTER_EXIT)
+    };
     if planned < 0 {
         error!(&ctx, "task_exit: drain failed: {}", planned);
     }

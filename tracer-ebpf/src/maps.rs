@@ -69,6 +69,11 @@ pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COUNT, 0
 pub static TABLES: HashMap<u32, [u64; TABLE_BINARIES]> =
     HashMap::with_max_entries(MAX_PROCESSES, 0);
 
+/// pid_tid → 1: the thread's exit() drain delivered everything (`tables::exit_step`);
+/// its `task_exit` skips the fallback drain.
+#[map]
+pub static EXIT_DRAINED: LruHashMap<u64, u8> = LruHashMap::with_max_entries(MAX_TARGETS, 0);
+
 /// The traced processes.
 #[map]
 pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGETS, 0);

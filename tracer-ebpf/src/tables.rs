@@ -12,8 +12,8 @@ use tracer_common::{KEY_CLAIMING, RWH_BINARY_ID, SLOT_KEY, SLOT_OWNER_TID, ebpf:
 
 use crate::{
     arch::{THREAD_POINTER_MAY_BE_STALE, thread_pointer},
-    maps::{EXIT_STEPS, EXIT_WORK, TABLES},
-    slots::{drain_slot, find_slot, find_slot_by_tid, pre_tls_slot},
+    maps::{EXIT_DRAINED, EXIT_STEPS, EXIT_WORK, TABLES},
+    slots::{AFTER_RELEASE, drain_slot, find_slot, find_slot_by_tid, pre_tls_slot},
     user::read_user,
 };
 
@@ -34,7 +34,8 @@ pub struct ExitWork {
     pub after: u32,
     /// Next step: RW area `step / 2`, the thread's slot (even) or its pre-TLS slot (odd).
     pub step: u32,
-    pub _pad: u32,
+    /// Some step's drain failed.
+    pub failed: u32,
     /// The thread's slot in the current RW area (even step), for the odd step.
     pub slot: u64,
 }
@@ -75,7 +76,7 @@ pub fn plan_exit_drain(pid_tid: u64, cause: u32, after: u32) -> i64 {
         cause,
         after,
         step: 0,
-        _pad: 0,
+        failed: 0,
         slot: 0,
     };
     if EXIT_WORK.insert(pid_tid, work, 0).is_err() {
@@ -101,6 +102,16 @@ pub fn exit_step<C: EbpfContext>(ctx: &C) -> i64 {
         (step, (*w).table[((step >> 1) as u64 & INDEX_MASK) as usize])
     };
     if step >= 2 * TABLE_BINARIES as u32 || rw == 0 {
+        // SAFETY: as above.
+        let (after, failed) = unsafe { ((*w).after, (*w).failed) };
+        // A thread that leaves through exit() has delivered everything: its task_exit
+        // must not drain again. In lockdown its slot cannot be released, so a new
+        // thread with the same thread pointer records into it, and a late
+        // sched_process_exit of the old thread would deliver the new one's records
+        // under the old tid.
+        if after == AFTER_RELEASE && failed == 0 {
+            let _ = EXIT_DRAINED.insert(pid_tid, 1u8, 0);
+        }
         let _ = EXIT_WORK.remove(pid_tid);
         return 0;
     }
@@ -129,6 +140,10 @@ pub fn exit_step<C: EbpfContext>(ctx: &C) -> i64 {
     } else {
         0
     };
+    if r < 0 {
+        // SAFETY: as above.
+        unsafe { (*w).failed = 1 };
+    }
     // SAFETY: ctx is this program's context; EXIT_STEPS holds this program.
     unsafe { EXIT_STEPS.tail_call(ctx, 0) };
     // Out of tail calls (cannot happen: 2 * TABLE_BINARIES < 33 steps).
