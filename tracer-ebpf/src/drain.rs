@@ -23,17 +23,17 @@ use aya_ebpf::helpers::generated::{
     bpf_copy_from_user, bpf_ktime_get_ns, bpf_loop, bpf_probe_read_user,
 };
 use tracer_common::{
-    CHUNK_KIND_RECORDS, CHUNK_RECORDS, ChunkHeader, RECORD_SIZE, Record, STAT_CHUNKS,
-    STAT_READ_ERRORS, STAT_RECORDS_DELIVERED, STAT_RECORDS_DROPPED, STAT_RECORDS_FILTERED,
-    STAT_RECORDS_PRODUCED,
+    CHUNK_KIND_RECORDS, CHUNK_RECORDS, ChunkHeader, RECORD_SIZE, STAT_READ_ERRORS,
+    STAT_RECORDS_FILTERED, STAT_RECORDS_PRODUCED,
     ebpf::MAX_DRAIN_BYTES,
     filter::{F_PER_RECORD, FilterConfig},
 };
 
 use crate::{
     atomic,
-    filter::{RecordFilter, active, announce_comm, record_passes, thread_passes},
-    maps::{EVENTS, SCRATCH, next_seq, stat_add},
+    books::{next_seq, settle, stat_add},
+    filter::{active, announce_comm, record_passes, thread_passes},
+    maps::{EVENTS, SCRATCH},
 };
 
 /// `drain` error: `[start, cur)` is not a valid span of records.
@@ -42,21 +42,6 @@ pub const E_BAD_SPAN: i64 = -2000;
 pub const E_READ: i64 = -2001;
 
 const HDR: usize = core::mem::size_of::<ChunkHeader>();
-
-/// Per-CPU scratch of filtered drains: a chunk (header and records contiguous, as
-/// `bpf_ringbuf_output` takes them), the filter state, and a busy flag (a sleepable
-/// program may be preempted while it holds the scratch).
-#[repr(C)]
-pub struct Scratch {
-    pub header: ChunkHeader,
-    /// The chunk being built from the records that pass.
-    pub records: [Record; CHUNK_RECORDS],
-    /// The records read from the buffer, CHUNK_RECORDS at a time.
-    pub input: [Record; CHUNK_RECORDS],
-    pub filter: RecordFilter,
-    pub kept: u64,
-    pub busy: u64,
-}
 
 /// State shared with the bpf_loop callback (lives on the caller's stack).
 #[repr(C)]
@@ -161,16 +146,8 @@ pub fn drain<const S: bool>(req: &DrainReq) -> i64 {
             );
         }
     }
-    stat_add(STAT_RECORDS_DELIVERED, c.delivered);
-    stat_add(STAT_CHUNKS, c.chunks);
     // Every record was delivered, dropped (a failed read counts the rest) or filtered.
-    let removed = n - c.delivered - c.dropped;
-    if removed != 0 {
-        stat_add(STAT_RECORDS_FILTERED, removed);
-    }
-    if c.dropped != 0 {
-        stat_add(STAT_RECORDS_DROPPED, c.dropped);
-    }
+    settle(n, c.delivered, c.dropped, c.chunks);
     if c.failed != 0 {
         stat_add(STAT_READ_ERRORS, 1);
         return E_READ;

@@ -14,7 +14,7 @@ use tracer_common::{
 
 use crate::{
     atomic,
-    maps::{COMMS, EVENTS, FILTER, FILTER_ACTIVE, FILTER_IDS, FILTER_SITES, SCRATCH},
+    maps::{COMMS, EVENTS, FILTER, FILTER_ACTIVE, FILTER_IDS, FILTER_SITES, RecordFilter, SCRATCH},
 };
 
 /// The configuration in force and its generation (`FILTER` index), if any test is on.
@@ -65,22 +65,6 @@ pub fn thread_passes(cfg: &FilterConfig, pid_tid: u64) -> bool {
         }
     }
     true
-}
-
-/// Per-record state of a filtered drain (lives in the per-CPU scratch, not on the
-/// stack: the exit programs' call chain has little stack left).
-#[repr(C)]
-pub struct RecordFilter {
-    pub cfg: FilterConfig,
-    pub generation: u64,
-    pub binary_id: u64,
-    /// Cached `FILTER_SITES` word: key word index + 1 (0 = none) and its bits.
-    pub word: u64,
-    pub bits: u64,
-    /// Decision for the last first record (argument records of a USDT probe follow it).
-    pub last_keep: u64,
-    /// Records seen on this CPU, for 1-in-N sampling.
-    pub sampled: u64,
 }
 
 /// Whether record `r` passes the per-record tests.

@@ -1,13 +1,14 @@
-//! Maps, globals and the small helpers around them.
+//! Maps and globals of the eBPF object, and the types of their values: declarations
+//! only (the loader finds them by the names in `tracer_common::ebpf`), no logic, so that
+//! every other module can depend on this one.
 
 use aya_ebpf::{
     Global,
-    bindings::BPF_NOEXIST,
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use tracer_common::{
-    RW_MAGIC, STAT_COUNT,
+    CHUNK_RECORDS, ChunkHeader, Record, STAT_COUNT,
     ebpf::{
         DEFAULT_FILTER_SITE_WORDS, DEFAULT_RING_BYTES, MAX_BINARIES, MAX_DRAINED, MAX_EXIT_WORK,
         MAX_FILTER_IDS, MAX_PROCESSES, MAX_TARGETS, TABLE_BINARIES,
@@ -16,9 +17,7 @@ use tracer_common::{
     operand::OperandSet,
 };
 
-use crate::{atomic, drain::Scratch, tables::ExitWork, user::read_user};
-
-/// Exit drains in progress, by pid_tid (see `tables::ExitWork`).
+/// Exit drains in progress, by pid_tid (see [`ExitWork`]).
 #[map]
 pub static EXIT_WORK: HashMap<u64, ExitWork> = HashMap::with_max_entries(MAX_EXIT_WORK, 0);
 
@@ -116,70 +115,53 @@ pub static FORK_CHILD_PID_OFF: Global<u32> = Global::new(20);
 #[unsafe(no_mangle)]
 pub static EXIT_GROUP_DEAD_OFF: Global<u32> = Global::new(0);
 
-/// Errors of [`remember_rw_base`], reported by the caller.
-pub const E_TABLE_FULL: i64 = -1000;
-pub const E_BAD_RW: i64 = -1001;
-
-#[inline(always)]
-pub fn stat_add(index: u32, n: u64) {
-    if let Some(p) = STATS.get_ptr_mut(index) {
-        // SAFETY: a per-CPU array value. Atomic all the same: a program may be
-        // preempted by another on the same CPU (sleepable ones, PREEMPT_RCU), and the
-        // books must balance exactly.
-        unsafe { atomic::fetch_add(p, n) };
-    }
+/// An exit drain in progress (`EXIT_WORK`, keyed by pid_tid): the exiting thread's
+/// RW areas and where the walk is. The walk runs as a chain of tail calls of the
+/// `exit_step` program, one slot per step, instead of a loop inside the exit
+/// programs: a drain under a loop under a loop costs the verifier seconds per
+/// program, a drain in a program of its own a tenth of that.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ExitWork {
+    pub table: [u64; TABLE_BINARIES],
+    pub tp: u64,
+    pub cause: u32,
+    pub after: u32,
+    /// Next step: RW area `step / 2`, the thread's slot (even) or its pre-TLS slot (odd).
+    pub step: u32,
+    /// Some step's drain failed.
+    pub failed: u32,
+    /// The thread's slot in the current RW area (even step), for the odd step.
+    pub slot: u64,
 }
 
-/// Sequence number for the next chunk; shared by all CPUs, so an atomic add.
-#[inline(always)]
-pub fn next_seq() -> u64 {
-    match SEQ.get_ptr_mut(0) {
-        // SAFETY: the map value is a live, 8-byte aligned u64 for the map's lifetime.
-        Some(p) => unsafe { atomic::fetch_add(p, 1) },
-        None => 0,
-    }
+/// Per-CPU scratch of filtered drains (`SCRATCH`): a chunk (header and records
+/// contiguous, as `bpf_ringbuf_output` takes them), the filter state, and a busy flag
+/// (a sleepable program may be preempted while it holds the scratch).
+#[repr(C)]
+pub struct Scratch {
+    pub header: ChunkHeader,
+    /// The chunk being built from the records that pass.
+    pub records: [Record; CHUNK_RECORDS],
+    /// The records read from the buffer, CHUNK_RECORDS at a time.
+    pub input: [Record; CHUNK_RECORDS],
+    pub filter: RecordFilter,
+    pub kept: u64,
+    pub busy: u64,
 }
 
-#[inline(always)]
-pub fn is_target(tgid: u32) -> bool {
-    SYSTEM_WIDE.load() != 0 || TARGETS.get_ptr(tgid).is_some()
-}
-
-/// Record that process `tgid` has an instrumented binary whose RW area is at `rw_base`.
-/// Called on every flush (cheap when already known), so a process that was running
-/// before the session started is learned at its first flush.
-#[inline(never)]
-pub fn remember_rw_base(tgid: u32, rw_base: u64) -> i64 {
-    if let Some(p) = TABLES.get_ptr(tgid) {
-        // SAFETY: p points at a live TABLES value.
-        let known = unsafe { *p };
-        for v in known {
-            if v == rw_base {
-                return 0;
-            }
-        }
-    }
-    // New: make sure it is an RW area before trusting it.
-    if read_user::<u64>(rw_base) != Ok(RW_MAGIC) {
-        return E_BAD_RW;
-    }
-    if TABLES.get_ptr(tgid).is_none() {
-        let mut v = [0u64; TABLE_BINARIES];
-        v[0] = rw_base;
-        if TABLES.insert(tgid, v, BPF_NOEXIST as u64).is_ok() {
-            return 0;
-        }
-        // Lost a race with another thread of the process: add to its entry below.
-    }
-    let Some(p) = TABLES.get_ptr_mut(tgid) else {
-        return E_TABLE_FULL;
-    };
-    for i in 0..TABLE_BINARIES {
-        // SAFETY: p points at TABLE_BINARIES u64s of a live map value; i is in bounds.
-        let old = unsafe { atomic::cmpxchg(p.cast::<u64>().add(i), 0, rw_base) };
-        if old == 0 || old == rw_base {
-            return 0;
-        }
-    }
-    E_TABLE_FULL
+/// Per-record state of a filtered drain (lives in the per-CPU scratch, not on the
+/// stack: the exit programs' call chain has little stack left).
+#[repr(C)]
+pub struct RecordFilter {
+    pub cfg: FilterConfig,
+    pub generation: u64,
+    pub binary_id: u64,
+    /// Cached `FILTER_SITES` word: key word index + 1 (0 = none) and its bits.
+    pub word: u64,
+    pub bits: u64,
+    /// Decision for the last first record (argument records of a USDT probe follow it).
+    pub last_keep: u64,
+    /// Records seen on this CPU, for 1-in-N sampling.
+    pub sampled: u64,
 }

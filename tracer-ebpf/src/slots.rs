@@ -10,8 +10,9 @@ use tracer_common::{
 };
 
 use crate::{
+    books::stat_add,
     drain::{DrainReq, drain},
-    maps::{DRAINED, WRITE_USER, stat_add},
+    maps::{DRAINED, WRITE_USER},
     user::{read_user, write_user},
 };
 
@@ -37,21 +38,12 @@ pub fn find_slot(rw: u64, tp: u64) -> u64 {
             return slot;
         }
     }
-    let nslots = read_user::<u32>(rw + RWH_NSLOTS).unwrap_or(0);
-    if nslots <= FIRST_FREE_SLOT {
+    let n = scan_len(rw);
+    if n == 0 {
         return 0;
     }
     let mut s = ScanCtx { rw, tp, found: 0 };
-    let n = nslots - FIRST_FREE_SLOT;
-    // SAFETY: callback and context as bpf_loop expects; `s` outlives the call.
-    unsafe {
-        bpf_loop(
-            if n > MAX_SCAN { MAX_SCAN } else { n },
-            scan_slot as *const () as *mut c_void,
-            (&raw mut s).cast(),
-            0,
-        );
-    }
+    scan(n, scan_slot, &mut s);
     s.found
 }
 
@@ -60,8 +52,8 @@ pub fn find_slot(rw: u64, tp: u64) -> u64 {
 /// keeps is not the live one (see `arch::THREAD_POINTER_MAY_BE_STALE`).
 #[inline(never)]
 pub fn find_slot_by_tid(rw: u64, tid: u32) -> u64 {
-    let nslots = read_user::<u32>(rw + RWH_NSLOTS).unwrap_or(0);
-    if nslots <= FIRST_FREE_SLOT {
+    let n = scan_len(rw);
+    if n == 0 {
         return 0;
     }
     let mut s = TidScanCtx {
@@ -69,17 +61,41 @@ pub fn find_slot_by_tid(rw: u64, tid: u32) -> u64 {
         tid: tid as u64,
         found: 0,
     };
+    scan(n, scan_slot_tid, &mut s);
+    s.found
+}
+
+/// Slots past the reserved ones in the RW area at `rw` (0 if unreadable), at most
+/// MAX_SCAN: the length of a scan of the table.
+#[inline(always)]
+fn scan_len(rw: u64) -> u32 {
+    let nslots = read_user::<u32>(rw + RWH_NSLOTS).unwrap_or(0);
+    if nslots <= FIRST_FREE_SLOT {
+        return 0;
+    }
     let n = nslots - FIRST_FREE_SLOT;
-    // SAFETY: callback and context as bpf_loop expects; `s` outlives the call.
+    if n > MAX_SCAN { MAX_SCAN } else { n }
+}
+
+/// Run `step` over `n` slots of the table under `bpf_loop` (index 0 = the first free
+/// slot), with `ctx` as its state.
+#[inline(always)]
+fn scan<T>(n: u32, step: extern "C" fn(u64, *mut c_void) -> i64, ctx: &mut T) {
+    // SAFETY: callback and context as bpf_loop expects; `ctx` outlives the call.
     unsafe {
         bpf_loop(
-            if n > MAX_SCAN { MAX_SCAN } else { n },
-            scan_slot_tid as *const () as *mut c_void,
-            (&raw mut s).cast(),
+            n,
+            step as *const () as *mut c_void,
+            (ctx as *mut T).cast(),
             0,
         );
     }
-    s.found
+}
+
+/// Address of slot `FIRST_FREE_SLOT + index` of the RW area at `rw`.
+#[inline(always)]
+fn free_slot(rw: u64, index: u64) -> u64 {
+    rw + SLOTS_OFF + (index + FIRST_FREE_SLOT as u64) * SLOT_SIZE
 }
 
 #[repr(C)]
@@ -93,7 +109,7 @@ struct TidScanCtx {
 extern "C" fn scan_slot_tid(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop hands back the TidScanCtx pointer that find_slot_by_tid() passed in.
     let s = unsafe { &mut *ctx.cast::<TidScanCtx>() };
-    let slot = s.rw + SLOTS_OFF + (index + FIRST_FREE_SLOT as u64) * SLOT_SIZE;
+    let slot = free_slot(s.rw, index);
     match (
         read_user::<u64>(slot + SLOT_KEY),
         read_user::<u32>(slot + SLOT_OWNER_TID),
@@ -123,7 +139,7 @@ struct ScanCtx {
 extern "C" fn scan_slot(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop hands back the ScanCtx pointer that find_slot() passed in.
     let s = unsafe { &mut *ctx.cast::<ScanCtx>() };
-    let slot = s.rw + SLOTS_OFF + (index + FIRST_FREE_SLOT as u64) * SLOT_SIZE;
+    let slot = free_slot(s.rw, index);
     match read_user::<u64>(slot + SLOT_KEY) {
         Ok(key) if key == s.tp => {
             s.found = slot;

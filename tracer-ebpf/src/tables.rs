@@ -1,18 +1,23 @@
-//! Walks over a process's RW areas (its `TABLES` entry). One `bpf_loop` callback per
-//! walk rather than an unrolled loop: the verifier then checks the body once instead
-//! of once per table entry.
+//! A process's RW areas (its `TABLES` entry): learning them at flushes, and the walks
+//! over them (exit drains, uprobe sites). One `bpf_loop` callback per walk rather
+//! than an unrolled loop: the verifier then checks the body once instead of once per
+//! table entry.
 
 use core::ffi::c_void;
 
 use aya_ebpf::{
     EbpfContext,
+    bindings::BPF_NOEXIST,
     helpers::{bpf_get_current_pid_tgid, generated::bpf_loop},
 };
-use tracer_common::{KEY_CLAIMING, RWH_BINARY_ID, SLOT_KEY, SLOT_OWNER_TID, ebpf::TABLE_BINARIES};
+use tracer_common::{
+    KEY_CLAIMING, RW_MAGIC, RWH_BINARY_ID, SLOT_KEY, SLOT_OWNER_TID, ebpf::TABLE_BINARIES,
+};
 
 use crate::{
     arch::{THREAD_POINTER_MAY_BE_STALE, thread_pointer},
-    maps::{EXIT_DRAINED, EXIT_STEPS, EXIT_WORK, TABLES},
+    atomic,
+    maps::{EXIT_DRAINED, EXIT_STEPS, EXIT_WORK, ExitWork, TABLES},
     slots::{AFTER_RELEASE, drain_slot, find_slot, find_slot_by_tid, pre_tls_slot},
     user::read_user,
 };
@@ -20,24 +25,49 @@ use crate::{
 const INDEX_MASK: u64 = TABLE_BINARIES as u64 - 1;
 const _: () = assert!(TABLE_BINARIES.is_power_of_two());
 
-/// An exit drain in progress (`EXIT_WORK`, keyed by pid_tid): the exiting thread's
-/// RW areas and where the walk is. The walk runs as a chain of tail calls of the
-/// `exit_step` program, one slot per step, instead of a loop inside the exit
-/// programs: a drain under a loop under a loop costs the verifier seconds per
-/// program, a drain in a program of its own a tenth of that.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct ExitWork {
-    pub table: [u64; TABLE_BINARIES],
-    pub tp: u64,
-    pub cause: u32,
-    pub after: u32,
-    /// Next step: RW area `step / 2`, the thread's slot (even) or its pre-TLS slot (odd).
-    pub step: u32,
-    /// Some step's drain failed.
-    pub failed: u32,
-    /// The thread's slot in the current RW area (even step), for the odd step.
-    pub slot: u64,
+/// Error of [`remember_rw_base`] (reported by the caller): no room for one more RW
+/// area in the process's entry.
+pub const E_TABLE_FULL: i64 = -1000;
+/// Error of [`remember_rw_base`]: the address is not an RW area (no `RW_MAGIC`).
+pub const E_BAD_RW: i64 = -1001;
+
+/// Record that process `tgid` has an instrumented binary whose RW area is at `rw_base`.
+/// Called on every flush (cheap when already known), so a process that was running
+/// before the session started is learned at its first flush.
+#[inline(never)]
+pub fn remember_rw_base(tgid: u32, rw_base: u64) -> i64 {
+    if let Some(p) = TABLES.get_ptr(tgid) {
+        // SAFETY: p points at a live TABLES value.
+        let known = unsafe { *p };
+        for v in known {
+            if v == rw_base {
+                return 0;
+            }
+        }
+    }
+    // New: make sure it is an RW area before trusting it.
+    if read_user::<u64>(rw_base) != Ok(RW_MAGIC) {
+        return E_BAD_RW;
+    }
+    if TABLES.get_ptr(tgid).is_none() {
+        let mut v = [0u64; TABLE_BINARIES];
+        v[0] = rw_base;
+        if TABLES.insert(tgid, v, BPF_NOEXIST as u64).is_ok() {
+            return 0;
+        }
+        // Lost a race with another thread of the process: add to its entry below.
+    }
+    let Some(p) = TABLES.get_ptr_mut(tgid) else {
+        return E_TABLE_FULL;
+    };
+    for i in 0..TABLE_BINARIES {
+        // SAFETY: p points at TABLE_BINARIES u64s of a live map value; i is in bounds.
+        let old = unsafe { atomic::cmpxchg(p.cast::<u64>().add(i), 0, rw_base) };
+        if old == 0 || old == rw_base {
+            return 0;
+        }
+    }
+    E_TABLE_FULL
 }
 
 /// Drain the current thread's slot in every RW area of its process, and its pre-TLS

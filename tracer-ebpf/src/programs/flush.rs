@@ -1,0 +1,64 @@
+//! `flush` and `flush_s`: the uprobe on the injected flush function drains a full
+//! buffer (and learns the process's RW area on the registration call, `cur == start`).
+
+use aya_ebpf::{helpers::bpf_get_current_pid_tgid, programs::ProbeContext};
+use tracer_common::{
+    CAUSE_FULL, CAUSE_REGISTER, RWH_USER_STATE, STAT_READ_ERRORS, Slot, USER_ON,
+    ebpf::STAT_TABLE_FULL,
+};
+
+use super::is_target;
+use crate::{
+    arch,
+    books::stat_add,
+    slots::{AFTER_RESET, drain_slot},
+    tables::{E_BAD_RW, remember_rw_base},
+    user::read_user,
+};
+
+/// The flush uprobe; `S` = the sleepable variant (`flush_s`), which faults
+/// non-resident buffer pages in.
+#[inline(always)]
+pub fn flush<const S: bool>(ctx: &ProbeContext) -> u32 {
+    let pid_tid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tid >> 32) as u32;
+    if !is_target(tgid) {
+        return 0;
+    }
+    let slot_addr = arch::slot_arg(ctx);
+    let slot = match read_user::<Slot>(slot_addr) {
+        Ok(s) => s,
+        Err(e) => {
+            stat_add(STAT_READ_ERRORS, 1);
+            log_error!(ctx, "flush: cannot read slot at {:x}: {}", slot_addr, e);
+            return 0;
+        }
+    };
+    // Never both drains for one buffer: with the user-space drain on, the injected
+    // code sends this buffer itself.
+    if read_user::<u32>(slot.rw_base + RWH_USER_STATE) == Ok(USER_ON) {
+        return 0;
+    }
+    let r = remember_rw_base(tgid, slot.rw_base);
+    if r == E_BAD_RW {
+        log_error!(
+            ctx,
+            "flush: slot {:x} names rw_base {:x} without an RW header",
+            slot_addr,
+            slot.rw_base
+        );
+    } else if r < 0 {
+        // Not logged: it would repeat at every flush.
+        stat_add(STAT_TABLE_FULL, 1);
+    }
+    let cause = if slot.cur == slot.start {
+        CAUSE_REGISTER
+    } else {
+        CAUSE_FULL
+    };
+    let r = drain_slot::<S>(slot_addr, slot.rw_base, pid_tid, cause, AFTER_RESET);
+    if r < 0 {
+        log_error!(ctx, "flush: drain of slot {:x} failed: {}", slot_addr, r);
+    }
+    0
+}
