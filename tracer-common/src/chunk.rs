@@ -2,6 +2,8 @@
 //! `count` [`crate::Record`]s (the used part of a thread's buffer, cut into chunks of at
 //! most [`CHUNK_RECORDS`]).
 
+use crate::record::{le_u32, le_u64};
+
 /// Records per ring-buffer entry at most. 128 × 32 B = 4 KiB per entry.
 pub const CHUNK_RECORDS: usize = 128;
 /// Bytes of the largest ring-buffer entry (header + full payload). The drain reserves
@@ -67,18 +69,61 @@ pub struct ChunkHeader {
 
 const _: () = assert!(core::mem::size_of::<ChunkHeader>() == 48);
 
-/// Indices into the per-CPU `STATS` array map.
-pub const STAT_RECORDS_DELIVERED: u32 = 0;
-/// Records that were in a buffer but found no room in the ring buffer.
-pub const STAT_RECORDS_DROPPED: u32 = 1;
-pub const STAT_CHUNKS: u32 = 2;
-/// Drains that could not read the user buffer (bad pointer, page not present).
-pub const STAT_READ_ERRORS: u32 = 3;
-/// Records skipped because an earlier drain already delivered them.
-pub const STAT_RECORDS_SKIPPED: u32 = 4;
-/// Records a filter (`filter::FilterConfig`) did not keep.
-pub const STAT_RECORDS_FILTERED: u32 = 6;
-/// Records taken out of buffers (or emitted at uprobe sites): each one is then
-/// delivered, filtered or dropped (also when its buffer could not be read).
-pub const STAT_RECORDS_PRODUCED: u32 = 7;
-pub const STAT_COUNT: u32 = 8;
+/// Bytes of a [`ChunkHeader`].
+pub const CHUNK_HEADER_BYTES: usize = core::mem::size_of::<ChunkHeader>();
+
+impl ChunkHeader {
+    /// The header of a chunk of kind `kind` from thread `pid_tid` (`tgid << 32 | tid`,
+    /// as `bpf_get_current_pid_tgid` gives it), with no records and no sequence number
+    /// (announcements: `CHUNK_KIND_COMM`, `CHUNK_KIND_MAPPED`); see [`Self::with_records`].
+    pub const fn new(kind: u32, pid_tid: u64, binary_id: u64, cause: u32, time: u64) -> Self {
+        ChunkHeader {
+            kind,
+            count: 0,
+            pid: (pid_tid >> 32) as u32,
+            tid: pid_tid as u32,
+            seq: 0,
+            binary_id,
+            cause,
+            _pad: 0,
+            time,
+        }
+    }
+
+    /// The same header for `count` records, chunk number `seq` (from the `SEQ` map, or
+    /// the user-space drain's own counter).
+    pub const fn with_records(self, count: u32, seq: u64) -> Self {
+        ChunkHeader { count, seq, ..self }
+    }
+
+    /// Decode a header from its 48 little-endian bytes.
+    pub fn from_bytes(b: &[u8; CHUNK_HEADER_BYTES]) -> Self {
+        ChunkHeader {
+            kind: le_u32(b, 0),
+            count: le_u32(b, 4),
+            pid: le_u32(b, 8),
+            tid: le_u32(b, 12),
+            seq: le_u64(b, 16),
+            binary_id: le_u64(b, 24),
+            cause: le_u32(b, 32),
+            _pad: le_u32(b, 36),
+            time: le_u64(b, 40),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trip() {
+        let h = ChunkHeader::new(CHUNK_KIND_RECORDS, (7 << 32) | 9, 0xabc, CAUSE_FULL, 42)
+            .with_records(3, 11);
+        assert_eq!((h.pid, h.tid, h.count, h.seq, h._pad), (7, 9, 3, 11, 0));
+        let mut b = [0u8; CHUNK_HEADER_BYTES];
+        // SAFETY: ChunkHeader is repr(C) plain data of exactly CHUNK_HEADER_BYTES bytes.
+        unsafe { core::ptr::write_unaligned(b.as_mut_ptr().cast::<ChunkHeader>(), h) };
+        assert_eq!(ChunkHeader::from_bytes(&b), h);
+    }
+}

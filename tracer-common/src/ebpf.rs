@@ -105,11 +105,8 @@ pub const GLOBAL_FORK_CHILD_PID_OFF: &str = "FORK_CHILD_PID_OFF";
 /// Global (u32): offset of `group_dead` in the `sched_process_exit` record (0 = absent).
 pub const GLOBAL_EXIT_GROUP_DEAD_OFF: &str = "EXIT_GROUP_DEAD_OFF";
 
-/// Index in the per-CPU `STATS` map (next to `chunk::STAT_*`): flushes of a process
-/// that has more than `TABLE_BINARIES` instrumented binaries, whose extra RW areas the
-/// exit and uprobe-site programs cannot find.
-pub const STAT_TABLE_FULL: u32 = 5;
-const _: () = assert!(STAT_TABLE_FULL < crate::STAT_COUNT);
+/// The counter of flushes whose RW area found no room (its old path; see `books`).
+pub use crate::books::STAT_TABLE_FULL;
 
 /// Uprobe-site record selector: value = first argument, aux = return address (a
 /// function entry).

@@ -18,6 +18,8 @@
 //! `tpidr_el0` on AArch64): `h = (tp >> 16) & 0xffff` (a 16-bit load, no shift, so the
 //! stub leaves the flags alone), `slot = SLOTS + index[h]`, hit when `slot.key == tp`.
 
+use core::mem::offset_of;
+
 /// `RwHeader::magic`.
 pub const RW_MAGIC: u64 = u64::from_le_bytes(*b"UTRCRW01");
 pub const RW_VERSION: u32 = 1;
@@ -85,7 +87,6 @@ pub struct RwHeader {
     pub _pad: u32,
 }
 
-pub const RWH_BUF_KIND: u64 = 80;
 /// Buffer kinds (`RwHeader::buf_kind`). Trace: a full buffer is flushed (drained
 /// through the flush uprobe).
 pub const BUF_TRACE: u32 = 0;
@@ -98,9 +99,6 @@ pub const BUF_FAST_CIRCULAR: u32 = 2;
 /// Bytes of a fast circular ring.
 pub const FAST_RING_BYTES: u64 = 0x10000;
 
-pub const RWH_USER_STATE: u64 = 64;
-pub const RWH_USER_FD: u64 = 68;
-pub const RWH_USER_SEQ: u64 = 72;
 /// Not looked at yet.
 pub const USER_UNKNOWN: u32 = 0;
 /// No user-space drain: full buffers go through the flush uprobe (or are discarded).
@@ -114,13 +112,18 @@ pub const USER_DRAIN_FD: u32 = 1021;
 /// send buffer).
 pub const USER_MSG_RECORDS: u64 = 1024;
 
-pub const RWH_MAGIC: u64 = 0;
-pub const RWH_NSLOTS: u64 = 12;
-pub const RWH_BUF_BYTES: u64 = 16;
-pub const RWH_BUFS_OFF: u64 = 24;
-pub const RWH_BINARY_ID: u64 = 32;
-pub const RWH_NO_SLOT_DROPS: u64 = 40;
-pub const RWH_REGISTRATIONS: u64 = 48;
+/// Offsets of the [`RwHeader`] fields from `rw_base`.
+pub const RWH_MAGIC: u64 = offset_of!(RwHeader, magic) as u64;
+pub const RWH_NSLOTS: u64 = offset_of!(RwHeader, nslots) as u64;
+pub const RWH_BUF_BYTES: u64 = offset_of!(RwHeader, buf_bytes) as u64;
+pub const RWH_BUFS_OFF: u64 = offset_of!(RwHeader, bufs_off) as u64;
+pub const RWH_BINARY_ID: u64 = offset_of!(RwHeader, binary_id) as u64;
+pub const RWH_NO_SLOT_DROPS: u64 = offset_of!(RwHeader, no_slot_drops) as u64;
+pub const RWH_REGISTRATIONS: u64 = offset_of!(RwHeader, registrations) as u64;
+pub const RWH_USER_STATE: u64 = offset_of!(RwHeader, user_state) as u64;
+pub const RWH_USER_FD: u64 = offset_of!(RwHeader, user_fd) as u64;
+pub const RWH_USER_SEQ: u64 = offset_of!(RwHeader, user_seq) as u64;
+pub const RWH_BUF_KIND: u64 = offset_of!(RwHeader, buf_kind) as u64;
 
 /// One thread's buffer descriptor. 64 bytes, one cache line.
 #[repr(C)]
@@ -150,22 +153,40 @@ pub struct Slot {
     pub inflight: u64,
 }
 
-pub const SLOT_KEY: u64 = 0;
-pub const SLOT_CUR: u64 = 8;
-pub const SLOT_END: u64 = 16;
-pub const SLOT_START: u64 = 24;
-pub const SLOT_RW_BASE: u64 = 32;
-pub const SLOT_BINARY_ID: u64 = 40;
-pub const SLOT_OWNER_TID: u64 = 48;
-pub const SLOT_GENERATION: u64 = 52;
-pub const SLOT_INFLIGHT: u64 = 56;
+/// Offsets of the [`Slot`] fields from the slot's address.
+pub const SLOT_KEY: u64 = offset_of!(Slot, key) as u64;
+pub const SLOT_CUR: u64 = offset_of!(Slot, cur) as u64;
+pub const SLOT_END: u64 = offset_of!(Slot, end) as u64;
+pub const SLOT_START: u64 = offset_of!(Slot, start) as u64;
+pub const SLOT_RW_BASE: u64 = offset_of!(Slot, rw_base) as u64;
+pub const SLOT_BINARY_ID: u64 = offset_of!(Slot, binary_id) as u64;
+pub const SLOT_OWNER_TID: u64 = offset_of!(Slot, owner_tid) as u64;
+pub const SLOT_GENERATION: u64 = offset_of!(Slot, generation) as u64;
+pub const SLOT_INFLIGHT: u64 = offset_of!(Slot, inflight) as u64;
 
 const _: () = assert!(core::mem::size_of::<Slot>() as u64 == SLOT_SIZE);
-const _: () = assert!(core::mem::offset_of!(Slot, owner_tid) as u64 == SLOT_OWNER_TID);
-const _: () = assert!(core::mem::offset_of!(Slot, inflight) as u64 == SLOT_INFLIGHT);
-const _: () = assert!(core::mem::offset_of!(RwHeader, registrations) as u64 == RWH_REGISTRATIONS);
-const _: () = assert!(core::mem::offset_of!(RwHeader, user_seq) as u64 == RWH_USER_SEQ);
-const _: () = assert!(core::mem::offset_of!(RwHeader, buf_kind) as u64 == RWH_BUF_KIND);
+// The offsets the rewriter's stubs and injected code hard-code into every rewritten
+// binary (its ABI: a change needs RW_VERSION bumped).
+const _: () = assert!(RWH_MAGIC == 0);
+const _: () = assert!(RWH_NSLOTS == 12);
+const _: () = assert!(RWH_BUF_BYTES == 16);
+const _: () = assert!(RWH_BUFS_OFF == 24);
+const _: () = assert!(RWH_BINARY_ID == 32);
+const _: () = assert!(RWH_NO_SLOT_DROPS == 40);
+const _: () = assert!(RWH_REGISTRATIONS == 48);
+const _: () = assert!(RWH_USER_STATE == 64);
+const _: () = assert!(RWH_USER_FD == 68);
+const _: () = assert!(RWH_USER_SEQ == 72);
+const _: () = assert!(RWH_BUF_KIND == 80);
+const _: () = assert!(SLOT_KEY == 0);
+const _: () = assert!(SLOT_CUR == 8);
+const _: () = assert!(SLOT_END == 16);
+const _: () = assert!(SLOT_START == 24);
+const _: () = assert!(SLOT_RW_BASE == 32);
+const _: () = assert!(SLOT_BINARY_ID == 40);
+const _: () = assert!(SLOT_OWNER_TID == 48);
+const _: () = assert!(SLOT_GENERATION == 52);
+const _: () = assert!(SLOT_INFLIGHT == 56);
 
 /// Offset of the buffer area for `nslots` slots.
 pub const fn bufs_off(nslots: u32) -> u64 {

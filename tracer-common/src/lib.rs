@@ -6,6 +6,7 @@
 //! user-space reader agree byte for byte. Change a layout → bump its version.
 #![cfg_attr(not(feature = "std"), no_std)]
 
+pub mod books;
 pub mod chunk;
 pub mod ebpf;
 pub mod filter;
@@ -15,6 +16,7 @@ pub mod meta;
 pub mod operand;
 pub mod record;
 
+pub use books::*;
 pub use chunk::*;
 pub use layout::*;
 pub use record::*;

@@ -30,6 +30,14 @@ pub struct Record {
 
 const _: () = assert!(core::mem::size_of::<Record>() == RECORD_SIZE);
 
+/// Offset of [`Record::time`] (the eBPF drain reads a record's stamp in user memory).
+pub const RECORD_TIME_OFF: u64 = core::mem::offset_of!(Record, time) as u64;
+// The table above, which the stubs of both ISAs write by.
+const _: () = assert!(core::mem::offset_of!(Record, flags) == 4);
+const _: () = assert!(RECORD_TIME_OFF == 8);
+const _: () = assert!(core::mem::offset_of!(Record, value) == 16);
+const _: () = assert!(core::mem::offset_of!(Record, aux) == 24);
+
 /// `time` is `bpf_ktime_get_ns()` (CLOCK_MONOTONIC ns), not a cycle counter: the record
 /// was produced by an eBPF uprobe (an unpatchable site), which cannot read the TSC.
 pub const FLAG_KTIME: u32 = 1 << 0;
@@ -45,6 +53,9 @@ pub const FLAG_USDT_MORE: u32 = 1 << 4;
 pub const FLAG_USDT_INDEX_SHIFT: u32 = 24;
 /// Written into a circular buffer (an unused ring record has flags 0).
 pub const FLAG_RING: u32 = 1 << 5;
+/// The tracer interpolated `time` (coarse timestamps; next to `FLAG_KTIME`, which says
+/// the time is CLOCK_MONOTONIC ns). Set by readers, never by a stub.
+pub const FLAG_INTERPOLATED: u32 = 1 << 8;
 /// Memory site: bytes accessed, in bits 16..32 of `flags`.
 pub const FLAG_MEM_SIZE_SHIFT: u32 = 16;
 
@@ -56,18 +67,24 @@ pub const fn mem_size(flags: u32) -> u32 {
 impl Record {
     /// Decode a record from its 32 little-endian bytes.
     pub fn from_bytes(b: &[u8; RECORD_SIZE]) -> Self {
-        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-        let u64_at = |o: usize| {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(&b[o..o + 8]);
-            u64::from_le_bytes(a)
-        };
         Record {
-            site: u32_at(0),
-            flags: u32_at(4),
-            time: u64_at(8),
-            value: u64_at(16),
-            aux: u64_at(24),
+            site: le_u32(b, 0),
+            flags: le_u32(b, 4),
+            time: le_u64(b, 8),
+            value: le_u64(b, 16),
+            aux: le_u64(b, 24),
         }
     }
+}
+
+/// The little-endian u32 at `b[o..o + 4]`.
+pub(crate) fn le_u32(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+}
+
+/// The little-endian u64 at `b[o..o + 8]`.
+pub(crate) fn le_u64(b: &[u8], o: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[o..o + 8]);
+    u64::from_le_bytes(a)
 }

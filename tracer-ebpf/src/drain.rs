@@ -23,8 +23,8 @@ use aya_ebpf::helpers::generated::{
     bpf_copy_from_user, bpf_ktime_get_ns, bpf_loop, bpf_probe_read_user,
 };
 use tracer_common::{
-    CHUNK_KIND_RECORDS, CHUNK_RECORDS, ChunkHeader, RECORD_SIZE, STAT_READ_ERRORS,
-    STAT_RECORDS_FILTERED, STAT_RECORDS_PRODUCED,
+    CHUNK_HEADER_BYTES, CHUNK_KIND_RECORDS, CHUNK_RECORDS, ChunkHeader, RECORD_SIZE,
+    STAT_READ_ERRORS, STAT_RECORDS_FILTERED, STAT_RECORDS_PRODUCED,
     ebpf::MAX_DRAIN_BYTES,
     filter::{F_PER_RECORD, FilterConfig},
 };
@@ -41,7 +41,7 @@ pub const E_BAD_SPAN: i64 = -2000;
 /// `drain` error: the user buffer could not be read (the helper's error is lost).
 pub const E_READ: i64 = -2001;
 
-const HDR: usize = core::mem::size_of::<ChunkHeader>();
+const HDR: usize = CHUNK_HEADER_BYTES;
 
 /// State shared with the bpf_loop callback (lives on the caller's stack).
 #[repr(C)]
@@ -265,19 +265,11 @@ fn emit<const S: bool, const RECORDS: usize>(c: &DrainCtx, src: u64, count: u64)
     }
 }
 
+/// The header of a chunk of `count` records of this drain, chunk number `seq`.
 #[inline(always)]
 fn header(c: &DrainCtx, count: u64, seq: u64) -> ChunkHeader {
-    ChunkHeader {
-        kind: CHUNK_KIND_RECORDS,
-        count: count as u32,
-        pid: (c.pid_tid >> 32) as u32,
-        tid: c.pid_tid as u32,
-        seq,
-        binary_id: c.binary_id,
-        cause: c.cause,
-        _pad: 0,
-        time: c.time,
-    }
+    ChunkHeader::new(CHUNK_KIND_RECORDS, c.pid_tid, c.binary_id, c.cause, c.time)
+        .with_records(count as u32, seq)
 }
 
 /// The filtered drain: one `bpf_loop` step per record (not nested in the chunk loop:

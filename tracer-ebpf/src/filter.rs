@@ -123,17 +123,7 @@ pub fn announce_comm(pid_tid: u64, binary_id: u64, time: u64) {
     };
     // No sequence number: readers count chunks of records against the numbers issued.
     let chunk = CommChunk {
-        header: ChunkHeader {
-            kind: CHUNK_KIND_COMM,
-            count: 0,
-            pid: (pid_tid >> 32) as u32,
-            tid: pid_tid as u32,
-            seq: 0,
-            binary_id,
-            cause: 0,
-            _pad: 0,
-            time,
-        },
+        header: ChunkHeader::new(CHUNK_KIND_COMM, pid_tid, binary_id, 0, time),
         comm,
     };
     // SAFETY: the reservation has room for one CommChunk.

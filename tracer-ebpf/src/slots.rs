@@ -5,8 +5,8 @@ use core::ffi::c_void;
 use aya_ebpf::helpers::generated::bpf_loop;
 use tracer_common::{
     BUF_TRACE, FIRST_FREE_SLOT, INDEX_OFF, KEY_CLAIMING, KEY_TOMBSTONE, PRE_TLS_OFF, RECORD_SIZE,
-    RWH_BUF_KIND, RWH_NSLOTS, SLOT_CUR, SLOT_KEY, SLOT_OWNER_TID, SLOT_PRE_TLS, SLOT_SIZE,
-    SLOTS_OFF, STAT_RECORDS_SKIPPED, Slot, index_of,
+    RECORD_TIME_OFF, RWH_BUF_KIND, RWH_NSLOTS, SLOT_CUR, SLOT_KEY, SLOT_OWNER_TID, SLOT_PRE_TLS,
+    SLOT_SIZE, SLOTS_OFF, STAT_RECORDS_SKIPPED, Slot, index_of,
 };
 
 use crate::{
@@ -191,9 +191,6 @@ fn delivered_up_to(key: [u64; 2], slot: &Slot) -> Option<u64> {
         && read_user::<u64>(pos - RECORD_SIZE as u64 + RECORD_TIME_OFF) == Ok(stamp);
     valid.then_some(pos)
 }
-
-/// Offset of `Record::time`.
-const RECORD_TIME_OFF: u64 = 8;
 
 /// What a circular buffer (`BUF_CIRCULAR`, `BUF_FAST_CIRCULAR`) delivers: the whole
 /// ring, oldest record first (`[cur, end)` then `[start, cur)`; never-written records

@@ -3,8 +3,7 @@
 
 use aya_ebpf::{helpers::bpf_get_current_pid_tgid, programs::ProbeContext};
 use tracer_common::{
-    CAUSE_FULL, CAUSE_REGISTER, RWH_USER_STATE, STAT_READ_ERRORS, Slot, USER_ON,
-    ebpf::STAT_TABLE_FULL,
+    CAUSE_FULL, CAUSE_REGISTER, RWH_USER_STATE, STAT_READ_ERRORS, STAT_TABLE_FULL, Slot, USER_ON,
 };
 
 use super::is_target;

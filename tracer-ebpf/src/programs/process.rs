@@ -55,18 +55,9 @@ fn announce_mapped(pid_tid: u64, cause: u32) {
     let Some(mut entry) = EVENTS.reserve::<ChunkHeader>(0) else {
         return;
     };
-    let header = ChunkHeader {
-        kind: CHUNK_KIND_MAPPED,
-        count: 0,
-        pid: (pid_tid >> 32) as u32,
-        tid: pid_tid as u32,
-        seq: 0,
-        binary_id: 0,
-        cause,
-        _pad: 0,
-        // SAFETY: no preconditions.
-        time: unsafe { bpf_ktime_get_ns() },
-    };
+    // SAFETY: no preconditions.
+    let time = unsafe { bpf_ktime_get_ns() };
+    let header = ChunkHeader::new(CHUNK_KIND_MAPPED, pid_tid, 0, cause, time);
     // SAFETY: the reservation has room for one ChunkHeader.
     unsafe { entry.as_mut_ptr().write(header) };
     entry.submit(0);

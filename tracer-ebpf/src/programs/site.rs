@@ -156,17 +156,14 @@ fn emit<const N: usize>(ctx: &ProbeContext, ev: &Event, set: Option<*const Opera
     // SAFETY: p is the reservation, room for one UprobeChunk<N>; set is a live
     // OPERANDS value.
     unsafe {
-        (*p).header = ChunkHeader {
-            kind: CHUNK_KIND_UPROBE,
-            count: nrec as u32,
-            pid: (ev.pid_tid >> 32) as u32,
-            tid: ev.pid_tid as u32,
-            seq,
-            binary_id: ev.binary_id,
-            cause: CAUSE_UPROBE_SITE,
-            _pad: 0,
+        (*p).header = ChunkHeader::new(
+            CHUNK_KIND_UPROBE,
+            ev.pid_tid,
+            ev.binary_id,
+            CAUSE_UPROBE_SITE,
             time,
-        };
+        )
+        .with_records(nrec as u32, seq);
         (*p).records[0] = Record {
             site: ev.site,
             flags: flags | set.map_or(0, |s| (*s).flags),

@@ -1,0 +1,86 @@
+//! The books: what the eBPF programs count in the per-CPU `STATS` map (one index per
+//! counter, `STAT_*`), and the rule they keep: every record produced is delivered,
+//! filtered or dropped, exactly once.
+
+/// Records sent to the ring buffer.
+pub const STAT_RECORDS_DELIVERED: u32 = 0;
+/// Records that were in a buffer but found no room in the ring buffer.
+pub const STAT_RECORDS_DROPPED: u32 = 1;
+/// Chunks of records sent to the ring buffer.
+pub const STAT_CHUNKS: u32 = 2;
+/// Drains that could not read the user buffer (bad pointer, page not present).
+pub const STAT_READ_ERRORS: u32 = 3;
+/// Records skipped because an earlier drain already delivered them.
+pub const STAT_RECORDS_SKIPPED: u32 = 4;
+/// Flushes of a process that has more than `ebpf::TABLE_BINARIES` instrumented
+/// binaries, whose extra RW areas the exit and uprobe-site programs cannot find.
+pub const STAT_TABLE_FULL: u32 = 5;
+/// Records a filter (`filter::FilterConfig`) did not keep.
+pub const STAT_RECORDS_FILTERED: u32 = 6;
+/// Records taken out of buffers (or emitted at uprobe sites): each one is then
+/// delivered, filtered or dropped (also when its buffer could not be read).
+pub const STAT_RECORDS_PRODUCED: u32 = 7;
+/// Entries of `STATS`.
+pub const STAT_COUNT: u32 = 8;
+
+/// The record counters of a session, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Books {
+    pub produced: u64,
+    pub delivered: u64,
+    pub filtered: u64,
+    pub dropped: u64,
+}
+
+impl Books {
+    /// The record counters out of the `STATS` sums (indexed by `STAT_*`).
+    pub const fn from_stats(sums: &[u64; STAT_COUNT as usize]) -> Self {
+        Books {
+            produced: sums[STAT_RECORDS_PRODUCED as usize],
+            delivered: sums[STAT_RECORDS_DELIVERED as usize],
+            filtered: sums[STAT_RECORDS_FILTERED as usize],
+            dropped: sums[STAT_RECORDS_DROPPED as usize],
+        }
+    }
+
+    /// The books rule: produced = delivered + filtered + dropped.
+    pub const fn balanced(&self) -> bool {
+        match self.delivered.checked_add(self.filtered) {
+            Some(out) => match out.checked_add(self.dropped) {
+                Some(out) => out == self.produced,
+                None => false,
+            },
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn balanced_books() {
+        let mut sums = [0u64; STAT_COUNT as usize];
+        sums[STAT_RECORDS_PRODUCED as usize] = 10;
+        sums[STAT_RECORDS_DELIVERED as usize] = 6;
+        sums[STAT_RECORDS_FILTERED as usize] = 3;
+        sums[STAT_RECORDS_DROPPED as usize] = 1;
+        let books = Books::from_stats(&sums);
+        assert!(books.balanced());
+        assert!(
+            !Books {
+                dropped: 2,
+                ..books
+            }
+            .balanced()
+        );
+        assert!(
+            !Books {
+                delivered: u64::MAX,
+                ..books
+            }
+            .balanced()
+        );
+    }
+}
