@@ -79,7 +79,7 @@ pub struct DrainReq {
 /// Records in `[from, to)`, or None if that is not a valid span.
 #[inline(always)]
 fn span_records(from: u64, to: u64) -> Option<u64> {
-    if to < from || (to - from) % RECORD_SIZE as u64 != 0 || to - from > MAX_DRAIN_BYTES {
+    if to < from || !(to - from).is_multiple_of(RECORD_SIZE as u64) || to - from > MAX_DRAIN_BYTES {
         return None;
     }
     Some((to - from) / RECORD_SIZE as u64)

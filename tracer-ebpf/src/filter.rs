@@ -93,7 +93,7 @@ pub fn record_passes(f: &mut RecordFilter, r: &Record) -> bool {
     }
     if keep && flags & F_SAMPLE != 0 && f.cfg.sample > 1 {
         f.sampled += 1;
-        keep = f.sampled % f.cfg.sample == 0;
+        keep = f.sampled.is_multiple_of(f.cfg.sample);
     }
     f.last_keep = keep as u64;
     keep

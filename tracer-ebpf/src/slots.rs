@@ -192,6 +192,10 @@ fn delivered_up_to(key: [u64; 2], slot: &Slot) -> Option<u64> {
     valid.then_some(pos)
 }
 
+/// A ring's drain: its spans (as `DrainReq::spans`) and the `DRAINED` entry to store
+/// once they are delivered.
+type RingDrain = ([u64; 4], [u64; 2]);
+
 /// What a circular buffer (`BUF_CIRCULAR`, `BUF_FAST_CIRCULAR`) delivers: the whole
 /// ring, oldest record first (`[cur, end)` then `[start, cur)`; never-written records
 /// have flags 0 and readers skip them), only when the thread exits or takes a fatal
@@ -200,7 +204,7 @@ fn delivered_up_to(key: [u64; 2], slot: &Slot) -> Option<u64> {
 /// again. The slot is not touched: rings are never reset. Returns the spans and the
 /// `DRAINED` entry to store once delivered, or None (nothing to deliver), or an error.
 #[inline(always)]
-fn ring_spans(slot: &Slot, key: [u64; 2], after: u32) -> Result<Option<([u64; 4], [u64; 2])>, i64> {
+fn ring_spans(slot: &Slot, key: [u64; 2], after: u32) -> Result<Option<RingDrain>, i64> {
     if after == AFTER_RESET {
         return Ok(None);
     }
