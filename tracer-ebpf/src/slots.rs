@@ -1,4 +1,5 @@
-//! Finding and releasing a thread's slot in an RW area (see tracer_common::layout).
+//! A thread's slot in an RW area (see tracer_common::layout): finding it (index, then
+//! scan), draining it from where the last drain stopped, resetting or releasing it.
 
 use core::ffi::c_void;
 
@@ -6,12 +7,12 @@ use aya_ebpf::helpers::generated::bpf_loop;
 use tracer_common::{
     BUF_TRACE, FIRST_FREE_SLOT, INDEX_OFF, KEY_CLAIMING, KEY_TOMBSTONE, PRE_TLS_OFF, RECORD_SIZE,
     RECORD_TIME_OFF, RWH_BUF_KIND, RWH_NSLOTS, SLOT_CUR, SLOT_KEY, SLOT_OWNER_TID, SLOT_PRE_TLS,
-    SLOT_SIZE, SLOTS_OFF, STAT_RECORDS_SKIPPED, Slot, index_of,
+    SLOT_SIZE, SLOTS_OFF, STAT_READ_ERRORS, STAT_RECORDS_SKIPPED, Slot, index_of,
 };
 
 use crate::{
     books::stat_add,
-    drain::{DrainReq, drain},
+    drain::{DrainReq, E_BAD_SPAN, drain},
     maps::{DRAINED, WRITE_USER},
     user::{read_user, write_user},
 };
@@ -302,8 +303,8 @@ fn trace_from(slot: &Slot, key: [u64; 2], after: u32) -> Result<u64, i64> {
         );
     }
     if from < slot.start {
-        stat_add(tracer_common::STAT_READ_ERRORS, 1);
-        return Err(crate::drain::E_BAD_SPAN);
+        stat_add(STAT_READ_ERRORS, 1);
+        return Err(E_BAD_SPAN);
     }
     Ok(from)
 }
