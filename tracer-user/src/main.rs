@@ -1,24 +1,10 @@
 //! `tracer`: records traces of instrumented binaries (see the `record`, `report` and
 //! `dump` commands) with the eBPF programs of crate `tracer-ebpf`.
 
-mod binaries;
-mod btf;
-mod calls;
-mod clock;
-mod coarse;
-mod consumer;
-mod control;
-mod export;
-mod filters;
-mod kernel;
-mod perfetto;
-mod process;
-mod report;
-mod semaphores;
-mod session;
-mod symbols;
+mod read;
+mod record;
 mod tracefile;
-mod userdrain;
+mod views;
 
 use std::{
     ffi::OsString,
@@ -32,8 +18,8 @@ use clap::{Parser, Subcommand};
 use tracer_common::ebpf::DEFAULT_RING_BYTES;
 
 use crate::{
-    filters::FilterSpec,
-    session::{RecordOptions, Target},
+    record::filters::FilterSpec,
+    record::{RecordOptions, Target},
 };
 
 #[derive(Parser)]
@@ -54,7 +40,7 @@ enum Cmd {
     /// record its instrumented binaries' records; exits with the command's status.
     Record {
         /// Trace file to write.
-        #[arg(short, long, default_value = session::default_output().as_os_str())]
+        #[arg(short, long, default_value = record::default_output().as_os_str())]
         output: PathBuf,
         /// Size of the kernel ring buffer (power of two; suffixes K, M, G).
         #[arg(long, value_parser = parse_size, default_value_t = DEFAULT_RING_BYTES)]
@@ -192,11 +178,11 @@ fn run(cli: Cli) -> Result<i32> {
             binaries,
             command,
         } => {
-            let mut untouched: Vec<session::Untouched> = uprobes
+            let mut untouched: Vec<record::Untouched> = uprobes
                 .iter()
-                .map(|spec| session::Untouched::parse_uprobe(spec))
+                .map(|spec| record::Untouched::parse_uprobe(spec))
                 .collect();
-            untouched.extend(usdt.into_iter().map(|path| session::Untouched {
+            untouched.extend(usdt.into_iter().map(|path| record::Untouched {
                 path,
                 functions: Vec::new(),
                 usdt: true,
@@ -226,7 +212,7 @@ fn run(cli: Cli) -> Result<i32> {
                     filter,
                     untouched,
                 };
-                return userdrain::record(opts, command);
+                return record::userdrain::record(opts, command);
             }
             let target = match (pid, command.is_empty()) {
                 _ if system_wide => Target::SystemWide { duration },
@@ -236,7 +222,7 @@ fn run(cli: Cli) -> Result<i32> {
                     "give a command (`tracer record -- CMD ARGS...`), -p PID or --system-wide"
                 ),
             };
-            session::record(RecordOptions {
+            record::record(RecordOptions {
                 output,
                 ring_bytes,
                 target,
@@ -254,11 +240,11 @@ fn run(cli: Cli) -> Result<i32> {
                 bail!("--clear removes every filter: give no filter options with it");
             }
             filter.validate()?;
-            let req = control::Request {
+            let req = record::control::Request {
                 filter: (clear || !filter.is_empty()).then_some(filter),
                 show: false,
             };
-            let reply = control::request(session, &req)?;
+            let reply = record::control::request(session, &req)?;
             if !reply.ok {
                 bail!("{}", reply.message);
             }
@@ -271,7 +257,7 @@ fn run(cli: Cli) -> Result<i32> {
             last,
             debug,
         } => {
-            report::report(
+            views::report::report(
                 &file,
                 json,
                 last.unwrap_or(0),
@@ -286,7 +272,7 @@ fn run(cli: Cli) -> Result<i32> {
             output,
             debug,
         } => {
-            export::export(&file, &format, &output, &debug.dirs)?;
+            views::export::export(&file, &format, &output, &debug.dirs)?;
             Ok(0)
         }
         Cmd::Flamegraph {
@@ -295,11 +281,11 @@ fn run(cli: Cli) -> Result<i32> {
             title,
             debug,
         } => {
-            export::flamegraph(&file, &output, title.as_deref(), &debug.dirs)?;
+            views::export::flamegraph(&file, &output, title.as_deref(), &debug.dirs)?;
             Ok(0)
         }
         Cmd::Dump { file } => {
-            report::dump(&file, &mut BufWriter::new(std::io::stdout().lock()))?;
+            views::report::dump(&file, &mut BufWriter::new(std::io::stdout().lock()))?;
             Ok(0)
         }
     }

@@ -28,9 +28,9 @@ use tracer_common::{
 };
 
 use crate::{
-    clock,
-    process::{self, GatedChild},
-    session::{RecordOptions, binary_infos, discover_command, print_summary},
+    record::gate::{self, GatedChild},
+    record::host::clock,
+    record::{RecordOptions, binary_infos, discover_command, print_summary},
     tracefile::{FinalStats, SessionInfo, Writer, chunk_header, encode_chunk},
 };
 
@@ -90,7 +90,7 @@ pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
         buf: vec![0u8; MAX_MSG + 1],
     };
 
-    process::ignore_terminal_signals();
+    gate::ignore_terminal_signals();
     child.release().with_context(|| exe.display().to_string())?;
     let exit_code = run(&mut st, &ours, child.pid)?;
     st.drain_socket(&ours)?;
@@ -114,7 +114,7 @@ pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
         exit_code: Some(exit_code),
         ..Default::default()
     };
-    let consumed = crate::consumer::Consumed {
+    let consumed = crate::record::consumer::Consumed {
         records: st.records,
         chunks: st.chunks,
         bad_entries: st.bad,
@@ -294,7 +294,7 @@ impl State {
             return Ok(());
         };
         // The drain's clock sample (see ChunkHeader::time): the moment it arrived.
-        h.time = crate::clock::monotonic_ns();
+        h.time = crate::record::host::clock::monotonic_ns();
         match h.kind {
             CHUNK_KIND_SLOT if msg.len() >= HDR + 16 => {
                 let slot = u64::from_le_bytes(msg[HDR..HDR + 8].try_into().unwrap());
@@ -435,7 +435,7 @@ impl State {
                     binary_id: slot.binary_id,
                     cause: CAUSE_THREAD_EXIT,
                     _pad: 0,
-                    time: crate::clock::monotonic_ns(),
+                    time: crate::record::host::clock::monotonic_ns(),
                 };
                 self.records_out(h, &records)?;
             }

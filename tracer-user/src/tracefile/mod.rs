@@ -60,7 +60,7 @@ use tracer_common::{
     meta::{MetaError, Metadata},
 };
 
-use crate::clock::{Anchor, Calibration};
+use crate::record::host::clock::{Anchor, Calibration};
 
 pub const MAGIC: [u8; 8] = *b"UTRCTRAC";
 /// 2: chunk headers carry the drain's clock sample (48 bytes).
@@ -635,7 +635,7 @@ pub fn read_stats(path: &Path) -> Result<Option<FinalStats>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::Anchor;
+    use crate::record::host::clock::Anchor;
 
     fn session() -> SessionInfo {
         SessionInfo {

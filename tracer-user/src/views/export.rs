@@ -6,7 +6,7 @@
 //!   event per other record (blocks, memory accesses, USDT probes, calls), thread
 //!   names, and the session's drops as a counter. For small traces (it is one JSON
 //!   document).
-//! - `perfetto`: Perfetto's protobuf trace (see [`crate::perfetto`]), streamed, for
+//! - `perfetto`: Perfetto's protobuf trace (see [`crate::views::perfetto`]), streamed, for
 //!   traces of any size.
 //! - flame graph: an SVG (inferno) of self time per call stack, from entry/exit pairs.
 
@@ -21,9 +21,9 @@ use anyhow::{Context, Result, bail};
 use serde_json::json;
 
 use crate::{
-    calls::Calls,
-    perfetto::{self, EventKind},
-    report::{Names, each_record},
+    read::calls::Calls,
+    views::perfetto::{self, EventKind},
+    views::report::{Names, each_record},
 };
 
 /// Write `out` atomically: `write` fills a temporary file next to it, which replaces
@@ -111,7 +111,7 @@ fn write_chrome(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Res
                            "ts": us(ev.time_ns), "pid": ev.pid, "tid": ev.tid,
                            "args": {"value": format!("{:#x}", ev.rec.value),
                                     "aux": format!("{:#x}", ev.rec.aux),
-                                    "at": crate::report::describe(&frames)}}),
+                                    "at": crate::views::report::describe(&frames)}}),
                 )
             }
         }

@@ -2,6 +2,15 @@
 //! binaries, run or attach to the traced process, consume until it is gone, write the
 //! trace file.
 
+pub mod binaries;
+pub mod consumer;
+pub mod control;
+pub mod filters;
+pub mod gate;
+pub mod host;
+pub mod semaphores;
+pub mod userdrain;
+
 use std::{
     collections::{HashMap as StdHashMap, HashSet},
     ffi::OsString,
@@ -51,14 +60,15 @@ fn site_selector(kind: SiteKind) -> u8 {
 }
 
 use crate::{
-    binaries::{self, Instrumented},
-    btf, clock,
-    consumer::{Consumed, Pipeline},
-    control::{Control, Reply, Request},
-    filters::{FilterSpec, Filters},
-    kernel,
-    process::{self, GatedChild, WaitEnd},
-    semaphores::Raised,
+    record::binaries::Instrumented,
+    record::consumer::{Consumed, Pipeline},
+    record::control::{Control, Reply, Request},
+    record::filters::{FilterSpec, Filters},
+    record::gate::{GatedChild, WaitEnd},
+    record::host::btf,
+    record::host::clock,
+    record::host::kernel,
+    record::semaphores::Raised,
     tracefile::{BinaryInfo, FinalStats, SessionInfo, Writer, encode_binary, encode_load},
 };
 
@@ -229,9 +239,9 @@ pub fn record(opts: RecordOptions) -> Result<i32> {
                 .map(|a| a.to_string_lossy().into_owned())
                 .collect();
             let pipeline = Pipeline::start(ring, logger, start_writer(&session)?, Some(mapped_tx))?;
-            process::ignore_terminal_signals();
+            gate::ignore_terminal_signals();
             if let Err(e) = c.release() {
-                let _ = process::wait_child(c.pid);
+                let _ = gate::wait_child(c.pid);
                 let _ = pipeline.finish();
                 return Err(e.context(exe.display().to_string()));
             }
@@ -248,8 +258,8 @@ pub fn record(opts: RecordOptions) -> Result<i32> {
             }
             session.mode = "attach".into();
             session.pids = vec![*pid];
-            session.command = process::cmdline(*pid);
-            process::catch_stop_signals();
+            session.command = gate::cmdline(*pid);
+            gate::catch_stop_signals();
             let pipeline = Pipeline::start(ring, logger, start_writer(&session)?, Some(mapped_tx))?;
             for (b, bias) in &initial {
                 if let Some(bias) = bias {
@@ -257,14 +267,14 @@ pub fn record(opts: RecordOptions) -> Result<i32> {
                 }
             }
             (
-                Ending::Process(process::PidWatch::open(*pid)?),
+                Ending::Process(gate::PidWatch::open(*pid)?),
                 duration.map(|d| Instant::now() + d),
                 pipeline,
             )
         }
         (Target::SystemWide { duration }, _) => {
             session.mode = "system-wide".into();
-            process::catch_stop_signals();
+            gate::catch_stop_signals();
             let pipeline = Pipeline::start(ring, logger, start_writer(&session)?, Some(mapped_tx))?;
             // Processes already running: their RW areas, so exits drain them.
             for pid in all_pids() {
@@ -364,7 +374,7 @@ enum Ending {
     /// Our child exited: its exit code.
     Child(u32),
     /// The attached process exited.
-    Process(process::PidWatch),
+    Process(gate::PidWatch),
     /// Only Ctrl-C or the duration.
     Never,
 }
@@ -373,9 +383,9 @@ impl Ending {
     /// Why the session ends now, with the command's exit code, or None to go on.
     fn check(&self, deadline: Option<Instant>) -> Result<Option<(WaitEnd, Option<i32>)>> {
         if let Ending::Child(pid) = self {
-            return Ok(process::try_wait_child(*pid)?.map(|code| (WaitEnd::Exited, Some(code))));
+            return Ok(gate::try_wait_child(*pid)?.map(|code| (WaitEnd::Exited, Some(code))));
         }
-        if process::interrupted() {
+        if gate::interrupted() {
             return Ok(Some((WaitEnd::Interrupted, None)));
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -798,7 +808,7 @@ impl Live {
 /// Keep `b`'s debug information in the tracer's cache (by build-id), so the trace can
 /// be symbolized after the binary changes. Best effort.
 pub fn cache_debug_info(b: &Instrumented) {
-    if let Err(e) = crate::symbols::cache_debug_info(&b.path, &b.meta.build_id, &[]) {
+    if let Err(e) = crate::read::symbols::cache_debug_info(&b.path, &b.meta.build_id, &[]) {
         log::warn!("{}: debug information not cached: {e:#}", b.path.display());
     }
 }
@@ -835,7 +845,7 @@ fn discover(target: &Target, extra: &[PathBuf]) -> Result<(Vec<Traced>, Option<P
     let (binaries, exe): (Vec<Traced>, _) = match target {
         Target::Exec(argv) => {
             let cmd = argv.first().context("no command given")?;
-            let exe = process::resolve_command(cmd)?;
+            let exe = gate::resolve_command(cmd)?;
             let mut found = match binaries::for_command(&exe) {
                 Ok(found) => found,
                 // The command may be a loader we cannot inspect (say, a foreign or

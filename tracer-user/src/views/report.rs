@@ -16,8 +16,8 @@ use tracer_common::{
 };
 
 use crate::{
-    clock::Calibration,
-    symbols::{Frame, Symbolizer},
+    read::symbols::{Frame, Symbolizer},
+    record::host::clock::Calibration,
     tracefile::{self, BinaryInfo, FinalStats, Reader, Section, SessionInfo, Truncation},
 };
 
@@ -32,7 +32,7 @@ struct SiteName {
 }
 
 /// Names for the (binary_id, site id) pairs of a trace, from its binary sections, and
-/// source locations of code addresses (DWARF, see [`crate::symbols`]).
+/// source locations of code addresses (DWARF, see [`crate::read::symbols`]).
 pub struct Names {
     /// Per binary: its name and its sites, indexed by site id.
     binaries: HashMap<u64, (String, Vec<Option<SiteName>>)>,
@@ -90,7 +90,7 @@ impl Names {
                         continue;
                     };
                     *slot = Some(SiteName {
-                        name: crate::symbols::demangle(&s.name).into_owned(),
+                        name: crate::read::symbols::demangle(&s.name).into_owned(),
                         raw: s.name,
                         kind: s.kind,
                         vaddr: s.vaddr,
@@ -203,7 +203,7 @@ impl Names {
     }
 
     /// Where the debug information of each binary came from.
-    fn debug_source(&self, id: u64) -> Option<crate::symbols::DebugSource> {
+    fn debug_source(&self, id: u64) -> Option<crate::read::symbols::DebugSource> {
         self.symbols.borrow_mut().source(id)
     }
 }
@@ -252,7 +252,7 @@ fn truncation_warning(path: &Path, t: Option<&Truncation>, stats: Option<&FinalS
 /// in 0x-hex; time in CLOCK_MONOTONIC ns; flags in decimal).
 pub fn dump(path: &Path, out: &mut impl Write) -> Result<()> {
     let end = tracefile::read_stats(path)?.and_then(|s| s.clock_end);
-    let mut timeline = crate::coarse::Timeline::scan(path)?;
+    let mut timeline = crate::read::coarse::Timeline::scan(path)?;
     let mut r = Reader::open(path)?;
     let mut names = Names::new(&[]);
     let mut clock: Option<Calibration> = None;
@@ -322,7 +322,7 @@ pub fn each_record(
     mut f: impl FnMut(&Event, &Names),
 ) -> Result<Option<FinalStats>> {
     let end = tracefile::read_stats(path)?.and_then(|s| s.clock_end);
-    let mut timeline = crate::coarse::Timeline::scan(path)?;
+    let mut timeline = crate::read::coarse::Timeline::scan(path)?;
     let mut r = Reader::open(path)?;
     let mut bar = rewriter::progress::Bar::new(
         std::fs::metadata(path).map_or(0, |m| m.len()),
@@ -440,13 +440,13 @@ struct BinarySummary {
     /// GNU build-id of the original binary, hex.
     build_id: String,
     /// Where its debug information came from (none: names from the site table only).
-    debug: Option<crate::symbols::DebugSource>,
+    debug: Option<crate::read::symbols::DebugSource>,
 }
 
 /// `calls` of the report.
 #[derive(Serialize, Default)]
 struct CallTimes {
-    functions: Vec<crate::calls::FunctionTime>,
+    functions: Vec<crate::read::calls::FunctionTime>,
     /// Exits with no open call of their function (e.g. the call began before the
     /// session).
     unmatched_exits: u64,
@@ -717,7 +717,7 @@ pub fn report(
     out: &mut impl Write,
 ) -> Result<()> {
     let mut names = Names::new(debug_dirs);
-    let mut calls = crate::calls::Calls::default();
+    let mut calls = crate::read::calls::Calls::default();
     // First: calls and times (each record with its time). Per thread: time span,
     // completed calls, self time per function.
     #[derive(Default)]
@@ -981,7 +981,7 @@ fn write_calls(out: &mut impl Write, c: &CallTimes) -> Result<()> {
             f.location
         )?;
     }
-    let mut by_self: Vec<&crate::calls::FunctionTime> = c.functions.iter().collect();
+    let mut by_self: Vec<&crate::read::calls::FunctionTime> = c.functions.iter().collect();
     by_self.sort_by(|a, b| {
         b.self_ns
             .cmp(&a.self_ns)

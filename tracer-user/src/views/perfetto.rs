@@ -18,7 +18,7 @@ use std::{collections::HashMap, io::Write};
 use anyhow::Result;
 use prost::Message;
 
-use crate::symbols::Frame;
+use crate::read::symbols::Frame;
 
 #[derive(Clone, PartialEq, Message)]
 pub struct TracePacket {
