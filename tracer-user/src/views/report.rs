@@ -17,7 +17,7 @@ use tracer_common::{
 
 use crate::{
     read::symbols::{Frame, Symbolizer},
-    record::host::clock::Calibration,
+    tracefile::clock::Calibration,
     tracefile::{self, BinaryInfo, FinalStats, Reader, Section, SessionInfo, Truncation},
 };
 
