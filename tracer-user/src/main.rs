@@ -1,6 +1,7 @@
 //! `tracer`: records traces of instrumented binaries (see the `record`, `report` and
 //! `dump` commands) with the eBPF programs of crate `tracer-ebpf`.
 
+mod debuginfo;
 mod read;
 mod record;
 mod tracefile;

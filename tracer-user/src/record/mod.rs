@@ -808,7 +808,7 @@ impl Live {
 /// Keep `b`'s debug information in the tracer's cache (by build-id), so the trace can
 /// be symbolized after the binary changes. Best effort.
 pub fn cache_debug_info(b: &Instrumented) {
-    if let Err(e) = crate::read::symbols::cache_debug_info(&b.path, &b.meta.build_id, &[]) {
+    if let Err(e) = crate::debuginfo::cache_debug_info(&b.path, &b.meta.build_id, &[]) {
         log::warn!("{}: debug information not cached: {e:#}", b.path.display());
     }
 }

@@ -203,7 +203,7 @@ impl Names {
     }
 
     /// Where the debug information of each binary came from.
-    fn debug_source(&self, id: u64) -> Option<crate::read::symbols::DebugSource> {
+    fn debug_source(&self, id: u64) -> Option<crate::debuginfo::DebugSource> {
         self.symbols.borrow_mut().source(id)
     }
 }
@@ -440,7 +440,7 @@ struct BinarySummary {
     /// GNU build-id of the original binary, hex.
     build_id: String,
     /// Where its debug information came from (none: names from the site table only).
-    debug: Option<crate::read::symbols::DebugSource>,
+    debug: Option<crate::debuginfo::DebugSource>,
 }
 
 /// `calls` of the report.
