@@ -258,7 +258,7 @@ fn run(cli: Cli) -> Result<i32> {
             last,
             debug,
         } => {
-            views::report::report(
+            views::report(
                 &file,
                 json,
                 last.unwrap_or(0),
@@ -286,7 +286,7 @@ fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Cmd::Dump { file } => {
-            views::report::dump(&file, &mut BufWriter::new(std::io::stdout().lock()))?;
+            views::dump::dump(&file, &mut BufWriter::new(std::io::stdout().lock()))?;
             Ok(0)
         }
     }

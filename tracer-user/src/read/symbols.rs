@@ -247,6 +247,24 @@ fn resolve(loader: &addr2line::Loader, layout: &Layout, vaddr: u64) -> Vec<Frame
     out
 }
 
+/// "function (file:line)" of the outermost frame, with the inlined ones inside it:
+/// "inner (a.c:3) inlined in outer (b.c:9)".
+pub fn describe(frames: &[Frame]) -> String {
+    let one = |f: &Frame| {
+        let loc = f.location();
+        if loc.is_empty() {
+            f.function.clone()
+        } else {
+            format!("{} ({loc})", f.function)
+        }
+    };
+    frames
+        .iter()
+        .map(one)
+        .collect::<Vec<_>>()
+        .join(" inlined in ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,8 +22,8 @@ use serde_json::json;
 
 use crate::{
     read::calls::Calls,
+    read::{events::each_record, names::Names, symbols::describe},
     views::perfetto::{self, EventKind},
-    views::report::{Names, each_record},
 };
 
 /// Write `out` atomically: `write` fills a temporary file next to it, which replaces
@@ -111,7 +111,7 @@ fn write_chrome(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Res
                            "ts": us(ev.time_ns), "pid": ev.pid, "tid": ev.tid,
                            "args": {"value": format!("{:#x}", ev.rec.value),
                                     "aux": format!("{:#x}", ev.rec.aux),
-                                    "at": crate::views::report::describe(&frames)}}),
+                                    "at": describe(&frames)}}),
                 )
             }
         }
