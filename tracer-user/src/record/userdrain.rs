@@ -77,7 +77,7 @@ pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
     };
     let mut writer = Writer::create(&opts.output)?;
     writer.write_session(&session)?;
-    for b in binary_infos(&binaries) {
+    for b in binary_infos(binaries.iter().map(|t| &t.binary)) {
         writer.write_binary(&b)?;
     }
     let mut st = State {
