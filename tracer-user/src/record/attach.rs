@@ -96,6 +96,35 @@ impl Live {
                 b.path.display()
             );
         }
+        self.fill_binary_maps(ordinal, &b)?;
+        if let Some(p) = pipeline {
+            let info = binary_info(ordinal, &b);
+            p.write_sections(encode_binary(&info))?;
+        }
+        // The ordinal is taken from here on, even if an attach below fails: uprobes
+        // already attached carry it in their cookies. The filter first, so that its
+        // first drains are judged by the filter in force.
+        self.filters.add_binary(&b)?;
+        self.binaries.push(b.clone());
+        self.attach_uprobes(ordinal, &b)?;
+        // Kept until the session ends: USDT probes guarded by a semaphore fire meanwhile.
+        if b.untouched {
+            self.raised.raise(&b.attach, &untouched_semaphores(&b))?;
+        } else {
+            self.raised.raise(&b.attach, &b.meta.semaphores)?;
+        }
+        if pipeline.is_some() {
+            log::info!(
+                "tracing {} (binary_id {:#x}) from now on",
+                b.path.display(),
+                b.meta.binary_id
+            );
+        }
+        Ok(ordinal)
+    }
+
+    /// `b`'s id at `ordinal` in `BINARIES` and its operand sets in `OPERANDS`.
+    fn fill_binary_maps(&mut self, ordinal: u32, b: &Instrumented) -> Result<()> {
         {
             let mut ids: Array<_, u64> = Array::try_from(
                 self.ebpf
@@ -110,20 +139,16 @@ impl Live {
                     .map_mut(MAP_OPERANDS)
                     .with_context(|| format!("no {MAP_OPERANDS} map"))?,
             )?;
-            for (key, set) in operand_sets(&[&b], ordinal) {
+            for (key, set) in operand_sets(&[b], ordinal) {
                 map.insert(key, set, 0)
                     .with_context(|| format!("cannot fill {MAP_OPERANDS}"))?;
             }
         }
-        if let Some(p) = pipeline {
-            let info = binary_info(ordinal, &b);
-            p.write_sections(encode_binary(&info))?;
-        }
-        // The ordinal is taken from here on, even if an attach below fails: uprobes
-        // already attached carry it in their cookies. The filter first, so that its
-        // first drains are judged by the filter in force.
-        self.filters.add_binary(&b)?;
-        self.binaries.push(b.clone());
+        Ok(())
+    }
+
+    /// The flush uprobe (an instrumented binary) and the uprobes of `b`'s uprobe sites.
+    fn attach_uprobes(&mut self, ordinal: u32, b: &Instrumented) -> Result<()> {
         if !b.untouched {
             let flush: &mut UProbe = self
                 .ebpf
@@ -170,57 +195,7 @@ impl Live {
                     )
                 })?;
         }
-        // Kept until the session ends: USDT probes guarded by a semaphore fire meanwhile.
-        if b.untouched {
-            // No anchors in an untouched file: each semaphore's reference-counting
-            // uprobe sits right after a different probe's nop (an instruction
-            // boundary; not on a site, nor two at one place: the kernel refuses two
-            // uprobes at one address with different reference counters).
-            let nop = if b.meta.arch == tracer_common::ARCH_AARCH64 {
-                4
-            } else {
-                1
-            };
-            let taken: HashSet<u64> = b.meta.sites.iter().map(|s| s.file_off).collect();
-            let mut anchors: Vec<u64> = b
-                .meta
-                .sites
-                .iter()
-                .filter(|s| s.kind == SiteKind::Usdt)
-                .map(|s| s.file_off + nop)
-                .filter(|off| !taken.contains(off))
-                .collect();
-            anchors.dedup();
-            if anchors.len() < b.meta.semaphores.len() {
-                log::warn!(
-                    "{}: {} USDT semaphores but {} places to raise them from; some stay 0",
-                    b.path.display(),
-                    b.meta.semaphores.len(),
-                    anchors.len()
-                );
-            }
-            let sems: Vec<_> = b
-                .meta
-                .semaphores
-                .iter()
-                .zip(anchors)
-                .map(|(s, anchor)| tracer_common::meta::Semaphore {
-                    anchor_file_off: anchor,
-                    semaphore_file_off: s.semaphore_file_off,
-                })
-                .collect();
-            self.raised.raise(&b.attach, &sems)?;
-        } else {
-            self.raised.raise(&b.attach, &b.meta.semaphores)?;
-        }
-        if pipeline.is_some() {
-            log::info!(
-                "tracing {} (binary_id {:#x}) from now on",
-                b.path.display(),
-                b.meta.binary_id
-            );
-        }
-        Ok(ordinal)
+        Ok(())
     }
 
     pub(super) fn attach_tracepoints(&mut self) -> Result<()> {
@@ -348,4 +323,45 @@ pub(super) fn detach(ebpf: &mut Ebpf) {
             log::warn!("cannot detach {name}: {e}");
         }
     }
+}
+
+/// The semaphores of an untouched binary, each with an anchor for its
+/// reference-counting uprobe.
+fn untouched_semaphores(b: &Instrumented) -> Vec<tracer_common::meta::Semaphore> {
+    // No anchors in an untouched file: each semaphore's reference-counting
+    // uprobe sits right after a different probe's nop (an instruction
+    // boundary; not on a site, nor two at one place: the kernel refuses two
+    // uprobes at one address with different reference counters).
+    let nop = if b.meta.arch == tracer_common::ARCH_AARCH64 {
+        4
+    } else {
+        1
+    };
+    let taken: HashSet<u64> = b.meta.sites.iter().map(|s| s.file_off).collect();
+    let mut anchors: Vec<u64> = b
+        .meta
+        .sites
+        .iter()
+        .filter(|s| s.kind == SiteKind::Usdt)
+        .map(|s| s.file_off + nop)
+        .filter(|off| !taken.contains(off))
+        .collect();
+    anchors.dedup();
+    if anchors.len() < b.meta.semaphores.len() {
+        log::warn!(
+            "{}: {} USDT semaphores but {} places to raise them from; some stay 0",
+            b.path.display(),
+            b.meta.semaphores.len(),
+            anchors.len()
+        );
+    }
+    b.meta
+        .semaphores
+        .iter()
+        .zip(anchors)
+        .map(|(s, anchor)| tracer_common::meta::Semaphore {
+            anchor_file_off: anchor,
+            semaphore_file_off: s.semaphore_file_off,
+        })
+        .collect()
 }
