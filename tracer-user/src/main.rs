@@ -39,46 +39,7 @@ enum Cmd {
     /// Run a command (`record -- CMD ARGS...`), attach to a process (`record -p PID`) or
     /// trace every process running an instrumented binary (`record --system-wide`) and
     /// record its instrumented binaries' records; exits with the command's status.
-    Record {
-        /// Trace file to write.
-        #[arg(short, long, default_value = record::default_output().as_os_str())]
-        output: PathBuf,
-        /// Size of the kernel ring buffer (power of two; suffixes K, M, G).
-        #[arg(long, value_parser = parse_size, default_value_t = DEFAULT_RING_BYTES)]
-        ring_bytes: u32,
-        /// Attach to this running process instead of running a command.
-        #[arg(short, long, conflicts_with = "command")]
-        pid: Option<u32>,
-        /// Every process that runs an instrumented binary or library: those running now
-        /// and those started later, until Ctrl-C or --duration.
-        #[arg(short = 'a', long, conflicts_with_all = ["command", "pid"])]
-        system_wide: bool,
-        /// With -p or --system-wide: stop after this many seconds.
-        #[arg(long)]
-        duration: Option<f64>,
-        #[command(flatten)]
-        filter: FilterSpec,
-        /// Also trace an untouched (not rewritten) binary by uprobes: its functions
-        /// matching the globs (all when none), e.g. `--uprobe /usr/lib/libz.so.1:deflate*`
-        /// (repeatable). Records are the same as a rewritten binary's.
-        #[arg(long = "uprobe", value_name = "PATH[:GLOB,...]")]
-        uprobes: Vec<String>,
-        /// Also trace the USDT probes of an untouched binary by uprobes (repeatable).
-        #[arg(long = "usdt", value_name = "PATH")]
-        usdt: Vec<PathBuf>,
-        /// User-space drain: no eBPF, no privileges; full buffers come over a socket
-        /// and leftovers at thread exit are read with ptrace.
-        #[arg(long, conflicts_with = "pid")]
-        user: bool,
-        /// Also trace this instrumented binary (repeatable): for a command that is not
-        /// itself instrumented but runs one, e.g. `--user --binary ./prog.traced --
-        /// qemu-aarch64 ./prog.traced`. Its metadata goes into the trace file.
-        #[arg(long = "binary", value_name = "PATH", conflicts_with = "pid")]
-        binaries: Vec<PathBuf>,
-        /// The command and its arguments (after `--`).
-        #[arg(last = true)]
-        command: Vec<OsString>,
-    },
+    Record(RecordArgs),
     /// Change the in-kernel filters of a running session (records are judged when they
     /// are drained: those still buffered by the new filter). Without filter options:
     /// show the session's filter.
@@ -140,6 +101,49 @@ enum Cmd {
     Dump { file: PathBuf },
 }
 
+/// `tracer record`'s options.
+#[derive(clap::Args)]
+struct RecordArgs {
+    /// Trace file to write.
+    #[arg(short, long, default_value = record::default_output().as_os_str())]
+    output: PathBuf,
+    /// Size of the kernel ring buffer (power of two; suffixes K, M, G).
+    #[arg(long, value_parser = parse_size, default_value_t = DEFAULT_RING_BYTES)]
+    ring_bytes: u32,
+    /// Attach to this running process instead of running a command.
+    #[arg(short, long, conflicts_with = "command")]
+    pid: Option<u32>,
+    /// Every process that runs an instrumented binary or library: those running now
+    /// and those started later, until Ctrl-C or --duration.
+    #[arg(short = 'a', long, conflicts_with_all = ["command", "pid"])]
+    system_wide: bool,
+    /// With -p or --system-wide: stop after this many seconds.
+    #[arg(long)]
+    duration: Option<f64>,
+    #[command(flatten)]
+    filter: FilterSpec,
+    /// Also trace an untouched (not rewritten) binary by uprobes: its functions
+    /// matching the globs (all when none), e.g. `--uprobe /usr/lib/libz.so.1:deflate*`
+    /// (repeatable). Records are the same as a rewritten binary's.
+    #[arg(long = "uprobe", value_name = "PATH[:GLOB,...]")]
+    uprobes: Vec<String>,
+    /// Also trace the USDT probes of an untouched binary by uprobes (repeatable).
+    #[arg(long = "usdt", value_name = "PATH")]
+    usdt: Vec<PathBuf>,
+    /// User-space drain: no eBPF, no privileges; full buffers come over a socket
+    /// and leftovers at thread exit are read with ptrace.
+    #[arg(long, conflicts_with = "pid")]
+    user: bool,
+    /// Also trace this instrumented binary (repeatable): for a command that is not
+    /// itself instrumented but runs one, e.g. `--user --binary ./prog.traced --
+    /// qemu-aarch64 ./prog.traced`. Its metadata goes into the trace file.
+    #[arg(long = "binary", value_name = "PATH", conflicts_with = "pid")]
+    binaries: Vec<PathBuf>,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true)]
+    command: Vec<OsString>,
+}
+
 /// Where to look for debug information besides the binary, the tracer's cache and
 /// `/usr/lib/debug`.
 #[derive(clap::Args)]
@@ -164,74 +168,76 @@ fn parse_size(s: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("{s:?} is not a size below 4G"))
 }
 
-fn run(cli: Cli) -> Result<i32> {
-    match cli.command {
-        Cmd::Record {
+/// `tracer record`: the options checked, then an eBPF or a user-space session.
+fn run_record(args: RecordArgs) -> Result<i32> {
+    let RecordArgs {
+        output,
+        ring_bytes,
+        pid,
+        system_wide,
+        duration,
+        filter,
+        uprobes,
+        usdt,
+        user,
+        binaries,
+        command,
+    } = args;
+    let mut untouched: Vec<record::Untouched> = uprobes
+        .iter()
+        .map(|spec| record::Untouched::parse_uprobe(spec))
+        .collect();
+    untouched.extend(usdt.into_iter().map(|path| record::Untouched {
+        path,
+        functions: Vec::new(),
+        usdt: true,
+    }));
+    if user && !untouched.is_empty() {
+        bail!("--uprobe/--usdt need eBPF: not with --user");
+    }
+    let duration = duration
+        .map(Duration::try_from_secs_f64)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--duration: {e}"))?;
+    if duration.is_some() && pid.is_none() && !system_wide {
+        bail!("--duration is for -p PID or --system-wide (a command ends by itself)");
+    }
+    if user && !filter.is_empty() {
+        bail!("filters run in the eBPF drain: not with --user");
+    }
+    if user {
+        if command.is_empty() {
+            bail!("--user needs a command: `tracer record --user -- CMD ARGS...`");
+        }
+        let opts = RecordOptions {
             output,
             ring_bytes,
-            pid,
-            system_wide,
-            duration,
-            filter,
-            uprobes,
-            usdt,
-            user,
+            target: Target::Exec(command.clone()),
             binaries,
-            command,
-        } => {
-            let mut untouched: Vec<record::Untouched> = uprobes
-                .iter()
-                .map(|spec| record::Untouched::parse_uprobe(spec))
-                .collect();
-            untouched.extend(usdt.into_iter().map(|path| record::Untouched {
-                path,
-                functions: Vec::new(),
-                usdt: true,
-            }));
-            if user && !untouched.is_empty() {
-                bail!("--uprobe/--usdt need eBPF: not with --user");
-            }
-            let duration = duration
-                .map(Duration::try_from_secs_f64)
-                .transpose()
-                .map_err(|e| anyhow::anyhow!("--duration: {e}"))?;
-            if duration.is_some() && pid.is_none() && !system_wide {
-                bail!("--duration is for -p PID or --system-wide (a command ends by itself)");
-            }
-            if user && !filter.is_empty() {
-                bail!("filters run in the eBPF drain: not with --user");
-            }
-            if user {
-                if command.is_empty() {
-                    bail!("--user needs a command: `tracer record --user -- CMD ARGS...`");
-                }
-                let opts = RecordOptions {
-                    output,
-                    ring_bytes,
-                    target: Target::Exec(command.clone()),
-                    binaries,
-                    filter,
-                    untouched,
-                };
-                return record::userdrain::record(opts, command);
-            }
-            let target = match (pid, command.is_empty()) {
-                _ if system_wide => Target::SystemWide { duration },
-                (Some(pid), true) => Target::Attach { pid, duration },
-                (None, false) => Target::Exec(command),
-                _ => bail!(
-                    "give a command (`tracer record -- CMD ARGS...`), -p PID or --system-wide"
-                ),
-            };
-            record::record(RecordOptions {
-                output,
-                ring_bytes,
-                target,
-                binaries,
-                filter,
-                untouched,
-            })
-        }
+            filter,
+            untouched,
+        };
+        return record::userdrain::record(opts, command);
+    }
+    let target = match (pid, command.is_empty()) {
+        _ if system_wide => Target::SystemWide { duration },
+        (Some(pid), true) => Target::Attach { pid, duration },
+        (None, false) => Target::Exec(command),
+        _ => bail!("give a command (`tracer record -- CMD ARGS...`), -p PID or --system-wide"),
+    };
+    record::record(RecordOptions {
+        output,
+        ring_bytes,
+        target,
+        binaries,
+        filter,
+        untouched,
+    })
+}
+
+fn run(cli: Cli) -> Result<i32> {
+    match cli.command {
+        Cmd::Record(args) => run_record(args),
         Cmd::Filter {
             session,
             clear,
