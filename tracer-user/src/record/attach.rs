@@ -206,10 +206,7 @@ impl Live {
                 .program_mut(PROG_EXIT_STEP)
                 .with_context(|| format!("no program {PROG_EXIT_STEP} in the eBPF object"))?
                 .try_into()?;
-            let t = Instant::now();
-            step.load()
-                .with_context(|| format!("the kernel rejected program {PROG_EXIT_STEP}"))?;
-            log::debug!("{PROG_EXIT_STEP} verified in {:?}", t.elapsed());
+            verified(PROG_EXIT_STEP, || step.load())?;
             let fd = step.fd()?.try_clone()?;
             let mut steps = ProgramArray::try_from(
                 self.ebpf
@@ -227,10 +224,7 @@ impl Live {
                 .with_context(|| format!("no program {name} in the eBPF object"))?
                 .try_into()?;
             if tp.fd().is_err() {
-                let t = Instant::now();
-                tp.load()
-                    .with_context(|| format!("the kernel rejected program {name}"))?;
-                log::debug!("{name} verified in {:?}", t.elapsed());
+                verified(name, || tp.load())?;
             }
             tp.attach(category, event)
                 .with_context(|| format!("cannot attach {name} to {category}:{event}"))?;
@@ -364,4 +358,15 @@ fn untouched_semaphores(b: &Instrumented) -> Vec<tracer_common::meta::Semaphore>
             semaphore_file_off: s.semaphore_file_off,
         })
         .collect()
+}
+
+/// Load a program into the kernel (`load`), saying how long the verifier took.
+pub(super) fn verified(
+    name: &str,
+    load: impl FnOnce() -> Result<(), aya::programs::ProgramError>,
+) -> Result<()> {
+    let t = Instant::now();
+    load().with_context(|| format!("the kernel rejected program {name}"))?;
+    log::debug!("{name} verified in {:?}", t.elapsed());
+    Ok(())
 }

@@ -9,7 +9,7 @@ use tracer_common::ebpf::{PROG_FLUSH, PROG_FLUSH_SLEEPABLE, PROG_SITE};
 
 use crate::record::{
     RecordOptions, SeenFiles,
-    attach::{SPARE_OPERAND_SETS, load, operand_sets},
+    attach::{SPARE_OPERAND_SETS, load, operand_sets, verified},
     binaries::Instrumented,
     control::{Reply, Request},
     discover::Traced,
@@ -78,10 +78,7 @@ impl Live {
                 .with_context(|| format!("no program {name} in the eBPF object"))?
                 .try_into()?;
             if p.fd().is_err() {
-                let t = Instant::now();
-                p.load()
-                    .with_context(|| format!("the kernel rejected program {name}"))?;
-                log::debug!("{name} verified in {:?}", t.elapsed());
+                verified(name, || p.load())?;
             }
         }
         let filters = Filters::take(&mut ebpf)?;

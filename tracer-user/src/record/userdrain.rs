@@ -490,17 +490,18 @@ fn read_mem(pid: u32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
-    let remote = libc::iovec {
-        iov_base: addr as *mut libc::c_void,
-        iov_len: buf.len(),
-    };
     // SAFETY: local covers our buffer; the kernel checks the remote range.
-    let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
-    match n {
-        n if n < 0 => Err(io::Error::last_os_error()),
-        n if n as usize != buf.len() => Err(io::Error::other("short read")),
-        _ => Ok(()),
-    }
+    let n = unsafe {
+        libc::process_vm_readv(
+            pid as libc::pid_t,
+            &local,
+            1,
+            &remote(addr, buf.len()),
+            1,
+            0,
+        )
+    };
+    whole(n, buf.len(), "short read")
 }
 
 fn write_mem(pid: u32, addr: u64, buf: &[u8]) -> io::Result<()> {
@@ -508,15 +509,33 @@ fn write_mem(pid: u32, addr: u64, buf: &[u8]) -> io::Result<()> {
         iov_base: buf.as_ptr() as *mut libc::c_void,
         iov_len: buf.len(),
     };
-    let remote = libc::iovec {
-        iov_base: addr as *mut libc::c_void,
-        iov_len: buf.len(),
-    };
     // SAFETY: local covers our buffer (only read); the kernel checks the remote range.
-    let n = unsafe { libc::process_vm_writev(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+    let n = unsafe {
+        libc::process_vm_writev(
+            pid as libc::pid_t,
+            &local,
+            1,
+            &remote(addr, buf.len()),
+            1,
+            0,
+        )
+    };
+    whole(n, buf.len(), "short write")
+}
+
+/// `len` bytes at `addr` in the other process.
+fn remote(addr: u64, len: usize) -> libc::iovec {
+    libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: len,
+    }
+}
+
+/// A process_vm_* result: all `len` bytes moved, or why not.
+fn whole(n: isize, len: usize, short: &str) -> io::Result<()> {
     match n {
         n if n < 0 => Err(io::Error::last_os_error()),
-        n if n as usize != buf.len() => Err(io::Error::other("short write")),
+        n if n as usize != len => Err(io::Error::other(short.to_string())),
         _ => Ok(()),
     }
 }
