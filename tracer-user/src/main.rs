@@ -288,7 +288,7 @@ fn run(cli: Cli) -> Result<i32> {
             title,
             debug,
         } => {
-            views::export::flamegraph(&file, &output, title.as_deref(), &debug.dirs)?;
+            views::flamegraph::flamegraph(&file, &output, title.as_deref(), &debug.dirs)?;
             Ok(0)
         }
         Cmd::Dump { file } => {

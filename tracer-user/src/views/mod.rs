@@ -2,8 +2,10 @@
 //! JSON), the dump, exports (Chrome, Perfetto) and flame graphs. May use `read`,
 //! `tracefile` and `debuginfo`; nothing else uses it but `main`.
 
+pub mod chrome;
 pub mod dump;
 pub mod export;
+pub mod flamegraph;
 pub mod json;
 pub mod model;
 pub mod perfetto;
