@@ -1,21 +1,19 @@
 //! The session's live state: the loaded eBPF object, the binaries it traces, their
 //! filters and semaphores, what was seeded and noted; and its answers to `tracer filter`.
 
-use std::{collections::HashSet, os::unix::fs::MetadataExt, time::Instant};
+use std::{collections::HashSet, os::unix::fs::MetadataExt};
 
-use anyhow::{Context, Result};
-use aya::{Ebpf, programs::UProbe};
-use tracer_common::ebpf::{PROG_FLUSH, PROG_FLUSH_SLEEPABLE, PROG_SITE};
+use anyhow::Result;
+use aya::Ebpf;
 
 use crate::record::{
-    RecordOptions, SeenFiles,
-    attach::{SPARE_OPERAND_SETS, load, operand_sets, verified},
     binaries::Instrumented,
     control::{Reply, Request},
     discover::Traced,
     filters::{FilterSpec, Filters},
-    host::kernel,
+    seed::SeenFiles,
     semaphores::Raised,
+    target::RecordOptions,
 };
 
 /// The loaded eBPF object and what the session traces.
@@ -33,67 +31,6 @@ pub(super) struct Live {
     pub(super) seeded: HashSet<(u32, u64)>,
     /// (pid, binary id, bias) written to the trace file.
     pub(super) loads: HashSet<(u32, u64, u64)>,
-}
-
-impl Live {
-    /// Load the object and its programs (attached per binary by `add_binary`).
-    pub(super) fn load(ring_bytes: u32, system_wide: bool, initial: &[Traced]) -> Result<Self> {
-        let write_user = kernel::probe_write_user_allowed();
-        if !write_user {
-            log::info!(
-                "the kernel refuses bpf_probe_write_user (lockdown?): slots are not reset or released in place"
-            );
-        }
-        let sets: usize = initial
-            .iter()
-            .map(|t| operand_sets(&[&t.binary], 0).len())
-            .sum::<usize>()
-            + SPARE_OPERAND_SETS;
-        let mut ebpf = load(ring_bytes, write_user, system_wide, sets)?;
-        // The sleepable flush where the kernel has sleepable uprobes, else the plain one.
-        let sleepable = {
-            let p: &mut UProbe = ebpf
-                .program_mut(PROG_FLUSH_SLEEPABLE)
-                .with_context(|| format!("no program {PROG_FLUSH_SLEEPABLE}"))?
-                .try_into()?;
-            let t = Instant::now();
-            let r = p.load();
-            log::debug!("{PROG_FLUSH_SLEEPABLE} verified in {:?}", t.elapsed());
-            match r {
-                Ok(()) => true,
-                Err(e) => {
-                    log::info!("no sleepable flush program ({e}); using the plain one");
-                    false
-                }
-            }
-        };
-        let flush = if sleepable {
-            PROG_FLUSH_SLEEPABLE
-        } else {
-            PROG_FLUSH
-        };
-        for name in [flush, PROG_SITE] {
-            let p: &mut UProbe = ebpf
-                .program_mut(name)
-                .with_context(|| format!("no program {name} in the eBPF object"))?
-                .try_into()?;
-            if p.fd().is_err() {
-                verified(name, || p.load())?;
-            }
-        }
-        let filters = Filters::take(&mut ebpf)?;
-        Ok(Live {
-            ebpf,
-            write_user,
-            flush,
-            binaries: Vec::new(),
-            raised: Raised::default(),
-            filters,
-            filter_changes: 0,
-            seeded: HashSet::new(),
-            loads: HashSet::new(),
-        })
-    }
 }
 
 impl Live {

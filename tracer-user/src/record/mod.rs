@@ -18,7 +18,7 @@ mod target;
 pub mod userdrain;
 
 use std::{
-    collections::{HashMap as StdHashMap, HashSet},
+    collections::HashSet,
     path::{Path, PathBuf},
     sync::mpsc,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
@@ -29,25 +29,21 @@ use aya::maps::{MapData, RingBuf};
 use aya_log::EbpfLogger;
 use tracer_common::{RECORD_VERSION, ebpf::MAP_EVENTS};
 
-pub use discover::{Traced, binary_infos, discover_command};
-pub use summary::print_summary;
+use discover::{Traced, binary_infos};
+use summary::print_summary;
 pub use target::{RecordOptions, Target, Untouched, default_output};
 
 use crate::{
     record::{
-        binaries::Instrumented,
         consumer::{Logger, Pipeline},
         control::Control,
         gate::{GatedChild, WaitEnd},
         host::{clock, kernel},
         live::Live,
-        seed::all_pids,
+        seed::{SeenFiles, all_pids},
     },
     tracefile::{BinaryInfo, SessionInfo, Writer},
 };
-
-/// Files already looked at by (path, inode): instrumented or not.
-type SeenFiles = StdHashMap<(PathBuf, u64), Option<Instrumented>>;
 
 /// Record a trace; returns the exit code for the tracer (the command's, when it ran one).
 pub fn record(opts: RecordOptions) -> Result<i32> {

@@ -1,7 +1,7 @@
 //! Processes already running: their mappings scanned for instrumented binaries, each
 //! binary's RW area seeded into `TABLES` (so exits drain it) and its load noted in the file.
 
-use std::{fs::File, os::unix::fs::FileExt};
+use std::{collections::HashMap as StdHashMap, fs::File, os::unix::fs::FileExt, path::PathBuf};
 
 use anyhow::{Context, Result, bail};
 use aya::maps::HashMap;
@@ -12,13 +12,15 @@ use tracer_common::{
 
 use crate::{
     record::{
-        SeenFiles,
         binaries::{self, Instrumented},
         consumer::Pipeline,
         live::Live,
     },
     tracefile::encode_load,
 };
+
+/// Files already looked at by (path, inode): instrumented or not.
+pub(super) type SeenFiles = StdHashMap<(PathBuf, u64), Option<Instrumented>>;
 
 pub(super) fn all_pids() -> Vec<u32> {
     let me = std::process::id();

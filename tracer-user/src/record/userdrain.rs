@@ -30,7 +30,11 @@ use tracer_common::{
 use crate::{
     record::gate::{self, GatedChild},
     record::host::clock,
-    record::{RecordOptions, binary_infos, discover_command, print_summary},
+    record::{
+        discover::{binary_infos, discover_command},
+        summary::print_summary,
+        target::RecordOptions,
+    },
     tracefile::{FinalStats, SessionInfo, Writer, chunk_header, encode_chunk},
 };
 
