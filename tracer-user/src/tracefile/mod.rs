@@ -54,16 +54,10 @@ mod write;
 pub use read::*;
 pub use write::*;
 
-use std::{
-    fs::File,
-    io::{BufReader, BufWriter, ErrorKind, Read, Write},
-    path::{Path, PathBuf},
-};
-
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use serde::{Deserialize, Serialize};
 use tracer_common::{
-    CHUNK_KIND_RECORDS, CHUNK_KIND_UPROBE, CHUNK_RECORDS, ChunkHeader, RECORD_SIZE, Record,
+    ChunkHeader,
     meta::{MetaError, Metadata},
 };
 
@@ -226,6 +220,7 @@ pub fn chunk_header(b: &[u8]) -> Option<ChunkHeader> {
 mod tests {
     use super::*;
     use crate::tracefile::clock::Anchor;
+    use tracer_common::{CHUNK_KIND_RECORDS, CHUNK_KIND_UPROBE, RECORD_SIZE};
 
     fn session() -> SessionInfo {
         SessionInfo {

@@ -1,7 +1,20 @@
 //! Reading a trace file section by section; a truncated file (a crashed tracer) reads
 //! up to its last whole section and says where it stopped.
 
-use super::*;
+use std::{
+    fs::File,
+    io::{BufReader, ErrorKind, Read},
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result, bail, ensure};
+use tracer_common::{ChunkHeader, RECORD_SIZE, Record};
+
+use super::{
+    BinaryInfo, CHUNK_HEADER_LEN, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, MAGIC, MAX_SECTION,
+    SECTION_BINARY, SECTION_CHUNK, SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SESSION,
+    SECTION_STATS, SessionInfo, chunk_header, u32_at, u64_at,
+};
 
 /// One chunk as stored: header and its valid records.
 #[derive(Clone, Debug)]

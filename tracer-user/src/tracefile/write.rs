@@ -1,7 +1,22 @@
 //! Writing a trace file: sections appended as the session runs, published by an
 //! atomic rename at the end (a crash leaves no half file under the final name).
 
-use super::*;
+use std::{
+    fs::File,
+    io::{BufWriter, Write},
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result};
+use tracer_common::{
+    CHUNK_KIND_RECORDS, CHUNK_KIND_UPROBE, CHUNK_RECORDS, ChunkHeader, RECORD_SIZE,
+};
+
+use super::{
+    BinaryInfo, CHUNK_HEADER_LEN, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, MAGIC,
+    SECTION_BINARY, SECTION_CHUNK, SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SESSION,
+    SECTION_STATS, SessionInfo, chunk_header,
+};
 
 /// Check a ring-buffer entry and append it to `out` as a chunk section, trimmed to
 /// header + `count` records. Returns the header, or None if the entry is malformed.
