@@ -1,5 +1,9 @@
 //! `tracer`: records traces of instrumented binaries (see the `record`, `report` and
 //! `dump` commands) with the eBPF programs of crate `tracer-ebpf`.
+//!
+//! Stages in the order a record travels: `record` → `tracefile` → `read` → `views`;
+//! `tracefile` and `debuginfo` are the layers both ends share. A module uses only its
+//! own stage and the layers below it; this CLI uses them all.
 
 mod debuginfo;
 mod read;

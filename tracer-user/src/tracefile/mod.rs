@@ -1,4 +1,6 @@
-//! The trace file (`tracer record` writes it, `tracer report` / `tracer dump` read it).
+//! The trace file (`tracer record` writes it, `tracer report` / `tracer dump` read it):
+//! the format here, [`write`] and [`read`] apart. The layer `record` and `read` share;
+//! it uses nothing else of this crate.
 //!
 //! Little-endian throughout. A file header, then a sequence of length-prefixed
 //! sections, in this order:
