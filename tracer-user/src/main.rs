@@ -1,24 +1,15 @@
 //! `tracer`: records traces of instrumented binaries (see the `record`, `report` and
 //! `dump` commands) with the eBPF programs of crate `tracer-ebpf`.
+//!
+//! Stages in the order a record travels: `record` → `tracefile` → `read` → `views`;
+//! `tracefile` and `debuginfo` are the layers both ends share. A module uses only its
+//! own stage and the layers below it; this CLI uses them all.
 
-mod binaries;
-mod btf;
-mod calls;
-mod clock;
-mod coarse;
-mod consumer;
-mod control;
-mod export;
-mod filters;
-mod kernel;
-mod perfetto;
-mod process;
-mod report;
-mod semaphores;
-mod session;
-mod symbols;
+mod debuginfo;
+mod read;
+mod record;
 mod tracefile;
-mod userdrain;
+mod views;
 
 use std::{
     ffi::OsString,
@@ -32,8 +23,8 @@ use clap::{Parser, Subcommand};
 use tracer_common::ebpf::DEFAULT_RING_BYTES;
 
 use crate::{
-    filters::FilterSpec,
-    session::{RecordOptions, Target},
+    record::filters::FilterSpec,
+    record::{RecordOptions, Target},
 };
 
 #[derive(Parser)]
@@ -52,46 +43,7 @@ enum Cmd {
     /// Run a command (`record -- CMD ARGS...`), attach to a process (`record -p PID`) or
     /// trace every process running an instrumented binary (`record --system-wide`) and
     /// record its instrumented binaries' records; exits with the command's status.
-    Record {
-        /// Trace file to write.
-        #[arg(short, long, default_value = session::default_output().as_os_str())]
-        output: PathBuf,
-        /// Size of the kernel ring buffer (power of two; suffixes K, M, G).
-        #[arg(long, value_parser = parse_size, default_value_t = DEFAULT_RING_BYTES)]
-        ring_bytes: u32,
-        /// Attach to this running process instead of running a command.
-        #[arg(short, long, conflicts_with = "command")]
-        pid: Option<u32>,
-        /// Every process that runs an instrumented binary or library: those running now
-        /// and those started later, until Ctrl-C or --duration.
-        #[arg(short = 'a', long, conflicts_with_all = ["command", "pid"])]
-        system_wide: bool,
-        /// With -p or --system-wide: stop after this many seconds.
-        #[arg(long)]
-        duration: Option<f64>,
-        #[command(flatten)]
-        filter: FilterSpec,
-        /// Also trace an untouched (not rewritten) binary by uprobes: its functions
-        /// matching the globs (all when none), e.g. `--uprobe /usr/lib/libz.so.1:deflate*`
-        /// (repeatable). Records are the same as a rewritten binary's.
-        #[arg(long = "uprobe", value_name = "PATH[:GLOB,...]")]
-        uprobes: Vec<String>,
-        /// Also trace the USDT probes of an untouched binary by uprobes (repeatable).
-        #[arg(long = "usdt", value_name = "PATH")]
-        usdt: Vec<PathBuf>,
-        /// User-space drain: no eBPF, no privileges; full buffers come over a socket
-        /// and leftovers at thread exit are read with ptrace.
-        #[arg(long, conflicts_with = "pid")]
-        user: bool,
-        /// Also trace this instrumented binary (repeatable): for a command that is not
-        /// itself instrumented but runs one, e.g. `--user --binary ./prog.traced --
-        /// qemu-aarch64 ./prog.traced`. Its metadata goes into the trace file.
-        #[arg(long = "binary", value_name = "PATH", conflicts_with = "pid")]
-        binaries: Vec<PathBuf>,
-        /// The command and its arguments (after `--`).
-        #[arg(last = true)]
-        command: Vec<OsString>,
-    },
+    Record(RecordArgs),
     /// Change the in-kernel filters of a running session (records are judged when they
     /// are drained: those still buffered by the new filter). Without filter options:
     /// show the session's filter.
@@ -153,6 +105,49 @@ enum Cmd {
     Dump { file: PathBuf },
 }
 
+/// `tracer record`'s options.
+#[derive(clap::Args)]
+struct RecordArgs {
+    /// Trace file to write.
+    #[arg(short, long, default_value = record::default_output().as_os_str())]
+    output: PathBuf,
+    /// Size of the kernel ring buffer (power of two; suffixes K, M, G).
+    #[arg(long, value_parser = parse_size, default_value_t = DEFAULT_RING_BYTES)]
+    ring_bytes: u32,
+    /// Attach to this running process instead of running a command.
+    #[arg(short, long, conflicts_with = "command")]
+    pid: Option<u32>,
+    /// Every process that runs an instrumented binary or library: those running now
+    /// and those started later, until Ctrl-C or --duration.
+    #[arg(short = 'a', long, conflicts_with_all = ["command", "pid"])]
+    system_wide: bool,
+    /// With -p or --system-wide: stop after this many seconds.
+    #[arg(long)]
+    duration: Option<f64>,
+    #[command(flatten)]
+    filter: FilterSpec,
+    /// Also trace an untouched (not rewritten) binary by uprobes: its functions
+    /// matching the globs (all when none), e.g. `--uprobe /usr/lib/libz.so.1:deflate*`
+    /// (repeatable). Records are the same as a rewritten binary's.
+    #[arg(long = "uprobe", value_name = "PATH[:GLOB,...]")]
+    uprobes: Vec<String>,
+    /// Also trace the USDT probes of an untouched binary by uprobes (repeatable).
+    #[arg(long = "usdt", value_name = "PATH")]
+    usdt: Vec<PathBuf>,
+    /// User-space drain: no eBPF, no privileges; full buffers come over a socket
+    /// and leftovers at thread exit are read with ptrace.
+    #[arg(long, conflicts_with = "pid")]
+    user: bool,
+    /// Also trace this instrumented binary (repeatable): for a command that is not
+    /// itself instrumented but runs one, e.g. `--user --binary ./prog.traced --
+    /// qemu-aarch64 ./prog.traced`. Its metadata goes into the trace file.
+    #[arg(long = "binary", value_name = "PATH", conflicts_with = "pid")]
+    binaries: Vec<PathBuf>,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true)]
+    command: Vec<OsString>,
+}
+
 /// Where to look for debug information besides the binary, the tracer's cache and
 /// `/usr/lib/debug`.
 #[derive(clap::Args)]
@@ -177,74 +172,76 @@ fn parse_size(s: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("{s:?} is not a size below 4G"))
 }
 
-fn run(cli: Cli) -> Result<i32> {
-    match cli.command {
-        Cmd::Record {
+/// `tracer record`: the options checked, then an eBPF or a user-space session.
+fn run_record(args: RecordArgs) -> Result<i32> {
+    let RecordArgs {
+        output,
+        ring_bytes,
+        pid,
+        system_wide,
+        duration,
+        filter,
+        uprobes,
+        usdt,
+        user,
+        binaries,
+        command,
+    } = args;
+    let mut untouched: Vec<record::Untouched> = uprobes
+        .iter()
+        .map(|spec| record::Untouched::parse_uprobe(spec))
+        .collect();
+    untouched.extend(usdt.into_iter().map(|path| record::Untouched {
+        path,
+        functions: Vec::new(),
+        usdt: true,
+    }));
+    if user && !untouched.is_empty() {
+        bail!("--uprobe/--usdt need eBPF: not with --user");
+    }
+    let duration = duration
+        .map(Duration::try_from_secs_f64)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--duration: {e}"))?;
+    if duration.is_some() && pid.is_none() && !system_wide {
+        bail!("--duration is for -p PID or --system-wide (a command ends by itself)");
+    }
+    if user && !filter.is_empty() {
+        bail!("filters run in the eBPF drain: not with --user");
+    }
+    if user {
+        if command.is_empty() {
+            bail!("--user needs a command: `tracer record --user -- CMD ARGS...`");
+        }
+        let opts = RecordOptions {
             output,
             ring_bytes,
-            pid,
-            system_wide,
-            duration,
-            filter,
-            uprobes,
-            usdt,
-            user,
+            target: Target::Exec(command.clone()),
             binaries,
-            command,
-        } => {
-            let mut untouched: Vec<session::Untouched> = uprobes
-                .iter()
-                .map(|spec| session::Untouched::parse_uprobe(spec))
-                .collect();
-            untouched.extend(usdt.into_iter().map(|path| session::Untouched {
-                path,
-                functions: Vec::new(),
-                usdt: true,
-            }));
-            if user && !untouched.is_empty() {
-                bail!("--uprobe/--usdt need eBPF: not with --user");
-            }
-            let duration = duration
-                .map(Duration::try_from_secs_f64)
-                .transpose()
-                .map_err(|e| anyhow::anyhow!("--duration: {e}"))?;
-            if duration.is_some() && pid.is_none() && !system_wide {
-                bail!("--duration is for -p PID or --system-wide (a command ends by itself)");
-            }
-            if user && !filter.is_empty() {
-                bail!("filters run in the eBPF drain: not with --user");
-            }
-            if user {
-                if command.is_empty() {
-                    bail!("--user needs a command: `tracer record --user -- CMD ARGS...`");
-                }
-                let opts = RecordOptions {
-                    output,
-                    ring_bytes,
-                    target: Target::Exec(command.clone()),
-                    binaries,
-                    filter,
-                    untouched,
-                };
-                return userdrain::record(opts, command);
-            }
-            let target = match (pid, command.is_empty()) {
-                _ if system_wide => Target::SystemWide { duration },
-                (Some(pid), true) => Target::Attach { pid, duration },
-                (None, false) => Target::Exec(command),
-                _ => bail!(
-                    "give a command (`tracer record -- CMD ARGS...`), -p PID or --system-wide"
-                ),
-            };
-            session::record(RecordOptions {
-                output,
-                ring_bytes,
-                target,
-                binaries,
-                filter,
-                untouched,
-            })
-        }
+            filter,
+            untouched,
+        };
+        return record::userdrain::record(opts, command);
+    }
+    let target = match (pid, command.is_empty()) {
+        _ if system_wide => Target::SystemWide { duration },
+        (Some(pid), true) => Target::Attach { pid, duration },
+        (None, false) => Target::Exec(command),
+        _ => bail!("give a command (`tracer record -- CMD ARGS...`), -p PID or --system-wide"),
+    };
+    record::record(RecordOptions {
+        output,
+        ring_bytes,
+        target,
+        binaries,
+        filter,
+        untouched,
+    })
+}
+
+fn run(cli: Cli) -> Result<i32> {
+    match cli.command {
+        Cmd::Record(args) => run_record(args),
         Cmd::Filter {
             session,
             clear,
@@ -254,11 +251,11 @@ fn run(cli: Cli) -> Result<i32> {
                 bail!("--clear removes every filter: give no filter options with it");
             }
             filter.validate()?;
-            let req = control::Request {
+            let req = record::control::Request {
                 filter: (clear || !filter.is_empty()).then_some(filter),
                 show: false,
             };
-            let reply = control::request(session, &req)?;
+            let reply = record::control::request(session, &req)?;
             if !reply.ok {
                 bail!("{}", reply.message);
             }
@@ -271,7 +268,7 @@ fn run(cli: Cli) -> Result<i32> {
             last,
             debug,
         } => {
-            report::report(
+            views::report(
                 &file,
                 json,
                 last.unwrap_or(0),
@@ -286,7 +283,7 @@ fn run(cli: Cli) -> Result<i32> {
             output,
             debug,
         } => {
-            export::export(&file, &format, &output, &debug.dirs)?;
+            views::export::export(&file, &format, &output, &debug.dirs)?;
             Ok(0)
         }
         Cmd::Flamegraph {
@@ -295,11 +292,11 @@ fn run(cli: Cli) -> Result<i32> {
             title,
             debug,
         } => {
-            export::flamegraph(&file, &output, title.as_deref(), &debug.dirs)?;
+            views::flamegraph::flamegraph(&file, &output, title.as_deref(), &debug.dirs)?;
             Ok(0)
         }
         Cmd::Dump { file } => {
-            report::dump(&file, &mut BufWriter::new(std::io::stdout().lock()))?;
+            views::dump::dump(&file, &mut BufWriter::new(std::io::stdout().lock()))?;
             Ok(0)
         }
     }

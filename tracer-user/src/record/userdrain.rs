@@ -28,9 +28,13 @@ use tracer_common::{
 };
 
 use crate::{
-    clock,
-    process::{self, GatedChild},
-    session::{RecordOptions, binary_infos, discover_command, print_summary},
+    record::gate::{self, GatedChild},
+    record::host::clock,
+    record::{
+        discover::{binary_infos, discover_command},
+        summary::print_summary,
+        target::RecordOptions,
+    },
     tracefile::{FinalStats, SessionInfo, Writer, chunk_header, encode_chunk},
 };
 
@@ -77,7 +81,7 @@ pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
     };
     let mut writer = Writer::create(&opts.output)?;
     writer.write_session(&session)?;
-    for b in binary_infos(&binaries) {
+    for b in binary_infos(binaries.iter().map(|t| &t.binary)) {
         writer.write_binary(&b)?;
     }
     let mut st = State {
@@ -90,7 +94,7 @@ pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
         buf: vec![0u8; MAX_MSG + 1],
     };
 
-    process::ignore_terminal_signals();
+    gate::ignore_terminal_signals();
     child.release().with_context(|| exe.display().to_string())?;
     let exit_code = run(&mut st, &ours, child.pid)?;
     st.drain_socket(&ours)?;
@@ -114,7 +118,7 @@ pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
         exit_code: Some(exit_code),
         ..Default::default()
     };
-    let consumed = crate::consumer::Consumed {
+    let consumed = crate::record::consumer::Consumed {
         records: st.records,
         chunks: st.chunks,
         bad_entries: st.bad,
@@ -294,7 +298,7 @@ impl State {
             return Ok(());
         };
         // The drain's clock sample (see ChunkHeader::time): the moment it arrived.
-        h.time = crate::clock::monotonic_ns();
+        h.time = crate::record::host::clock::monotonic_ns();
         match h.kind {
             CHUNK_KIND_SLOT if msg.len() >= HDR + 16 => {
                 let slot = u64::from_le_bytes(msg[HDR..HDR + 8].try_into().unwrap());
@@ -435,7 +439,7 @@ impl State {
                     binary_id: slot.binary_id,
                     cause: CAUSE_THREAD_EXIT,
                     _pad: 0,
-                    time: crate::clock::monotonic_ns(),
+                    time: crate::record::host::clock::monotonic_ns(),
                 };
                 self.records_out(h, &records)?;
             }
@@ -490,17 +494,18 @@ fn read_mem(pid: u32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
-    let remote = libc::iovec {
-        iov_base: addr as *mut libc::c_void,
-        iov_len: buf.len(),
-    };
     // SAFETY: local covers our buffer; the kernel checks the remote range.
-    let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
-    match n {
-        n if n < 0 => Err(io::Error::last_os_error()),
-        n if n as usize != buf.len() => Err(io::Error::other("short read")),
-        _ => Ok(()),
-    }
+    let n = unsafe {
+        libc::process_vm_readv(
+            pid as libc::pid_t,
+            &local,
+            1,
+            &remote(addr, buf.len()),
+            1,
+            0,
+        )
+    };
+    whole(n, buf.len(), "short read")
 }
 
 fn write_mem(pid: u32, addr: u64, buf: &[u8]) -> io::Result<()> {
@@ -508,15 +513,33 @@ fn write_mem(pid: u32, addr: u64, buf: &[u8]) -> io::Result<()> {
         iov_base: buf.as_ptr() as *mut libc::c_void,
         iov_len: buf.len(),
     };
-    let remote = libc::iovec {
-        iov_base: addr as *mut libc::c_void,
-        iov_len: buf.len(),
-    };
     // SAFETY: local covers our buffer (only read); the kernel checks the remote range.
-    let n = unsafe { libc::process_vm_writev(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+    let n = unsafe {
+        libc::process_vm_writev(
+            pid as libc::pid_t,
+            &local,
+            1,
+            &remote(addr, buf.len()),
+            1,
+            0,
+        )
+    };
+    whole(n, buf.len(), "short write")
+}
+
+/// `len` bytes at `addr` in the other process.
+fn remote(addr: u64, len: usize) -> libc::iovec {
+    libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: len,
+    }
+}
+
+/// A process_vm_* result: all `len` bytes moved, or why not.
+fn whole(n: isize, len: usize, short: &str) -> io::Result<()> {
     match n {
         n if n < 0 => Err(io::Error::last_os_error()),
-        n if n as usize != buf.len() => Err(io::Error::other("short write")),
+        n if n as usize != len => Err(io::Error::other(short.to_string())),
         _ => Ok(()),
     }
 }

@@ -163,6 +163,7 @@ unsafe fn child_after_fork(
         // EOF: the tracer gave up before releasing us; do not run the command untraced.
         // SAFETY: __errno_location is async-signal-safe; _exit never returns.
         if r == 0 || unsafe { *libc::__errno_location() } != libc::EINTR {
+            // SAFETY: _exit is async-signal-safe and takes no pointers.
             unsafe { libc::_exit(127) };
         }
     }
@@ -170,6 +171,7 @@ unsafe fn child_after_fork(
         // dup2 leaves the copy without close-on-exec.
         // SAFETY: dup2 on descriptors of this process; async-signal-safe.
         if unsafe { libc::dup2(fd, tracer_common::USER_DRAIN_FD as RawFd) } < 0 {
+            // SAFETY: _exit is async-signal-safe and takes no pointers.
             unsafe { libc::_exit(127) };
         }
     }

@@ -202,19 +202,28 @@ pub fn named(paths: &[PathBuf]) -> Result<Vec<Instrumented>> {
 pub fn merge(found: &mut Vec<Instrumented>, extra: Vec<Instrumented>) {
     let key = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
     for b in extra {
-        if let Some(other) = found.iter().find(|o| o.meta.binary_id == b.meta.binary_id) {
+        if let Some(other) = same_id(found, &b) {
             if key(&other.path) != key(&b.path) {
-                log::warn!(
-                    "{} and {} have the same binary_id {:#x}; tracing only the first",
-                    other.path.display(),
-                    b.path.display(),
-                    b.meta.binary_id
-                );
+                warn_same_id(other, &b);
             }
             continue;
         }
         found.push(b);
     }
+}
+
+/// The binary of `found` with `b`'s binary_id (one binary_id is traced once).
+fn same_id<'a>(found: &'a [Instrumented], b: &Instrumented) -> Option<&'a Instrumented> {
+    found.iter().find(|o| o.meta.binary_id == b.meta.binary_id)
+}
+
+fn warn_same_id(other: &Instrumented, b: &Instrumented) {
+    log::warn!(
+        "{} and {} have the same binary_id {:#x}; tracing only the first",
+        other.path.display(),
+        b.path.display(),
+        b.meta.binary_id
+    );
 }
 
 fn collect(candidates: Vec<PathBuf>) -> Result<Vec<Instrumented>> {
@@ -226,13 +235,8 @@ fn collect(candidates: Vec<PathBuf>) -> Result<Vec<Instrumented>> {
             continue;
         }
         if let Some(b) = read_instrumented(&path)? {
-            if let Some(other) = found.iter().find(|o| o.meta.binary_id == b.meta.binary_id) {
-                log::warn!(
-                    "{} and {} have the same binary_id {:#x}; tracing only the first",
-                    other.path.display(),
-                    b.path.display(),
-                    b.meta.binary_id
-                );
+            if let Some(other) = same_id(&found, &b) {
+                warn_same_id(other, &b);
                 continue;
             }
             found.push(b);

@@ -1,58 +1,13 @@
-//! Code addresses → function, file and line, with inlined frames (DWARF through
-//! addr2line), names demangled (C++ and Rust).
-//!
-//! A traced binary's debug information is looked for, in this order, in: the binary
-//! itself (when its build-id is still the recorded one), the tracer's debug cache
-//! (`~/.cache/utrace/debug/.build-id/xx/yyyy.debug`, filled by `tracer record`, so
-//! reports work after the binary is rebuilt or deleted), `DIR/.build-id/xx/yyyy.debug`
-//! for each `--debug-dir` and `/usr/lib/debug`, then the binary's `.gnu_debuglink`
-//! (next to it, in its `.debug/`, under `/usr/lib/debug/` + its directory, in each
-//! `--debug-dir`; CRC checked). Each binary is loaded once and each address resolved
-//! once per run.
+//! Finding a binary's debug information and keeping a copy: the binary itself (build-id
+//! still the recorded one), the tracer's cache by build-id, `--debug-dir` and
+//! `/usr/lib/debug` `.build-id`, `.gnu_debuglink`. Below `record` (fills the cache at
+//! its end) and `read::symbols` (loads what it finds), so both may use it.
 
-use std::{
-    borrow::Cow,
-    collections::HashMap,
-    path::{Path, PathBuf},
-    rc::Rc,
-};
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 use object::{Object, ObjectSection};
 use serde::Serialize;
-
-/// One frame at a code address: the innermost (possibly inlined) function first.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
-pub struct Frame {
-    pub function: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub file: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub line: Option<u32>,
-    /// Inlined into the next frame.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub inlined: bool,
-}
-
-impl Frame {
-    /// `file:line` (file name only), or "" when unknown.
-    pub fn location(&self) -> String {
-        match (&self.file, self.line) {
-            (Some(f), Some(l)) => format!("{}:{l}", short(f)),
-            (Some(f), None) => short(f).to_string(),
-            _ => String::new(),
-        }
-    }
-}
-
-fn short(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or(path)
-}
-
-/// Demangle a C++ or Rust symbol name (others unchanged).
-pub fn demangle(name: &str) -> Cow<'_, str> {
-    rewriter::demangle(name).map_or(Cow::Borrowed(name), Cow::Owned)
-}
 
 /// Where a binary's debug information came from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -61,211 +16,6 @@ pub struct DebugSource {
     /// "binary", "cache", "build-id", "debuglink", or "symbols" (no DWARF found: names
     /// from the binary's symbol table only).
     pub how: &'static str,
-}
-
-struct Loaded {
-    loader: addr2line::Loader,
-    source: DebugSource,
-    /// Read from the same (build-id checked) file as the DWARF.
-    layout: Layout,
-}
-
-/// Resolves code addresses of the binaries of one trace.
-pub struct Symbolizer {
-    dirs: Vec<PathBuf>,
-    cache: Option<PathBuf>,
-    binaries: HashMap<u64, Option<Rc<Loaded>>>,
-    /// Where each binary (by binary id) is and which build-id it was recorded with.
-    known: HashMap<u64, (PathBuf, Vec<u8>)>,
-    memo: HashMap<(u64, u64), Rc<[Frame]>>,
-}
-
-/// What the ELF headers and symbol table of a binary say.
-#[derive(Default)]
-struct Layout {
-    /// `ET_EXEC`: loaded at its link-time addresses.
-    fixed: bool,
-    /// File addresses of its code (executable `PT_LOAD`s).
-    code: Vec<(u64, u64)>,
-    /// Function symbols: (start, end, name), sorted; a symbol of size 0 covers only
-    /// its address.
-    functions: Vec<(u64, u64, String)>,
-}
-
-impl Layout {
-    fn function_at(&self, vaddr: u64) -> Option<&str> {
-        let i = self.functions.partition_point(|f| f.0 <= vaddr);
-        // Symbols starting at or below vaddr, nearest first: the first that covers it
-        // (a few: symbols nest only as aliases and local labels).
-        self.functions[..i]
-            .iter()
-            .rev()
-            .take(64)
-            .find(|f| vaddr < f.1 || f.0 == vaddr)
-            .map(|f| f.2.as_str())
-    }
-}
-
-fn read_layout(data: &[u8]) -> Option<Layout> {
-    use object::read::elf::{FileHeader, ProgramHeader};
-    use object::{ObjectSymbol, SymbolKind};
-    let h = object::elf::FileHeader64::<object::Endianness>::parse(data).ok()?;
-    let e = h.endian().ok()?;
-    let code = h
-        .program_headers(e, data)
-        .ok()?
-        .iter()
-        .filter(|p| p.p_type(e) == object::elf::PT_LOAD && p.p_flags(e) & object::elf::PF_X != 0)
-        .filter_map(|p| Some((p.p_vaddr(e), p.p_vaddr(e).checked_add(p.p_memsz(e))?)))
-        .collect();
-    let obj = object::File::parse(data).ok()?;
-    let mut functions: Vec<(u64, u64, String)> = obj
-        .symbols()
-        .chain(obj.dynamic_symbols())
-        .filter(|s| s.kind() == SymbolKind::Text && s.is_definition())
-        .filter_map(|s| {
-            let end = s.address().checked_add(s.size())?;
-            Some((s.address(), end, s.name().ok()?.to_string()))
-        })
-        .collect();
-    functions.sort();
-    functions.dedup();
-    Some(Layout {
-        fixed: h.e_type(e) == object::elf::ET_EXEC,
-        code,
-        functions,
-    })
-}
-
-impl Symbolizer {
-    /// `dirs`: extra debug directories (`--debug-dir`), searched before
-    /// `/usr/lib/debug`.
-    pub fn new(dirs: &[PathBuf]) -> Symbolizer {
-        Symbolizer {
-            dirs: dirs.to_vec(),
-            cache: cache_dir(),
-            binaries: HashMap::new(),
-            known: HashMap::new(),
-            memo: HashMap::new(),
-        }
-    }
-
-    pub fn add_binary(&mut self, binary_id: u64, path: &str, build_id: &[u8]) {
-        self.known
-            .insert(binary_id, (PathBuf::from(path), build_id.to_vec()));
-    }
-
-    /// Whether `binary_id` loads at its link-time addresses (ELF `ET_EXEC`: bias 0).
-    pub fn fixed_address(&mut self, binary_id: u64) -> bool {
-        self.loaded(binary_id).is_some_and(|l| l.layout.fixed)
-    }
-
-    /// Whether file address `vaddr` is in `binary_id`'s code.
-    pub fn is_code(&mut self, binary_id: u64, vaddr: u64) -> bool {
-        self.loaded(binary_id).is_some_and(|l| {
-            l.layout
-                .code
-                .iter()
-                .any(|&(lo, hi)| (lo..hi).contains(&vaddr))
-        })
-    }
-
-    /// Where the debug information of `binary_id` comes from (None: nothing usable).
-    pub fn source(&mut self, binary_id: u64) -> Option<DebugSource> {
-        self.loaded(binary_id).map(|l| l.source.clone())
-    }
-
-    fn loaded(&mut self, binary_id: u64) -> Option<Rc<Loaded>> {
-        if let Some(l) = self.binaries.get(&binary_id) {
-            return l.clone();
-        }
-        let l = self.known.get(&binary_id).and_then(|(path, build_id)| {
-            let found = locate(path, build_id, self.cache.as_deref(), &self.dirs);
-            let (file, how) = found?;
-            let layout = map_regular(&file)
-                .and_then(|m| read_layout(&m))
-                .unwrap_or_default();
-            match addr2line::Loader::new(&file) {
-                Ok(loader) => {
-                    log::debug!(
-                        "{}: debug info from {} ({how})",
-                        path.display(),
-                        file.display()
-                    );
-                    Some(Rc::new(Loaded {
-                        loader,
-                        source: DebugSource {
-                            path: file.to_string_lossy().into_owned(),
-                            how,
-                        },
-                        layout,
-                    }))
-                }
-                Err(e) => {
-                    log::warn!("{}: cannot read {}: {e}", path.display(), file.display());
-                    None
-                }
-            }
-        });
-        self.binaries.insert(binary_id, l.clone());
-        l
-    }
-
-    /// The frames at file address `vaddr` of `binary_id`, innermost first; empty when
-    /// nothing is known about it.
-    pub fn frames(&mut self, binary_id: u64, vaddr: u64) -> Rc<[Frame]> {
-        if let Some(f) = self.memo.get(&(binary_id, vaddr)) {
-            return f.clone();
-        }
-        let frames: Rc<[Frame]> = match self.loaded(binary_id) {
-            Some(l) => resolve(&l.loader, &l.layout, vaddr).into(),
-            None => Rc::from([]),
-        };
-        self.memo.insert((binary_id, vaddr), frames.clone());
-        frames
-    }
-}
-
-fn resolve(loader: &addr2line::Loader, layout: &Layout, vaddr: u64) -> Vec<Frame> {
-    let mut out = Vec::new();
-    if let Ok(mut it) = loader.find_frames(vaddr) {
-        while let Ok(Some(f)) = it.next() {
-            let function = f
-                .function
-                .as_ref()
-                .and_then(|n| n.demangle().ok())
-                .map(|n| n.into_owned());
-            let (file, line) = f
-                .location
-                .map_or((None, None), |l| (l.file.map(str::to_string), l.line));
-            out.push(Frame {
-                function: function.unwrap_or_default(),
-                file,
-                line,
-                inlined: true,
-            });
-        }
-    }
-    if let Some(last) = out.last_mut() {
-        last.inlined = false;
-    }
-    // No DWARF function (or no DWARF): the symbol that covers the address (by its
-    // size: the nearest one below may be another function's) names the function.
-    if (out.is_empty() || out.iter().all(|f| f.function.is_empty()))
-        && let Some(name) = layout.function_at(vaddr)
-    {
-        let name = demangle(name).into_owned();
-        match out.last_mut() {
-            Some(last) => last.function = name,
-            None => out.push(Frame {
-                function: name,
-                file: None,
-                line: None,
-                inlined: false,
-            }),
-        }
-    }
-    out
 }
 
 /// The tracer's debug cache: `$XDG_CACHE_HOME/utrace/debug` or `~/.cache/utrace/debug`.
@@ -303,7 +53,7 @@ struct FileFacts {
 
 /// `path` mapped read-only, if it is a regular file (not a FIFO or device a hostile
 /// debuglink or trace could name).
-fn map_regular(path: &Path) -> Option<memmap2::Mmap> {
+pub fn map_regular(path: &Path) -> Option<memmap2::Mmap> {
     use std::os::unix::fs::OpenOptionsExt;
     // Non-blocking: opening a FIFO for reading would wait for a writer.
     let f = std::fs::OpenOptions::new()
@@ -353,7 +103,7 @@ fn debuglink_name(name: &[u8]) -> Option<PathBuf> {
 }
 
 /// The file to read `path`'s debug information from, and how it was found.
-fn locate(
+pub fn locate(
     path: &Path,
     build_id: &[u8],
     cache: Option<&Path>,
@@ -557,40 +307,11 @@ mod tests {
     }
 
     #[test]
-    fn symbols_cover_their_size_only() {
-        let l = Layout {
-            functions: vec![
-                (0x10, 0x20, "f".into()),
-                (0x30, 0x30, "marker".into()),
-                (0x40, 0x80, "g".into()),
-                (0x40, 0x44, "g_alias".into()),
-            ],
-            ..Layout::default()
-        };
-        assert_eq!(l.function_at(0x18), Some("f"));
-        assert_eq!(l.function_at(0x20), None, "past f's end");
-        assert_eq!(l.function_at(0x30), Some("marker"));
-        assert_eq!(l.function_at(0x31), None);
-        assert_eq!(l.function_at(0x50), Some("g"));
-        assert_eq!(l.function_at(0x8), None);
-    }
-
-    #[test]
     fn build_id_paths() {
         assert_eq!(
             build_id_path(Path::new("/d"), &[0xab, 0xcd, 0xef]).unwrap(),
             PathBuf::from("/d/.build-id/ab/cdef.debug")
         );
         assert!(build_id_path(Path::new("/d"), &[]).is_none());
-    }
-
-    #[test]
-    fn demangles_cpp_and_rust() {
-        assert_eq!(demangle("_ZN2ns6Widget4stepEi"), "ns::Widget::step(int)");
-        assert_eq!(
-            demangle("_ZN4core3fmt5write17h0123456789abcdefE"),
-            "core::fmt::write"
-        );
-        assert_eq!(demangle("main"), "main");
     }
 }

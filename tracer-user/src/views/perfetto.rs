@@ -13,12 +13,17 @@
 //! The messages below are the subset of Perfetto's `protos/perfetto/trace/` this writer
 //! uses, with Perfetto's field numbers.
 
-use std::{collections::HashMap, io::Write};
+use std::{
+    collections::HashMap,
+    fs::File,
+    io::{BufWriter, Write},
+    path::Path,
+};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use prost::Message;
 
-use crate::symbols::Frame;
+use crate::read::{calls::Calls, events::each_record, names::Names, symbols::Frame};
 
 #[derive(Clone, PartialEq, Message)]
 pub struct TracePacket {
@@ -425,6 +430,85 @@ pub enum EventKind {
     Begin,
     End,
     Instant,
+}
+
+/// `tracer export --format perfetto`: every record of `trace` through a [`Writer`].
+pub fn write(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Result<()> {
+    let mut calls = Calls::default();
+    let mut p = Writer::new(w);
+    p.start()?;
+    let mut err: Option<anyhow::Error> = None;
+    let (mut first_ns, mut last_ns) = (u64::MAX, 0u64);
+    let stats = each_record(trace, names, |ev, names| {
+        if err.is_some() {
+            return;
+        }
+        first_ns = first_ns.min(ev.time_ns);
+        last_ns = last_ns.max(ev.time_ns);
+        let thread = (ev.pid, ev.tid, ev.comm);
+        let key = (ev.binary_id, ev.rec.site);
+        // The site's name and source line, asked for once per site: a call's slice
+        // shows its function (outermost frame), an instant its innermost line.
+        let describe = |category: &'static str, innermost: bool| {
+            let frames = names.site_frames(ev.binary_id, ev.rec.site);
+            let at = if innermost {
+                frames.first()
+            } else {
+                frames.last()
+            };
+            (ev.symbol.to_string(), category, at.cloned())
+        };
+        let mut r = Ok(());
+        match ev.kind {
+            "entry" | "exit" => {
+                let step = calls.event(ev);
+                if step.began.is_some() {
+                    r = p.event(thread, ev.time_ns, EventKind::Begin, key, || {
+                        describe("call", false)
+                    });
+                }
+                for _ in 0..step.abandoned + usize::from(step.completed.is_some()) {
+                    r = r.and_then(|()| {
+                        p.event(thread, ev.time_ns, EventKind::End, key, || {
+                            (String::new(), "", None)
+                        })
+                    });
+                }
+            }
+            kind => {
+                let category = match kind {
+                    "block" => "block",
+                    "memory" => "memory",
+                    "usdt" => "usdt",
+                    "call" => "call site",
+                    _ => "other",
+                };
+                r = p.event(thread, ev.time_ns, EventKind::Instant, key, || {
+                    describe(category, true)
+                });
+            }
+        }
+        if let Err(e) = r {
+            err = Some(e);
+        }
+    })?;
+    if let Some(e) = err {
+        return Err(e).context("cannot write the export");
+    }
+    // Calls still open at the end of the trace end with their thread's last event.
+    let mut open: Vec<((u32, u32), usize)> = calls.open_calls().collect();
+    open.sort_unstable();
+    for ((pid, tid), n) in open {
+        p.end_open(pid, tid, n)?;
+    }
+    if let Some(st) = stats
+        && first_ns <= last_ns
+    {
+        p.counters(first_ns, 0, 0)?;
+        p.counters(last_ns, st.records_dropped, st.records_filtered)?;
+    }
+    log::info!("{} packets", p.packets);
+    Ok(())
 }
 
 #[cfg(test)]

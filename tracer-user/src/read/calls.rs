@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use crate::report::Event;
+use crate::read::events::Event;
 
 /// Latency histogram buckets: bucket i counts calls of [2^i, 2^(i+1)) ns (bucket 0
 /// also 0 ns).

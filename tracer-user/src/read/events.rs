@@ -1,0 +1,129 @@
+//! Every real record of a trace in delivery order, with its names and its
+//! CLOCK_MONOTONIC time (coarse times interpolated): what calls and the views consume.
+
+use std::{collections::HashMap, path::Path};
+
+use anyhow::Result;
+use tracer_common::{FLAG_KTIME, Record, meta::SiteKind};
+
+use crate::{
+    read::{coarse::Timeline, names::Names},
+    tracefile::{self, FinalStats, Reader, Section, Truncation, clock::Calibration},
+};
+
+pub fn truncation_warning(path: &Path, t: Option<&Truncation>, stats: Option<&FinalStats>) {
+    if let Some(t) = t {
+        eprintln!(
+            "utrace: warning: {} is truncated: incomplete {} at byte {}; reading what precedes it",
+            path.display(),
+            t.what,
+            t.offset
+        );
+    } else if stats.is_none() {
+        eprintln!(
+            "utrace: warning: {} has no stats section (the recording did not finish)",
+            path.display()
+        );
+    }
+}
+
+/// One record as [`each_record`] hands it out.
+pub struct Event<'a> {
+    pub pid: u32,
+    pub tid: u32,
+    pub binary_id: u64,
+    /// The thread's name (empty when the trace has none).
+    pub comm: &'a str,
+    pub binary: &'a str,
+    /// The site's function, demangled.
+    pub symbol: &'a str,
+    /// The site's symbol as the binary has it.
+    pub raw_symbol: &'a str,
+    /// An entry site of a function that has exit sites too (its calls can complete).
+    pub paired: bool,
+    /// Site kind name: "entry", "exit", "block", ...
+    pub kind: &'static str,
+    pub rec: &'a Record,
+    /// CLOCK_MONOTONIC ns (interpolated in coarse mode).
+    pub time_ns: u64,
+}
+
+/// Every real record of a trace, in delivery order, with its names and time; the
+/// file's stats section (if any) at the end. `names` also learns load biases.
+pub fn each_record(
+    path: &Path,
+    names: &mut Names,
+    mut f: impl FnMut(&Event, &Names),
+) -> Result<Option<FinalStats>> {
+    let end = tracefile::read_stats(path)?.and_then(|s| s.clock_end);
+    let mut timeline = Timeline::scan(path)?;
+    let mut r = Reader::open(path)?;
+    let mut bar = rewriter::progress::Bar::new(
+        std::fs::metadata(path).map_or(0, |m| m.len()),
+        "{msg} [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta} left)",
+        format!("reading {}", path.display()),
+    );
+    let mut clock: Option<Calibration> = None;
+    let mut comms: HashMap<(u32, u32), String> = HashMap::new();
+    let mut stats = None;
+    while let Some(section) = r.next_section()? {
+        match section {
+            Section::Session(s) => clock = Some(s.clock.refined(end)),
+            Section::Binary(b) => names.add(&b),
+            Section::Comm(pid, tid, name) => {
+                comms.insert((pid, tid), name);
+            }
+            Section::Load(pid, id, bias) => names.loaded_at(pid, id, bias),
+            Section::Chunk(mut c) => {
+                bar.set_position(r.offset());
+                timeline.apply(&mut c);
+                let h = c.header;
+                let comm = comms.get(&(h.pid, h.tid)).map_or("", String::as_str);
+                // One binary lookup per chunk, an index per record.
+                let bin = names.binaries.get(&h.binary_id);
+                let bin_name = bin.map_or("?", |(n, _)| n.as_str());
+                for rec in c.records.iter().filter(|r| names.is_record(h.binary_id, r)) {
+                    let site = bin
+                        .and_then(|(_, s)| s.get(rec.site as usize))
+                        .and_then(Option::as_ref);
+                    if let Some(s) = site
+                        && matches!(s.kind, SiteKind::Memory | SiteKind::Block)
+                    {
+                        names.learn_at(h.pid, h.binary_id, s, rec);
+                    }
+                    f(
+                        &Event {
+                            pid: h.pid,
+                            tid: h.tid,
+                            binary_id: h.binary_id,
+                            comm,
+                            binary: bin_name,
+                            symbol: site.map_or("?", |s| s.name.as_str()),
+                            raw_symbol: site.map_or("?", |s| s.raw.as_str()),
+                            paired: site.is_some_and(|s| s.paired),
+                            kind: site.map_or("?", |s| s.kind.name()),
+                            rec,
+                            time_ns: time_ns(rec, clock.as_ref()),
+                        },
+                        names,
+                    );
+                }
+            }
+            Section::Stats(s) => stats = Some(s),
+            Section::Unknown(kind) => log::debug!("skipping section of unknown kind {kind}"),
+        }
+    }
+    bar.finish();
+    truncation_warning(path, r.truncated(), stats.as_ref());
+    Ok(stats)
+}
+
+/// CLOCK_MONOTONIC ns of a record: uprobe records already are; inline records carry
+/// the cycle counter.
+pub fn time_ns(rec: &Record, clock: Option<&Calibration>) -> u64 {
+    if rec.flags & FLAG_KTIME != 0 {
+        rec.time
+    } else {
+        clock.map_or(rec.time, |c| c.monotonic_ns_of(rec.time))
+    }
+}

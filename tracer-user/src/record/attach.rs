@@ -1,0 +1,435 @@
+//! Loading the eBPF object (this machine's globals, room for operand sets) and
+//! attaching it: the flush and site uprobes of each traced binary, its semaphores, the
+//! tracepoints; detaching at the end.
+
+use std::{collections::HashSet, time::Instant};
+
+use anyhow::{Context, Result, bail};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, ProgramArray},
+    programs::{
+        TracePoint, UProbe,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+    },
+};
+use tracer_common::{
+    ebpf::{
+        GLOBAL_EXIT_GROUP_DEAD_OFF, GLOBAL_FORK_CHILD_PID_OFF, GLOBAL_SYSTEM_WIDE,
+        GLOBAL_TP_OFFSET, GLOBAL_WRITE_USER, MAP_BINARIES, MAP_EVENTS, MAP_EXIT_STEPS,
+        MAP_OPERANDS, MAP_TARGETS, MAX_BINARIES, PROG_EXEC, PROG_EXIT_STEP, PROG_FLUSH,
+        PROG_FLUSH_SLEEPABLE, PROG_FORK, PROG_GROUP_EXIT, PROG_KILLED, PROG_MMAP, PROG_SITE,
+        PROG_TASK_EXIT, PROG_THREAD_EXIT, SEL_BLOCK, SEL_CALL, SEL_ENTRY, SEL_EXIT, SEL_MEMORY,
+        SEL_USDT, operand_key, site_cookie,
+    },
+    meta::{SiteKind, SiteMode},
+    operand::OperandSet,
+};
+
+use crate::{
+    record::{
+        binaries::Instrumented,
+        consumer::Pipeline,
+        discover::{Traced, binary_info},
+        filters::Filters,
+        host::{btf, kernel},
+        live::Live,
+        semaphores::Raised,
+    },
+    tracefile::encode_binary,
+};
+
+/// Which registers the eBPF `site` program records for a uprobe site of this kind.
+fn site_selector(kind: SiteKind) -> u8 {
+    match kind {
+        SiteKind::FunctionEntry => SEL_ENTRY,
+        SiteKind::FunctionExit => SEL_EXIT,
+        SiteKind::Block => SEL_BLOCK,
+        SiteKind::Memory => SEL_MEMORY,
+        SiteKind::Usdt => SEL_USDT,
+        SiteKind::Call => SEL_CALL,
+    }
+}
+
+/// The eBPF object built by build.rs.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer-ebpf"));
+
+const TRACEPOINTS: [(&str, &str, &str); 9] = [
+    (PROG_THREAD_EXIT, "syscalls", "sys_enter_exit"),
+    (PROG_GROUP_EXIT, "syscalls", "sys_enter_exit_group"),
+    // exec replaces the image the buffers live in: the thread calling it drains them
+    // first (its other threads are killed: `killed`).
+    (PROG_GROUP_EXIT, "syscalls", "sys_enter_execve"),
+    (PROG_GROUP_EXIT, "syscalls", "sys_enter_execveat"),
+    (PROG_KILLED, "signal", "signal_deliver"),
+    (PROG_TASK_EXIT, "sched", "sched_process_exit"),
+    (PROG_FORK, "sched", "sched_process_fork"),
+    // New code in a traced process (exec, dlopen): the tracer looks for instrumented
+    // binaries it does not trace yet.
+    (PROG_EXEC, "sched", "sched_process_exec"),
+    (PROG_MMAP, "syscalls", "sys_enter_mmap"),
+];
+
+/// Room in `OPERANDS` for the uprobe sites of binaries that join a running session.
+pub(super) const SPARE_OPERAND_SETS: usize = 4096;
+
+impl Live {
+    /// Load the object and its programs (attached per binary by `add_binary`).
+    pub(super) fn load(ring_bytes: u32, system_wide: bool, initial: &[Traced]) -> Result<Self> {
+        let write_user = kernel::probe_write_user_allowed();
+        if !write_user {
+            log::info!(
+                "the kernel refuses bpf_probe_write_user (lockdown?): slots are not reset or released in place"
+            );
+        }
+        let sets: usize = initial
+            .iter()
+            .map(|t| operand_sets(&[&t.binary], 0).len())
+            .sum::<usize>()
+            + SPARE_OPERAND_SETS;
+        let mut ebpf = load(ring_bytes, write_user, system_wide, sets)?;
+        // The sleepable flush where the kernel has sleepable uprobes, else the plain one.
+        let sleepable = {
+            let p: &mut UProbe = ebpf
+                .program_mut(PROG_FLUSH_SLEEPABLE)
+                .with_context(|| format!("no program {PROG_FLUSH_SLEEPABLE}"))?
+                .try_into()?;
+            let t = Instant::now();
+            let r = p.load();
+            log::debug!("{PROG_FLUSH_SLEEPABLE} verified in {:?}", t.elapsed());
+            match r {
+                Ok(()) => true,
+                Err(e) => {
+                    log::info!("no sleepable flush program ({e}); using the plain one");
+                    false
+                }
+            }
+        };
+        let flush = if sleepable {
+            PROG_FLUSH_SLEEPABLE
+        } else {
+            PROG_FLUSH
+        };
+        for name in [flush, PROG_SITE] {
+            let p: &mut UProbe = ebpf
+                .program_mut(name)
+                .with_context(|| format!("no program {name} in the eBPF object"))?
+                .try_into()?;
+            if p.fd().is_err() {
+                verified(name, || p.load())?;
+            }
+        }
+        let filters = Filters::take(&mut ebpf)?;
+        Ok(Live {
+            ebpf,
+            write_user,
+            flush,
+            binaries: Vec::new(),
+            raised: Raised::default(),
+            filters,
+            filter_changes: 0,
+            seeded: HashSet::new(),
+            loads: HashSet::new(),
+        })
+    }
+}
+
+impl Live {
+    /// Trace binary `b`: its id for the uprobe-site cookies, the operand sets of its
+    /// sites (before they are attached, so that their first hits find them), the flush
+    /// and site uprobes, its USDT semaphores, its sites under the filter. With a
+    /// pipeline (a binary joining a running session) its section goes into the file
+    /// first. Returns its ordinal; a binary already traced (same id) is not added twice.
+    pub(super) fn add_binary(
+        &mut self,
+        b: Instrumented,
+        pipeline: Option<&Pipeline>,
+    ) -> Result<u32> {
+        if let Some(i) = self
+            .binaries
+            .iter()
+            .position(|o| o.meta.binary_id == b.meta.binary_id)
+        {
+            return Ok(i as u32);
+        }
+        let ordinal = self.binaries.len() as u32;
+        if ordinal >= MAX_BINARIES {
+            bail!(
+                "{}: already {MAX_BINARIES} instrumented binaries in this session",
+                b.path.display()
+            );
+        }
+        self.fill_binary_maps(ordinal, &b)?;
+        if let Some(p) = pipeline {
+            let info = binary_info(ordinal, &b);
+            p.write_sections(encode_binary(&info))?;
+        }
+        // The ordinal is taken from here on, even if an attach below fails: uprobes
+        // already attached carry it in their cookies. The filter first, so that its
+        // first drains are judged by the filter in force.
+        self.filters.add_binary(&b)?;
+        self.binaries.push(b.clone());
+        self.attach_uprobes(ordinal, &b)?;
+        // Kept until the session ends: USDT probes guarded by a semaphore fire meanwhile.
+        if b.untouched {
+            self.raised.raise(&b.attach, &untouched_semaphores(&b))?;
+        } else {
+            self.raised.raise(&b.attach, &b.meta.semaphores)?;
+        }
+        if pipeline.is_some() {
+            log::info!(
+                "tracing {} (binary_id {:#x}) from now on",
+                b.path.display(),
+                b.meta.binary_id
+            );
+        }
+        Ok(ordinal)
+    }
+
+    /// `b`'s id at `ordinal` in `BINARIES` and its operand sets in `OPERANDS`.
+    fn fill_binary_maps(&mut self, ordinal: u32, b: &Instrumented) -> Result<()> {
+        {
+            let mut ids: Array<_, u64> = Array::try_from(
+                self.ebpf
+                    .map_mut(MAP_BINARIES)
+                    .with_context(|| format!("no {MAP_BINARIES} map"))?,
+            )?;
+            ids.set(ordinal, b.meta.binary_id, 0)?;
+        }
+        {
+            let mut map: HashMap<_, u64, OperandSet> = HashMap::try_from(
+                self.ebpf
+                    .map_mut(MAP_OPERANDS)
+                    .with_context(|| format!("no {MAP_OPERANDS} map"))?,
+            )?;
+            for (key, set) in operand_sets(&[b], ordinal) {
+                map.insert(key, set, 0)
+                    .with_context(|| format!("cannot fill {MAP_OPERANDS}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The flush uprobe (an instrumented binary) and the uprobes of `b`'s uprobe sites.
+    fn attach_uprobes(&mut self, ordinal: u32, b: &Instrumented) -> Result<()> {
+        if !b.untouched {
+            let flush: &mut UProbe = self
+                .ebpf
+                .program_mut(self.flush)
+                .with_context(|| format!("no program {}", self.flush))?
+                .try_into()?;
+            flush
+                .attach(b.meta.flush_file_off, &b.attach, UProbeScope::AllProcesses)
+                .with_context(|| {
+                    format!(
+                        "cannot attach the flush uprobe to {} at file offset {:#x}",
+                        b.path.display(),
+                        b.meta.flush_file_off
+                    )
+                })?;
+        }
+        let site: &mut UProbe = self
+            .ebpf
+            .program_mut(PROG_SITE)
+            .with_context(|| format!("no program {PROG_SITE}"))?
+            .try_into()?;
+        // Descending ids: the kernel runs the consumers of one probe address last
+        // attached first, and sites sharing an instruction (a block that is also an
+        // exit) must record in id order, as their inline stub would.
+        for s in b
+            .meta
+            .sites
+            .iter()
+            .rev()
+            .filter(|s| s.mode == SiteMode::Uprobe)
+        {
+            let point = UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(s.file_off),
+                cookie: Some(site_cookie(ordinal, site_selector(s.kind), s.id)),
+            };
+            site.attach(point, &b.attach, UProbeScope::AllProcesses)
+                .with_context(|| {
+                    format!(
+                        "cannot attach a uprobe to {} site {} ({}) at file offset {:#x}",
+                        b.path.display(),
+                        s.id,
+                        s.name,
+                        s.file_off
+                    )
+                })?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn attach_tracepoints(&mut self) -> Result<()> {
+        // The exit programs tail-call exit_step: installed before they are attached.
+        {
+            let step: &mut TracePoint = self
+                .ebpf
+                .program_mut(PROG_EXIT_STEP)
+                .with_context(|| format!("no program {PROG_EXIT_STEP} in the eBPF object"))?
+                .try_into()?;
+            verified(PROG_EXIT_STEP, || step.load())?;
+            let fd = step.fd()?.try_clone()?;
+            let mut steps = ProgramArray::try_from(
+                self.ebpf
+                    .map_mut(MAP_EXIT_STEPS)
+                    .with_context(|| format!("no {MAP_EXIT_STEPS} map"))?,
+            )?;
+            steps
+                .set(0, &fd, 0)
+                .with_context(|| format!("cannot install {PROG_EXIT_STEP}"))?;
+        }
+        for (name, category, event) in TRACEPOINTS {
+            let tp: &mut TracePoint = self
+                .ebpf
+                .program_mut(name)
+                .with_context(|| format!("no program {name} in the eBPF object"))?
+                .try_into()?;
+            if tp.fd().is_err() {
+                verified(name, || tp.load())?;
+            }
+            tp.attach(category, event)
+                .with_context(|| format!("cannot attach {name} to {category}:{event}"))?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn add_target(&mut self, pid: u32) -> Result<()> {
+        let mut targets: HashMap<_, u32, u8> = HashMap::try_from(
+            self.ebpf
+                .map_mut(MAP_TARGETS)
+                .with_context(|| format!("no {MAP_TARGETS} map"))?,
+        )?;
+        targets
+            .insert(pid, 1, 0)
+            .with_context(|| format!("cannot add pid {pid} to {MAP_TARGETS}"))
+    }
+}
+
+/// The `OPERANDS` entries: the operand sets of the binaries' uprobe sites of kind
+/// memory and USDT (what the `site` program computes their records from).
+pub(super) fn operand_sets(list: &[&Instrumented], first_ordinal: u32) -> Vec<(u64, OperandSet)> {
+    let mut out = Vec::new();
+    for (i, b) in list.iter().enumerate() {
+        let ordinal = first_ordinal as usize + i;
+        for so in &b.meta.operands {
+            let wanted = b.meta.sites.get(so.site as usize).is_some_and(|s| {
+                s.id == so.site
+                    && s.mode == SiteMode::Uprobe
+                    && matches!(s.kind, SiteKind::Memory | SiteKind::Usdt)
+            });
+            if wanted {
+                out.push((operand_key(ordinal as u32, so.site), so.set));
+            }
+        }
+    }
+    out
+}
+
+/// Load the eBPF object with this machine's globals; `OPERANDS` gets room for
+/// `operand_sets` entries (at least one: a map cannot be empty).
+pub(super) fn load(
+    ring_bytes: u32,
+    write_user: bool,
+    system_wide: bool,
+    operand_sets: usize,
+) -> Result<Ebpf> {
+    let operand_entries = u32::try_from(operand_sets.max(1))
+        .context("too many uprobe sites with operands for one session")?;
+    let tp_offset =
+        btf::thread_pointer_offset().context("cannot find the thread pointer in task_struct")?;
+    let fork_child = kernel::tracepoint_field_offset("sched", "sched_process_fork", "child_pid")?
+        .context("sched_process_fork has no child_pid field")?;
+    let group_dead =
+        kernel::tracepoint_field_offset("sched", "sched_process_exit", "group_dead")?.unwrap_or(0);
+    log::debug!(
+        "task_struct thread pointer at {tp_offset}, fork child_pid at {fork_child}, exit group_dead at {group_dead}"
+    );
+    EbpfLoader::new()
+        .override_global(GLOBAL_TP_OFFSET, &tp_offset, true)
+        .override_global(GLOBAL_SYSTEM_WIDE, &u8::from(system_wide), true)
+        .override_global(GLOBAL_WRITE_USER, &u8::from(write_user), true)
+        .override_global(GLOBAL_FORK_CHILD_PID_OFF, &fork_child, true)
+        .override_global(GLOBAL_EXIT_GROUP_DEAD_OFF, &group_dead, true)
+        .map_max_entries(MAP_EVENTS, ring_bytes)
+        .map_max_entries(MAP_OPERANDS, operand_entries)
+        .load(EBPF_OBJECT)
+        .context("cannot load the eBPF object")
+}
+
+/// Detach (unload) all programs; best effort, errors only logged.
+pub(super) fn detach(ebpf: &mut Ebpf) {
+    for name in [PROG_FLUSH, PROG_FLUSH_SLEEPABLE, PROG_SITE] {
+        if let Some(Ok(p)) = ebpf.program_mut(name).map(<&mut UProbe>::try_from)
+            && p.fd().is_ok()
+            && let Err(e) = p.unload()
+        {
+            log::warn!("cannot detach {name}: {e}");
+        }
+    }
+    // One program may sit on several tracepoints: unload each once.
+    let mut names: Vec<&str> = TRACEPOINTS.iter().map(|t| t.0).collect();
+    names.dedup();
+    names.push(PROG_EXIT_STEP);
+    for name in names {
+        if let Some(Ok(p)) = ebpf.program_mut(name).map(<&mut TracePoint>::try_from)
+            && p.fd().is_ok()
+            && let Err(e) = p.unload()
+        {
+            log::warn!("cannot detach {name}: {e}");
+        }
+    }
+}
+
+/// The semaphores of an untouched binary, each with an anchor for its
+/// reference-counting uprobe.
+fn untouched_semaphores(b: &Instrumented) -> Vec<tracer_common::meta::Semaphore> {
+    // No anchors in an untouched file: each semaphore's reference-counting
+    // uprobe sits right after a different probe's nop (an instruction
+    // boundary; not on a site, nor two at one place: the kernel refuses two
+    // uprobes at one address with different reference counters).
+    let nop = if b.meta.arch == tracer_common::ARCH_AARCH64 {
+        4
+    } else {
+        1
+    };
+    let taken: HashSet<u64> = b.meta.sites.iter().map(|s| s.file_off).collect();
+    let mut anchors: Vec<u64> = b
+        .meta
+        .sites
+        .iter()
+        .filter(|s| s.kind == SiteKind::Usdt)
+        .map(|s| s.file_off + nop)
+        .filter(|off| !taken.contains(off))
+        .collect();
+    anchors.dedup();
+    if anchors.len() < b.meta.semaphores.len() {
+        log::warn!(
+            "{}: {} USDT semaphores but {} places to raise them from; some stay 0",
+            b.path.display(),
+            b.meta.semaphores.len(),
+            anchors.len()
+        );
+    }
+    b.meta
+        .semaphores
+        .iter()
+        .zip(anchors)
+        .map(|(s, anchor)| tracer_common::meta::Semaphore {
+            anchor_file_off: anchor,
+            semaphore_file_off: s.semaphore_file_off,
+        })
+        .collect()
+}
+
+/// Load a program into the kernel (`load`), saying how long the verifier took.
+pub(super) fn verified(
+    name: &str,
+    load: impl FnOnce() -> Result<(), aya::programs::ProgramError>,
+) -> Result<()> {
+    let t = Instant::now();
+    load().with_context(|| format!("the kernel rejected program {name}"))?;
+    log::debug!("{name} verified in {:?}", t.elapsed());
+    Ok(())
+}

@@ -1,0 +1,92 @@
+//! The session's live state: the loaded eBPF object, the binaries it traces, their
+//! filters and semaphores, what was seeded and noted; and its answers to `tracer filter`.
+
+use std::{collections::HashSet, os::unix::fs::MetadataExt};
+
+use anyhow::Result;
+use aya::Ebpf;
+
+use crate::record::{
+    binaries::Instrumented,
+    control::{Reply, Request},
+    discover::Traced,
+    filters::{FilterSpec, Filters},
+    seed::SeenFiles,
+    semaphores::Raised,
+    target::RecordOptions,
+};
+
+/// The loaded eBPF object and what the session traces.
+pub(super) struct Live {
+    pub(super) ebpf: Ebpf,
+    pub(super) write_user: bool,
+    /// The flush program in use (sleepable or not).
+    pub(super) flush: &'static str,
+    /// Ordinal = index.
+    pub(super) binaries: Vec<Instrumented>,
+    pub(super) raised: Raised,
+    pub(super) filters: Filters,
+    pub(super) filter_changes: u64,
+    /// (pid, rw_base) already in `TABLES`.
+    pub(super) seeded: HashSet<(u32, u64)>,
+    /// (pid, binary id, bias) written to the trace file.
+    pub(super) loads: HashSet<(u32, u64, u64)>,
+}
+
+impl Live {
+    /// A control-socket request.
+    pub(super) fn handle(&mut self, req: Request) -> Reply {
+        if let Some(spec) = req.filter {
+            return match self.set_filter(&spec) {
+                Ok(n) => {
+                    self.filter_changes += 1;
+                    log::info!("filter now: {}", spec.describe());
+                    Reply {
+                        ok: true,
+                        message: format!("filter: {} ({n} sites matched)", spec.describe()),
+                    }
+                }
+                Err(e) => Reply {
+                    ok: false,
+                    message: format!("{e:#}"),
+                },
+            };
+        }
+        Reply {
+            ok: true,
+            message: format!(
+                "filter: {}; {} binaries traced",
+                self.filters.spec().describe(),
+                self.binaries.len()
+            ),
+        }
+    }
+
+    /// Put `spec` in force for every traced binary; the number of sites it matched.
+    fn set_filter(&mut self, spec: &FilterSpec) -> Result<usize> {
+        let refs: Vec<&Instrumented> = self.binaries.iter().collect();
+        self.filters.set(spec, &refs)
+    }
+
+    /// The filter of `record`'s options.
+    pub(super) fn set_initial_filter(&mut self, opts: &RecordOptions) -> Result<()> {
+        let matched = self.set_filter(&opts.filter)?;
+        if !opts.filter.is_empty() {
+            log::info!("filter: {} ({matched} sites)", opts.filter.describe());
+        }
+        Ok(())
+    }
+
+    /// Trace the session's first binaries; the files seen so far (for later scans).
+    pub(super) fn add_initial(&mut self, initial: &[Traced]) -> Result<SeenFiles> {
+        let mut seen = SeenFiles::new();
+        for t in initial {
+            let b = &t.binary;
+            self.add_binary(b.clone(), None)?;
+            if let Ok(md) = std::fs::metadata(&b.path) {
+                seen.insert((b.path.clone(), md.ino()), Some(b.clone()));
+            }
+        }
+        Ok(seen)
+    }
+}

@@ -1,0 +1,388 @@
+//! `tracer record`: a session in named steps: find the binaries, load and attach the
+//! eBPF programs, start or attach to the target, serve until it ends, finish the file.
+//! May use `tracefile` and `debuginfo`; never `read` or `views`.
+
+mod attach;
+pub mod binaries;
+pub mod consumer;
+pub mod control;
+mod discover;
+pub mod filters;
+pub mod gate;
+pub mod host;
+mod live;
+mod seed;
+pub mod semaphores;
+mod summary;
+mod target;
+pub mod userdrain;
+
+use std::{
+    collections::HashSet,
+    path::{Path, PathBuf},
+    sync::mpsc,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, Result, bail};
+use aya::maps::{MapData, RingBuf};
+use aya_log::EbpfLogger;
+use tracer_common::{RECORD_VERSION, ebpf::MAP_EVENTS};
+
+use discover::{Traced, binary_infos};
+use summary::print_summary;
+pub use target::{RecordOptions, Target, Untouched, default_output};
+
+use crate::{
+    record::{
+        consumer::{Logger, Pipeline},
+        control::Control,
+        gate::{GatedChild, WaitEnd},
+        host::{clock, kernel},
+        live::Live,
+        seed::{SeenFiles, all_pids},
+    },
+    tracefile::{BinaryInfo, SessionInfo, Writer},
+};
+
+/// Record a trace; returns the exit code for the tracer (the command's, when it ran one).
+pub fn record(opts: RecordOptions) -> Result<i32> {
+    target::check_ring_bytes(opts.ring_bytes)?;
+    opts.filter.validate()?;
+    kernel::ensure_tracefs()?;
+    kernel::raise_memlock();
+
+    let system_wide = matches!(opts.target, Target::SystemWide { .. });
+    let (initial, exe) = initial_binaries(&opts)?;
+    let mut live = Live::load(opts.ring_bytes, system_wide, &initial)?;
+    let mut seen = live.add_initial(&initial)?;
+    live.attach_tracepoints()?;
+    live.set_initial_filter(&opts)?;
+    let (mut outputs, mut session) = outputs(&opts, &mut live)?;
+    let (mapped_tx, mapped_rx) = mpsc::channel::<(u32, u32)>();
+    outputs.mapped = Some(mapped_tx);
+    let started = match (&opts.target, exe) {
+        (Target::Exec(argv), Some(exe)) => {
+            start_exec(&exe, argv, &mut live, &mut session, outputs)?
+        }
+        (Target::Attach { pid, duration }, _) => {
+            start_attach(*pid, *duration, &initial, &mut live, &mut session, outputs)?
+        }
+        (Target::SystemWide { duration }, _) => {
+            start_system_wide(*duration, &mut live, &mut session, &mut seen, outputs)?
+        }
+        (Target::Exec(_), None) => bail!("no executable to run"),
+    };
+    let control = open_control();
+    let (end, exit_code) = serve(&mut live, &started, &mapped_rx, control.as_ref(), &mut seen)?;
+    match end {
+        WaitEnd::Exited => log::info!("the traced process exited"),
+        WaitEnd::Interrupted => log::info!("interrupted; ending the session"),
+        WaitEnd::Timeout => log::info!("duration over; ending the session"),
+    }
+    drop(started.child);
+    drop(control);
+    finish(live, started.pipeline, exit_code, initial.len())?;
+    Ok(exit_code.unwrap_or(0))
+}
+
+/// The target's instrumented binaries, then the untouched ones (`--uprobe`, `--usdt`).
+fn initial_binaries(opts: &RecordOptions) -> Result<(Vec<Traced>, Option<PathBuf>)> {
+    let (mut initial, exe) = discover::discover(&opts.target, &opts.binaries)?;
+    for u in &opts.untouched {
+        let b = binaries::untouched(&u.path, &u.functions, u.usdt).with_context(|| {
+            format!(
+                "--{} {}",
+                if u.usdt { "usdt" } else { "uprobe" },
+                u.path.display()
+            )
+        })?;
+        log::info!(
+            "tracing untouched {} by uprobes ({} sites)",
+            b.path.display(),
+            b.meta.sites.len()
+        );
+        initial.push(Traced {
+            binary: b,
+            load_bias: None,
+        });
+    }
+    Ok((initial, exe))
+}
+
+/// Where the records go: the ring buffer, the eBPF log, the trace file to create.
+struct Outputs {
+    ring: RingBuf<MapData>,
+    logger: Option<Logger>,
+    output: PathBuf,
+    infos: Vec<BinaryInfo>,
+    /// "New code mapped" notices to the session loop.
+    mapped: Option<mpsc::Sender<(u32, u32)>>,
+}
+
+impl Outputs {
+    /// Create the file (session and binary sections) and start consuming.
+    fn start(self, session: &SessionInfo) -> Result<Pipeline> {
+        let mut w = Writer::create(&self.output)?;
+        w.write_session(session)?;
+        for b in &self.infos {
+            w.write_binary(b)?;
+        }
+        Pipeline::start(self.ring, self.logger, w, self.mapped)
+    }
+}
+
+/// The session's outputs and its description (the target's part filled in by `start_*`).
+fn outputs(opts: &RecordOptions, live: &mut Live) -> Result<(Outputs, SessionInfo)> {
+    let logger = match EbpfLogger::init(&mut live.ebpf) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            log::warn!("no eBPF log output: {e}");
+            None
+        }
+    };
+    let ring = RingBuf::try_from(
+        live.ebpf
+            .take_map(MAP_EVENTS)
+            .with_context(|| format!("no {MAP_EVENTS} map"))?,
+    )?;
+    let session = SessionInfo {
+        command: Vec::new(),
+        pids: Vec::new(),
+        mode: String::new(),
+        arch: std::env::consts::ARCH.into(),
+        record_version: RECORD_VERSION,
+        ring_bytes: opts.ring_bytes,
+        write_user: live.write_user,
+        clock: clock::calibrate(Duration::from_millis(20)),
+        start_unix_s: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    let outputs = Outputs {
+        ring,
+        logger,
+        output: opts.output.clone(),
+        infos: binary_infos(&live.binaries),
+        mapped: None,
+    };
+    Ok((outputs, session))
+}
+
+/// A started session: what ends it, when, and the consumer.
+struct Started {
+    /// The command run by `record -- CMD` (dropped before release: it exits unexecuted).
+    child: Option<GatedChild>,
+    ending: Ending,
+    deadline: Option<Instant>,
+    pipeline: Pipeline,
+}
+
+/// `record -- CMD`: the command behind its gate, released once everything is attached.
+fn start_exec(
+    exe: &Path,
+    argv: &[std::ffi::OsString],
+    live: &mut Live,
+    session: &mut SessionInfo,
+    outputs: Outputs,
+) -> Result<Started> {
+    // Dropped before release (any error below), the child exits unexecuted.
+    let mut c = GatedChild::spawn(exe, argv)?;
+    live.add_target(c.pid)?;
+    session.mode = "exec".into();
+    session.pids = vec![c.pid];
+    session.command = argv
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let pipeline = outputs.start(session)?;
+    gate::ignore_terminal_signals();
+    if let Err(e) = c.release() {
+        let _ = gate::wait_child(c.pid);
+        let _ = pipeline.finish();
+        return Err(e.context(exe.display().to_string()));
+    }
+    Ok(Started {
+        ending: Ending::Child(c.pid),
+        child: Some(c),
+        deadline: None,
+        pipeline,
+    })
+}
+
+/// `record -p PID`: its binaries' RW areas seeded and their loads noted.
+fn start_attach(
+    pid: u32,
+    duration: Option<Duration>,
+    initial: &[Traced],
+    live: &mut Live,
+    session: &mut SessionInfo,
+    outputs: Outputs,
+) -> Result<Started> {
+    live.add_target(pid)?;
+    for t in initial {
+        if let Some(bias) = t.load_bias {
+            live.seed_table(pid, &t.binary, bias);
+        }
+    }
+    session.mode = "attach".into();
+    session.pids = vec![pid];
+    session.command = gate::cmdline(pid);
+    gate::catch_stop_signals();
+    let pipeline = outputs.start(session)?;
+    for t in initial {
+        if let Some(bias) = t.load_bias {
+            live.note_load(pid, &t.binary, bias, &pipeline);
+        }
+    }
+    Ok(Started {
+        child: None,
+        ending: Ending::Process(gate::PidWatch::open(pid)?),
+        deadline: duration.map(|d| Instant::now() + d),
+        pipeline,
+    })
+}
+
+/// `record --system-wide`: every running process scanned once started.
+fn start_system_wide(
+    duration: Option<Duration>,
+    live: &mut Live,
+    session: &mut SessionInfo,
+    seen: &mut SeenFiles,
+    outputs: Outputs,
+) -> Result<Started> {
+    session.mode = "system-wide".into();
+    gate::catch_stop_signals();
+    let pipeline = outputs.start(session)?;
+    // Processes already running: their RW areas, so exits drain them.
+    for pid in all_pids() {
+        live.scan_process(pid, seen, &pipeline);
+    }
+    log::info!(
+        "system-wide: {} instrumented binaries in {} processes",
+        live.binaries.len(),
+        live.seeded
+            .iter()
+            .map(|(p, _)| p)
+            .collect::<HashSet<_>>()
+            .len()
+    );
+    Ok(Started {
+        child: None,
+        ending: Ending::Never,
+        deadline: duration.map(|d| Instant::now() + d),
+        pipeline,
+    })
+}
+
+/// Opened once the session is set up (what is running is traced): its appearance tells
+/// scripts that the session is ready.
+fn open_control() -> Option<Control> {
+    match Control::open() {
+        Ok(c) => {
+            log::info!("control socket {}", c.path().display());
+            Some(c)
+        }
+        Err(e) => {
+            log::warn!("no control socket (`tracer filter` cannot reach this session): {e:#}");
+            None
+        }
+    }
+}
+
+/// The session's loop: new code mapped by traced processes, filter requests, the end.
+fn serve(
+    live: &mut Live,
+    started: &Started,
+    mapped_rx: &mpsc::Receiver<(u32, u32)>,
+    control: Option<&Control>,
+    seen: &mut SeenFiles,
+) -> Result<(WaitEnd, Option<i32>)> {
+    let mut pending: HashSet<u32> = HashSet::new();
+    // Each notice is looked at again a little later: `mmap` is announced on entry to
+    // the system call, so the first look may come before the mapping exists.
+    let mut again: Vec<(Instant, u32)> = Vec::new();
+    loop {
+        if let Some(end) = started.ending.check(started.deadline)? {
+            return Ok(end);
+        }
+        // Waiting on the notices themselves: a process that just exec'd or mapped code
+        // is looked at within a millisecond or so, before it has run far.
+        if let Ok((pid, _cause)) = mapped_rx.recv_timeout(Duration::from_millis(5)) {
+            pending.insert(pid);
+            while let Ok((pid, _)) = mapped_rx.try_recv() {
+                pending.insert(pid);
+            }
+        }
+        let now = Instant::now();
+        for pid in pending.drain() {
+            live.scan_process(pid, seen, &started.pipeline);
+            if !again.iter().any(|&(_, p)| p == pid) {
+                again.push((now + Duration::from_millis(10), pid));
+            }
+        }
+        // Second looks, once each.
+        again.retain(|&(at, pid)| {
+            if at <= now {
+                live.scan_process(pid, seen, &started.pipeline);
+            }
+            at > now
+        });
+        if let Some(c) = control {
+            c.serve(|req| live.handle(req));
+        }
+    }
+}
+
+/// Nothing new after detaching, so the last drain of the ring buffer is complete and
+/// the kernel counters match the file: stats, the summary, the debug cache.
+fn finish(
+    mut live: Live,
+    pipeline: Pipeline,
+    exit_code: Option<i32>,
+    initial: usize,
+) -> Result<()> {
+    attach::detach(&mut live.ebpf);
+    let (consumed, writer) = pipeline.finish()?;
+    let mut stats = summary::final_stats(&live.ebpf, &consumed, clock::anchor(), exit_code)?;
+    stats.filter = live.filters.spec().describe();
+    stats.filter_changes = live.filter_changes;
+    stats.binaries_added = live.binaries.len().saturating_sub(initial) as u64;
+    let path = writer.finish(&stats)?;
+    print_summary(&consumed, &stats, &path);
+    for b in &live.binaries {
+        summary::cache_debug_info(b);
+    }
+    Ok(())
+}
+
+/// What ends a session.
+enum Ending {
+    /// Our child exited: its exit code.
+    Child(u32),
+    /// The attached process exited.
+    Process(gate::PidWatch),
+    /// Only Ctrl-C or the duration.
+    Never,
+}
+
+impl Ending {
+    /// Why the session ends now, with the command's exit code, or None to go on.
+    fn check(&self, deadline: Option<Instant>) -> Result<Option<(WaitEnd, Option<i32>)>> {
+        if let Ending::Child(pid) = self {
+            return Ok(gate::try_wait_child(*pid)?.map(|code| (WaitEnd::Exited, Some(code))));
+        }
+        if gate::interrupted() {
+            return Ok(Some((WaitEnd::Interrupted, None)));
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(Some((WaitEnd::Timeout, None)));
+        }
+        if let Ending::Process(w) = self
+            && w.exited()?
+        {
+            return Ok(Some((WaitEnd::Exited, None)));
+        }
+        Ok(None)
+    }
+}

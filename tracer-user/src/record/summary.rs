@@ -1,0 +1,99 @@
+//! The end of a session: the kernel's counters into the file's stats, the one-line
+//! summary on stderr, the debug information kept in the cache.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use aya::{
+    Ebpf,
+    maps::{Array, PerCpuArray},
+};
+use tracer_common::{
+    STAT_CHUNKS, STAT_COUNT, STAT_READ_ERRORS, STAT_RECORDS_DELIVERED, STAT_RECORDS_DROPPED,
+    STAT_RECORDS_FILTERED, STAT_RECORDS_PRODUCED, STAT_RECORDS_SKIPPED,
+    ebpf::{MAP_SEQ, MAP_STATS, STAT_TABLE_FULL, TABLE_BINARIES},
+};
+
+use crate::{
+    record::{binaries::Instrumented, consumer::Consumed, host::clock},
+    tracefile::FinalStats,
+};
+
+/// Keep `b`'s debug information in the tracer's cache (by build-id), so the trace can
+/// be symbolized after the binary changes. Best effort.
+pub fn cache_debug_info(b: &Instrumented) {
+    if let Err(e) = crate::debuginfo::cache_debug_info(&b.path, &b.meta.build_id, &[]) {
+        log::warn!("{}: debug information not cached: {e:#}", b.path.display());
+    }
+}
+
+/// The one-line summary on stderr, and warnings about lost records.
+pub fn print_summary(consumed: &Consumed, stats: &FinalStats, path: &Path) {
+    eprintln!(
+        "utrace: {} records from {} threads, {} dropped -> {}",
+        consumed.records,
+        consumed.threads.len(),
+        stats.records_dropped,
+        path.display()
+    );
+    if stats.read_errors > 0 {
+        eprintln!(
+            "utrace: warning: {} buffer reads failed (records lost)",
+            stats.read_errors
+        );
+    }
+    if stats.table_full > 0 {
+        eprintln!(
+            "utrace: warning: a process has more than {TABLE_BINARIES} instrumented binaries; \
+             records left in the extra ones at thread exit are lost"
+        );
+    }
+}
+
+pub(super) fn final_stats(
+    ebpf: &Ebpf,
+    consumed: &Consumed,
+    clock_end: clock::Anchor,
+    exit_code: Option<i32>,
+) -> Result<FinalStats> {
+    let stats: PerCpuArray<_, u64> = PerCpuArray::try_from(
+        ebpf.map(MAP_STATS)
+            .with_context(|| format!("no {MAP_STATS} map"))?,
+    )?;
+    let mut sums = [0u64; STAT_COUNT as usize];
+    for (i, sum) in sums.iter_mut().enumerate() {
+        *sum = stats.get(&(i as u32), 0)?.iter().sum();
+    }
+    let seq: Array<_, u64> = Array::try_from(
+        ebpf.map(MAP_SEQ)
+            .with_context(|| format!("no {MAP_SEQ} map"))?,
+    )?;
+    let stat = |i: u32| sums[i as usize];
+    // Drops per CPU: where a flood overran the ring buffer.
+    let dropped_per_cpu: Vec<u64> = stats
+        .get(&STAT_RECORDS_DROPPED, 0)?
+        .iter()
+        .copied()
+        .collect();
+    Ok(FinalStats {
+        records_produced: stat(STAT_RECORDS_PRODUCED),
+        records_filtered: stat(STAT_RECORDS_FILTERED),
+        dropped_per_cpu,
+        filter: String::new(),
+        filter_changes: 0,
+        binaries_added: 0,
+        records_delivered: stat(STAT_RECORDS_DELIVERED),
+        records_dropped: stat(STAT_RECORDS_DROPPED),
+        chunks: stat(STAT_CHUNKS),
+        read_errors: stat(STAT_READ_ERRORS),
+        records_skipped: stat(STAT_RECORDS_SKIPPED),
+        table_full: stat(STAT_TABLE_FULL),
+        seq_issued: seq.get(&0, 0)?,
+        records_received: consumed.records,
+        chunks_received: consumed.chunks,
+        bad_entries: consumed.bad_entries,
+        threads: consumed.threads.len() as u64,
+        clock_end: Some(clock_end),
+        exit_code,
+    })
+}

@@ -1,0 +1,79 @@
+//! What `tracer record` is asked to do: the target (a command, a process, every
+//! process), the output, the ring size, extra and untouched binaries, the filter.
+
+use std::{
+    ffi::OsString,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{Result, bail};
+use tracer_common::ebpf::DEFAULT_RING_BYTES;
+
+use crate::record::filters::FilterSpec;
+
+pub enum Target {
+    /// Run a command (argv[0] is resolved through PATH).
+    Exec(Vec<OsString>),
+    /// Attach to a running process until it exits, Ctrl-C, or the duration passes.
+    Attach {
+        pid: u32,
+        duration: Option<Duration>,
+    },
+    /// Every process that runs an instrumented binary, until Ctrl-C or the duration.
+    SystemWide { duration: Option<Duration> },
+}
+
+pub struct RecordOptions {
+    pub output: PathBuf,
+    pub ring_bytes: u32,
+    pub target: Target,
+    /// `--binary`: instrumented binaries to trace besides those found from the target
+    /// (e.g. the program run by an uninstrumented loader such as qemu-user).
+    pub binaries: Vec<PathBuf>,
+    /// In-kernel filters at the start (`tracer filter` changes them later).
+    pub filter: FilterSpec,
+    /// Untouched binaries traced by uprobes only.
+    pub untouched: Vec<Untouched>,
+}
+
+/// `record --uprobe PATH[:GLOB,...]` / `--usdt PATH`.
+pub struct Untouched {
+    pub path: PathBuf,
+    pub functions: Vec<String>,
+    pub usdt: bool,
+}
+
+impl Untouched {
+    /// `PATH[:GLOB,...]` (a `:` followed by no `/` starts the globs).
+    pub fn parse_uprobe(spec: &str) -> Untouched {
+        let (path, globs) = match spec.rsplit_once(':') {
+            Some((p, g)) if !g.contains('/') && !p.is_empty() => (p, g),
+            _ => (spec, ""),
+        };
+        Untouched {
+            path: PathBuf::from(path),
+            functions: globs
+                .split(',')
+                .filter(|g| !g.is_empty())
+                .map(String::from)
+                .collect(),
+            usdt: false,
+        }
+    }
+}
+
+pub(super) fn check_ring_bytes(n: u32) -> Result<()> {
+    let page = 4096;
+    if n < page || !n.is_power_of_two() {
+        bail!(
+            "--ring-bytes {n}: must be a power of two and at least {page} (default {DEFAULT_RING_BYTES})"
+        );
+    }
+    Ok(())
+}
+
+/// `-o` default.
+pub fn default_output() -> &'static Path {
+    Path::new("trace.utrace")
+}

@@ -1,0 +1,359 @@
+//! The trace file (`tracer record` writes it, `tracer report` / `tracer dump` read it):
+//! the format here, [`write`] and [`read`] apart. The layer `record` and `read` share;
+//! it uses nothing else of this crate.
+//!
+//! Little-endian throughout. A file header, then a sequence of length-prefixed
+//! sections, in this order:
+//!
+//! ```text
+//! file header (16 bytes)
+//!   0   [u8; 8]  magic "UTRCTRAC"
+//!   8   u32      format version (FORMAT_VERSION = 2)
+//!   12  u32      reserved, 0
+//! section (16-byte header + payload), repeated
+//!   0   u32      kind (SECTION_*)
+//!   4   u32      reserved, 0
+//!   8   u64      payload length in bytes
+//!   16  ...      payload
+//! ```
+//!
+//! Sections:
+//! - `SECTION_SESSION` (1, first, once): JSON [`SessionInfo`] — command line, traced
+//!   pids, architecture, record layout version, ring-buffer size, whether the eBPF
+//!   programs could write user memory (`write_user`), and the clock
+//!   calibration at the start: counter frequency `tsc_hz` and an anchor
+//!   `{tsc, monotonic_ns}`.
+//! - `SECTION_BINARY` (2, one per traced binary, before its first chunk): `u32 ordinal`
+//!   (index used in uprobe-site cookies), `u32 path_len`, `u64 binary_id`, `path_len`
+//!   bytes of path, then the raw contents of the binary's `.note.utrace` section (a
+//!   complete ELF note, parse with `Metadata::from_note_section`), so that a trace can be
+//!   reported without the binaries.
+//! - `SECTION_CHUNK` (3, any number): exactly what eBPF put in the ring buffer, trimmed
+//!   to its valid part: a 48-byte `ChunkHeader` followed by `count` 32-byte `Record`s
+//!   (tracer-common `chunk.rs` / `record.rs`). Chunks are in delivery order.
+//! - `SECTION_COMM` (5, any number): a thread's name as the kernel had it when its
+//!   records were drained (`u32 pid`, `u32 tid`, 16 bytes of `comm`, NUL-padded), before
+//!   that thread's chunks; again when it changes. Also `SECTION_BINARY` may come later
+//!   than the first chunk: a binary that joined a running session (system-wide, or
+//!   loaded with `dlopen`) is written before its first chunk.
+//! - `SECTION_LOAD` (6, any number): where a traced binary is loaded in a process, as the
+//!   session saw it (`u32 pid`, `u32` 0, `u64 binary_id`, `u64 bias` = run-time address
+//!   minus file address), so readers can symbolize run-time code addresses in records
+//!   (return addresses, call targets).
+//! - `SECTION_STATS` (4, last, once): JSON [`FinalStats`] — kernel-side counters
+//!   (delivered, dropped, read errors), what the consumer received, the end clock anchor
+//!   and the traced command's exit status.
+//!
+//! Unknown section kinds are skipped by readers (forward compatibility within a
+//! version). The tracer writes to a temporary file in the destination directory and
+//! renames it when complete; a file without a stats section, or that ends inside a
+//! section, is reported as truncated and read up to its last complete section.
+
+pub mod clock;
+mod read;
+mod write;
+
+pub use read::*;
+pub use write::*;
+
+use anyhow::{Context, Result, ensure};
+use serde::{Deserialize, Serialize};
+use tracer_common::{
+    ChunkHeader,
+    meta::{MetaError, Metadata},
+};
+
+use clock::{Anchor, Calibration};
+
+pub const MAGIC: [u8; 8] = *b"UTRCTRAC";
+/// 2: chunk headers carry the drain's clock sample (48 bytes).
+pub const FORMAT_VERSION: u32 = 2;
+const FILE_HEADER_LEN: usize = 16;
+const SECTION_HEADER_LEN: usize = 16;
+
+pub const SECTION_SESSION: u32 = 1;
+pub const SECTION_BINARY: u32 = 2;
+pub const SECTION_CHUNK: u32 = 3;
+pub const SECTION_STATS: u32 = 4;
+pub const SECTION_COMM: u32 = 5;
+pub const SECTION_LOAD: u32 = 6;
+
+/// Largest section a reader accepts (a JSON blob or a note; chunks are ~4 KiB).
+const MAX_SECTION: u64 = 1 << 30;
+const CHUNK_HEADER_LEN: usize = size_of::<ChunkHeader>();
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SessionInfo {
+    /// Command line as given (`record -- CMD ARGS`), or the attached process's cmdline.
+    pub command: Vec<String>,
+    /// Processes traced from the start (children are added as they fork).
+    pub pids: Vec<u32>,
+    /// "exec" or "attach".
+    pub mode: String,
+    pub arch: String,
+    pub record_version: u32,
+    pub ring_bytes: u32,
+    /// Whether the eBPF programs could reset/release slots in user memory (false on
+    /// kernels in lockdown; then delivery positions are kept in a map).
+    #[serde(default)]
+    pub write_user: bool,
+    /// Counter frequency and anchor measured at the start of the session.
+    pub clock: Calibration,
+    /// Wall-clock start, seconds since the epoch (for humans).
+    pub start_unix_s: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FinalStats {
+    /// Kernel counters (`STAT_*`, summed over CPUs).
+    pub records_delivered: u64,
+    pub records_dropped: u64,
+    pub chunks: u64,
+    pub read_errors: u64,
+    pub records_skipped: u64,
+    /// Flushes of processes with more instrumented binaries than the eBPF side tracks.
+    #[serde(default)]
+    pub table_full: u64,
+    /// Sequence numbers the kernel handed out (one per chunk it tried to emit).
+    pub seq_issued: u64,
+    /// What the consumer wrote into this file.
+    pub records_received: u64,
+    pub chunks_received: u64,
+    /// Ring-buffer entries the consumer could not make sense of.
+    pub bad_entries: u64,
+    /// Records taken out of buffers or emitted at uprobe sites; each was delivered,
+    /// filtered or dropped: produced = delivered + filtered + dropped.
+    #[serde(default)]
+    pub records_produced: u64,
+    /// Records the in-kernel filters did not keep.
+    #[serde(default)]
+    pub records_filtered: u64,
+    /// `records_dropped` per CPU (index = CPU).
+    #[serde(default)]
+    pub dropped_per_cpu: Vec<u64>,
+    /// The filter in force at the end (`FilterSpec::describe`).
+    #[serde(default)]
+    pub filter: String,
+    /// Filter changes made while the session ran (`tracer filter`).
+    #[serde(default)]
+    pub filter_changes: u64,
+    /// Instrumented binaries that joined the running session.
+    #[serde(default)]
+    pub binaries_added: u64,
+    pub threads: u64,
+    /// Counter/clock anchor at the end of the session.
+    pub clock_end: Option<Anchor>,
+    /// Exit code of the traced command (128+signal if killed); None when attached.
+    pub exit_code: Option<i32>,
+}
+
+#[derive(Clone, Debug)]
+pub struct BinaryInfo {
+    pub ordinal: u32,
+    pub binary_id: u64,
+    pub path: String,
+    /// Raw `.note.utrace` section contents.
+    pub note: Vec<u8>,
+}
+
+impl BinaryInfo {
+    pub fn metadata(&self) -> Result<Metadata, MetaError> {
+        Metadata::from_note_section(&self.note).unwrap_or(Err(MetaError::Truncated("note")))
+    }
+
+    /// File name part of the path (what dump and report show).
+    pub fn name(&self) -> &str {
+        self.path.rsplit('/').next().unwrap_or(&self.path)
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 + self.path.len() + self.note.len());
+        out.extend_from_slice(&self.ordinal.to_le_bytes());
+        out.extend_from_slice(&(self.path.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.binary_id.to_le_bytes());
+        out.extend_from_slice(self.path.as_bytes());
+        out.extend_from_slice(&self.note);
+        out
+    }
+
+    fn decode(b: &[u8]) -> Result<Self> {
+        ensure!(b.len() >= 16, "binary section too short");
+        let path_len = u32_at(b, 4) as usize;
+        let path = b
+            .get(16..16 + path_len)
+            .with_context(|| format!("path of {path_len} bytes runs past the section's end"))?;
+        Ok(BinaryInfo {
+            ordinal: u32_at(b, 0),
+            binary_id: u64_at(b, 8),
+            path: String::from_utf8_lossy(path).into_owned(),
+            note: b[16 + path_len..].to_vec(),
+        })
+    }
+}
+
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[o..o + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[o..o + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// Decode a `ChunkHeader` from the start of `b` (at least 48 bytes).
+pub fn chunk_header(b: &[u8]) -> Option<ChunkHeader> {
+    (b.len() >= CHUNK_HEADER_LEN).then(|| ChunkHeader {
+        kind: u32_at(b, 0),
+        count: u32_at(b, 4),
+        pid: u32_at(b, 8),
+        tid: u32_at(b, 12),
+        seq: u64_at(b, 16),
+        binary_id: u64_at(b, 24),
+        cause: u32_at(b, 32),
+        _pad: u32_at(b, 36),
+        time: u64_at(b, 40),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tracefile::clock::Anchor;
+    use tracer_common::{CHUNK_KIND_RECORDS, CHUNK_KIND_UPROBE, RECORD_SIZE};
+
+    fn session() -> SessionInfo {
+        SessionInfo {
+            command: vec!["/bin/true".into()],
+            pids: vec![42],
+            mode: "exec".into(),
+            arch: "x86_64".into(),
+            record_version: 1,
+            ring_bytes: 4096,
+            write_user: false,
+            clock: Calibration {
+                tsc_hz: 1e9,
+                anchor: Anchor {
+                    tsc: 1,
+                    monotonic_ns: 2,
+                },
+            },
+            start_unix_s: 0,
+        }
+    }
+
+    fn entry(kind: u32, count: u32, reserved: usize) -> Vec<u8> {
+        let mut e = vec![0u8; reserved];
+        e[0..4].copy_from_slice(&kind.to_le_bytes());
+        e[4..8].copy_from_slice(&count.to_le_bytes());
+        e[8..12].copy_from_slice(&7u32.to_le_bytes());
+        // Number the records that fit (a short entry is one of the malformed cases).
+        for i in 0..count as usize {
+            let o = CHUNK_HEADER_LEN + i * RECORD_SIZE;
+            if let Some(site) = e.get_mut(o..o + 4) {
+                site.copy_from_slice(&(i as u32).to_le_bytes());
+            }
+        }
+        e
+    }
+
+    #[test]
+    fn roundtrip_and_truncation() {
+        let dir = std::env::temp_dir().join(format!("utrace-tf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let dest = dir.join("t.utrace");
+        let mut w = Writer::create(&dest).unwrap();
+        w.write_session(&session()).unwrap();
+        w.write_binary(&BinaryInfo {
+            ordinal: 0,
+            binary_id: 9,
+            path: "/x/prog".into(),
+            note: vec![1, 2, 3],
+        })
+        .unwrap();
+        let mut buf = Vec::new();
+        assert!(
+            encode_chunk(
+                &entry(CHUNK_KIND_RECORDS, 3, tracer_common::CHUNK_BYTES),
+                &mut buf
+            )
+            .is_some()
+        );
+        let one = CHUNK_HEADER_LEN + RECORD_SIZE;
+        assert!(encode_chunk(&entry(CHUNK_KIND_UPROBE, 1, one), &mut buf).is_some());
+        // A USDT probe's event: up to 6 records in one uprobe chunk.
+        let six = CHUNK_HEADER_LEN + 6 * RECORD_SIZE;
+        assert!(encode_chunk(&entry(CHUNK_KIND_UPROBE, 2, six), &mut buf).is_some());
+        assert!(encode_chunk(&entry(CHUNK_KIND_UPROBE, 3, one + RECORD_SIZE), &mut buf).is_none());
+        assert!(encode_chunk(&entry(CHUNK_KIND_UPROBE, 7, six + RECORD_SIZE), &mut buf).is_none());
+        assert!(encode_chunk(&entry(9, 1, one), &mut buf).is_none());
+        assert!(encode_chunk(&entry(CHUNK_KIND_RECORDS, 3, 100), &mut buf).is_none());
+        w.write_raw(&buf).unwrap();
+        w.finish(&FinalStats {
+            records_received: 4,
+            ..Default::default()
+        })
+        .unwrap();
+
+        let mut r = Reader::open(&dest).unwrap();
+        let mut kinds = Vec::new();
+        while let Some(s) = r.next_section().unwrap() {
+            kinds.push(match s {
+                Section::Session(s) => {
+                    assert_eq!(s.pids, vec![42]);
+                    "session"
+                }
+                Section::Binary(b) => {
+                    assert_eq!(
+                        (b.binary_id, b.name(), &b.note[..]),
+                        (9, "prog", &[1u8, 2, 3][..])
+                    );
+                    "binary"
+                }
+                Section::Comm(..) => "comm",
+                Section::Load(..) => "load",
+                Section::Chunk(c) => {
+                    assert_eq!(c.header.pid, 7);
+                    assert_eq!(c.records.len(), c.header.count as usize);
+                    assert_eq!(c.records.last().unwrap().site, c.header.count - 1);
+                    "chunk"
+                }
+                Section::Stats(s) => {
+                    assert_eq!(s.records_received, 4);
+                    "stats"
+                }
+                Section::Unknown(_) => "unknown",
+            });
+        }
+        assert_eq!(
+            kinds,
+            ["session", "binary", "chunk", "chunk", "chunk", "stats"]
+        );
+        assert!(r.truncated().is_none());
+
+        // Cut inside the last section: everything before it still reads.
+        let full = std::fs::read(&dest).unwrap();
+        let cut = dir.join("cut.utrace");
+        std::fs::write(&cut, &full[..full.len() - 3]).unwrap();
+        let mut r = Reader::open(&cut).unwrap();
+        let mut n = 0;
+        while r.next_section().unwrap().is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 5);
+        assert_eq!(r.truncated().unwrap().what, "section payload");
+
+        // Wrong magic and version are refused with a clear error.
+        std::fs::write(&cut, b"NOTATRACEFILE...").unwrap();
+        let e = Reader::open(&cut).err().unwrap().to_string();
+        assert!(e.contains("not a utrace trace file"), "{e}");
+        let mut other = full.clone();
+        other[8] = 9;
+        std::fs::write(&cut, &other).unwrap();
+        let e = Reader::open(&cut).err().unwrap().to_string();
+        assert!(e.contains("version 9 is not supported"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

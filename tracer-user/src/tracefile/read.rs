@@ -1,0 +1,242 @@
+//! Reading a trace file section by section; a truncated file (a crashed tracer) reads
+//! up to its last whole section and says where it stopped.
+
+use std::{
+    fs::File,
+    io::{BufReader, ErrorKind, Read},
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result, bail, ensure};
+use tracer_common::{ChunkHeader, RECORD_SIZE, Record};
+
+use super::{
+    BinaryInfo, CHUNK_HEADER_LEN, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, MAGIC, MAX_SECTION,
+    SECTION_BINARY, SECTION_CHUNK, SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SESSION,
+    SECTION_STATS, SessionInfo, chunk_header, u32_at, u64_at,
+};
+
+/// One chunk as stored: header and its valid records.
+#[derive(Clone, Debug)]
+pub struct Chunk {
+    pub header: ChunkHeader,
+    pub records: Vec<Record>,
+}
+
+pub enum Section {
+    Session(SessionInfo),
+    /// A thread's name: pid, tid, name.
+    Comm(u32, u32, String),
+    /// A binary's load bias in a process: pid, binary id, bias.
+    Load(u32, u64, u64),
+    Binary(BinaryInfo),
+    Chunk(Chunk),
+    Stats(FinalStats),
+    Unknown(u32),
+}
+
+/// Where and why reading stopped early.
+#[derive(Clone, Debug)]
+pub struct Truncation {
+    pub offset: u64,
+    pub what: &'static str,
+}
+
+/// Streaming reader: sections one at a time, so huge traces need no memory.
+pub struct Reader {
+    r: BufReader<File>,
+    path: PathBuf,
+    offset: u64,
+    truncated: Option<Truncation>,
+}
+
+/// Read exactly `buf.len()` bytes; Ok(false) on a clean or partial end of file.
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+impl Reader {
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let mut r = BufReader::with_capacity(1 << 20, file);
+        let mut h = [0u8; FILE_HEADER_LEN];
+        let n =
+            read_full(&mut r, &mut h).with_context(|| format!("cannot read {}", path.display()))?;
+        if n < 8 || h[..8] != MAGIC {
+            bail!(
+                "{} is not a utrace trace file (bad magic; expected {:?})",
+                path.display(),
+                String::from_utf8_lossy(&MAGIC)
+            );
+        }
+        ensure!(
+            n == FILE_HEADER_LEN,
+            "{}: file header truncated",
+            path.display()
+        );
+        let version = u32_at(&h, 8);
+        if version != FORMAT_VERSION {
+            bail!(
+                "{}: trace format version {version} is not supported (this tracer reads version {FORMAT_VERSION})",
+                path.display()
+            );
+        }
+        Ok(Reader {
+            r,
+            path: path.to_path_buf(),
+            offset: FILE_HEADER_LEN as u64,
+            truncated: None,
+        })
+    }
+
+    /// Set when the file ended inside a section.
+    /// Bytes of the file read so far.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    pub fn truncated(&self) -> Option<&Truncation> {
+        self.truncated.as_ref()
+    }
+
+    fn stop(&mut self, what: &'static str) -> Result<Option<Section>> {
+        self.truncated = Some(Truncation {
+            offset: self.offset,
+            what,
+        });
+        Ok(None)
+    }
+
+    /// The next complete section, or None at the end (check [`Reader::truncated`]).
+    pub fn next_section(&mut self) -> Result<Option<Section>> {
+        if self.truncated.is_some() {
+            return Ok(None);
+        }
+        let ctx = |r: &Reader| format!("{} at byte {}", r.path.display(), r.offset);
+        let mut h = [0u8; SECTION_HEADER_LEN];
+        let n = read_full(&mut self.r, &mut h).with_context(|| ctx(self))?;
+        if n == 0 {
+            return Ok(None);
+        }
+        if n < SECTION_HEADER_LEN {
+            return self.stop("section header");
+        }
+        let kind = u32_at(&h, 0);
+        let len = u64_at(&h, 8);
+        ensure!(
+            len <= MAX_SECTION,
+            "{}: section of {len} bytes is implausible (corrupt file)",
+            ctx(self)
+        );
+        let mut payload = vec![0u8; len as usize];
+        let n = read_full(&mut self.r, &mut payload).with_context(|| ctx(self))?;
+        if n < payload.len() {
+            return self.stop("section payload");
+        }
+        let at = ctx(self);
+        self.offset += (SECTION_HEADER_LEN + payload.len()) as u64;
+        let section = match kind {
+            SECTION_SESSION => Section::Session(
+                serde_json::from_slice(&payload)
+                    .with_context(|| format!("{at}: bad session section"))?,
+            ),
+            SECTION_BINARY => Section::Binary(
+                BinaryInfo::decode(&payload)
+                    .with_context(|| format!("{at}: bad binary section"))?,
+            ),
+            SECTION_CHUNK => {
+                let header = chunk_header(&payload)
+                    .with_context(|| format!("{at}: chunk section too short"))?;
+                let body = &payload[CHUNK_HEADER_LEN..];
+                ensure!(
+                    body.len() == header.count as usize * RECORD_SIZE,
+                    "{at}: chunk of {} records has {} bytes of records",
+                    header.count,
+                    body.len()
+                );
+                let records = body
+                    .chunks_exact(RECORD_SIZE)
+                    .map(|r| {
+                        let mut a = [0u8; RECORD_SIZE];
+                        a.copy_from_slice(r);
+                        Record::from_bytes(&a)
+                    })
+                    .collect();
+                Section::Chunk(Chunk { header, records })
+            }
+            SECTION_COMM => {
+                ensure!(
+                    payload.len() == 24,
+                    "{at}: comm section of {} bytes",
+                    payload.len()
+                );
+                let name = payload[8..].split(|&c| c == 0).next().unwrap_or_default();
+                Section::Comm(
+                    u32_at(&payload, 0),
+                    u32_at(&payload, 4),
+                    String::from_utf8_lossy(name).into_owned(),
+                )
+            }
+            SECTION_LOAD => {
+                ensure!(
+                    payload.len() == 24,
+                    "{at}: load section of {} bytes",
+                    payload.len()
+                );
+                Section::Load(
+                    u32_at(&payload, 0),
+                    u64_at(&payload, 8),
+                    u64_at(&payload, 16),
+                )
+            }
+            SECTION_STATS => Section::Stats(
+                serde_json::from_slice(&payload)
+                    .with_context(|| format!("{at}: bad stats section"))?,
+            ),
+            other => Section::Unknown(other),
+        };
+        Ok(Some(section))
+    }
+}
+
+/// The stats section of a trace, found by skipping over all other payloads (so a
+/// streaming pass can use the end-of-session clock anchor from the start).
+pub fn read_stats(path: &Path) -> Result<Option<FinalStats>> {
+    let mut r = Reader::open(path)?;
+    let mut stats = None;
+    loop {
+        let at = r.offset;
+        let ctx = || format!("{} at byte {at}", path.display());
+        let mut h = [0u8; SECTION_HEADER_LEN];
+        if read_full(&mut r.r, &mut h).with_context(ctx)? < SECTION_HEADER_LEN {
+            return Ok(stats);
+        }
+        let (kind, len) = (u32_at(&h, 0), u64_at(&h, 8));
+        // The reader's limit: a longer section is corruption (and seeking past it
+        // could overflow the file offset).
+        ensure!(
+            len <= MAX_SECTION,
+            "{}: section of {len} bytes is implausible (corrupt file)",
+            ctx()
+        );
+        if kind == SECTION_STATS {
+            let mut payload = vec![0u8; len as usize];
+            if read_full(&mut r.r, &mut payload).with_context(ctx)? < payload.len() {
+                return Ok(stats);
+            }
+            stats = serde_json::from_slice(&payload).ok();
+        } else {
+            r.r.seek_relative(len as i64).with_context(ctx)?;
+        }
+        r.offset += SECTION_HEADER_LEN as u64 + len;
+    }
+}

@@ -1,0 +1,211 @@
+//! Writing a trace file: sections appended as the session runs, published by an
+//! atomic rename at the end (a crash leaves no half file under the final name).
+
+use std::{
+    fs::File,
+    io::{BufWriter, Write},
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context, Result};
+use tracer_common::{
+    CHUNK_KIND_RECORDS, CHUNK_KIND_UPROBE, CHUNK_RECORDS, ChunkHeader, RECORD_SIZE,
+};
+
+use super::{
+    BinaryInfo, CHUNK_HEADER_LEN, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, MAGIC,
+    SECTION_BINARY, SECTION_CHUNK, SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SESSION,
+    SECTION_STATS, SessionInfo, chunk_header,
+};
+
+/// Check a ring-buffer entry and append it to `out` as a chunk section, trimmed to
+/// header + `count` records. Returns the header, or None if the entry is malformed.
+pub fn encode_chunk(entry: &[u8], out: &mut Vec<u8>) -> Option<ChunkHeader> {
+    let h = chunk_header(entry)?;
+    let max = match h.kind {
+        CHUNK_KIND_RECORDS => CHUNK_RECORDS,
+        // A uprobe-site event: its record, plus the argument records of a USDT probe.
+        CHUNK_KIND_UPROBE => tracer_common::operand::MAX_OPERAND_RECORDS,
+        _ => return None,
+    };
+    let len = CHUNK_HEADER_LEN + h.count as usize * RECORD_SIZE;
+    if h.count as usize > max || entry.len() < len {
+        return None;
+    }
+    push_section_header(out, SECTION_CHUNK, len as u64);
+    out.extend_from_slice(&entry[..len]);
+    Some(h)
+}
+
+/// A `CHUNK_KIND_COMM` ring-buffer entry as a comm section; false if malformed.
+pub fn encode_comm(entry: &[u8], out: &mut Vec<u8>) -> bool {
+    let Some(h) = chunk_header(entry) else {
+        return false;
+    };
+    let Some(comm) = entry.get(CHUNK_HEADER_LEN..CHUNK_HEADER_LEN + 16) else {
+        return false;
+    };
+    push_section_header(out, SECTION_COMM, 24);
+    out.extend_from_slice(&h.pid.to_le_bytes());
+    out.extend_from_slice(&h.tid.to_le_bytes());
+    out.extend_from_slice(comm);
+    true
+}
+
+/// A load section as bytes: binary `binary_id` is at `bias` in process `pid`.
+pub fn encode_load(pid: u32, binary_id: u64, bias: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(SECTION_HEADER_LEN + 24);
+    push_section_header(&mut out, SECTION_LOAD, 24);
+    out.extend_from_slice(&pid.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&binary_id.to_le_bytes());
+    out.extend_from_slice(&bias.to_le_bytes());
+    out
+}
+
+/// A binary section as bytes (for a binary that joins a running session).
+pub fn encode_binary(b: &BinaryInfo) -> Vec<u8> {
+    let payload = b.encode();
+    let mut out = Vec::with_capacity(SECTION_HEADER_LEN + payload.len());
+    push_section_header(&mut out, SECTION_BINARY, payload.len() as u64);
+    out.extend_from_slice(&payload);
+    out
+}
+
+fn push_section_header(out: &mut Vec<u8>, kind: u32, len: u64) {
+    out.extend_from_slice(&kind.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&len.to_le_bytes());
+}
+
+/// Where an output `dest` is written before it is renamed into place:
+/// `<dir>/.<name>.<pid>.tmp`.
+pub fn temporary_for(dest: &Path) -> Result<PathBuf> {
+    let name = dest
+        .file_name()
+        .with_context(|| format!("{} is not a file name", dest.display()))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    Ok(dest.with_file_name(tmp_name))
+}
+
+/// Temporary files of earlier sessions writing `dest` whose tracer is gone (killed
+/// before it could rename or remove them): `.<name>.<pid>.tmp` with a dead pid.
+fn remove_stale_temporaries(dest: &Path, name: &std::ffi::OsStr) {
+    let (Some(dir), Some(name)) = (dest.parent(), name.to_str()) else {
+        return;
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let prefix = format!(".{name}.");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let file = e.file_name();
+        let Some(pid) = file
+            .to_str()
+            .and_then(|f| f.strip_prefix(&prefix))
+            .and_then(|f| f.strip_suffix(".tmp"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Writes a trace to `<dir>/.<name>.<pid>.tmp` and renames it to the destination in
+/// [`Writer::finish`]; dropped unfinished, it removes the temporary file.
+pub struct Writer {
+    out: BufWriter<File>,
+    tmp: PathBuf,
+    dest: PathBuf,
+    done: bool,
+}
+
+impl Writer {
+    pub fn create(dest: &Path) -> Result<Self> {
+        let tmp = temporary_for(dest)?;
+        if let Some(name) = dest.file_name() {
+            remove_stale_temporaries(dest, name);
+        }
+        // 0600: a trace holds arguments, return values and memory addresses of the
+        // traced programs. create_new: never write through a planted file or link.
+        let file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)
+        }
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
+        let mut w = Writer {
+            out: BufWriter::with_capacity(1 << 20, file),
+            tmp,
+            dest: dest.to_path_buf(),
+            done: false,
+        };
+        let mut header = Vec::with_capacity(FILE_HEADER_LEN);
+        header.extend_from_slice(&MAGIC);
+        header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        header.extend_from_slice(&0u32.to_le_bytes());
+        w.write_raw(&header)?;
+        Ok(w)
+    }
+
+    fn section(&mut self, kind: u32, payload: &[u8]) -> Result<()> {
+        let mut h = Vec::with_capacity(SECTION_HEADER_LEN);
+        push_section_header(&mut h, kind, payload.len() as u64);
+        self.write_raw(&h)?;
+        self.write_raw(payload)
+    }
+
+    pub fn write_session(&mut self, s: &SessionInfo) -> Result<()> {
+        self.section(SECTION_SESSION, &serde_json::to_vec(s)?)
+    }
+
+    pub fn write_binary(&mut self, b: &BinaryInfo) -> Result<()> {
+        self.section(SECTION_BINARY, &b.encode())
+    }
+
+    /// Bytes that are already complete sections (from [`encode_chunk`]).
+    pub fn write_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        self.out
+            .write_all(bytes)
+            .with_context(|| format!("cannot write {}", self.tmp.display()))
+    }
+
+    /// Append the stats section and move the file into place.
+    pub fn finish(mut self, stats: &FinalStats) -> Result<PathBuf> {
+        self.section(SECTION_STATS, &serde_json::to_vec(stats)?)?;
+        self.out
+            .flush()
+            .and_then(|()| self.out.get_ref().sync_all())
+            .with_context(|| format!("cannot write {}", self.tmp.display()))?;
+        std::fs::rename(&self.tmp, &self.dest).with_context(|| {
+            format!(
+                "cannot rename {} to {}",
+                self.tmp.display(),
+                self.dest.display()
+            )
+        })?;
+        self.done = true;
+        Ok(self.dest.clone())
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! `tracer export --format chrome`: Chrome trace event JSON (a complete event per call,
+//! an instant per other record, thread names, drops as a counter), for small traces.
+
+use std::{
+    collections::HashSet,
+    fs::File,
+    io::{BufWriter, Write},
+    path::Path,
+};
+
+use anyhow::{Context, Result};
+use serde_json::json;
+
+use crate::read::{calls::Calls, events::each_record, names::Names, symbols::describe};
+
+pub fn write(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Result<()> {
+    let mut calls = Calls::default();
+    let mut named: HashSet<(u32, u32)> = HashSet::new();
+    let mut first = true;
+    let mut err: Option<std::io::Error> = None;
+    let mut last_ns = 0u64;
+    w.write_all(b"{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n")?;
+    let mut put = |w: &mut BufWriter<File>, v: serde_json::Value| {
+        let sep = if first { "" } else { ",\n" };
+        first = false;
+        if let Err(e) = write!(w, "{sep}{v}") {
+            err.get_or_insert(e);
+        }
+    };
+    let us = |ns: u64| ns as f64 / 1000.0;
+    let stats = each_record(trace, names, |ev, names| {
+        last_ns = last_ns.max(ev.time_ns);
+        if named.insert((ev.pid, ev.tid)) && !ev.comm.is_empty() {
+            put(
+                w,
+                json!({"name": "thread_name", "ph": "M", "pid": ev.pid, "tid": ev.tid,
+                       "args": {"name": ev.comm}}),
+            );
+        }
+        match ev.kind {
+            "entry" | "exit" => {
+                if let Some(s) = calls.event(ev).completed {
+                    let f = &calls.functions[s.function];
+                    put(
+                        w,
+                        json!({"name": f.function, "cat": f.binary, "ph": "X",
+                               "ts": us(s.start_ns), "dur": us(s.end_ns.saturating_sub(s.start_ns)),
+                               "pid": s.pid, "tid": s.tid}),
+                    );
+                }
+            }
+            kind => {
+                let frames = names.site_frames(ev.binary_id, ev.rec.site);
+                put(
+                    w,
+                    json!({"name": ev.symbol, "cat": kind, "ph": "i", "s": "t",
+                           "ts": us(ev.time_ns), "pid": ev.pid, "tid": ev.tid,
+                           "args": {"value": format!("{:#x}", ev.rec.value),
+                                    "aux": format!("{:#x}", ev.rec.aux),
+                                    "at": describe(&frames)}}),
+                )
+            }
+        }
+    })?;
+    if let Some(st) = stats {
+        put(
+            w,
+            json!({"name": "records dropped", "ph": "C", "ts": us(last_ns), "pid": 0,
+                   "args": {"dropped": st.records_dropped, "filtered": st.records_filtered}}),
+        );
+    }
+    if let Some(e) = err {
+        return Err(e).context("cannot write the export");
+    }
+    w.write_all(b"\n]}\n")?;
+    Ok(())
+}

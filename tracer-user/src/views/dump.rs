@@ -1,0 +1,58 @@
+//! `tracer dump`: one tab-separated line per record, in delivery order.
+
+use std::{io::Write, path::Path};
+
+use anyhow::Result;
+
+use crate::{
+    read::{
+        coarse::Timeline,
+        events::{time_ns, truncation_warning},
+        names::Names,
+    },
+    tracefile::{self, Reader, Section, clock::Calibration},
+};
+
+/// Print one line per record, in delivery order:
+/// `pid tid binary site symbol value aux time_ns flags` (tab separated; value and aux
+/// in 0x-hex; time in CLOCK_MONOTONIC ns; flags in decimal).
+pub fn dump(path: &Path, out: &mut impl Write) -> Result<()> {
+    let end = tracefile::read_stats(path)?.and_then(|s| s.clock_end);
+    let mut timeline = Timeline::scan(path)?;
+    let mut r = Reader::open(path)?;
+    let mut names = Names::new(&[]);
+    let mut clock: Option<Calibration> = None;
+    let mut stats = None;
+    while let Some(section) = r.next_section()? {
+        match section {
+            Section::Session(s) => clock = Some(s.clock.refined(end)),
+            Section::Binary(b) => names.add(&b),
+            Section::Chunk(mut c) => {
+                timeline.apply(&mut c);
+                let h = c.header;
+                let bin = names.binary(h.binary_id);
+                for rec in c.records.iter().filter(|r| names.is_record(h.binary_id, r)) {
+                    writeln!(
+                        out,
+                        "{}\t{}\t{}\t{}\t{}\t{:#x}\t{:#x}\t{}\t{}",
+                        h.pid,
+                        h.tid,
+                        bin,
+                        rec.site,
+                        names.raw_symbol(h.binary_id, rec.site),
+                        rec.value,
+                        rec.aux,
+                        time_ns(rec, clock.as_ref()),
+                        rec.flags
+                    )?;
+                }
+            }
+            Section::Stats(s) => stats = Some(s),
+            Section::Comm(..) | Section::Load(..) => {}
+            Section::Unknown(kind) => log::debug!("skipping section of unknown kind {kind}"),
+        }
+    }
+    out.flush()?;
+    truncation_warning(path, r.truncated(), stats.as_ref());
+    Ok(())
+}

@@ -1,0 +1,55 @@
+//! `tracer flamegraph`: an SVG (inferno) of self time per call stack, from the
+//! entry/exit pairs of a trace.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    read::{calls::Calls, events::each_record, names::Names},
+    views::export::write_atomically,
+};
+
+/// `tracer flamegraph`: an SVG of self time per call stack (entry/exit pairs).
+pub fn flamegraph(
+    trace: &Path,
+    out: &Path,
+    title: Option<&str>,
+    debug_dirs: &[PathBuf],
+) -> Result<()> {
+    let mut names = Names::new(debug_dirs);
+    let mut calls = Calls::folding();
+    each_record(trace, &mut names, |ev, _| {
+        calls.event(ev);
+    })?;
+    let tree = calls.folded.take().unwrap_or_default();
+    if tree.nodes.iter().all(|n| n.2 == 0) {
+        bail!(
+            "{} has no completed function calls (a flame graph needs entry and exit sites)",
+            trace.display()
+        );
+    }
+    // inferno wants "a;b;c N" lines; frames may not contain ';' (C++ templates can't,
+    // but be safe) and are sorted for a stable layout.
+    let mut lines: Vec<String> = (1..tree.nodes.len())
+        .filter(|&n| tree.nodes[n].2 > 0)
+        .map(|n| {
+            let stack: Vec<String> = tree
+                .path(n)
+                .iter()
+                .map(|&f| calls.functions[f].function.replace(';', ":"))
+                .collect();
+            format!("{} {}", stack.join(";"), tree.nodes[n].2)
+        })
+        .collect();
+    lines.sort();
+    let mut opts = inferno::flamegraph::Options::default();
+    opts.title = title
+        .unwrap_or("utrace: self time per call stack")
+        .to_string();
+    opts.count_name = "ns".to_string();
+    write_atomically(out, |w| {
+        inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), w)
+            .context("cannot draw the flame graph")
+    })
+}

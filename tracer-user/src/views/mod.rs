@@ -1,0 +1,32 @@
+//! What a trace shows to a person or another tool: the report (a model, then text or
+//! JSON), the dump, exports (Chrome, Perfetto) and flame graphs. May use `read`,
+//! `tracefile` and `debuginfo`; nothing else uses it but `main`.
+
+pub mod chrome;
+pub mod dump;
+pub mod export;
+pub mod flamegraph;
+pub mod json;
+pub mod model;
+pub mod perfetto;
+pub mod text;
+
+use std::{io::Write, path::Path, path::PathBuf};
+
+use anyhow::Result;
+
+/// `tracer report`: per-function and per-thread counts, as text or one JSON object.
+pub fn report(
+    path: &Path,
+    json: bool,
+    last: usize,
+    debug_dirs: &[PathBuf],
+    out: &mut impl Write,
+) -> Result<()> {
+    let r = model::build(path, last, debug_dirs)?;
+    if json {
+        json::write(out, &r)
+    } else {
+        text::write(out, path, &r)
+    }
+}

@@ -1,0 +1,492 @@
+//! The report as plain, serialisable data (what `--json` prints and the text view
+//! lays out), built by reading the trace: calls and times, then counts and `--last`.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    path::Path,
+    rc::Rc,
+};
+
+use anyhow::Result;
+use serde::Serialize;
+use tracer_common::{FLAG_UPROBE, FLAG_USDT_MORE, Record};
+
+use crate::{
+    debuginfo::DebugSource,
+    read::{
+        calls::{Calls, FunctionTime},
+        events::{each_record, truncation_warning},
+        names::{Names, kind_is_call_edge},
+        symbols::{Frame, describe},
+    },
+    tracefile::{FinalStats, Reader, Section, SessionInfo},
+};
+
+#[derive(Serialize)]
+pub struct FunctionCount {
+    pub binary: String,
+    /// The site's symbol as the binary has it (mangled, as `tracer dump` prints it).
+    pub symbol: String,
+    /// The site's name demangled: its function (a USDT site: its probe).
+    pub function: String,
+    pub site: u32,
+    /// Site kind: "entry", "exit".
+    pub kind: String,
+    pub count: u64,
+    /// `file:line` of the site (innermost frame); empty without debug information.
+    pub location: String,
+    /// Source frames at the site, innermost first (more than one: inlined code).
+    pub frames: Vec<Frame>,
+}
+
+#[derive(Serialize)]
+pub struct BinaryTime {
+    pub binary: String,
+    /// "record" (a cycle-counter read per record) or "coarse" (interpolated).
+    pub time_mode: String,
+}
+
+#[derive(Serialize)]
+pub struct ThreadCount {
+    pub pid: u32,
+    pub tid: u32,
+    /// The thread's name when its records were drained.
+    pub comm: String,
+    pub count: u64,
+    /// CLOCK_MONOTONIC ns of its first and last record.
+    pub first_ns: u64,
+    pub last_ns: u64,
+    /// Completed calls (entry/exit pairs).
+    pub calls: u64,
+    /// The function it spent most self time in, and that time.
+    pub top_function: String,
+    pub top_self_ns: u64,
+}
+
+#[derive(Serialize)]
+pub struct BinarySummary {
+    pub path: String,
+    pub binary_id: u64,
+    /// GNU build-id of the original binary, hex.
+    pub build_id: String,
+    /// Where its debug information came from (none: names from the site table only).
+    pub debug: Option<DebugSource>,
+}
+
+/// `calls` of the report.
+#[derive(Serialize, Default)]
+pub struct CallTimes {
+    pub functions: Vec<FunctionTime>,
+    /// Exits with no open call of their function (e.g. the call began before the
+    /// session).
+    pub unmatched_exits: u64,
+    /// Calls that never exited through a traced exit.
+    pub unfinished: u64,
+}
+
+/// The session's books: every record taken out of a buffer (or emitted at a uprobe
+/// site) was delivered, filtered or dropped.
+#[derive(Serialize, Default)]
+pub struct Books {
+    pub produced: u64,
+    pub delivered: u64,
+    pub filtered: u64,
+    pub dropped: u64,
+    pub dropped_per_cpu: Vec<u64>,
+    /// Records in the file (equals delivered unless the file is truncated).
+    pub received: u64,
+    /// produced == delivered + filtered + dropped, and received == delivered.
+    pub balanced: bool,
+    pub filter: String,
+    pub filter_changes: u64,
+}
+
+#[derive(Serialize)]
+pub struct Summary {
+    pub records: u64,
+    pub dropped: u64,
+    pub inline: u64,
+    pub uprobe: u64,
+    pub read_errors: u64,
+    /// Chunks the kernel numbered but that never reached the file.
+    pub chunks_lost: u64,
+    pub truncated: bool,
+    pub functions: Vec<FunctionCount>,
+    /// Calls from entry/exit pairs, by total time.
+    pub calls: CallTimes,
+    pub threads: Vec<ThreadCount>,
+    pub binaries: Vec<BinarySummary>,
+    pub books: Books,
+    pub time_modes: Vec<BinaryTime>,
+    /// `--last N`: each thread's last records, newest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub last: Vec<LastRecords>,
+}
+
+#[derive(Serialize)]
+pub struct LastRecords {
+    pub pid: u32,
+    pub tid: u32,
+    pub records: Vec<LastRecord>,
+}
+
+#[derive(Serialize)]
+pub struct LastRecord {
+    pub binary: String,
+    pub site: u32,
+    pub symbol: String,
+    pub kind: String,
+    pub value: u64,
+    pub aux: u64,
+    pub flags: u32,
+    /// The site: function (file:line), inlined frames inside.
+    pub at: String,
+    /// Entry/exit: the caller at the return address; call sites: the call's target.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub other: String,
+}
+
+/// A report: the summary (what `--json` prints) and the session it was recorded in.
+pub struct Report {
+    pub summary: Summary,
+    pub session: Option<SessionInfo>,
+}
+
+/// Read the trace twice: first calls and times (each record with its time), then the
+/// counts and `--last` records (whose callers need the load biases the first pass
+/// learned).
+pub fn build(path: &Path, last: usize, debug_dirs: &[std::path::PathBuf]) -> Result<Report> {
+    let mut names = Names::new(debug_dirs);
+    let mut calls = Calls::default();
+    let times = ThreadTimes::read(path, &mut names, &mut calls)?;
+    let (mut summary, session) = summarize(path, last, &mut names)?;
+    times.fill(&mut summary.threads, &calls);
+    summary.calls = call_times(calls, &names);
+    Ok(Report { summary, session })
+}
+
+/// Per thread: time span, completed calls, self time per function.
+#[derive(Default)]
+struct Times {
+    first_ns: u64,
+    last_ns: u64,
+    calls: u64,
+    self_by_function: HashMap<usize, u64>,
+}
+
+/// [`Times`] of every thread, from the first pass.
+struct ThreadTimes {
+    times: Vec<Times>,
+    index: HashMap<(u32, u32), usize>,
+}
+
+impl ThreadTimes {
+    fn read(path: &Path, names: &mut Names, calls: &mut Calls) -> Result<ThreadTimes> {
+        let mut times: Vec<Times> = Vec::new();
+        let mut index: HashMap<(u32, u32), usize> = HashMap::new();
+        let mut recent: Option<((u32, u32), usize)> = None;
+        each_record(path, names, |ev, _| {
+            let key = (ev.pid, ev.tid);
+            // Records come a chunk (one thread) at a time.
+            let i = match recent {
+                Some((k, i)) if k == key => i,
+                _ => {
+                    let i = *index.entry(key).or_insert_with(|| {
+                        times.push(Times {
+                            first_ns: u64::MAX,
+                            ..Times::default()
+                        });
+                        times.len() - 1
+                    });
+                    recent = Some((key, i));
+                    i
+                }
+            };
+            let t = &mut times[i];
+            t.first_ns = t.first_ns.min(ev.time_ns);
+            t.last_ns = t.last_ns.max(ev.time_ns);
+            if let Some(c) = calls.event(ev).completed {
+                t.calls += 1;
+                *t.self_by_function.entry(c.function).or_default() += c.self_ns;
+            }
+        })?;
+        Ok(ThreadTimes { times, index })
+    }
+
+    fn fill(&self, threads: &mut [ThreadCount], calls: &Calls) {
+        for th in threads {
+            let Some(t) = self.index.get(&(th.pid, th.tid)).map(|&i| &self.times[i]) else {
+                continue;
+            };
+            (th.first_ns, th.last_ns, th.calls) = (t.first_ns, t.last_ns, t.calls);
+            if let Some((&f, &own)) = t
+                .self_by_function
+                .iter()
+                .max_by_key(|&(&f, &own)| (own, std::cmp::Reverse(f)))
+            {
+                th.top_function = calls.functions[f].function.clone();
+                th.top_self_ns = own;
+            }
+        }
+    }
+}
+
+/// The calls table: finished calls with the location of their function's entry.
+fn call_times(calls: Calls, names: &Names) -> CallTimes {
+    let (mut functions, unmatched_exits, unfinished) = calls.finish();
+    for f in &mut functions {
+        if let Some((bin, site)) = f.entry_site {
+            f.location = names
+                .site_frames(bin, site)
+                .last()
+                .map(Frame::location)
+                .unwrap_or_default();
+        }
+    }
+    CallTimes {
+        functions,
+        unmatched_exits,
+        unfinished,
+    }
+}
+
+/// What the second pass counts.
+#[derive(Default)]
+struct Counts {
+    session: Option<SessionInfo>,
+    stats: Option<FinalStats>,
+    /// Each thread's last records (`--last`), oldest first.
+    recent: HashMap<(u32, u32), VecDeque<(u64, Record)>>,
+    functions: HashMap<(u64, u32), u64>,
+    threads: HashMap<(u32, u32), u64>,
+    comms: HashMap<(u32, u32), String>,
+    binaries: Vec<BinarySummary>,
+    records: u64,
+    inline: u64,
+    uprobe: u64,
+    chunks: u64,
+    truncated: bool,
+}
+
+impl Counts {
+    fn read(path: &Path, last: usize, names: &mut Names) -> Result<Counts> {
+        let mut c = Counts::default();
+        let mut r = Reader::open(path)?;
+        while let Some(section) = r.next_section()? {
+            match section {
+                Section::Session(s) => c.session = Some(s),
+                Section::Binary(b) => {
+                    names.add(&b);
+                    c.binaries.push(BinarySummary {
+                        path: b.path.clone(),
+                        binary_id: b.binary_id,
+                        build_id: b
+                            .metadata()
+                            .map(|m| m.build_id.iter().map(|x| format!("{x:02x}")).collect())
+                            .unwrap_or_default(),
+                        debug: None,
+                    });
+                }
+                Section::Comm(pid, tid, name) => {
+                    c.comms.insert((pid, tid), name);
+                }
+                Section::Load(pid, id, bias) => names.loaded_at(pid, id, bias),
+                Section::Chunk(chunk) => c.chunk(&chunk, last, names),
+                Section::Stats(s) => c.stats = Some(s),
+                Section::Unknown(kind) => log::debug!("skipping section of unknown kind {kind}"),
+            }
+        }
+        truncation_warning(path, r.truncated(), c.stats.as_ref());
+        c.truncated = r.truncated().is_some();
+        Ok(c)
+    }
+
+    fn chunk(&mut self, c: &crate::tracefile::Chunk, last: usize, names: &Names) {
+        self.chunks += 1;
+        let h = c.header;
+        let mut n = 0;
+        for rec in c.records.iter().filter(|r| names.is_record(h.binary_id, r)) {
+            n += 1;
+            if last > 0 {
+                let q = self.recent.entry((h.pid, h.tid)).or_default();
+                if q.len() == last {
+                    q.pop_front();
+                }
+                q.push_back((h.binary_id, *rec));
+            }
+            self.records += 1;
+            if rec.flags & FLAG_UPROBE != 0 {
+                self.uprobe += 1;
+            } else {
+                self.inline += 1;
+            }
+            // A USDT probe's arguments 3.. ride in extra records: a site's count is
+            // its events.
+            if rec.flags & FLAG_USDT_MORE == 0 {
+                *self.functions.entry((h.binary_id, rec.site)).or_default() += 1;
+            }
+        }
+        *self.threads.entry((h.pid, h.tid)).or_default() += n;
+    }
+}
+
+/// Records per site, most first.
+fn function_counts(counts: &HashMap<(u64, u32), u64>, names: &Names) -> Vec<FunctionCount> {
+    let mut functions: Vec<FunctionCount> = counts
+        .iter()
+        .map(|(&(bin, site), &count)| {
+            let frames = names.site_frames(bin, site);
+            FunctionCount {
+                binary: names.binary(bin).to_string(),
+                symbol: names.raw_symbol(bin, site).to_string(),
+                // The site table's name (the calls table's too): a function, or a
+                // USDT probe; the DWARF frames add where in it.
+                function: names.symbol(bin, site).to_string(),
+                site,
+                kind: names.kind(bin, site).to_string(),
+                count,
+                // A function's entry or exit is the function's (the instruction may
+                // belong to code inlined there); other sites are their innermost line.
+                location: match kind_is_call_edge(names.kind(bin, site)) {
+                    true => frames.last(),
+                    false => frames.first(),
+                }
+                .map(Frame::location)
+                .unwrap_or_default(),
+                frames: frames.to_vec(),
+            }
+        })
+        .collect();
+    functions.sort_by(|a, b| {
+        b.count
+            .cmp(&a.count)
+            .then_with(|| a.binary.cmp(&b.binary))
+            .then(a.site.cmp(&b.site))
+    });
+    functions
+}
+
+/// Records per thread (times and calls come from the first pass).
+fn thread_counts(c: &Counts) -> Vec<ThreadCount> {
+    let mut threads: Vec<ThreadCount> = c
+        .threads
+        .iter()
+        .map(|(&(pid, tid), &count)| ThreadCount {
+            pid,
+            tid,
+            comm: c.comms.get(&(pid, tid)).cloned().unwrap_or_default(),
+            count,
+            first_ns: 0,
+            last_ns: 0,
+            calls: 0,
+            top_function: String::new(),
+            top_self_ns: 0,
+        })
+        .collect();
+    threads.sort_by_key(|t| (t.pid, t.tid));
+    threads
+}
+
+/// One of a thread's last records, with its site and the code it came from or goes to.
+fn last_record(names: &Names, pid: u32, bin: u64, r: &Record) -> LastRecord {
+    let kind = names.kind(bin, r.site);
+    let other = match kind {
+        "entry" | "exit" => names.code_frames(pid, bin, r.aux, true),
+        "call" => names.code_frames(pid, bin, r.value, false),
+        _ => Rc::from([]),
+    };
+    LastRecord {
+        binary: names.binary(bin).to_string(),
+        site: r.site,
+        symbol: names.raw_symbol(bin, r.site).to_string(),
+        kind: kind.to_string(),
+        value: r.value,
+        aux: r.aux,
+        flags: r.flags,
+        at: {
+            let frames = names.site_frames(bin, r.site);
+            match (kind_is_call_edge(kind), frames.last()) {
+                (true, Some(f)) => describe(std::slice::from_ref(f)),
+                _ => describe(&frames),
+            }
+        },
+        other: describe(&other),
+    }
+}
+
+/// `--last N`: each thread's last records, newest first.
+fn last_records(
+    recent: &HashMap<(u32, u32), VecDeque<(u64, Record)>>,
+    names: &Names,
+) -> Vec<LastRecords> {
+    let mut last: Vec<LastRecords> = recent
+        .iter()
+        .map(|(&(pid, tid), q)| LastRecords {
+            pid,
+            tid,
+            records: q
+                .iter()
+                .rev()
+                .map(|(bin, r)| last_record(names, pid, *bin, r))
+                .collect(),
+        })
+        .collect();
+    last.sort_by_key(|l| (l.pid, l.tid));
+    last
+}
+
+fn books(st: &FinalStats) -> Books {
+    Books {
+        produced: st.records_produced,
+        delivered: st.records_delivered,
+        filtered: st.records_filtered,
+        dropped: st.records_dropped,
+        dropped_per_cpu: st.dropped_per_cpu.clone(),
+        received: st.records_received,
+        balanced: st.records_produced
+            == st.records_delivered + st.records_filtered + st.records_dropped
+            && st.records_received == st.records_delivered,
+        filter: st.filter.clone(),
+        filter_changes: st.filter_changes,
+    }
+}
+
+/// The second pass: counts per site and thread, `--last` records, books, binaries.
+fn summarize(
+    path: &Path,
+    last: usize,
+    names: &mut Names,
+) -> Result<(Summary, Option<SessionInfo>)> {
+    let mut c = Counts::read(path, last, names)?;
+    let functions = function_counts(&c.functions, names);
+    let threads = thread_counts(&c);
+    let last = last_records(&c.recent, names);
+    for b in &mut c.binaries {
+        b.debug = names.debug_source(b.binary_id);
+    }
+    let st = c.stats.unwrap_or_default();
+    let summary = Summary {
+        records: c.records,
+        dropped: st.records_dropped,
+        inline: c.inline,
+        uprobe: c.uprobe,
+        read_errors: st.read_errors,
+        chunks_lost: st.seq_issued.saturating_sub(c.chunks),
+        truncated: c.truncated,
+        functions,
+        calls: CallTimes::default(),
+        threads,
+        binaries: c.binaries,
+        books: books(&st),
+        last,
+        time_modes: names
+            .time_modes()
+            .iter()
+            .map(|(b, m)| BinaryTime {
+                binary: b.clone(),
+                time_mode: m.name().to_string(),
+            })
+            .collect(),
+    };
+    Ok((summary, c.session))
+}

@@ -1,0 +1,264 @@
+//! `tracer report` as text: the model of [`crate::views::model`] laid out for a
+//! terminal (header, functions, calls, threads, `--last` records).
+
+use std::{io::Write, path::Path};
+
+use anyhow::Result;
+
+use crate::{
+    read::{calls::FunctionTime, names::kind_is_call_edge, symbols::describe},
+    views::model::{
+        BinarySummary, Books, CallTimes, FunctionCount, LastRecords, Report, ThreadCount,
+    },
+};
+
+/// The report of trace `path` as text.
+pub fn write(out: &mut impl Write, path: &Path, r: &Report) -> Result<()> {
+    write_header(out, path, r)?;
+    write_functions(out, &r.summary.functions)?;
+    if !r.summary.calls.functions.is_empty() {
+        write_calls(out, &r.summary.calls)?;
+    }
+    write_threads(out, &r.summary.threads)?;
+    write_last(out, &r.summary.last)
+}
+
+/// The session, the record counts and books, the binaries and their time modes.
+fn write_header(out: &mut impl Write, path: &Path, r: &Report) -> Result<()> {
+    let s = &r.summary;
+    writeln!(out, "trace: {}", path.display())?;
+    if let Some(session) = &r.session {
+        let pids: Vec<String> = session.pids.iter().map(u32::to_string).collect();
+        if session.command.is_empty() && pids.is_empty() {
+            writeln!(out, "session: {}", session.mode)?;
+        } else {
+            writeln!(
+                out,
+                "command: {} ({} pid {})",
+                session.command.join(" "),
+                session.mode,
+                pids.join(",")
+            )?;
+        }
+    }
+    writeln!(
+        out,
+        "records: {} ({} inline, {} uprobe), dropped: {}, read errors: {}",
+        s.records, s.inline, s.uprobe, s.dropped, s.read_errors
+    )?;
+    if s.chunks_lost > 0 {
+        writeln!(out, "chunks lost: {}", s.chunks_lost)?;
+    }
+    write_books(out, &s.books)?;
+    write_binaries(out, &s.binaries)?;
+    for t in &s.time_modes {
+        let how = match t.time_mode.as_str() {
+            "coarse" => "coarse (no clock in the stubs; times interpolated between drains)",
+            "block" => "block (cycle counter per basic block; other records take their block's)",
+            _ => "record (cycle counter per record)",
+        };
+        writeln!(out, "timestamps of {}: {how}", t.binary)?;
+    }
+    Ok(())
+}
+
+fn write_books(out: &mut impl Write, b: &Books) -> Result<()> {
+    writeln!(
+        out,
+        "books: produced {} = delivered {} + filtered {} + dropped {} ({})",
+        b.produced,
+        b.delivered,
+        b.filtered,
+        b.dropped,
+        if b.balanced {
+            "balanced"
+        } else {
+            "NOT balanced"
+        }
+    )?;
+    if b.dropped > 0 {
+        let per = nonzero(&b.dropped_per_cpu, |cpu, n| format!("cpu{cpu} {n}"));
+        writeln!(out, "dropped per CPU: {}", per.join(", "))?;
+    }
+    if !b.filter.is_empty() {
+        writeln!(
+            out,
+            "filter: {} ({} changes during the session)",
+            b.filter, b.filter_changes
+        )?;
+    }
+    Ok(())
+}
+
+fn write_binaries(out: &mut impl Write, binaries: &[BinarySummary]) -> Result<()> {
+    for bin in binaries {
+        let debug = match &bin.debug {
+            Some(d) if d.how == "symbols" => "symbol table only, no DWARF".to_string(),
+            Some(d) if d.how == "binary" => "DWARF in the binary".to_string(),
+            Some(d) => format!("DWARF from {} ({})", d.path, d.how),
+            None => "no debug information".to_string(),
+        };
+        writeln!(
+            out,
+            "binary: {} (build-id {}; {debug})",
+            bin.path,
+            if bin.build_id.is_empty() {
+                "none"
+            } else {
+                &bin.build_id
+            }
+        )?;
+    }
+    Ok(())
+}
+
+fn write_functions(out: &mut impl Write, functions: &[FunctionCount]) -> Result<()> {
+    writeln!(out, "\nfunctions ({}):", functions.len())?;
+    writeln!(
+        out,
+        "{:>12}  {:<24} {:>6}  {:<6}  function (file:line)",
+        "count", "binary", "site", "kind"
+    )?;
+    for f in functions {
+        // Inlined code: the chain of frames; otherwise the function and its line.
+        let what = if f.frames.len() > 1 && !kind_is_call_edge(&f.kind) {
+            describe(&f.frames)
+        } else if f.location.is_empty() {
+            f.function.clone()
+        } else {
+            format!("{} ({})", f.function, f.location)
+        };
+        writeln!(
+            out,
+            "{:>12}  {:<24} {:>6}  {:<6}  {what}",
+            f.count, f.binary, f.site, f.kind
+        )?;
+    }
+    Ok(())
+}
+
+fn write_threads(out: &mut impl Write, threads: &[ThreadCount]) -> Result<()> {
+    writeln!(out, "\nthreads ({}):", threads.len())?;
+    writeln!(
+        out,
+        "{:>8} {:>8} {:>12} {:>10} {:>10}  {:<16} most self time in",
+        "pid", "tid", "count", "span", "calls", "name"
+    )?;
+    for t in threads {
+        let top = if t.top_function.is_empty() {
+            String::new()
+        } else {
+            format!("{} ({})", t.top_function, ns(t.top_self_ns))
+        };
+        writeln!(
+            out,
+            "{:>8} {:>8} {:>12} {:>10} {:>10}  {:<16} {top}",
+            t.pid,
+            t.tid,
+            t.count,
+            ns(t.last_ns.saturating_sub(t.first_ns)),
+            t.calls,
+            t.comm
+        )?;
+    }
+    Ok(())
+}
+
+fn write_last(out: &mut impl Write, last: &[LastRecords]) -> Result<()> {
+    for l in last {
+        writeln!(
+            out,
+            "\nlast {} records of thread {} (pid {}), newest first:",
+            l.records.len(),
+            l.tid,
+            l.pid
+        )?;
+        for r in &l.records {
+            let at = if r.at.is_empty() { &r.symbol } else { &r.at };
+            let other = match (r.other.is_empty(), r.kind.as_str()) {
+                (true, _) => String::new(),
+                (false, "call") => format!(" -> {}", r.other),
+                (false, _) => format!(" <- {}", r.other),
+            };
+            writeln!(
+                out,
+                "  {:<6} {:<24} {:>6}  {:#18x} {:#18x}  {at}{other}",
+                r.kind, r.binary, r.site, r.value, r.aux
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// `label(i, n)` of each nonzero count `n` at index `i`.
+fn nonzero(counts: &[u64], label: impl Fn(usize, u64) -> String) -> Vec<String> {
+    counts
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n > 0)
+        .map(|(i, &n)| label(i, n))
+        .collect()
+}
+
+/// Human-readable nanoseconds.
+fn ns(v: u64) -> String {
+    match v {
+        0..1_000 => format!("{v}ns"),
+        1_000..1_000_000 => format!("{:.1}us", v as f64 / 1e3),
+        1_000_000..1_000_000_000 => format!("{:.1}ms", v as f64 / 1e6),
+        _ => format!("{:.2}s", v as f64 / 1e9),
+    }
+}
+
+fn write_calls(out: &mut impl Write, c: &CallTimes) -> Result<()> {
+    writeln!(
+        out,
+        "\ncalls ({} functions with entry/exit pairs), by total time:",
+        c.functions.len()
+    )?;
+    writeln!(
+        out,
+        "{:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  function",
+        "calls", "total", "self", "avg", "min", "max"
+    )?;
+    for f in &c.functions {
+        writeln!(
+            out,
+            "{:>10} {:>10} {:>10} {:>10} {:>10} {:>10}  {} ({}{}{})",
+            f.calls,
+            ns(f.total_ns),
+            ns(f.self_ns),
+            ns(f.total_ns / f.calls.max(1)),
+            ns(f.min_ns),
+            ns(f.max_ns),
+            f.function,
+            f.binary,
+            if f.location.is_empty() { "" } else { ", " },
+            f.location
+        )?;
+    }
+    let mut by_self: Vec<&FunctionTime> = c.functions.iter().collect();
+    by_self.sort_by(|a, b| {
+        b.self_ns
+            .cmp(&a.self_ns)
+            .then_with(|| a.function.cmp(&b.function))
+    });
+    let top: Vec<String> = by_self
+        .iter()
+        .take(10)
+        .map(|f| format!("{} {}", f.function, ns(f.self_ns)))
+        .collect();
+    writeln!(out, "top by self time: {}", top.join(", "))?;
+    for f in c.functions.iter().take(5) {
+        let buckets = nonzero(&f.histogram, |i, n| format!("<{} {n}", ns(1u64 << (i + 1))));
+        writeln!(out, "latency of {}: {}", f.function, buckets.join(", "))?;
+    }
+    if c.unmatched_exits + c.unfinished > 0 {
+        writeln!(
+            out,
+            "unpaired: {} exits without their entry, {} calls without their exit",
+            c.unmatched_exits, c.unfinished
+        )?;
+    }
+    Ok(())
+}
