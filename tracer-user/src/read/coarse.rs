@@ -10,13 +10,9 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::Result;
-use tracer_common::{FLAG_KTIME, meta::TimeMode};
+use tracer_common::{FLAG_INTERPOLATED, FLAG_KTIME, meta::TimeMode};
 
 use crate::tracefile::{Chunk, Reader, Section};
-
-/// Flag set on records whose time was interpolated (next to FLAG_KTIME, which says the
-/// time is CLOCK_MONOTONIC ns).
-pub const FLAG_INTERPOLATED: u32 = 1 << 8;
 
 type Key = (u32, u32, u64);
 

@@ -430,17 +430,13 @@ impl State {
                 if ring {
                     records.rotate_left((slot.cur - slot.start) as usize);
                 }
-                let h = ChunkHeader {
-                    kind: CHUNK_KIND_RECORDS,
-                    count: 0,
-                    pid,
-                    tid,
-                    seq: 0,
-                    binary_id: slot.binary_id,
-                    cause: CAUSE_THREAD_EXIT,
-                    _pad: 0,
-                    time: crate::record::host::clock::monotonic_ns(),
-                };
+                let h = ChunkHeader::new(
+                    CHUNK_KIND_RECORDS,
+                    (u64::from(pid) << 32) | u64::from(tid),
+                    slot.binary_id,
+                    CAUSE_THREAD_EXIT,
+                    crate::record::host::clock::monotonic_ns(),
+                );
                 self.records_out(h, &records)?;
             }
             // Release: key = tombstone, cur = start (the first two words).

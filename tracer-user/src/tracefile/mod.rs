@@ -80,7 +80,7 @@ pub const SECTION_LOAD: u32 = 6;
 
 /// Largest section a reader accepts (a JSON blob or a note; chunks are ~4 KiB).
 const MAX_SECTION: u64 = 1 << 30;
-const CHUNK_HEADER_LEN: usize = size_of::<ChunkHeader>();
+const CHUNK_HEADER_LEN: usize = tracer_common::CHUNK_HEADER_BYTES;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SessionInfo {
@@ -205,17 +205,7 @@ fn u64_at(b: &[u8], o: usize) -> u64 {
 
 /// Decode a `ChunkHeader` from the start of `b` (at least 48 bytes).
 pub fn chunk_header(b: &[u8]) -> Option<ChunkHeader> {
-    (b.len() >= CHUNK_HEADER_LEN).then(|| ChunkHeader {
-        kind: u32_at(b, 0),
-        count: u32_at(b, 4),
-        pid: u32_at(b, 8),
-        tid: u32_at(b, 12),
-        seq: u64_at(b, 16),
-        binary_id: u64_at(b, 24),
-        cause: u32_at(b, 32),
-        _pad: u32_at(b, 36),
-        time: u64_at(b, 40),
-    })
+    Some(ChunkHeader::from_bytes(b.get(..CHUNK_HEADER_LEN)?.try_into().ok()?))
 }
 
 #[cfg(test)]

@@ -443,8 +443,13 @@ fn books(st: &FinalStats) -> Books {
         dropped: st.records_dropped,
         dropped_per_cpu: st.dropped_per_cpu.clone(),
         received: st.records_received,
-        balanced: st.records_produced
-            == st.records_delivered + st.records_filtered + st.records_dropped
+        balanced: tracer_common::Books {
+            produced: st.records_produced,
+            delivered: st.records_delivered,
+            filtered: st.records_filtered,
+            dropped: st.records_dropped,
+        }
+        .balanced()
             && st.records_received == st.records_delivered,
         filter: st.filter.clone(),
         filter_changes: st.filter_changes,
