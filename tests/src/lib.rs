@@ -7,7 +7,9 @@
 //! Environment: `UTRACE_KEEP_TMP=1` keeps the temporary directories (they are always
 //! kept when a test fails).
 
+pub mod fixture_oracle;
 pub mod oracle;
+pub mod own_slot;
 pub mod site_checks;
 
 mod all_kinds;
@@ -20,6 +22,7 @@ mod readers;
 mod real_programs;
 mod report;
 mod rewriter;
+mod same_output;
 mod stats;
 mod tracer;
 
@@ -33,6 +36,7 @@ pub use readers::*;
 pub use real_programs::*;
 pub use report::*;
 pub use rewriter::*;
+pub use same_output::*;
 pub use stats::*;
 pub use tracer::*;
 pub use tracer_common::meta::{META_SECTION, Metadata, Site, SiteMode};
