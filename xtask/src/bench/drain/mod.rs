@@ -188,7 +188,7 @@ pub fn drain_throughput(opts: &Options) -> Result<()> {
         return Ok(());
     }
     let buffer_records = BUFFER_RECORDS.to_string();
-    let (_, traced) = crate::bench::build_workload(
+    let (_, traced) = super::workload::build_workload(
         "drain",
         &["-O2", "-pthread"],
         &[
