@@ -1,6 +1,8 @@
 //! The events section: ns per event of the untraced loop, the inline stub (alone and
 //! under the tracer), a hand-written store, a kernel uprobe, the other site kinds and USDT.
 
+use std::path::Path;
+
 use anyhow::Result;
 
 use super::Args;
@@ -10,6 +12,7 @@ use super::table::{Row, print_table};
 use super::usdt::usdt_rows;
 use crate::util::{self, cmd};
 
+/// The events section: the table, then the AArch64 smoke test.
 pub fn ns_per_event(args: &Args) -> Result<()> {
     let dir = util::scratch_dir("bench")?;
     let src = util::workspace_root().join("xtask/bench/bench.c");
@@ -58,7 +61,7 @@ pub fn ns_per_event(args: &Args) -> Result<()> {
         },
     });
     // One fixture run under `tracer record`, the trace file thrown away.
-    let under_tracer = |fixture: &std::path::Path, iterations: u64| {
+    let under_tracer = |fixture: &Path, iterations: u64| {
         let mut c = cmd(&tracer);
         c.arg("record")
             .arg("-o")
@@ -92,14 +95,24 @@ pub fn ns_per_event(args: &Args) -> Result<()> {
             .and_then(|()| best(runs, || under_tracer(&uprobed, nu))),
     });
 
-    // Other site kinds and the coarse timestamps, on the same loop: hit() is one basic
-    // block with one memory access (`sink += i`), so each variant adds one event per
-    // iteration, comparable with the same hand-written 32-byte store.
+    variant_rows(&dir, &plain, n, runs, &mut rows);
+
+    usdt_rows(&dir, &src, args, &mut rows);
+
+    print_table(&rows);
+    aarch64_smoke(&dir, &src)?;
+    Ok(())
+}
+
+/// Other site kinds and the coarse timestamps, on the same loop: hit() is one basic
+/// block with one memory access (`sink += i`), so each variant adds one event per
+/// iteration, comparable with the same hand-written 32-byte store.
+fn variant_rows(dir: &Path, plain: &Path, n: u64, runs: u32, rows: &mut Vec<Row>) {
     for &(name, extra) in VARIANTS {
         let out = dir.join(format!("bench.{}", name.replace([' ', ','], "_")));
         let rewritten = util::run(
             cmd(crate::rewriter_bin())
-                .arg(&plain)
+                .arg(plain)
                 .arg("-o")
                 .arg(&out)
                 .args(extra),
@@ -111,12 +124,6 @@ pub fn ns_per_event(args: &Args) -> Result<()> {
             ns: rewritten.and_then(|()| best(runs, || measure(cmd(&out).arg(n.to_string())))),
         });
     }
-
-    usdt_rows(&dir, &src, args, &mut rows);
-
-    print_table(&rows);
-    aarch64_smoke(&dir, &src)?;
-    Ok(())
 }
 
 /// Extra rows: (name, rewriter flags). Run without a tracer, like "inline stub, no

@@ -179,21 +179,9 @@ pub fn session(
         .lines()
         .find(|l| l.starts_with("drain_loop_ns "))
         .with_context(|| format!("no drain_loop_ns line in the output of {}", util::show(&c)))?;
-    let field = |k: &str| -> Result<f64> {
-        let mut it = line.split_whitespace();
-        while let Some(w) = it.next() {
-            if w == k {
-                return it
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .with_context(|| format!("bad {k} in {line:?}"));
-            }
-        }
-        bail!("no {k} in {line:?}")
-    };
-    let loop_s = field("drain_loop_ns")? / 1e9;
-    let prod_user_s = field("user_us")? / 1e6;
-    let prod_sys_s = field("sys_us")? / 1e6;
+    let loop_s = field(line, "drain_loop_ns")? / 1e9;
+    let prod_user_s = field(line, "user_us")? / 1e6;
+    let prod_sys_s = field(line, "sys_us")? / 1e6;
     let stats = read_stats(trace);
     let _ = std::fs::remove_file(trace);
     let stats = stats?;
@@ -215,6 +203,20 @@ pub fn session(
         workers: workers.into_iter().collect(),
         stats,
     })
+}
+
+/// The number after `k` on the producer's `drain_loop_ns ...` line.
+fn field(line: &str, k: &str) -> Result<f64> {
+    let mut it = line.split_whitespace();
+    while let Some(w) = it.next() {
+        if w == k {
+            return it
+                .next()
+                .and_then(|v| v.parse().ok())
+                .with_context(|| format!("bad {k} in {line:?}"));
+        }
+    }
+    bail!("no {k} in {line:?}")
 }
 
 /// Latest CPU time (ns, `/proc/PID/task/TID/schedstat`: time on the CPU) and name of
