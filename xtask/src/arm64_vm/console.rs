@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{P_DUMP, P_PROG, P_VM, Program, Who};
+use super::{Expect, P_DUMP, P_PROG, P_VM, Program, Who};
 
 /// One dump line: pid tid binary site symbol value aux time_ns flags.
 struct DumpRec {
@@ -52,71 +52,18 @@ pub fn check_console(text: &str, programs: &[Program]) -> Vec<String> {
     errs
 }
 
+/// Records of one (tid, symbol, uprobe?) in a dump: (value, aux) each.
+type Dumped = BTreeMap<(u32, String, bool), Vec<(u64, u64)>>;
+
 fn check_program(lines: &[&str], p: &Program, errs: &mut Vec<String>) {
     let name = &p.name;
-    // Program output between RUN and EXIT.
-    let Some(run) = lines
-        .iter()
-        .position(|l| *l == format!("{P_VM} RUN {name}"))
-    else {
-        errs.push(format!("{name}: never ran"));
+    let Some((run, exit_at)) = run_span(lines, p, errs) else {
         return;
     };
-    let exit_prefix = format!("{P_VM} EXIT {name} ");
-    let Some(exit_at) = lines[run..]
-        .iter()
-        .position(|l| l.starts_with(&exit_prefix))
-        .map(|i| i + run)
-    else {
-        errs.push(format!("{name}: no EXIT line"));
-        return;
-    };
-    let code = lines[exit_at][exit_prefix.len()..].trim();
-    if code != p.exit_code.to_string() {
-        errs.push(format!(
-            "{name}: exit status {code}, expected {}",
-            p.exit_code
-        ));
-    }
-    if !lines.contains(&format!("{P_VM} RESULT {name} ok").as_str()) {
-        errs.push(format!(
-            "{name}: guest-side check failed (exit status, drops or read errors)"
-        ));
-    }
-    let mut tids: BTreeMap<Who, u32> = BTreeMap::new();
-    for l in &lines[run..exit_at] {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        match f.as_slice() {
-            [P_PROG, "thread", no, "tid", tid, ..] => {
-                if let (Ok(no), Ok(tid)) = (no.parse(), tid.parse()) {
-                    tids.insert(Who::Thread(no), tid);
-                }
-            }
-            [P_PROG, "main", "tid", tid, ..] => {
-                if let Ok(tid) = tid.parse() {
-                    tids.insert(Who::Main, tid);
-                }
-            }
-            _ => {}
-        }
-    }
+    let mut tids = program_tids(&lines[run..exit_at]);
     // Records from the dump.
     let prefix = format!("{P_DUMP} {name} ");
-    let mut got: BTreeMap<(u32, String, bool), Vec<(u64, u64)>> = BTreeMap::new();
-    let mut total = 0usize;
-    for l in lines {
-        if let Some(rest) = l.strip_prefix(&prefix) {
-            match parse_dump(rest) {
-                Some(r) => {
-                    total += 1;
-                    got.entry((r.tid, r.symbol, r.flags & tracer_common::FLAG_UPROBE != 0))
-                        .or_default()
-                        .push((r.value, r.aux));
-                }
-                None => errs.push(format!("{name}: unparsable dump line {l:?}")),
-            }
-        }
-    }
+    let (mut got, total) = dumped(lines, &prefix, name, errs);
     if let std::collections::btree_map::Entry::Vacant(main) = tids.entry(Who::Main) {
         // A program that prints nothing (fx-static-solo) is single-threaded: its main
         // thread's tid is its pid.
@@ -132,42 +79,7 @@ fn check_program(lines: &[&str], p: &Program, errs: &mut Vec<String>) {
     let mut expected_total = 0usize;
     for e in &p.expect {
         expected_total += e.values.len();
-        let Some(&tid) = tids.get(&e.who) else {
-            let msg = format!("{name}: the program did not print the tid of {:?}", e.who);
-            if !errs.contains(&msg) {
-                errs.push(msg);
-            }
-            continue;
-        };
-        let key = (tid, e.symbol.to_string(), e.uprobe);
-        let recs = got.remove(&key).unwrap_or_default();
-        let mut values: Vec<u64> = recs.iter().map(|r| r.0).collect();
-        values.sort_unstable();
-        let mut want = e.values.clone();
-        want.sort_unstable();
-        let mode = if e.uprobe { "uprobe" } else { "inline" };
-        if values != want {
-            errs.push(format!(
-                "{name}: {:?} (tid {tid}) {} {mode}: {} records, expected {}{}",
-                e.who,
-                e.symbol,
-                values.len(),
-                want.len(),
-                if values.len() == want.len() {
-                    " (values differ)"
-                } else {
-                    ""
-                }
-            ));
-        }
-        if let Some((lo, hi)) = e.aux
-            && let Some(bad) = recs.iter().find(|r| !(lo..hi).contains(&r.1))
-        {
-            errs.push(format!(
-                "{name}: {:?} {} {mode}: return address {:#x} not in [{lo:#x}, {hi:#x})",
-                e.who, e.symbol, bad.1
-            ));
-        }
+        check_expect(e, &tids, &mut got, name, errs);
     }
     for ((tid, sym, up), recs) in &got {
         errs.push(format!(
@@ -179,6 +91,130 @@ fn check_program(lines: &[&str], p: &Program, errs: &mut Vec<String>) {
     if total != expected_total {
         errs.push(format!(
             "{name}: {total} records in the dump, expected {expected_total}"
+        ));
+    }
+}
+
+/// The program's console lines between RUN and EXIT (as indices), its exit status and
+/// the guest-side verdict checked.
+fn run_span(lines: &[&str], p: &Program, errs: &mut Vec<String>) -> Option<(usize, usize)> {
+    let name = &p.name;
+    let Some(run) = lines
+        .iter()
+        .position(|l| *l == format!("{P_VM} RUN {name}"))
+    else {
+        errs.push(format!("{name}: never ran"));
+        return None;
+    };
+    let exit_prefix = format!("{P_VM} EXIT {name} ");
+    let Some(exit_at) = lines[run..]
+        .iter()
+        .position(|l| l.starts_with(&exit_prefix))
+        .map(|i| i + run)
+    else {
+        errs.push(format!("{name}: no EXIT line"));
+        return None;
+    };
+    let code = lines[exit_at][exit_prefix.len()..].trim();
+    if code != p.exit_code.to_string() {
+        errs.push(format!(
+            "{name}: exit status {code}, expected {}",
+            p.exit_code
+        ));
+    }
+    if !lines.contains(&format!("{P_VM} RESULT {name} ok").as_str()) {
+        errs.push(format!(
+            "{name}: guest-side check failed (exit status, drops or read errors)"
+        ));
+    }
+    Some((run, exit_at))
+}
+
+/// The tids the program printed about itself (`UTPROG main tid N`, `UTPROG thread K tid N`).
+fn program_tids(output: &[&str]) -> BTreeMap<Who, u32> {
+    let mut tids: BTreeMap<Who, u32> = BTreeMap::new();
+    for l in output {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        match f.as_slice() {
+            [P_PROG, "thread", no, "tid", tid, ..] => {
+                if let (Ok(no), Ok(tid)) = (no.parse(), tid.parse()) {
+                    tids.insert(Who::Thread(no), tid);
+                }
+            }
+            [P_PROG, "main", "tid", tid, ..] => {
+                if let Ok(tid) = tid.parse() {
+                    tids.insert(Who::Main, tid);
+                }
+            }
+            _ => {}
+        }
+    }
+    tids
+}
+
+/// The program's dump lines (`prefix`) parsed: the records and their number.
+fn dumped(lines: &[&str], prefix: &str, name: &str, errs: &mut Vec<String>) -> (Dumped, usize) {
+    let mut got: Dumped = BTreeMap::new();
+    let mut total = 0usize;
+    for l in lines {
+        if let Some(rest) = l.strip_prefix(prefix) {
+            match parse_dump(rest) {
+                Some(r) => {
+                    total += 1;
+                    got.entry((r.tid, r.symbol, r.flags & tracer_common::FLAG_UPROBE != 0))
+                        .or_default()
+                        .push((r.value, r.aux));
+                }
+                None => errs.push(format!("{name}: unparsable dump line {l:?}")),
+            }
+        }
+    }
+    (got, total)
+}
+
+/// One expectation against the records (taken out of `got`): exact values, return
+/// addresses in range.
+fn check_expect(
+    e: &Expect,
+    tids: &BTreeMap<Who, u32>,
+    got: &mut Dumped,
+    name: &str,
+    errs: &mut Vec<String>,
+) {
+    let Some(&tid) = tids.get(&e.who) else {
+        let msg = format!("{name}: the program did not print the tid of {:?}", e.who);
+        if !errs.contains(&msg) {
+            errs.push(msg);
+        }
+        return;
+    };
+    let key = (tid, e.symbol.to_string(), e.uprobe);
+    let recs = got.remove(&key).unwrap_or_default();
+    let mut values: Vec<u64> = recs.iter().map(|r| r.0).collect();
+    values.sort_unstable();
+    let mut want = e.values.clone();
+    want.sort_unstable();
+    let mode = if e.uprobe { "uprobe" } else { "inline" };
+    if values != want {
+        errs.push(format!(
+            "{name}: {:?} (tid {tid}) {} {mode}: {} records, expected {}{}",
+            e.who,
+            e.symbol,
+            values.len(),
+            want.len(),
+            if values.len() == want.len() {
+                " (values differ)"
+            } else {
+                ""
+            }
+        ));
+    }
+    if let Some((lo, hi)) = e.aux
+        && let Some(bad) = recs.iter().find(|r| !(lo..hi).contains(&r.1))
+    {
+        errs.push(format!(
+            "{name}: {:?} {} {mode}: return address {:#x} not in [{lo:#x}, {hi:#x})",
+            e.who, e.symbol, bad.1
         ));
     }
 }

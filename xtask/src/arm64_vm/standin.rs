@@ -21,8 +21,29 @@ pub fn standin(work: &Path) -> Result<Program> {
         &["-static", "-mbranch-protection=standard"],
     )?;
     let elf = Elf::read(&raw)?;
-    let (flush_vaddr, _, flush_file_off) = elf.symbol("utrace_flush")?;
-    let (rw_vaddr, _, _) = elf.symbol("utrace_rw")?;
+    let meta = metadata(&elf)?;
+    let note = work.join("standin.note");
+    std::fs::write(&note, meta.to_note())?;
+    util::run(
+        cmd(CROSS_OBJCOPY)
+            .arg(format!("--add-section=.note.utrace={}", note.display()))
+            .arg("--set-section-flags=.note.utrace=contents,readonly")
+            .arg(&raw)
+            .arg(&out),
+    )?;
+    let (ta, ts, _) = elf.symbol("thread_main")?;
+    Ok(Program {
+        name: "standin".into(),
+        host_path: out,
+        binary: "standin".into(),
+        args: vec![],
+        exit_code: 3,
+        expect: expected(ta, ts),
+    })
+}
+
+/// The sites: `work` and `main` inline, `probe_target` a uprobe (after its landing pad).
+fn sites(elf: &Elf) -> Result<Vec<Site>> {
     let mut sites = Vec::new();
     for (id, sym, mode) in [
         (0, "work", SiteMode::Inline),
@@ -48,9 +69,17 @@ pub fn standin(work: &Path) -> Result<Program> {
             nargs: 0,
         });
     }
+    Ok(sites)
+}
+
+/// The stand-in's metadata note, as the rewriter would write it.
+fn metadata(elf: &Elf) -> Result<Metadata> {
+    let (flush_vaddr, _, flush_file_off) = elf.symbol("utrace_flush")?;
+    let (rw_vaddr, _, _) = elf.symbol("utrace_rw")?;
+    let sites = sites(elf)?;
     const NSLOTS: u32 = 64;
     const BUF_RECORDS: u32 = 16;
-    let meta = Metadata {
+    Ok(Metadata {
         arch: tracer_common::ARCH_AARCH64,
         record_version: tracer_common::RECORD_VERSION,
         record_size: tracer_common::RECORD_SIZE as u32,
@@ -74,17 +103,11 @@ pub fn standin(work: &Path) -> Result<Program> {
         semaphores: Vec::new(),
         operands: Vec::new(),
         sites,
-    };
-    let note = work.join("standin.note");
-    std::fs::write(&note, meta.to_note())?;
-    util::run(
-        cmd(CROSS_OBJCOPY)
-            .arg(format!("--add-section=.note.utrace={}", note.display()))
-            .arg("--set-section-flags=.note.utrace=contents,readonly")
-            .arg(&raw)
-            .arg(&out),
-    )?;
-    let (ta, ts, _) = elf.symbol("thread_main")?;
+    })
+}
+
+/// What the trace must hold; `thread_main` is at [ta, ta + ts).
+fn expected(ta: u64, ts: u64) -> Vec<Expect> {
     let seq = |no: u64, n: u64, every: u64| -> Vec<u64> {
         (0..n)
             .filter(|i| i % every == 0)
@@ -122,12 +145,5 @@ pub fn standin(work: &Path) -> Result<Program> {
         values: seq(4, 5, 1),
         aux: None,
     });
-    Ok(Program {
-        name: "standin".into(),
-        host_path: out,
-        binary: "standin".into(),
-        args: vec![],
-        exit_code: 3,
-        expect,
-    })
+    expect
 }
