@@ -28,101 +28,28 @@ const FIXTURES: &[(&str, &[&str], &[&str])] = &[
 
 /// Rewritten fixtures, or none when `rewriter` cannot rewrite AArch64 (yet).
 pub fn rewritten_fixtures(work: &Path) -> Result<Vec<Program>> {
-    let rewriter = util::release_dir().join("rewriter");
     let mut out = Vec::new();
     for (name, cflags, rflags) in FIXTURES {
         let raw = work.join(format!("{name}.raw"));
         let traced = work.join(name);
-        cross_gcc(&raw, &src("fixture.c"), cflags)?;
-        let o = util::output(
-            cmd(&rewriter)
-                .arg(&raw)
-                .arg("-o")
-                .arg(&traced)
-                .args(["--functions", "fx_*", "--functions", "main"])
-                .args(*rflags),
-        )?;
-        print!("{}", String::from_utf8_lossy(&o.stdout));
-        if !o.status.success() {
-            println!(
-                "arm64-vm: rewriter cannot rewrite {name} ({}), left out: {}",
-                util::describe(o.status),
-                String::from_utf8_lossy(&o.stderr).trim()
-            );
+        if !build(&raw, &traced, name, cflags, rflags)? {
             continue;
         }
         let elf = Elf::read(&raw)?;
-        // Return addresses are link-time addresses only in a non-PIE executable.
-        let range = |sym: &str| -> Result<Option<(u64, u64)>> {
-            if elf.is_pic()? {
-                return Ok(None);
-            }
-            let (a, s, _) = elf.symbol(sym)?;
-            Ok(Some((a, a + s)))
-        };
         let uprobe = rflags.contains(&"--force-uprobe");
-        let mut expect = vec![Expect {
-            who: Who::Main,
-            symbol: "main",
-            uprobe,
-            values: vec![1], // argc
-            aux: None,
-        }];
-        let mains: Vec<u64> = (0..13).collect();
-        for (sym, caller) in [("fx_mid", "main"), ("fx_leaf", "fx_mid")] {
-            expect.push(Expect {
-                who: Who::Main,
-                symbol: sym,
-                uprobe,
-                values: mains.clone(),
-                aux: range(caller)?,
-            });
-        }
+        let mut expect = main_thread(&elf, uprobe, 1, 13)?;
         for t in 1..=3u64 {
-            let vals: Vec<u64> = (0..50 * t + 7).map(|i| t << 20 | i).collect();
-            expect.push(Expect {
-                who: Who::Thread(t as u32),
-                symbol: "fx_worker",
-                uprobe,
-                values: vec![t],
-                aux: None,
-            });
-            for (sym, caller) in [("fx_mid", "fx_worker"), ("fx_leaf", "fx_mid")] {
-                expect.push(Expect {
-                    who: Who::Thread(t as u32),
-                    symbol: sym,
-                    uprobe,
-                    values: vals.clone(),
-                    aux: range(caller)?,
-                });
-            }
+            expect.extend(worker(&elf, uprobe, t)?);
         }
         if *name == "fx-static" {
             // The main thread alone, exec to exit_group (see fixture.c).
-            let vals: Vec<u64> = (0..20).collect();
-            let mut solo = vec![Expect {
-                who: Who::Main,
-                symbol: "main",
-                uprobe,
-                values: vec![2], // argc
-                aux: None,
-            }];
-            for (sym, caller) in [("fx_mid", "main"), ("fx_leaf", "fx_mid")] {
-                solo.push(Expect {
-                    who: Who::Main,
-                    symbol: sym,
-                    uprobe,
-                    values: vals.clone(),
-                    aux: range(caller)?,
-                });
-            }
             out.push(Program {
                 name: format!("{name}-solo"),
                 host_path: traced.clone(),
                 binary: name.to_string(),
                 args: vec!["solo".into()],
                 exit_code: 0,
-                expect: solo,
+                expect: main_thread(&elf, uprobe, 2, 20)?,
             });
         }
         out.push(Program {
@@ -135,4 +62,83 @@ pub fn rewritten_fixtures(work: &Path) -> Result<Vec<Program>> {
         });
     }
     Ok(out)
+}
+
+/// fixture.c cross-built into `raw` and rewritten into `traced`; false (said why) when
+/// the rewriter cannot rewrite it.
+fn build(raw: &Path, traced: &Path, name: &str, cflags: &[&str], rflags: &[&str]) -> Result<bool> {
+    let rewriter = util::release_dir().join("rewriter");
+    cross_gcc(raw, &src("fixture.c"), cflags)?;
+    let o = util::output(
+        cmd(&rewriter)
+            .arg(raw)
+            .arg("-o")
+            .arg(traced)
+            .args(["--functions", "fx_*", "--functions", "main"])
+            .args(rflags),
+    )?;
+    print!("{}", String::from_utf8_lossy(&o.stdout));
+    if !o.status.success() {
+        println!(
+            "arm64-vm: rewriter cannot rewrite {name} ({}), left out: {}",
+            util::describe(o.status),
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// Where calls from `sym` return to: its range, known only in a non-PIE executable
+/// (link-time addresses).
+fn range(elf: &Elf, sym: &str) -> Result<Option<(u64, u64)>> {
+    if elf.is_pic()? {
+        return Ok(None);
+    }
+    let (a, s, _) = elf.symbol(sym)?;
+    Ok(Some((a, a + s)))
+}
+
+/// The main thread: `main(argc)`, then `calls` calls of fx_mid and fx_leaf (0..calls).
+fn main_thread(elf: &Elf, uprobe: bool, argc: u64, calls: u64) -> Result<Vec<Expect>> {
+    let mut expect = vec![Expect {
+        who: Who::Main,
+        symbol: "main",
+        uprobe,
+        values: vec![argc],
+        aux: None,
+    }];
+    let vals: Vec<u64> = (0..calls).collect();
+    for (sym, caller) in [("fx_mid", "main"), ("fx_leaf", "fx_mid")] {
+        expect.push(Expect {
+            who: Who::Main,
+            symbol: sym,
+            uprobe,
+            values: vals.clone(),
+            aux: range(elf, caller)?,
+        });
+    }
+    Ok(expect)
+}
+
+/// Worker thread `t`: `fx_worker(t)`, then 50t + 7 calls of fx_mid and fx_leaf.
+fn worker(elf: &Elf, uprobe: bool, t: u64) -> Result<Vec<Expect>> {
+    let vals: Vec<u64> = (0..50 * t + 7).map(|i| t << 20 | i).collect();
+    let mut expect = vec![Expect {
+        who: Who::Thread(t as u32),
+        symbol: "fx_worker",
+        uprobe,
+        values: vec![t],
+        aux: None,
+    }];
+    for (sym, caller) in [("fx_mid", "fx_worker"), ("fx_leaf", "fx_mid")] {
+        expect.push(Expect {
+            who: Who::Thread(t as u32),
+            symbol: sym,
+            uprobe,
+            values: vals.clone(),
+            aux: range(elf, caller)?,
+        });
+    }
+    Ok(expect)
 }
