@@ -171,7 +171,6 @@ pub fn check_all_kinds_records(
     what: &str,
 ) -> KindRecords {
     use tracer_common::meta::SiteKind;
-    use tracer_common::{FLAG_MEM_READ, FLAG_MEM_WRITE, mem_size};
     const FLAG_INTERPOLATED: u32 = 1 << 8;
     let sites: HashMap<u32, &Site> = meta.sites.iter().map(|s| (s.id, s)).collect();
     // The first block of each function, and its entry site.
@@ -211,26 +210,8 @@ pub fn check_all_kinds_records(
                 "{what}: coarse record without an interpolated time: {r:?}"
             );
         }
-        let pc = match s.kind {
-            SiteKind::Block => {
-                assert_eq!(r.aux, 0, "{what}: aux of block record {r:?}");
-                r.value
-            }
-            SiteKind::Memory => {
-                if !uprobe {
-                    let size = mem_size(r.flags);
-                    assert!(
-                        r.flags & (FLAG_MEM_READ | FLAG_MEM_WRITE) != 0 && (1..=64).contains(&size),
-                        "{what}: memory record without access kind or size (flags {:#x}) from site {} at {:#x} of {}: {r:?}",
-                        r.flags,
-                        s.id,
-                        s.vaddr,
-                        s.name
-                    );
-                }
-                r.aux
-            }
-            _ => continue,
+        let Some(pc) = run_time_pc(r, s, uprobe, what) else {
+            continue;
         };
         let b = *bias.entry(r.pid).or_insert(pc.wrapping_sub(s.vaddr));
         assert_eq!(
@@ -262,6 +243,49 @@ pub fn check_all_kinds_records(
             check_times_monotonic(&rs, &format!("{what}: tid {tid}"));
         }
     }
+    check_entry_counts(meta, &count, &first_block, what);
+    let mut v: KindRecords = per_kind.into_iter().map(|(k, (i, u))| (k, i, u)).collect();
+    v.sort_unstable();
+    v
+}
+
+/// The run-time address a block or memory record carries (None for other kinds), its
+/// block aux and inline memory flags checked.
+fn run_time_pc(r: &Rec, s: &Site, uprobe: bool, what: &str) -> Option<u64> {
+    use tracer_common::meta::SiteKind;
+    use tracer_common::{FLAG_MEM_READ, FLAG_MEM_WRITE, mem_size};
+    match s.kind {
+        SiteKind::Block => {
+            assert_eq!(r.aux, 0, "{what}: aux of block record {r:?}");
+            Some(r.value)
+        }
+        SiteKind::Memory => {
+            if !uprobe {
+                let size = mem_size(r.flags);
+                assert!(
+                    r.flags & (FLAG_MEM_READ | FLAG_MEM_WRITE) != 0 && (1..=64).contains(&size),
+                    "{what}: memory record without access kind or size (flags {:#x}) from site {} at {:#x} of {}: {r:?}",
+                    r.flags,
+                    s.id,
+                    s.vaddr,
+                    s.name
+                );
+            }
+            Some(r.aux)
+        }
+        _ => None,
+    }
+}
+
+/// Per function: its first block ran as often as it was entered, and it never has more
+/// exits than entries.
+fn check_entry_counts(
+    meta: &Metadata,
+    count: &HashMap<u32, u64>,
+    first_block: &HashMap<&str, &Site>,
+    what: &str,
+) {
+    use tracer_common::meta::SiteKind;
     let mut entries: HashMap<&str, u64> = HashMap::new();
     let mut exits: HashMap<&str, u64> = HashMap::new();
     for s in &meta.sites {
@@ -283,9 +307,6 @@ pub fn check_all_kinds_records(
         let x = exits.get(f).copied().unwrap_or(0);
         assert!(x <= *e, "{what}: {f}: {x} exits but {e} entries");
     }
-    let mut v: KindRecords = per_kind.into_iter().map(|(k, (i, u))| (k, i, u)).collect();
-    v.sort_unstable();
-    v
 }
 
 /// The oracle (`oracle::run_with_probes_at`) for a single-threaded command, keeping
