@@ -72,6 +72,13 @@ pub fn kernel_and_busybox(cache: &Path) -> Result<(PathBuf, PathBuf)> {
         );
         return Ok((kernel, busybox));
     }
+    let (image_deb, busybox_deb) = debs(cache)?;
+    extract(cache, &image_deb, &busybox_deb, &kernel, &busybox)?;
+    Ok((kernel, busybox))
+}
+
+/// The kernel image and busybox .debs, downloaded into `cache/debs` unless there.
+fn debs(cache: &Path) -> Result<(PathBuf, PathBuf)> {
     let apt = cache.join("apt");
     let debs = cache.join("debs");
     std::fs::create_dir_all(&debs)?;
@@ -88,7 +95,7 @@ pub fn kernel_and_busybox(cache: &Path) -> Result<(PathBuf, PathBuf)> {
             .starts_with("linux-image-arm64_")
     });
     let busybox_deb = find_deb(&debs, &format!("{BUSYBOX_PACKAGE}_"));
-    let (image_deb, busybox_deb) = match (image_deb, busybox_deb) {
+    Ok(match (image_deb, busybox_deb) {
         (Some(i), Some(b)) => (i, b),
         _ => {
             util::run(apt_cmd("apt-get").args(["update", "-q"]))?;
@@ -112,13 +119,24 @@ pub fn kernel_and_busybox(cache: &Path) -> Result<(PathBuf, PathBuf)> {
                     .context("busybox .deb not downloaded")?,
             )
         }
-    };
+    })
+}
+
+/// The kernel (`kernel`, its version beside it) and busybox (`busybox`) taken out of
+/// their .debs.
+fn extract(
+    cache: &Path,
+    image_deb: &Path,
+    busybox_deb: &Path,
+    kernel: &Path,
+    busybox: &Path,
+) -> Result<()> {
     let x = cache.join("extract");
     if x.exists() {
         std::fs::remove_dir_all(&x)?;
     }
     std::fs::create_dir_all(&x)?;
-    for (deb, what) in [(&image_deb, "./boot/"), (&busybox_deb, "./bin/busybox")] {
+    for (deb, what) in [(image_deb, "./boot/"), (busybox_deb, "./bin/busybox")] {
         let tar = util::output(cmd("dpkg-deb").arg("--fsys-tarfile").arg(deb))?;
         ensure!(
             tar.status.success(),
@@ -149,13 +167,13 @@ pub fn kernel_and_busybox(cache: &Path) -> Result<(PathBuf, PathBuf)> {
     let version = vmlinuz.file_name().unwrap().to_string_lossy()["vmlinuz-".len()..].to_string();
     let data = std::fs::read(&vmlinuz)?;
     // Debian ships an uncompressed arm64 Image (older ones gzip it; qemu takes both).
-    std::fs::write(&kernel, &data)?;
+    std::fs::write(kernel, &data)?;
     std::fs::write(cache.join("Image.version"), format!("{version}\n"))?;
-    std::fs::copy(x.join("bin/busybox"), &busybox)?;
+    std::fs::copy(x.join("bin/busybox"), busybox)?;
     std::fs::remove_dir_all(&x).ok();
     println!(
         "arm64-vm: kernel {version} and busybox extracted into {}",
         cache.display()
     );
-    Ok((kernel, busybox))
+    Ok(())
 }
