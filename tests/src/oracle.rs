@@ -12,7 +12,9 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use crate::{Out, function_symbol, run, tracing_lock};
+use crate::command::{Out, run};
+use crate::rewriter::function_symbol;
+use crate::tracer::tracing_lock;
 
 const TRACING: &str = "/sys/kernel/tracing";
 

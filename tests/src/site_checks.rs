@@ -10,7 +10,8 @@ use tracer_common::{
     FLAG_MEM_READ, FLAG_MEM_WRITE, FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE, mem_size,
 };
 
-use crate::{Rec, assert_seq_eq};
+use crate::checks::assert_seq_eq;
+use crate::dump::Rec;
 
 /// The `name address` pairs of the first line memtrace prints.
 pub fn printed_addresses(stdout: &str) -> HashMap<String, u64> {

@@ -20,6 +20,10 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use tests::fixture_oracle::app_so;
+use tests::fixture_oracle::matrix::{
+    FOLLOWED, expected_main_thread, expected_output, expected_worker_thread,
+};
 use tests::*;
 
 const SYSROOT: &str = "/usr/aarch64-linux-gnu";
@@ -149,45 +153,7 @@ fn read_dump(path: &Path) -> Vec<Dumped> {
         .collect()
 }
 
-// ---- matrix.c (see matrix.rs for the sequences)
-
-const FOLLOWED: [&str; 5] = ["main", "fx_leaf", "fx_mid", "fx_fib", "fx_worker"];
-const WORKER_ARG: u64 = 1_000_000;
-
-fn leaf(x: u64) -> u64 {
-    x * 3 + 1
-}
-fn fib(n: u64) -> u64 {
-    if n < 2 { n } else { fib(n - 1) + fib(n - 2) }
-}
-fn fib_preorder(n: u64, out: &mut Vec<(String, u64)>) {
-    out.push(("fx_fib".into(), n));
-    if n >= 2 {
-        fib_preorder(n - 1, out);
-        fib_preorder(n - 2, out);
-    }
-}
-fn expected_main_thread() -> Vec<(String, u64)> {
-    let mut v = vec![("main".to_string(), 1)];
-    for i in 0..1000 {
-        v.push(("fx_mid".into(), i));
-        v.push(("fx_leaf".into(), i + 1));
-        v.push(("fx_leaf".into(), i + 2));
-    }
-    fib_preorder(12, &mut v);
-    v
-}
-fn expected_worker_thread() -> Vec<(String, u64)> {
-    let mut v = vec![("fx_worker".to_string(), WORKER_ARG)];
-    v.extend((0..100).map(|i| ("fx_leaf".to_string(), WORKER_ARG + i)));
-    v
-}
-fn expected_output() -> (String, i32) {
-    let mut r: u64 = (0..1000).map(|i| leaf(i + 1) + leaf(i + 2)).sum();
-    r += fib(12);
-    r += (0..100).map(|i| leaf(WORKER_ARG + i)).sum::<u64>();
-    (format!("matrix r={r} argc=1\n"), (r % 97) as i32 + 1)
-}
+// ---- matrix.c (the sequences: tests::fixture_oracle::matrix)
 
 fn site_names(meta: &tracer_common::meta::Metadata) -> HashMap<u32, String> {
     meta.sites.iter().map(|s| (s.id, s.name.clone())).collect()
@@ -253,20 +219,14 @@ fn matrix_case(cc: &str, variant: &str, flags: &[&str]) {
             o.describe()
         );
         let t = qemu(&traced, &[]);
-        assert_eq!(
-            (t.stdout_str(), t.status()),
-            (o.stdout_str(), o.status()),
-            "{what}: rewritten differs from the original: {}",
-            t.describe()
+        assert_same_output(
+            &t,
+            &o,
+            &format!("{what}: rewritten differs from the original"),
         );
         let trace = tmp.join(format!("matrix{opt}.utrace"));
         let (r, recs) = trace_qemu(&trace, &[&traced], &traced, &[], &[]);
-        assert_eq!(
-            (r.stdout_str(), r.status()),
-            (o.stdout_str(), o.status()),
-            "{what}: under tracer record --user: {}",
-            r.describe()
-        );
+        assert_same_output(&r, &o, &format!("{what}: under tracer record --user"));
         check_sites_valid(&recs, &[&meta]);
 
         let threads = followed_by_thread(&recs, &FOLLOWED);
@@ -351,17 +311,6 @@ matrix!(
 
 // ---- shared library (see shared_lib.rs)
 
-fn shlib_expected() -> Vec<(String, u64)> {
-    let mut v = vec![("main".to_string(), 1)];
-    for i in 0..50 {
-        v.push(("fx_app".into(), i));
-        v.push(("fxlib_square".into(), i));
-    }
-    v.push(("fxlib_sum".into(), 200));
-    v.extend((0..200).map(|i| ("fxlib_square".to_string(), i)));
-    v
-}
-
 fn shlib_case(cc: &str) {
     let tmp = TempDir::new(&format!("a64-shlib-{cc}"));
     let Some(target_flags) = toolchain(cc, tmp.path(), &[]) else {
@@ -376,14 +325,9 @@ fn shlib_case(cc: &str) {
         );
         std::fs::create_dir_all(&od).unwrap();
         std::fs::create_dir_all(&td).unwrap();
-        let (lib, app) = (od.join("libfx.so"), od.join("app"));
         let mut f = tf.clone();
-        f.extend([opt, "-shared", "-fPIC"]);
-        compile(cc, &[fixture("libfx.c")], &f, &lib);
-        let ldir = format!("-L{}", od.display());
-        let mut f = tf.clone();
-        f.extend([opt, ldir.as_str(), "-lfx"]);
-        compile(cc, &[fixture("app_so.c")], &f, &app);
+        f.push(opt);
+        let (lib, app) = app_so::build(cc, &f, &od);
         let (tlib, tapp) = (td.join("libfx.so"), td.join("app"));
         let (_, lib_meta) = rewrite_a64_default(&lib, &tlib, &[]);
         let (_, app_meta) = rewrite_a64_default(&app, &tapp, &[]);
@@ -410,18 +354,17 @@ fn shlib_case(cc: &str) {
             &[],
             &[("LD_LIBRARY_PATH", td.as_os_str())],
         );
-        assert_eq!(
-            (t.stdout_str(), t.status()),
-            (o.stdout_str(), o.status()),
-            "{what}: rewritten under the tracer differs: {}",
-            t.describe()
+        assert_same_output(
+            &t,
+            &o,
+            &format!("{what}: rewritten under the tracer differs"),
         );
         check_sites_valid(&recs, &[&app_meta, &lib_meta]);
         let threads = followed_by_thread(&recs, &["main", "fx_app", "fxlib_square", "fxlib_sum"]);
         assert_eq!(threads.len(), 1, "{what}: one thread");
         // Records of the two objects live in two RW areas, delivered buffer by buffer:
         // compare each object's part of the expected sequence.
-        let (app_part, lib_part): (Vec<_>, Vec<_>) = shlib_expected()
+        let (app_part, lib_part): (Vec<_>, Vec<_>) = app_so::expected()
             .into_iter()
             .partition(|(n, _)| n == "main" || n == "fx_app");
         let rs = &threads[0].2;
@@ -529,12 +472,7 @@ fn relocation_classes_run() {
             "{what}: {}",
             o.describe()
         );
-        assert_eq!(
-            (t.stdout_str(), t.status()),
-            (o.stdout_str(), o.status()),
-            "{what}: rewritten differs: {}",
-            t.describe()
-        );
+        assert_same_output(&t, &o, &format!("{what}: rewritten differs"));
         let names = site_names(&meta);
         let recs = read_dump(&d);
         let count = |n: &str| recs.iter().filter(|r| names[&r.site] == n).count();
@@ -599,12 +537,7 @@ fn signals_under_qemu() {
     let n = N.to_string();
     let o = qemu_args(&orig, &[&n], &[]);
     let t = qemu_args(&traced, &[&n], &[("UTRACE_INSPECT", d.as_os_str())]);
-    assert_eq!(
-        (t.stdout_str(), t.status()),
-        (o.stdout_str(), o.status()),
-        "rewritten differs: {}",
-        t.describe()
-    );
+    assert_same_output(&t, &o, "rewritten differs");
     let h: u64 = t
         .stderr_str()
         .lines()

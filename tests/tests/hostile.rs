@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use tests::own_slot::{build_rec_only, tag_value, values_in};
 use tests::*;
 
 // Value ranges and tags of tests/fixtures/hostile.c.
@@ -23,10 +24,6 @@ const GARBAGE_SEED: u64 = 0x5eed_1234_abcd;
 const GARBAGE_N: usize = 40;
 /// Fixture cases in mode "all".
 const CASES: usize = 20;
-
-fn tag_value(tag: u64, i: u64) -> u64 {
-    (0x7a9 << 48) | (tag << 32) | i
-}
 
 fn splitmix(s: &mut u64) -> u64 {
     *s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -52,19 +49,7 @@ fn garbage_records() -> Vec<(u32, u32, u64, u64)> {
 /// hostile.c compiled and rewritten (only `rec`, 64-record buffers), and the address
 /// of its flush function as the fixture's argument.
 fn build_hostile(tmp: &TempDir) -> (PathBuf, String) {
-    let (orig, traced) = (tmp.join("hostile"), tmp.join("hostile.traced"));
-    compile("gcc", &[fixture("hostile.c")], &["-O2", "-pthread"], &orig);
-    rewriter(&[
-        orig.as_os_str(),
-        "-o".as_ref(),
-        traced.as_os_str(),
-        "--functions".as_ref(),
-        "rec".as_ref(),
-        "--buffer-records".as_ref(),
-        "64".as_ref(),
-    ])
-    .ok();
-    let meta = metadata(&traced);
+    let (traced, flush, meta) = build_rec_only(tmp, "hostile", "64");
     assert!(
         meta.sites
             .iter()
@@ -72,7 +57,7 @@ fn build_hostile(tmp: &TempDir) -> (PathBuf, String) {
         "rec has no inline site: {:?}",
         meta.sites
     );
-    (traced, format!("{:x}", meta.flush_vaddr))
+    (traced, flush)
 }
 
 fn tracer(args: &[&std::ffi::OsStr]) -> Out {
@@ -88,13 +73,6 @@ fn names_in(dir: &Path) -> Vec<String> {
         .collect();
     v.sort();
     v
-}
-
-fn values_in(recs: &[&Rec], base: u64, n: u64) -> Vec<u64> {
-    recs.iter()
-        .filter(|r| (base..base + n).contains(&r.value))
-        .map(|r| r.value - base)
-        .collect()
 }
 
 #[test]

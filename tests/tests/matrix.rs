@@ -13,53 +13,10 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::process::Command;
 
+use tests::fixture_oracle::matrix::{
+    FOLLOWED, expected_main_thread, expected_output, expected_worker_thread,
+};
 use tests::*;
-
-/// The fixture's functions the tests follow.
-const FOLLOWED: [&str; 5] = ["main", "fx_leaf", "fx_mid", "fx_fib", "fx_worker"];
-const WORKER_ARG: u64 = 1_000_000;
-
-fn fib_preorder(n: u64, out: &mut Vec<(String, u64)>) {
-    out.push(("fx_fib".into(), n));
-    if n >= 2 {
-        fib_preorder(n - 1, out);
-        fib_preorder(n - 2, out);
-    }
-}
-
-fn leaf(x: u64) -> u64 {
-    x * 3 + 1
-}
-
-/// Entries of the followed functions on the main thread, in order (see matrix.c).
-fn expected_main_thread() -> Vec<(String, u64)> {
-    let mut v = vec![("main".to_string(), 1)];
-    for i in 0..1000 {
-        v.push(("fx_mid".into(), i));
-        v.push(("fx_leaf".into(), i + 1));
-        v.push(("fx_leaf".into(), i + 2));
-    }
-    fib_preorder(12, &mut v);
-    v
-}
-
-fn expected_worker_thread() -> Vec<(String, u64)> {
-    let mut v = vec![("fx_worker".to_string(), WORKER_ARG)];
-    v.extend((0..100).map(|i| ("fx_leaf".to_string(), WORKER_ARG + i)));
-    v
-}
-
-fn fib(n: u64) -> u64 {
-    if n < 2 { n } else { fib(n - 1) + fib(n - 2) }
-}
-
-/// (stdout, exit code) of the fixture, computed independently.
-fn expected_output() -> (String, i32) {
-    let mut r: u64 = (0..1000).map(|i| leaf(i + 1) + leaf(i + 2)).sum();
-    r += fib(12);
-    r += (0..100).map(|i| leaf(WORKER_ARG + i)).sum::<u64>();
-    (format!("matrix r={r} argc=1\n"), (r % 97) as i32 + 1)
-}
 
 /// One thread's followed entries: (symbol, value, aux).
 type Seq = Vec<(String, u64, u64)>;
@@ -197,20 +154,9 @@ fn run_case_with(cc: &str, link: &[&str], opt: &str, tflags: &[&str]) {
 
     // 4. Same behaviour, alone and under the tracer.
     let t = run(&mut Command::new(&traced), RUN_TIMEOUT);
-    assert_eq!(
-        (t.stdout_str(), t.status()),
-        (o.stdout_str(), o.status()),
-        "{what}: rewritten binary: {}",
-        t.describe()
-    );
+    assert_same_output(&t, &o, &format!("{what}: rewritten binary"));
     let trace = tmp.join("matrix.utrace");
-    let r = tracer_record_with(tflags, &trace, &traced, &[], &[]);
-    assert_eq!(
-        (r.stdout_str(), r.status()),
-        (o.stdout_str(), o.status()),
-        "{what}: under tracer record: {}",
-        r.describe()
-    );
+    record_same_output(tflags, &trace, &traced, &[], &o, &what);
 
     // 5. The records.
     let recs = dump(&trace);

@@ -16,6 +16,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use tests::own_slot::{build_rec_only, tag_value, values_in};
 use tests::*;
 
 // Value ranges and tags of tests/fixtures/nonresident.c.
@@ -30,32 +31,11 @@ const TAG_EXIT: u64 = 2;
 const FLUSH_N: u64 = 640;
 const EXIT_N: u64 = 300;
 
-fn tag_value(tag: u64, i: u64) -> u64 {
-    (0x7a9 << 48) | (tag << 32) | i
-}
-
 /// nonresident.c compiled and rewritten (only `rec`, 1024-record buffers), and the
 /// address of its flush function as the fixture's argument.
 fn build(tmp: &TempDir) -> (PathBuf, String) {
-    let (orig, traced) = (tmp.join("nonresident"), tmp.join("nonresident.traced"));
-    compile(
-        "gcc",
-        &[fixture("nonresident.c")],
-        &["-O2", "-pthread"],
-        &orig,
-    );
-    rewriter(&[
-        orig.as_os_str(),
-        "-o".as_ref(),
-        traced.as_os_str(),
-        "--functions".as_ref(),
-        "rec".as_ref(),
-        "--buffer-records".as_ref(),
-        "1024".as_ref(),
-    ])
-    .ok();
-    let meta = metadata(&traced);
-    (traced, format!("{:x}", meta.flush_vaddr))
+    let (traced, flush, _) = build_rec_only(tmp, "nonresident", "1024");
+    (traced, flush)
 }
 
 /// The numbers after `key` on the fixture's output line starting with `line`.
@@ -113,14 +93,6 @@ fn record(tmp: &TempDir, traced: &Path, flush: &str, mode: &str) -> Option<Run> 
         rep,
         stats,
     })
-}
-
-/// Values of `recs` in `[base, base + n)`, as offsets from base.
-fn values_in(recs: &[&Rec], base: u64, n: u64) -> Vec<u64> {
-    recs.iter()
-        .filter(|r| (base..base + n).contains(&r.value))
-        .map(|r| r.value - base)
-        .collect()
 }
 
 /// The records of `tag`, checked field by field (site, unknown symbol, value, aux,

@@ -6,28 +6,8 @@
 use std::path::Path;
 use std::process::Command;
 
+use tests::fixture_oracle::app_so::{APP_FNS, LIB_FNS, build, expected, expected_output};
 use tests::*;
-
-/// Entries of the followed functions, in order (see app_so.c).
-fn expected() -> Vec<(String, u64)> {
-    let mut v = vec![("main".to_string(), 1)];
-    for i in 0..50 {
-        v.push(("fx_app".into(), i));
-        v.push(("fxlib_square".into(), i));
-    }
-    v.push(("fxlib_sum".into(), 200));
-    v.extend((0..200).map(|i| ("fxlib_square".to_string(), i)));
-    v
-}
-
-fn expected_output() -> (String, i32) {
-    let r: u64 =
-        (0..50u64).map(|i| i * i + 1).sum::<u64>() + (0..200u64).map(|i| i * i).sum::<u64>();
-    (format!("app_so r={r}\n"), (r % 89) as i32 + 1)
-}
-
-const APP_FNS: [&str; 2] = ["main", "fx_app"];
-const LIB_FNS: [&str; 2] = ["fxlib_square", "fxlib_sum"];
 
 fn run_case(cc: &str, opt: &str) {
     run_case_with(cc, opt, &[]);
@@ -40,20 +20,7 @@ fn run_case_with(cc: &str, opt: &str, tflags: &[&str]) {
     let (od, td) = (tmp.join("orig"), tmp.join("traced"));
     std::fs::create_dir_all(&od).unwrap();
     std::fs::create_dir_all(&td).unwrap();
-    let (lib, app) = (od.join("libfx.so"), od.join("app"));
-    compile(
-        cc,
-        &[fixture("libfx.c")],
-        &[opt, "-g", "-shared", "-fPIC"],
-        &lib,
-    );
-    let ldir = format!("-L{}", od.display());
-    compile(
-        cc,
-        &[fixture("app_so.c")],
-        &[opt, "-g", &ldir, "-lfx"],
-        &app,
-    );
+    let (lib, app) = build(cc, &[opt, "-g"], &od);
     let with_lib = |c: &mut Command, dir: &Path| {
         c.env("LD_LIBRARY_PATH", dir);
     };
@@ -94,27 +61,11 @@ fn run_case_with(cc: &str, opt: &str, tflags: &[&str]) {
     let mut c = Command::new(&tapp);
     with_lib(&mut c, &td);
     let t = run(&mut c, RUN_TIMEOUT);
-    assert_eq!(
-        (t.stdout_str(), t.status()),
-        (o.stdout_str(), o.status()),
-        "{what}: rewritten: {}",
-        t.describe()
-    );
+    assert_same_output(&t, &o, &format!("{what}: rewritten"));
 
     let trace = tmp.join("app.utrace");
-    let r = tracer_record_with(
-        tflags,
-        &trace,
-        &tapp,
-        &[],
-        &[("LD_LIBRARY_PATH", td.as_os_str())],
-    );
-    assert_eq!(
-        (r.stdout_str(), r.status()),
-        (o.stdout_str(), o.status()),
-        "{what}: under tracer record: {}",
-        r.describe()
-    );
+    let env = [("LD_LIBRARY_PATH", td.as_os_str())];
+    record_same_output(tflags, &trace, &tapp, &env, &o, &what);
 
     let recs = dump(&trace);
     for r in &recs {

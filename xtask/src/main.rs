@@ -4,8 +4,6 @@
 
 mod arm64_vm;
 mod bench;
-mod bench_drain;
-mod bench_readers;
 mod setup;
 mod util;
 

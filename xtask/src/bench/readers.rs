@@ -53,7 +53,7 @@ pub fn readers(records: u64) -> Result<()> {
         println!("skipped: `tracer record` needs root (BPF, uprobes)");
         return Ok(());
     }
-    let (dir, traced) = crate::bench::build_workload(
+    let (dir, traced) = super::workload::build_workload(
         "calls",
         &["-O2", "-g"],
         &["--sites", "entry,exit", "--functions", "inner", "outer"],

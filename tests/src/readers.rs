@@ -1,0 +1,44 @@
+//! Readers independent of the tracer: Perfetto's own protos, tagged fixture lines.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::command::{RUN_TIMEOUT, run};
+use crate::paths::{fixture, workspace_root};
+
+/// What a Perfetto protobuf trace holds, read by Perfetto's own generated protos
+/// (`tests/tools/perfetto_summary.py`, PyPI package `perfetto` installed by `cargo
+/// xtask setup` into `target/xtask/python`).
+pub fn perfetto_summary(trace: &Path) -> serde_json::Value {
+    let py = workspace_root().join("target/xtask/python");
+    assert!(
+        py.join("perfetto").is_dir(),
+        "{} has no perfetto package: run `cargo xtask setup`",
+        py.display()
+    );
+    let mut c = Command::new("python3");
+    c.arg(workspace_root().join("tests/tools/perfetto_summary.py"))
+        .arg(trace)
+        .env("PYTHONPATH", &py);
+    let out = run(&mut c, RUN_TIMEOUT).ok();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "perfetto_summary.py printed no JSON ({e}): {}",
+            out.describe()
+        )
+    })
+}
+
+/// The line of `fixture` whose text contains `// @tag` (1-based).
+pub fn tagged_line(fixture_name: &str, tag: &str) -> u32 {
+    let text = std::fs::read_to_string(fixture(fixture_name)).unwrap();
+    let marker = format!("// @{tag}");
+    let hits: Vec<usize> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.trim_end().ends_with(&marker))
+        .map(|(i, _)| i + 1)
+        .collect();
+    assert_eq!(hits.len(), 1, "{fixture_name}: tag {tag} on lines {hits:?}");
+    hits[0] as u32
+}

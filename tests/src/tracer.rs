@@ -1,0 +1,94 @@
+//! The tracer: `tracer record` sessions (native and under qemu-aarch64), serialised
+//! within a test binary.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::command::{Out, run};
+use crate::paths::tracer_bin;
+
+/// Timeout of a `tracer record` session or a `tracer dump`.
+pub const TRACE_TIMEOUT: Duration = Duration::from_secs(300);
+
+static TRACER_LOCK: Mutex<()> = Mutex::new(());
+
+/// Serialises tracing sessions (and oracle runs) inside one test binary: they are
+/// timing sensitive and share the machine's 2 cores.
+pub fn tracing_lock() -> MutexGuard<'static, ()> {
+    TRACER_LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `tracer record -o TRACE -- PROG ARGS...` with extra environment for the tracer (and
+/// so for PROG).
+pub fn tracer_record(trace: &Path, prog: &Path, args: &[&str], env: &[(&str, &OsStr)]) -> Out {
+    tracer_record_with(&[], trace, prog, args, env)
+}
+
+/// Whether qemu-aarch64 can run (else AArch64 tests skip, saying so).
+pub fn have_qemu_aarch64(what: &str) -> bool {
+    let ok = Command::new("qemu-aarch64")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !ok {
+        eprintln!("SKIP {what}: qemu-aarch64 not installed (apt-get install qemu-user)");
+    }
+    ok
+}
+
+/// The arm64 sysroot of Debian's cross toolchain, for qemu-aarch64 `-L`.
+pub const A64_SYSROOT: &str = "/usr/aarch64-linux-gnu";
+
+/// An AArch64 program under qemu-user with the user-space drain: `tracer record --user
+/// --binary PROG -o TRACE -- qemu-aarch64 -L A64_SYSROOT PROG ARGS` (binfmt is off, so
+/// qemu is named; qemu itself is not instrumented).
+pub fn tracer_record_qemu(trace: &Path, prog: &Path, args: &[&str]) -> Out {
+    let p = prog.to_str().expect("UTF-8 temp path");
+    let mut qargs = vec!["-L", A64_SYSROOT, p];
+    qargs.extend(args);
+    tracer_record_with(
+        &["--user", "--binary", p],
+        trace,
+        Path::new("qemu-aarch64"),
+        &qargs,
+        &[],
+    )
+}
+
+/// `tracer record FLAGS -o TRACE -- PROG ARGS` (e.g. FLAGS = ["--user"]).
+pub fn tracer_record_with(
+    flags: &[&str],
+    trace: &Path,
+    prog: &Path,
+    args: &[&str],
+    env: &[(&str, &OsStr)],
+) -> Out {
+    let _g = tracing_lock();
+    let mut c = Command::new(tracer_bin());
+    c.arg("record")
+        .args(flags)
+        .arg("-o")
+        .arg(trace)
+        .arg("--")
+        .arg(prog)
+        .args(args);
+    // Sessions cache debug information; the tests' go to a scratch cache, not root's.
+    c.env(
+        "UTRACE_DEBUG_CACHE",
+        std::env::temp_dir().join("utrace-test-debug-cache"),
+    );
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = run(&mut c, TRACE_TIMEOUT);
+    assert!(
+        trace.is_file(),
+        "tracer record wrote no trace file {}: {}",
+        trace.display(),
+        out.describe()
+    );
+    out
+}

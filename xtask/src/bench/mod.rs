@@ -1,0 +1,134 @@
+//! `cargo xtask bench`: ns per event, side by side, for
+//! 1. the untraced loop (bench.c calling a noinline function N times),
+//! 2. the rewritten loop (inline stubs, no tracer: the flush just resets the buffer),
+//! 3. the rewritten loop under `tracer record`,
+//! 4. a hand-written inline store of the same 32-byte record (bench.c -DHANDWRITTEN),
+//! 5. a plain kernel uprobe + eBPF program on the same function (`rewriter
+//!    --force-uprobe --functions hit`: the site is left untouched and the tracer attaches
+//!    its `site` program there), with fewer iterations.
+//!
+//! Every fixture measures itself (clock_gettime around the loop); we take the best of
+//! `--runs` runs.
+//!
+//! Then a very large real binary (`--large-only`: just this part; `--no-large`: skip
+//! it): every function entry of the toolchain's own `librustc_driver-*.so` (~150 MB)
+//! rewritten, wall time (best of `--large-runs`) and size against the goals (under 2 s
+//! per 50 MB of input, under 1.3x the input size), the coverage line; then a private
+//! copy of the sysroot (a copy of `bin/rustc`, the rewritten driver, symlinks to the
+//! rest) must behave like the original: `rustc --version --verbose`, and a small program
+//! compiled by each (compiler output and the program's output identical).
+//! `--large-trace` also compiles it under `tracer record` (slow: see [`large::large_binary`]).
+//!
+//! Between the two: drain throughput (`drain/`): records per second through
+//! flush → eBPF (filter) → ring buffer → tracer → trace file, 1 and 2 producing threads,
+//! and the per-record cost of the in-kernel filters (`--no-drain`: skip it).
+//!
+//! Then the readers (`readers.rs`): `report`, `export --format perfetto` and
+//! `flamegraph` of a trace of `--readers-records` records: time, records/s, peak memory
+//! (`--no-readers`: skip it).
+//!
+//! `--only events|drain|readers|large` runs one section alone.
+
+mod aarch64_smoke;
+mod drain;
+mod events;
+mod large;
+mod measure;
+mod readers;
+mod table;
+mod usdt;
+mod workload;
+
+use anyhow::Result;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Loop iterations of the untraced, inline and hand-written runs.
+    #[arg(long, default_value_t = 20_000_000)]
+    iterations: u64,
+    /// Iterations of the run under `tracer record` (every one is delivered and stored).
+    #[arg(long, default_value_t = 5_000_000)]
+    tracer_iterations: u64,
+    /// Iterations of the plain-uprobe run.
+    #[arg(long, default_value_t = 200_000)]
+    uprobe_iterations: u64,
+    /// Runs per variant; the best is reported.
+    #[arg(long, default_value_t = 3)]
+    runs: u32,
+    /// Only the large-binary part (rewriting the toolchain's librustc_driver).
+    #[arg(long, conflicts_with = "no_large")]
+    large_only: bool,
+    /// Skip the large-binary part.
+    #[arg(long)]
+    no_large: bool,
+    /// Rewrites of the large binary; the best time is reported.
+    #[arg(long, default_value_t = 3)]
+    large_runs: u32,
+    /// Also compile with the rewritten rustc under `tracer record`.
+    #[arg(long)]
+    large_trace: bool,
+    /// Run only this section.
+    #[arg(long, value_enum, conflicts_with_all = ["large_only", "no_large", "no_drain", "no_readers"])]
+    only: Option<Section>,
+    /// Skip the drain-throughput section.
+    #[arg(long)]
+    no_drain: bool,
+    /// Records per session of the drain section (calls of the instrumented function,
+    /// shared by the producing threads).
+    #[arg(long, default_value_t = 20_000_000)]
+    drain_records: u64,
+    /// Skip the readers section.
+    #[arg(long)]
+    no_readers: bool,
+    /// Records of the trace the readers section reads.
+    #[arg(long, default_value_t = 30_000_000)]
+    readers_records: u64,
+    /// Sessions per row of the drain section; the least disturbed one (least CPU on the
+    /// record path) is reported.
+    #[arg(long, default_value_t = 2)]
+    drain_runs: u32,
+}
+
+/// The sections of the bench.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Section {
+    /// ns per event of the stubs (and the other site kinds, USDT, the AArch64 smoke).
+    Events,
+    /// Drain throughput: records/s through flush, eBPF, ring buffer, tracer, file.
+    Drain,
+    /// Reading a big trace back: report, Perfetto export, flame graph.
+    Readers,
+    /// The large binary (librustc_driver).
+    Large,
+}
+
+/// `cargo xtask bench`: build, then the sections `args` selects, in order.
+pub fn bench(args: &Args) -> Result<()> {
+    crate::build()?;
+    println!("== cargo xtask bench");
+    let run = |s: Section| match args.only {
+        Some(only) => only == s,
+        None => match s {
+            Section::Events => !args.large_only,
+            Section::Drain => !args.large_only && !args.no_drain,
+            Section::Readers => !args.large_only && !args.no_readers,
+            Section::Large => !args.no_large,
+        },
+    };
+    if run(Section::Events) {
+        events::ns_per_event(args)?;
+    }
+    if run(Section::Drain) {
+        drain::drain_throughput(&drain::Options {
+            records: args.drain_records,
+            runs: args.drain_runs,
+        })?;
+    }
+    if run(Section::Readers) {
+        readers::readers(args.readers_records)?;
+    }
+    if run(Section::Large) {
+        large::large_binary(args)?;
+    }
+    Ok(())
+}
