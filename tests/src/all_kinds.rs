@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use tracer_common::FLAG_UPROBE;
+use tracer_common::{FLAG_INTERPOLATED, FLAG_UPROBE};
 use tracer_common::meta::{Metadata, Site, SiteMode};
 
 use crate::checks::{by_tid, check_times_monotonic};
@@ -171,7 +171,6 @@ pub fn check_all_kinds_records(
     what: &str,
 ) -> KindRecords {
     use tracer_common::meta::SiteKind;
-    const FLAG_INTERPOLATED: u32 = 1 << 8;
     let sites: HashMap<u32, &Site> = meta.sites.iter().map(|s| (s.id, s)).collect();
     // The first block of each function, and its entry site.
     let mut first_block: HashMap<&str, &Site> = HashMap::new();

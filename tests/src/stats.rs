@@ -6,7 +6,7 @@ use std::process::Command;
 
 use crate::command::{RUN_TIMEOUT, run};
 
-/// The JSON of the stats section (`FinalStats`, tracer-user/src/tracefile.rs) of a trace
+/// The JSON of the stats section (`FinalStats`, tracer-user/src/tracefile/) of a trace
 /// file, or None when it has none (the recording did not finish). Walks the sections by
 /// their length prefixes, so it needs no tracer code.
 pub fn trace_stats(trace: &Path) -> Option<serde_json::Value> {

@@ -254,7 +254,7 @@ fn children_cpu_s() -> f64 {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
-/// The JSON of a trace file's stats section (tracer-user `tracefile.rs`: a 16-byte file
+/// The JSON of a trace file's stats section (tracer-user `tracefile/`: a 16-byte file
 /// header, then sections of `u32 kind, u32 0, u64 length` + payload; stats = kind 4,
 /// last). Chunk sections are skipped with seeks.
 fn read_stats(path: &Path) -> Result<Value> {
