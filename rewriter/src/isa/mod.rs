@@ -2,13 +2,24 @@
 //! site can be patched, relocating displaced instructions, emitting stubs and the
 //! injected run-time code) sits behind [`Isa`]; the ELF layout code is shared.
 
-use crate::input::{Function, Input};
-use crate::usdt::Arg;
+use crate::elf::read::{Function, Input};
+use crate::isa::arg::Arg;
 use tracer_common::meta::{SiteKind, TimeMode};
 
 pub mod aarch64;
+pub mod arg;
 pub mod operands;
 pub mod x86_64;
+
+/// The backend for an ELF `e_machine`, or None when there is none: the only place
+/// that tells ISAs apart by their ELF number (adding one is a folder and an arm here).
+pub fn of(machine: u16) -> Option<&'static dyn Isa> {
+    match machine {
+        object::elf::EM_X86_64 => Some(&x86_64::X86_64),
+        object::elf::EM_AARCH64 => Some(&aarch64::Aarch64),
+        _ => None,
+    }
+}
 
 /// Where the new code and data will live, fixed before any code is emitted.
 #[derive(Clone, Copy, Debug)]
@@ -199,9 +210,17 @@ pub struct Runtime {
     pub entry_shim: Option<u64>,
 }
 
-pub trait Isa {
+pub trait Isa: crate::flow::FlowArch + Sync {
     /// `ARCH_*` code stored in the metadata.
     fn arch(&self) -> u32;
+    /// Parse a `<sys/sdt.h>` argument operand (after its size prefix) in this ISA's
+    /// assembler syntax. `pc`: the probe's address (x86-64 numeric `N(%rip)`).
+    fn usdt_operand(
+        &self,
+        operand: &str,
+        pc: u64,
+        resolve: &dyn Fn(&str) -> Result<u64, arg::ArgError>,
+    ) -> Result<arg::ArgLoc, arg::ArgError>;
     /// Push the targets of the direct branches in `bytes` (code at `addr`).
     fn direct_branch_targets(&self, addr: u64, bytes: &[u8], out: &mut Vec<u64>);
     /// Push the targets of the direct calls in `bytes` (code at `addr`).

@@ -11,16 +11,18 @@
 //! recording in between makes the interrupted `stxr` fail and retry).
 
 mod enc;
+mod flow;
 mod mem;
 mod reloc;
 mod runtime;
 mod stub;
+mod usdt;
 
 use super::{
     Candidate, FlowFacts, FunctionPlan, Isa, Layout, Runtime, SiteReq, Window, merge_windows,
 };
-use crate::input::{Function, Input};
-use crate::usdt::{Arg, Reg as UsdtReg};
+use crate::elf::read::{Function, Input};
+use crate::isa::arg::{Arg, Reg as UsdtReg};
 use reloc::Class;
 use tracer_common::meta::SiteKind;
 use tracer_common::operand::{
@@ -53,6 +55,15 @@ fn word_at(bytes: &[u8], i: usize) -> Option<u32> {
 impl Isa for Aarch64 {
     fn arch(&self) -> u32 {
         tracer_common::ARCH_AARCH64
+    }
+
+    fn usdt_operand(
+        &self,
+        operand: &str,
+        _pc: u64,
+        resolve: &dyn Fn(&str) -> Result<u64, crate::isa::arg::ArgError>,
+    ) -> Result<crate::isa::arg::ArgLoc, crate::isa::arg::ArgError> {
+        usdt::operand(operand, resolve)
     }
 
     fn direct_call_targets(&self, addr: u64, bytes: &[u8], out: &mut Vec<u64>) {

@@ -7,8 +7,10 @@
 //! `rdtsc`, `jrcxz`, `jmp`, `call`): comparisons are `not` + `lea` + `jrcxz`. The
 //! out-of-line register routine saves RFLAGS itself.
 
+mod flow;
 mod runtime;
 mod stub;
+mod usdt;
 
 use iced_x86::{
     Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register,
@@ -17,8 +19,8 @@ use iced_x86::{
 use super::{
     Candidate, FlowFacts, FunctionPlan, Isa, Layout, Runtime, SiteReq, Window, merge_windows,
 };
-use crate::input::{Function, Input};
-use crate::usdt::{Arg, Reg as UsdtReg};
+use crate::elf::read::{Function, Input};
+use crate::isa::arg::{Arg, Reg as UsdtReg};
 use tracer_common::meta::SiteKind;
 use tracer_common::operand::{OP_ADDR, OPF_TP, Operand, OperandSet, REG_NONE, X86_REG_PC};
 
@@ -102,8 +104,8 @@ fn mem_flags(ins: &Instruction) -> Option<u32> {
 
 /// Where a call site's target comes from: None for a direct call (the stub takes its
 /// address), else the register or memory operand as a value to load.
-fn call_target(ins: &Instruction) -> Result<Option<crate::usdt::Arg>, String> {
-    use crate::usdt::{Arg, ArgLoc, Reg};
+fn call_target(ins: &Instruction) -> Result<Option<crate::isa::arg::Arg>, String> {
+    use crate::isa::arg::{Arg, ArgLoc, Reg};
     let reg = |r: Register| Reg::X86 {
         reg: r,
         high8: false,
@@ -275,6 +277,15 @@ fn window_for(
 impl Isa for X86_64 {
     fn arch(&self) -> u32 {
         tracer_common::ARCH_X86_64
+    }
+
+    fn usdt_operand(
+        &self,
+        operand: &str,
+        pc: u64,
+        resolve: &dyn Fn(&str) -> Result<u64, crate::isa::arg::ArgError>,
+    ) -> Result<crate::isa::arg::ArgLoc, crate::isa::arg::ArgError> {
+        usdt::operand(operand, pc, resolve)
     }
 
     fn probe_addr(&self, input: &Input, f: &Function, req: &SiteReq) -> u64 {

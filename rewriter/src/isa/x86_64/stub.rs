@@ -41,7 +41,7 @@ use iced_x86::{
 };
 
 use super::super::{Layout, PlacedSite, Runtime};
-use crate::usdt::{Arg, ArgLoc, Reg as UsdtReg};
+use crate::isa::arg::{Arg, ArgLoc, Reg as UsdtReg};
 use tracer_common::meta::{SiteKind, TimeMode};
 use tracer_common::{
     BUF_CIRCULAR, BUF_FAST_CIRCULAR, BUF_TRACE, FLAG_RING, FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE,

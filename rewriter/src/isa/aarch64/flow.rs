@@ -13,9 +13,28 @@ use std::collections::HashMap;
 
 use disarm64::decoder::{self, InsnId};
 
-use super::{Code, Dispatch, Functions, Scan, Slots, Val};
+use crate::flow::{Code, FlowArch, Dispatch, Functions, Scan, Slots, Val};
 
-pub(super) fn scan(code: &Code, funcs: &Functions, _slots: &Slots, out: &mut Scan) {
+impl FlowArch for super::Aarch64 {
+    fn fixed_width(&self) -> bool {
+        true
+    }
+
+    fn relative_reloc(&self) -> u32 {
+        object::elf::R_AARCH64_RELATIVE
+    }
+
+    fn entry_cfa(&self) -> (gimli::Register, i64, Option<gimli::Register>) {
+        (gimli::AArch64::SP, 0, Some(gimli::AArch64::X30))
+    }
+
+    fn scan(&self, code: &mut Code, funcs: &Functions, slots: &Slots, out: &mut Scan) {
+        scan(code, funcs, slots, out)
+    }
+}
+
+
+fn scan(code: &Code, funcs: &Functions, _slots: &Slots, out: &mut Scan) {
     for sec in code.secs.iter().filter(|s| !s.plt) {
         let end = sec.addr + sec.bytes.len() as u64;
         let lo = funcs.starts.partition_point(|&s| s <= sec.addr);

@@ -18,7 +18,7 @@
 //!
 //! The same data flow tracks the stack pointer (`Val::Stack`) and where a value came
 //! from, to classify an indirect jump that is not a table as a tail call (see
-//! [`super::Flow::tail_calls`]).
+//! [`crate::flow::Flow::tail_calls`]).
 
 use std::collections::BTreeSet;
 
@@ -27,9 +27,28 @@ use iced_x86::{
     OpKind, Register,
 };
 
-use super::{Code, CodeSec, Dispatch, Functions, Scan, Slots, Val};
+use crate::flow::{Code, FlowArch, CodeSec, Dispatch, Functions, Scan, Slots, Val};
 
-pub(super) fn scan(code: &mut Code, funcs: &Functions, slots: &Slots, out: &mut Scan) {
+impl FlowArch for super::X86_64 {
+    fn fixed_width(&self) -> bool {
+        false
+    }
+
+    fn relative_reloc(&self) -> u32 {
+        object::elf::R_X86_64_RELATIVE
+    }
+
+    fn entry_cfa(&self) -> (gimli::Register, i64, Option<gimli::Register>) {
+        (gimli::X86_64::RSP, 8, None)
+    }
+
+    fn scan(&self, code: &mut Code, funcs: &Functions, slots: &Slots, out: &mut Scan) {
+        scan(code, funcs, slots, out)
+    }
+}
+
+
+fn scan(code: &mut Code, funcs: &Functions, slots: &Slots, out: &mut Scan) {
     let mut cx = Cx {
         factory: InstructionInfoFactory::new(),
         insns: Vec::new(),
