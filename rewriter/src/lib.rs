@@ -46,12 +46,14 @@ pub fn rewrite(name: &str, data: &[u8], opts: &Options) -> Result<(Vec<u8>, Repo
 
 /// The backend for `input`'s machine.
 fn isa_of(input: &elf::read::Input) -> Result<&'static dyn isa::Isa> {
-    isa::of(input.machine).ok_or_else(|| Error::UnsupportedMachine(input.name.clone(), input.machine))
+    isa::of(input.machine)
+        .ok_or_else(|| Error::UnsupportedMachine(input.name.clone(), input.machine))
 }
 
 /// Control-flow recovery of a parsed input (jump tables, landing pads, FDE ranges).
 pub fn recover_flow(input: &elf::read::Input) -> Result<flow::Flow> {
-    flow::recover(input, isa_of(input)?).map_err(|e| Error::Layout(input.name.clone(), e.to_string()))
+    flow::recover(input, isa_of(input)?)
+        .map_err(|e| Error::Layout(input.name.clone(), e.to_string()))
 }
 
 /// Indirect control flow. Unreadable exception tables are not fatal, but then no
@@ -81,7 +83,10 @@ fn write(
 ) -> Result<(Vec<u8>, Report)> {
     let tx_size = (seg.code_at - seg.tx_vaddr) + code.code.len() as u64;
     if seg.tx_vaddr + tx_size > seg.layout.rw_vaddr {
-        return Err(Error::Layout(input.name.clone(), "trampolines larger than planned".into()));
+        return Err(Error::Layout(
+            input.name.clone(),
+            "trampolines larger than planned".into(),
+        ));
     }
     let rw_size = tracer_common::rw_size(opts.buf_kind, opts.nslots, seg.layout.buf_bytes);
     let metadata = code.metadata(input, isa, seg, sites, opts, (tx_size, rw_size))?;

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use object::{Object as _, ObjectSymbol as _};
+use rewriter::elf::read::Input;
 use rewriter::flow::Flow;
 use rewriter::recover_flow as recover;
-use rewriter::elf::read::Input;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

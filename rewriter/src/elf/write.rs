@@ -47,7 +47,10 @@ pub fn write(input: &Input, new: &NewParts) -> Result<Vec<u8>> {
     out.extend_from_slice(new.rw_header);
     for (vaddr, bytes) in new.patches {
         let off = input.vaddr_to_offset(*vaddr).ok_or_else(|| {
-            Error::Layout(input.name.clone(), format!("site {vaddr:#x} not file-backed"))
+            Error::Layout(
+                input.name.clone(),
+                format!("site {vaddr:#x} not file-backed"),
+            )
         })? as usize;
         out[off..off + bytes.len()].copy_from_slice(bytes);
     }
@@ -130,8 +133,24 @@ fn section_headers(
     let n3 = add_name(&mut strtab, ".utrace.bss");
     let n4 = add_name(&mut strtab, meta::META_SECTION);
     let (tx_vaddr, tx_off, rw_off) = (seg.tx_vaddr, seg.tx_off, new.rw_off);
-    shdrs.push(shdr(n1, elf::SHT_PROGBITS, x, tx_vaddr, tx_off, new.tx_size, 16));
-    shdrs.push(shdr(n2, elf::SHT_PROGBITS, w, rw_vaddr, rw_off, RW_FILESZ, 64));
+    shdrs.push(shdr(
+        n1,
+        elf::SHT_PROGBITS,
+        x,
+        tx_vaddr,
+        tx_off,
+        new.tx_size,
+        16,
+    ));
+    shdrs.push(shdr(
+        n2,
+        elf::SHT_PROGBITS,
+        w,
+        rw_vaddr,
+        rw_off,
+        RW_FILESZ,
+        64,
+    ));
     let bss_size = new.rw_size - RW_FILESZ;
     let (bss_at, bss_off) = (rw_vaddr + RW_FILESZ, rw_off + RW_FILESZ);
     shdrs.push(shdr(n3, elf::SHT_NOBITS, w, bss_at, bss_off, bss_size, 64));

@@ -2,8 +2,8 @@
 //! parts).
 
 use super::demangle::demangle;
-use crate::error::{Error, Result};
 use crate::elf::read::{Function, Input};
+use crate::error::{Error, Result};
 
 /// Functions that must never be patched: the unwinder recognises the signal-return
 /// trampoline by its exact bytes.

@@ -39,7 +39,6 @@ pub struct Probe {
     pub arg_text: String,
 }
 
-
 /// Why a binary's probes could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum UsdtError {
@@ -304,7 +303,6 @@ fn split_args(spec: &str) -> impl Iterator<Item = &str> {
     }
     parts.into_iter()
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use disarm64::decoder::{self, InsnId};
 
-use crate::flow::{Code, FlowArch, Dispatch, Functions, Scan, Slots, Val};
+use crate::flow::{Code, Dispatch, FlowArch, Functions, Scan, Slots, Val};
 
 impl FlowArch for super::Aarch64 {
     fn fixed_width(&self) -> bool {
@@ -32,7 +32,6 @@ impl FlowArch for super::Aarch64 {
         scan(code, funcs, slots, out)
     }
 }
-
 
 fn scan(code: &Code, funcs: &Functions, _slots: &Slots, out: &mut Scan) {
     for sec in code.secs.iter().filter(|s| !s.plt) {

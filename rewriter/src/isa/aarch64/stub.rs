@@ -38,8 +38,8 @@
 
 use super::enc::*;
 use super::{mem, reloc};
-use crate::isa::{Layout, PlacedSite, Runtime};
 use crate::isa::arg::{Arg, ArgLoc, Reg as UsdtReg};
+use crate::isa::{Layout, PlacedSite, Runtime};
 use tracer_common::meta::{SiteKind, TimeMode};
 use tracer_common::{
     BUF_CIRCULAR, BUF_FAST_CIRCULAR, BUF_TRACE, FLAG_RING, FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE,

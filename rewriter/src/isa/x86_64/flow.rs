@@ -27,7 +27,7 @@ use iced_x86::{
     OpKind, Register,
 };
 
-use crate::flow::{Code, FlowArch, CodeSec, Dispatch, Functions, Scan, Slots, Val};
+use crate::flow::{Code, CodeSec, Dispatch, FlowArch, Functions, Scan, Slots, Val};
 
 impl FlowArch for super::X86_64 {
     fn fixed_width(&self) -> bool {
@@ -46,7 +46,6 @@ impl FlowArch for super::X86_64 {
         scan(code, funcs, slots, out)
     }
 }
-
 
 fn scan(code: &mut Code, funcs: &Functions, slots: &Slots, out: &mut Scan) {
     let mut cx = Cx {

@@ -293,7 +293,16 @@ fn emit_stub(
     let mut first = 0;
     for ((site, &n), &base) in sites.iter().zip(&shape.per).zip(&shape.arg_base) {
         let site_args = &frame.arg_depth[base..base + site.args.len()];
-        emit_site_store(a, &shape, &frame, site, ins, (first, n), site_args, ring_flag)?;
+        emit_site_store(
+            a,
+            &shape,
+            &frame,
+            site,
+            ins,
+            (first, n),
+            site_args,
+            ring_flag,
+        )?;
         first += n;
     }
     emit_times_and_check(a, layout, &shape, full)?;
