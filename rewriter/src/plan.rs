@@ -159,9 +159,8 @@ impl Ctx<'_> {
                 continue;
             }
             let value: Vec<Arg> = self.values.get(&kind).cloned().into_iter().collect();
-            let of = self
-                .isa
-                .sites_of(self.input, f, kind, self.fn_starts, &self.facts);
+            let of =
+                crate::isa::sites_of(self.isa, self.input, f, kind, self.fn_starts, &self.facts);
             for addr in of {
                 add(kind, addr, &c.name, value.clone());
             }

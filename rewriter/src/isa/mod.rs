@@ -201,6 +201,76 @@ pub fn merge_windows(
     plan
 }
 
+/// What site selection needs to know about one instruction.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct InsnFacts {
+    pub addr: u64,
+    /// A return (`ret`, `retaa`).
+    pub is_return: bool,
+    /// The target of a direct unconditional jump (`jmp rel`, `b`).
+    pub direct_jump: Option<u64>,
+    /// An indirect jump (`jmp r/m`, `br`): an exit when flow recovery found it to be a
+    /// tail call.
+    pub indirect_jump: bool,
+    /// Control may not fall through to the next instruction: the next one starts a block.
+    pub transfers: bool,
+    /// An explicit memory operand that is read or written (when asked for).
+    pub memory: bool,
+    /// A call, direct or indirect.
+    pub call: bool,
+    /// A landing pad (`endbr64`, `bti c`, `paciasp`): not a block of its own when first.
+    pub landing_pad: bool,
+}
+
+/// Addresses of `f`'s sites of one kind. Entries: the function's address. Exits:
+/// returns, direct jumps to another function's start (tail calls; `fn_starts`: every
+/// function address, sorted) and indirect jumps that `flow` found to be tail calls.
+/// Blocks: the first instruction (after a landing pad), branch targets inside, and
+/// instructions after a control transfer. Memory: instructions with an explicit memory
+/// operand that they read or write. Calls: every call. (USDT sites come from the probe
+/// notes, not from here.)
+pub fn sites_of(
+    isa: &dyn Isa,
+    input: &Input,
+    f: &Function,
+    kind: SiteKind,
+    fn_starts: &[u64],
+    flow: &FlowFacts,
+) -> Vec<u64> {
+    let keep = |pred: &dyn Fn(&InsnFacts) -> bool| -> Vec<u64> {
+        let facts = isa.insn_facts(input, f, kind == SiteKind::Memory);
+        facts.iter().filter(|i| pred(i)).map(|i| i.addr).collect()
+    };
+    let inside = f.addr..f.addr + f.size;
+    let is = |set: &[u64], a: u64| set.binary_search(&a).is_ok();
+    match kind {
+        SiteKind::FunctionEntry => vec![f.addr],
+        SiteKind::Usdt => Vec::new(),
+        SiteKind::FunctionExit => keep(&|i| {
+            i.is_return
+                || i.direct_jump
+                    .is_some_and(|t| !inside.contains(&t) && is(fn_starts, t))
+                || i.indirect_jump && is(flow.tail_calls, i.addr)
+        }),
+        SiteKind::Block => {
+            let mut out = Vec::new();
+            let mut after_transfer = true;
+            for (k, i) in isa.insn_facts(input, f, false).iter().enumerate() {
+                if k == 0 && i.landing_pad {
+                    continue;
+                }
+                if after_transfer || is(flow.targets, i.addr) {
+                    out.push(i.addr);
+                }
+                after_transfer = i.transfers;
+            }
+            out
+        }
+        SiteKind::Memory => keep(&|i| i.memory),
+        SiteKind::Call => keep(&|i| i.call),
+    }
+}
+
 /// Addresses of the injected run-time routines.
 #[derive(Clone, Copy, Debug)]
 pub struct Runtime {
@@ -250,20 +320,10 @@ pub trait Isa: crate::flow::FlowArch + Sync {
         targets.dedup();
         targets
     }
-    /// Addresses of `f`'s sites of one kind. Exits: returns, unconditional direct
-    /// branches to another function's start (tail calls; `fn_starts`: every function
-    /// address, sorted) and indirect jumps that `flow` found to be tail calls. Blocks: the function's first instruction (after a landing
-    /// pad), branch targets inside it, and instructions after a control transfer.
-    /// Memory: instructions with an explicit memory operand that they read or write.
-    /// (USDT sites come from the probe notes, not from here.)
-    fn sites_of(
-        &self,
-        input: &Input,
-        f: &Function,
-        kind: SiteKind,
-        fn_starts: &[u64],
-        flow: &FlowFacts,
-    ) -> Vec<u64>;
+    /// `f`'s instructions in address order, with what site selection needs of each
+    /// (empty when `f` cannot be decoded). `memory`: also classify memory accesses
+    /// (costly; only memory sites need it).
+    fn insn_facts(&self, input: &Input, f: &Function, memory: bool) -> Vec<InsnFacts>;
     /// Decide which of `f`'s sites get inline stubs (grouped into windows) and which
     /// become uprobe sites. `targets`: every known branch target, sorted. `unsure`:
     /// why the targets inside `f` may be incomplete (an indirect jump not explained as

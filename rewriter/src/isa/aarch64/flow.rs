@@ -68,7 +68,7 @@ fn words(bytes: &[u8], addr: u64) -> impl Iterator<Item = (u64, u32)> + '_ {
 }
 
 /// BR, BRAA, BRAB, BRAAZ, BRABZ (not RET, not BLR).
-fn is_indirect_branch(w: u32) -> bool {
+pub(super) fn is_indirect_branch(w: u32) -> bool {
     (w & 0xfe1f_0000) == 0xd61f_0000 && (w >> 21) & 0xf == 0
 }
 

@@ -19,7 +19,7 @@ mod stub;
 mod usdt;
 
 use super::{
-    Candidate, FlowFacts, FunctionPlan, Isa, Layout, Runtime, SiteReq, Window, merge_windows,
+    Candidate, FunctionPlan, InsnFacts, Isa, Layout, Runtime, SiteReq, Window, merge_windows,
 };
 use crate::elf::read::{Function, Input};
 use crate::isa::arg::{Arg, Reg as UsdtReg};
@@ -84,64 +84,31 @@ impl Isa for Aarch64 {
         }
     }
 
-    fn sites_of(
-        &self,
-        input: &Input,
-        f: &Function,
-        kind: SiteKind,
-        fn_starts: &[u64],
-        flow: &FlowFacts,
-    ) -> Vec<u64> {
-        let targets = flow.targets;
-        match kind {
-            SiteKind::FunctionEntry => return vec![f.addr],
-            SiteKind::Usdt => return Vec::new(),
-            _ => {}
-        }
+    fn insn_facts(&self, input: &Input, f: &Function, memory: bool) -> Vec<InsnFacts> {
         let Some(bytes) = input.bytes_at(f.addr) else {
             return Vec::new();
         };
         let n = (f.size as usize).min(bytes.len()) / INSN * INSN;
-        let inside = f.addr..f.addr + f.size;
-        let words = (0..n)
+        (0..n)
             .step_by(INSN)
-            .filter_map(|i| Some((f.addr + i as u64, word_at(bytes, i)?)));
-        match kind {
-            SiteKind::FunctionEntry | SiteKind::Usdt => Vec::new(),
-            SiteKind::FunctionExit => words
-                .filter(|&(pc, w)| {
-                    reloc::is_return(w).is_some()
-                        || matches!(reloc::classify(w, pc), Class::B { target }
-                            if !inside.contains(&target) && fn_starts.binary_search(&target).is_ok())
-                        || flow.tail_calls.binary_search(&pc).is_ok()
-                })
-                .map(|(pc, _)| pc)
-                .collect(),
-            SiteKind::Block => {
-                let mut out = Vec::new();
-                let mut after_transfer = true;
-                for (pc, w) in words {
-                    if pc == f.addr && enc::LANDING_PADS.contains(&w) {
-                        continue;
-                    }
-                    if after_transfer || targets.binary_search(&pc).is_ok() {
-                        out.push(pc);
-                    }
-                    after_transfer = reloc::transfers(w, pc);
+            .filter_map(|i| Some((f.addr + i as u64, word_at(bytes, i)?)))
+            .map(|(pc, w)| {
+                let class = reloc::classify(w, pc);
+                InsnFacts {
+                    addr: pc,
+                    is_return: reloc::is_return(w).is_some(),
+                    direct_jump: match class {
+                        Class::B { target } => Some(target),
+                        _ => None,
+                    },
+                    indirect_jump: flow::is_indirect_branch(w),
+                    transfers: reloc::transfers(w, pc),
+                    memory: memory && mem::classify(w, pc).is_some(),
+                    call: matches!(class, Class::Bl { .. } | Class::Blr { .. }),
+                    landing_pad: enc::LANDING_PADS.contains(&w),
                 }
-                out
-            }
-            SiteKind::Memory => words
-                .filter(|&(pc, w)| mem::classify(w, pc).is_some())
-                .map(|(pc, _)| pc)
-                .collect(),
-            SiteKind::Call => words
-                .filter(|&(pc, w)| {
-                    matches!(reloc::classify(w, pc), Class::Bl { .. } | Class::Blr { .. })
-                })
-                .map(|(pc, _)| pc)
-                .collect(),
-        }
+            })
+            .collect()
     }
 
     fn plan_function(

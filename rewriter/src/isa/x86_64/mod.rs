@@ -17,7 +17,7 @@ use iced_x86::{
 };
 
 use super::{
-    Candidate, FlowFacts, FunctionPlan, Isa, Layout, Runtime, SiteReq, Window, merge_windows,
+    Candidate, FunctionPlan, InsnFacts, Isa, Layout, Runtime, SiteReq, Window, merge_windows,
 };
 use crate::elf::read::{Function, Input};
 use crate::isa::arg::{Arg, Reg as UsdtReg};
@@ -296,68 +296,28 @@ impl Isa for X86_64 {
         }
     }
 
-    fn sites_of(
-        &self,
-        input: &Input,
-        f: &Function,
-        kind: SiteKind,
-        fn_starts: &[u64],
-        flow: &FlowFacts,
-    ) -> Vec<u64> {
-        let targets = flow.targets;
-        match kind {
-            SiteKind::FunctionEntry => return vec![f.addr],
-            SiteKind::Usdt => return Vec::new(),
-            _ => {}
-        }
+    fn insn_facts(&self, input: &Input, f: &Function, memory: bool) -> Vec<InsnFacts> {
         let Ok(insns) = decode_function(input, f) else {
             return Vec::new();
         };
-        let inside = f.addr..f.addr + f.size;
-        match kind {
-            SiteKind::FunctionEntry | SiteKind::Usdt => Vec::new(),
-            SiteKind::FunctionExit => insns
-                .iter()
-                .filter(|i| match i.flow_control() {
-                    FlowControl::Return => true,
-                    FlowControl::UnconditionalBranch => {
-                        i.op0_kind() == OpKind::NearBranch64
-                            && !inside.contains(&i.near_branch_target())
-                            && fn_starts.binary_search(&i.near_branch_target()).is_ok()
-                    }
-                    FlowControl::IndirectBranch => flow.tail_calls.binary_search(&i.ip()).is_ok(),
-                    _ => false,
-                })
-                .map(|i| i.ip())
-                .collect(),
-            SiteKind::Block => {
-                let first = usize::from(insns[0].code() == Code::Endbr64);
-                let mut out = Vec::new();
-                let mut after_transfer = true;
-                for (k, i) in insns.iter().enumerate().skip(first) {
-                    if after_transfer || is_target(targets, i.ip()) && k > first {
-                        out.push(i.ip());
-                    }
-                    after_transfer = i.flow_control() != FlowControl::Next;
+        insns
+            .iter()
+            .map(|i| {
+                let fc = i.flow_control();
+                InsnFacts {
+                    addr: i.ip(),
+                    is_return: fc == FlowControl::Return,
+                    direct_jump: (fc == FlowControl::UnconditionalBranch
+                        && i.op0_kind() == OpKind::NearBranch64)
+                        .then(|| i.near_branch_target()),
+                    indirect_jump: fc == FlowControl::IndirectBranch,
+                    transfers: fc != FlowControl::Next,
+                    memory: memory && mem_flags(i).is_some(),
+                    call: matches!(fc, FlowControl::Call | FlowControl::IndirectCall),
+                    landing_pad: i.code() == Code::Endbr64,
                 }
-                out
-            }
-            SiteKind::Memory => insns
-                .iter()
-                .filter(|i| mem_flags(i).is_some())
-                .map(|i| i.ip())
-                .collect(),
-            SiteKind::Call => insns
-                .iter()
-                .filter(|i| {
-                    matches!(
-                        i.flow_control(),
-                        FlowControl::Call | FlowControl::IndirectCall
-                    )
-                })
-                .map(|i| i.ip())
-                .collect(),
-        }
+            })
+            .collect()
     }
 
     fn direct_call_targets(&self, addr: u64, bytes: &[u8], out: &mut Vec<u64>) {
