@@ -9,7 +9,7 @@ use crate::isa::{FunctionPlan, Isa, Runtime, SiteReq};
 use crate::layout::{RW_FILESZ, Segments};
 use crate::plan::Sites;
 use crate::select::Selection;
-use tracer_common::meta::{self, Metadata, Site, SiteKind, SiteMode};
+use tracer_common::meta::{self, FallbackReason, Metadata, Site, SiteKind, SiteMode, SiteReason};
 use tracer_common::*;
 
 /// What the rewrite did, for the user.
@@ -20,7 +20,7 @@ pub struct Report {
     pub inline: usize,
     pub uprobe: usize,
     /// (site, reason) for every uprobe site.
-    pub uprobe_reasons: Vec<(String, String)>,
+    pub uprobe_reasons: Vec<(String, FallbackReason)>,
     /// (inline, uprobe) per site kind.
     pub per_kind: std::collections::BTreeMap<SiteKind, (usize, usize)>,
     pub input_size: u64,
@@ -39,6 +39,8 @@ pub struct Emitted {
     modes: Vec<Option<(SiteMode, u64)>>,
     /// Where the eBPF `site` program finds what a uprobe memory or USDT site records.
     operands: Vec<meta::SiteOperands>,
+    /// Why each uprobe site is one, for the metadata.
+    pub reasons: Vec<SiteReason>,
     pub report: Report,
 }
 
@@ -62,6 +64,7 @@ pub fn code(
         semaphores: Vec::new(),
         modes: vec![None; sites.info.len()],
         operands: Vec::new(),
+        reasons: Vec::new(),
         report: Report {
             kind: input.kind.name(),
             sites: sites.info.len(),
@@ -130,7 +133,11 @@ impl Emitted {
                         self.modes[s.id as usize] = Some((SiteMode::Inline, s.at));
                     }
                 }
-                Err(why) => uprobes.extend(w.sites.iter().map(|s| (s.id, why.clone()))),
+                Err(why) => uprobes.extend(
+                    w.sites
+                        .iter()
+                        .map(|s| (s.id, FallbackReason::Detail(why.clone()))),
+                ),
             }
         }
         for (id, why) in uprobes {
@@ -140,6 +147,10 @@ impl Emitted {
                 .expect("plan of this function");
             self.uprobe(input, isa, f, req);
             let s = &sites.info[id as usize];
+            self.reasons.push(SiteReason {
+                site: id,
+                reason: why.clone(),
+            });
             self.report.uprobe_reasons.push((
                 format!("{} ({} at {:#x})", s.name, s.kind.name(), s.addr),
                 why,

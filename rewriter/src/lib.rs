@@ -26,7 +26,7 @@ pub use error::{Error, Result};
 pub use options::{Options, Progress};
 pub use select::demangle::demangle;
 pub use select::{spec, usdt};
-pub use tracer_common::meta::{SiteKind, TimeMode};
+pub use tracer_common::meta::{FallbackReason, SiteKind, TimeMode};
 
 /// Rewrite an in-memory image. `name` is used in messages.
 pub fn rewrite(name: &str, data: &[u8], opts: &Options) -> Result<(Vec<u8>, Report)> {
@@ -90,7 +90,8 @@ fn write(
     }
     let rw_size = tracer_common::rw_size(opts.buf_kind, opts.nslots, seg.layout.buf_bytes);
     let metadata = code.metadata(input, isa, seg, sites, opts, (tx_size, rw_size))?;
-    let note = metadata.to_note();
+    code.reasons.sort_by_key(|r| r.site);
+    let note = metadata.to_note_with(&code.reasons);
     let rw_header = emit::rw_header(seg);
     let parts = elf::write::NewParts {
         seg,

@@ -11,7 +11,7 @@ use crate::flow::Flow;
 use crate::isa::arg::{Arg, ArgError, parse_arg};
 use crate::isa::{FlowFacts, FunctionPlan, Isa, SiteReq};
 use crate::select::{Chosen, Selection};
-use tracer_common::meta::SiteKind;
+use tracer_common::meta::{FallbackReason, SiteKind};
 
 /// One site, by id: what the metadata and the report say of it.
 pub struct SiteInfo {
@@ -191,23 +191,23 @@ pub fn plan(
         .map(|(i, (c, reqs))| {
             opts.progress.report("planning", i as u64, total);
             if opts.force_uprobe {
-                return FunctionPlan::all_uprobes(reqs, "--force-uprobe");
+                return FunctionPlan::all_uprobes(reqs, FallbackReason::Forced);
             }
             let unsure = eh_problem
-                .map(str::to_string)
+                .map(|e| FallbackReason::ExceptionTables(e.to_string()))
                 .or_else(|| unresolved_jump(flow, c.f.addr, c.f.addr + c.f.size));
-            isa.plan_function(input, &c.f, reqs, targets, unsure.as_deref())
+            isa.plan_function(input, &c.f, reqs, targets, unsure.as_ref())
         })
         .collect()
 }
 
 /// Why `[start, end)` may have branch targets flow recovery missed: an indirect jump in
 /// it that is not explained as a jump table.
-fn unresolved_jump(flow: &Flow, start: u64, end: u64) -> Option<String> {
+fn unresolved_jump(flow: &Flow, start: u64, end: u64) -> Option<FallbackReason> {
     let jumps = &flow.unresolved_indirect_jumps;
     let lo = jumps.partition_point(|&a| a < start);
     jumps
         .get(lo)
         .filter(|&&a| a < end)
-        .map(|a| format!("indirect jump at {a:#x} not explained as a jump table"))
+        .map(|&at| FallbackReason::UnresolvedJump { at })
 }

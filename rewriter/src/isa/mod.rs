@@ -4,7 +4,7 @@
 
 use crate::elf::read::{Function, Input};
 use crate::isa::arg::Arg;
-use tracer_common::meta::{SiteKind, TimeMode};
+use tracer_common::meta::{FallbackReason, SiteKind, TimeMode};
 
 pub mod aarch64;
 pub mod arg;
@@ -95,20 +95,29 @@ pub struct FlowFacts<'a> {
 #[derive(Clone, Debug, Default)]
 pub struct FunctionPlan {
     pub windows: Vec<Window>,
-    pub uprobes: Vec<(u32, String)>,
+    pub uprobes: Vec<(u32, FallbackReason)>,
 }
 
 impl FunctionPlan {
-    pub fn all_uprobes(reqs: &[SiteReq], why: &str) -> Self {
+    pub fn all_uprobes(reqs: &[SiteReq], why: FallbackReason) -> Self {
         FunctionPlan {
             windows: Vec::new(),
-            uprobes: reqs.iter().map(|r| (r.id, why.to_string())).collect(),
+            uprobes: reqs.iter().map(|r| (r.id, why.clone())).collect(),
         }
     }
 }
 
-/// One site's own window (start, bytes overwritten, bytes relocated), before windows
-/// that overlap are merged, or why it has none.
+/// The range one site's patch covers: the branch goes at `start` and overwrites `len`
+/// bytes, of which the first `code_len` are instructions that are relocated (the rest
+/// padding after the function).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Span {
+    pub start: u64,
+    pub len: usize,
+    pub code_len: usize,
+}
+
+/// One site's own window, before windows that overlap are merged, or why it has none.
 pub struct Candidate {
     pub req: SiteReq,
     /// The instruction the stub runs before.
@@ -118,11 +127,11 @@ pub struct Candidate {
     /// See `PlacedSite::keep_flags` / `keep_r11`.
     pub keep_flags: bool,
     pub keep_r11: bool,
-    pub window: Result<(u64, usize, usize), String>,
+    pub window: Result<Span, FallbackReason>,
 }
 
 impl Candidate {
-    pub fn uprobe(req: &SiteReq, at: u64, why: String) -> Self {
+    pub fn uprobe(req: &SiteReq, at: u64, why: FallbackReason) -> Self {
         Candidate {
             req: req.clone(),
             at,
@@ -144,11 +153,15 @@ pub fn merge_windows(
     cands: Vec<Candidate>,
     bad: impl Fn(&Window) -> Option<String>,
 ) -> FunctionPlan {
-    let mut spans: Vec<(u64, usize, usize)> =
-        cands.iter().filter_map(|c| c.window.clone().ok()).collect();
+    let mut spans: Vec<Span> = cands.iter().filter_map(|c| c.window.clone().ok()).collect();
     spans.sort_unstable();
     let mut windows: Vec<Window> = Vec::new();
-    for (start, len, code_len) in spans {
+    for Span {
+        start,
+        len,
+        code_len,
+    } in spans
+    {
         match windows.last_mut() {
             Some(w) if start < w.start + w.len as u64 => {
                 let end = (w.start + w.len as u64).max(start + len as u64);
@@ -181,10 +194,9 @@ pub fn merge_windows(
             .find(|w| (w.start..w.start + w.code_len as u64).contains(&c.at))
         {
             Some(w) => w.sites.push(placed),
-            None => plan.uprobes.push((
-                c.req.id,
-                c.window.err().unwrap_or_else(|| "no window".into()),
-            )),
+            None => plan
+                .uprobes
+                .push((c.req.id, c.window.err().unwrap_or(FallbackReason::NoWindow))),
         }
     }
     for w in windows {
@@ -194,7 +206,7 @@ pub fn merge_windows(
             Some(why) => plan.uprobes.extend(
                 w.sites
                     .iter()
-                    .map(|s| (s.id, format!("overlapping sites: {why}"))),
+                    .map(|s| (s.id, FallbackReason::Overlapping(why.clone()))),
             ),
         }
     }
@@ -336,7 +348,7 @@ pub trait Isa: crate::flow::FlowArch + Sync {
         f: &Function,
         reqs: &[SiteReq],
         targets: &[u64],
-        unsure: Option<&str>,
+        unsure: Option<&FallbackReason>,
     ) -> FunctionPlan;
     /// Where a uprobe goes for a site that is not patched inline: after a landing pad
     /// (`endbr64`, `bti c`, `paciasp`) for an entry, the instruction itself for an exit.

@@ -19,12 +19,12 @@ mod stub;
 mod usdt;
 
 use super::{
-    Candidate, FunctionPlan, InsnFacts, Isa, Layout, Runtime, SiteReq, Window, merge_windows,
+    Candidate, FunctionPlan, InsnFacts, Isa, Layout, Runtime, SiteReq, Span, Window, merge_windows,
 };
 use crate::elf::read::{Function, Input};
 use crate::isa::arg::{Arg, Reg as UsdtReg};
 use reloc::Class;
-use tracer_common::meta::SiteKind;
+use tracer_common::meta::{FallbackReason, SiteKind};
 use tracer_common::operand::{
     A64_REG_PC, OP_ADDR, OPF_INDEX_SXTW, OPF_INDEX_UXTW, OPF_STRIP_PAC, Operand, OperandSet,
     REG_NONE,
@@ -118,16 +118,16 @@ impl Isa for Aarch64 {
         reqs: &[SiteReq],
         targets: &[u64],
         // Windows are single instructions: no interior that a branch could land in.
-        _unsure: Option<&str>,
+        _unsure: Option<&FallbackReason>,
     ) -> FunctionPlan {
         if f.size == 0 {
-            return FunctionPlan::all_uprobes(reqs, "symbol has no size");
+            return FunctionPlan::all_uprobes(reqs, FallbackReason::NoSize);
         }
         if !f.addr.is_multiple_of(4) {
-            return FunctionPlan::all_uprobes(reqs, "function address not 4-byte aligned");
+            return FunctionPlan::all_uprobes(reqs, FallbackReason::Unaligned);
         }
         let Some(bytes) = input.bytes_at(f.addr) else {
-            return FunctionPlan::all_uprobes(reqs, "not in a file-backed segment");
+            return FunctionPlan::all_uprobes(reqs, FallbackReason::NotFileBacked);
         };
         let size = (f.size as usize).min(bytes.len()) / INSN * INSN;
         let first = word_at(bytes, 0).filter(|_| size >= INSN);
@@ -161,7 +161,7 @@ impl Isa for Aarch64 {
                 } else {
                     r.addr
                 };
-                let c = |why: String| Candidate::uprobe(r, at, why);
+                let c = |why: String| Candidate::uprobe(r, at, FallbackReason::Detail(why));
                 let Some(w) = word_at(bytes, (at - f.addr) as usize)
                     .filter(|_| at + INSN as u64 <= f.addr + size as u64)
                 else {
@@ -192,7 +192,9 @@ impl Isa for Aarch64 {
                 };
                 let flags = match (r.kind, mem::classify(w, at)) {
                     (SiteKind::Memory, Some(m)) => mem_flags(&m),
-                    (SiteKind::Memory, None) => return c("not a memory access".into()),
+                    (SiteKind::Memory, None) => {
+                        return Candidate::uprobe(r, at, FallbackReason::NotMemoryAccess);
+                    }
                     _ => 0,
                 };
                 Candidate {
@@ -203,7 +205,11 @@ impl Isa for Aarch64 {
                     // The AArch64 stub never writes NZCV and saves what it uses.
                     keep_flags: false,
                     keep_r11: false,
-                    window: Ok((at, INSN, INSN)),
+                    window: Ok(Span {
+                        start: at,
+                        len: INSN,
+                        code_len: INSN,
+                    }),
                 }
             })
             .collect();

@@ -17,11 +17,11 @@ use iced_x86::{
 };
 
 use super::{
-    Candidate, FunctionPlan, InsnFacts, Isa, Layout, Runtime, SiteReq, Window, merge_windows,
+    Candidate, FunctionPlan, InsnFacts, Isa, Layout, Runtime, SiteReq, Span, Window, merge_windows,
 };
 use crate::elf::read::{Function, Input};
 use crate::isa::arg::{Arg, Reg as UsdtReg};
-use tracer_common::meta::SiteKind;
+use tracer_common::meta::{FallbackReason, SiteKind};
 use tracer_common::operand::{OP_ADDR, OPF_TP, Operand, OperandSet, REG_NONE, X86_REG_PC};
 
 pub struct X86_64;
@@ -32,20 +32,20 @@ pub const JMP_LEN: usize = 5;
 
 /// The function's instructions from a linear sweep (compilers put no data in x86-64
 /// code), or why it cannot be decoded.
-fn decode_function(input: &Input, f: &Function) -> Result<Vec<Instruction>, String> {
+fn decode_function(input: &Input, f: &Function) -> Result<Vec<Instruction>, FallbackReason> {
     if f.size == 0 {
-        return Err("symbol has no size".into());
+        return Err(FallbackReason::NoSize);
     }
     let bytes = input
         .bytes_at(f.addr)
-        .ok_or("not in a file-backed segment")?;
+        .ok_or(FallbackReason::NotFileBacked)?;
     let n = (f.size as usize).min(bytes.len());
     let mut dec = Decoder::with_ip(64, &bytes[..n], f.addr, DecoderOptions::NONE);
     let mut out = Vec::new();
     while dec.can_decode() {
         let ins = dec.decode();
         if ins.is_invalid() {
-            return Err(format!("undecodable instruction at {:#x}", ins.ip()));
+            return Err(FallbackReason::Undecodable { at: ins.ip() });
         }
         out.push(ins);
     }
@@ -206,8 +206,8 @@ fn window_for(
     pad: usize,
     targets: &[u64],
     backward: bool,
-) -> Result<(usize, usize, usize), String> {
-    let mut why = String::new();
+) -> Result<(usize, usize, usize), FallbackReason> {
+    let mut why = None;
     if backward && !is_target(targets, insns[s].ip()) {
         // [i..=s], extending i down while shorter than a jmp.
         let mut i = s;
@@ -215,26 +215,27 @@ fn window_for(
         let mut ok = true;
         if let Some(w) = unmovable(&insns[s], true) {
             ok = false;
-            why = w;
+            why = Some(FallbackReason::Detail(w));
         }
         while ok && len < JMP_LEN {
             if i == first_allowed {
                 ok = false;
-                why = "too few bytes before it in the function".into();
+                why = Some(FallbackReason::Detail(
+                    "too few bytes before it in the function".into(),
+                ));
                 break;
             }
             i -= 1;
             if let Some(w) = unmovable(&insns[i], false) {
                 ok = false;
-                why = w;
+                why = Some(FallbackReason::Detail(w));
                 break;
             }
             if is_target(targets, insns[i + 1].ip()) {
                 ok = false;
-                why = format!(
-                    "branch target {:#x} inside the displaced bytes",
-                    insns[i + 1].ip()
-                );
+                why = Some(FallbackReason::BranchTargetInside {
+                    target: insns[i + 1].ip(),
+                });
                 break;
             }
             len += insns[i].len();
@@ -248,14 +249,13 @@ fn window_for(
     let mut len = 0;
     loop {
         if j > s && is_target(targets, insns[j].ip()) {
-            return Err(format!(
-                "branch target {:#x} inside the displaced bytes",
-                insns[j].ip()
-            ));
+            return Err(FallbackReason::BranchTargetInside {
+                target: insns[j].ip(),
+            });
         }
         len += insns[j].len();
         if let Some(w) = unmovable(&insns[j], len >= JMP_LEN || j + 1 == insns.len()) {
-            return Err(w);
+            return Err(FallbackReason::Detail(w));
         }
         if len >= JMP_LEN {
             return Ok((s, j, len));
@@ -264,11 +264,9 @@ fn window_for(
             if len + pad >= JMP_LEN {
                 return Ok((s, j, len));
             }
-            return Err(if why.is_empty() {
-                format!("function too short to patch ({len} bytes)")
-            } else {
-                why
-            });
+            return Err(why.unwrap_or_else(|| {
+                FallbackReason::Detail(format!("function too short to patch ({len} bytes)"))
+            }));
         }
         j += 1;
     }
@@ -356,12 +354,12 @@ impl Isa for X86_64 {
         f: &Function,
         reqs: &[SiteReq],
         targets: &[u64],
-        unsure: Option<&str>,
+        unsure: Option<&FallbackReason>,
     ) -> FunctionPlan {
         let insns = match decode_function(input, f) {
             Ok(i) if !i.is_empty() => i,
-            Ok(_) => return FunctionPlan::all_uprobes(reqs, "empty function"),
-            Err(why) => return FunctionPlan::all_uprobes(reqs, &why),
+            Ok(_) => return FunctionPlan::all_uprobes(reqs, FallbackReason::EmptyFunction),
+            Err(why) => return FunctionPlan::all_uprobes(reqs, why),
         };
         // The landing pad stays first: nothing is displaced before it.
         let first = usize::from(
@@ -403,7 +401,7 @@ impl Isa for X86_64 {
                 match insns.iter().find(|i| i.ip() == at).map(call_target) {
                     Some(Ok(arg)) => req.args = arg.into_iter().collect(),
                     Some(Err(why)) => {
-                        cands.push(Candidate::uprobe(r, at, why));
+                        cands.push(Candidate::uprobe(r, at, FallbackReason::Detail(why)));
                         continue;
                     }
                     None => {}
@@ -414,7 +412,7 @@ impl Isa for X86_64 {
                 SiteKind::Memory => match insns.iter().find(|i| i.ip() == at).and_then(mem_flags) {
                     Some(f) => f,
                     None => {
-                        cands.push(Candidate::uprobe(r, at, "not a memory access".into()));
+                        cands.push(Candidate::uprobe(r, at, FallbackReason::NotMemoryAccess));
                         continue;
                     }
                 },
@@ -424,12 +422,12 @@ impl Isa for X86_64 {
                 cands.push(Candidate::uprobe(
                     r,
                     at,
-                    "not an instruction boundary".into(),
+                    FallbackReason::Detail("not an instruction boundary".into()),
                 ));
                 continue;
             };
             if s < first {
-                cands.push(Candidate::uprobe(r, at, "inside the landing pad".into()));
+                cands.push(Candidate::uprobe(r, at, FallbackReason::InLandingPad));
                 continue;
             }
             // A block at the function's start is entered like the function.
@@ -438,7 +436,7 @@ impl Isa for X86_64 {
             // nothing can reach: the first instructions (entered by calls only), or
             // a last instruction with the padding after it.
             if let Some(why) = unsure.filter(|_| !entry && s + 1 != insns.len()) {
-                cands.push(Candidate::uprobe(r, at, why.to_string()));
+                cands.push(Candidate::uprobe(r, at, why.clone()));
                 continue;
             }
             let c = match window_for(&insns, s, first, pad, targets, !entry && unsure.is_none()) {
@@ -455,7 +453,11 @@ impl Isa for X86_64 {
                         keep_r11,
                         // Shorter than a jmp only when the padding after the function
                         // makes up the rest.
-                        window: Ok((start, code_len.max(JMP_LEN), code_len)),
+                        window: Ok(Span {
+                            start,
+                            len: code_len.max(JMP_LEN),
+                            code_len,
+                        }),
                     }
                 }
                 // Its flags go along: merge_windows may still place it inside a
