@@ -314,7 +314,8 @@ impl<'a> Cursor<'a> {
         Ok(u64::from_le_bytes(b))
     }
 
-    fn uleb(&mut self) -> Result<u64, String> {
+    /// A LEB128 number's low 64 bits, how many bits it had, and its last byte.
+    fn leb(&mut self) -> Result<(u64, u32, u8), String> {
         let (mut v, mut shift) = (0u64, 0u32);
         loop {
             let b = self.u8()?;
@@ -323,26 +324,21 @@ impl<'a> Cursor<'a> {
             }
             shift += 7;
             if b & 0x80 == 0 {
-                return Ok(v);
+                return Ok((v, shift, b));
             }
         }
     }
 
+    fn uleb(&mut self) -> Result<u64, String> {
+        Ok(self.leb()?.0)
+    }
+
     fn sleb(&mut self) -> Result<u64, String> {
-        let (mut v, mut shift) = (0u64, 0u32);
-        loop {
-            let b = self.u8()?;
-            if shift < 64 {
-                v |= u64::from(b & 0x7f) << shift;
-            }
-            shift += 7;
-            if b & 0x80 == 0 {
-                if shift < 64 && b & 0x40 != 0 {
-                    v |= !0u64 << shift;
-                }
-                return Ok(v);
-            }
+        let (mut v, shift, last) = self.leb()?;
+        if shift < 64 && last & 0x40 != 0 {
+            v |= !0u64 << shift;
         }
+        Ok(v)
     }
 
     /// One `DW_EH_PE_*`-encoded value. `func` is the base of `DW_EH_PE_funcrel`.
