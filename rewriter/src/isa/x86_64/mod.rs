@@ -272,6 +272,127 @@ fn window_for(
     }
 }
 
+/// gcc's interprocedural register allocation (-fipa-ra, on at -O2) lets a caller keep a
+/// value in a call-clobbered register across a call to a function known not to write
+/// it, directly or through its own callees: the stubs of this function's entry and
+/// exits may only clobber RFLAGS and %r11 if the function itself writes them (then no
+/// caller can count on them). Returns (keep RFLAGS, keep %r11).
+fn preserved(insns: &[Instruction]) -> (bool, bool) {
+    let mut factory = iced_x86::InstructionInfoFactory::new();
+    let writes_r11 = insns.iter().any(|i| {
+        factory.info(i).used_registers().iter().any(|u| {
+            u.register().full_register() == Register::R11
+                && !matches!(
+                    u.access(),
+                    iced_x86::OpAccess::Read | iced_x86::OpAccess::CondRead
+                )
+        })
+    });
+    let writes_flags = insns.iter().any(|i| i.rflags_modified() != 0);
+    (!writes_flags, !writes_r11)
+}
+
+/// What planning one function's sites shares.
+struct PlanCx<'a> {
+    insns: &'a [Instruction],
+    f_addr: u64,
+    /// 1 when the function starts with a landing pad (`endbr64`).
+    first: usize,
+    /// Padding bytes after the function that a patch may overwrite.
+    pad: usize,
+    targets: &'a [u64],
+    unsure: Option<&'a FallbackReason>,
+    keep_flags: bool,
+    keep_r11: bool,
+}
+
+impl PlanCx<'_> {
+    /// One site's own window, or why it has none.
+    fn candidate(&self, r: &SiteReq) -> Candidate {
+        let at = match r.kind {
+            SiteKind::FunctionEntry => self.f_addr + 4 * self.first as u64,
+            _ => r.addr,
+        };
+        let mut req = r.clone();
+        if r.kind == SiteKind::Call {
+            match self.insns.iter().find(|i| i.ip() == at).map(call_target) {
+                Some(Ok(arg)) => req.args = arg.into_iter().collect(),
+                Some(Err(why)) => {
+                    return Candidate::uprobe(r, at, FallbackReason::Detail(why));
+                }
+                None => {}
+            }
+        }
+        let r = &req;
+        let flags = match r.kind {
+            SiteKind::Memory => {
+                match self.insns.iter().find(|i| i.ip() == at).and_then(mem_flags) {
+                    Some(f) => f,
+                    None => {
+                        return Candidate::uprobe(r, at, FallbackReason::NotMemoryAccess);
+                    }
+                }
+            }
+            _ => 0,
+        };
+        let Some(s) = self.insns.iter().position(|i| i.ip() == at) else {
+            return Candidate::uprobe(
+                r,
+                at,
+                FallbackReason::Detail("not an instruction boundary".into()),
+            );
+        };
+        if s < self.first {
+            return Candidate::uprobe(r, at, FallbackReason::InLandingPad);
+        }
+        // A block at the function's start is entered like the function.
+        let entry = at == self.f_addr + 4 * self.first as u64;
+        // With the function's branch targets unsure, only a window whose interior
+        // nothing can reach: the first instructions (entered by calls only), or a last
+        // instruction with the padding after it.
+        if let Some(why) = self.unsure.filter(|_| !entry && s + 1 != self.insns.len()) {
+            return Candidate::uprobe(r, at, why.clone());
+        }
+        match window_for(
+            self.insns,
+            s,
+            self.first,
+            self.pad,
+            self.targets,
+            !entry && self.unsure.is_none(),
+        ) {
+            Ok((i, j, len)) => {
+                let start = self.insns[i].ip();
+                let code_len = (self.insns[j].next_ip() - start) as usize;
+                debug_assert!(len == code_len);
+                Candidate {
+                    req: r.clone(),
+                    at,
+                    signed_lr: false,
+                    flags,
+                    keep_flags: self.keep_flags,
+                    keep_r11: self.keep_r11,
+                    // Shorter than a jmp only when the padding after the function
+                    // makes up the rest.
+                    window: Ok(Span {
+                        start,
+                        len: code_len.max(JMP_LEN),
+                        code_len,
+                    }),
+                }
+            }
+            // Its flags go along: merge_windows may still place it inside a
+            // neighbour's window.
+            Err(why) => Candidate {
+                flags,
+                keep_flags: self.keep_flags,
+                keep_r11: self.keep_r11,
+                ..Candidate::uprobe(r, at, why)
+            },
+        }
+    }
+}
+
 impl Isa for X86_64 {
     fn arch(&self) -> u32 {
         tracer_common::ARCH_X86_64
@@ -361,116 +482,26 @@ impl Isa for X86_64 {
             Ok(_) => return FunctionPlan::all_uprobes(reqs, FallbackReason::EmptyFunction),
             Err(why) => return FunctionPlan::all_uprobes(reqs, why),
         };
-        // The landing pad stays first: nothing is displaced before it.
-        let first = usize::from(
-            input
-                .bytes_at(f.addr)
-                .is_some_and(|b| b.starts_with(&ENDBR64)),
-        );
         let end = f.addr + f.size;
         let next = targets.partition_point(|&t| t < end);
         let limit = targets.get(next).copied().unwrap_or(u64::MAX);
-        let pad = padding_after(input, end, limit);
-        // gcc's interprocedural register allocation (-fipa-ra, on at -O2) lets a caller
-        // keep a value in a call-clobbered register across a call to a function known
-        // not to write it, directly or through its own callees: the stubs of this
-        // function's entry and exits may only clobber RFLAGS and %r11 if the function
-        // itself writes them (then no caller can count on them).
-        let (keep_flags, keep_r11) = {
-            let mut factory = iced_x86::InstructionInfoFactory::new();
-            let writes_r11 = insns.iter().any(|i| {
-                factory.info(i).used_registers().iter().any(|u| {
-                    u.register().full_register() == Register::R11
-                        && !matches!(
-                            u.access(),
-                            iced_x86::OpAccess::Read | iced_x86::OpAccess::CondRead
-                        )
-                })
-            });
-            let writes_flags = insns.iter().any(|i| i.rflags_modified() != 0);
-            (!writes_flags, !writes_r11)
+        let (keep_flags, keep_r11) = preserved(&insns);
+        let cx = PlanCx {
+            insns: &insns,
+            f_addr: f.addr,
+            // The landing pad stays first: nothing is displaced before it.
+            first: usize::from(
+                input
+                    .bytes_at(f.addr)
+                    .is_some_and(|b| b.starts_with(&ENDBR64)),
+            ),
+            pad: padding_after(input, end, limit),
+            targets,
+            unsure,
+            keep_flags,
+            keep_r11,
         };
-        let mut cands = Vec::new();
-        for r in reqs {
-            let at = match r.kind {
-                SiteKind::FunctionEntry => f.addr + 4 * first as u64,
-                _ => r.addr,
-            };
-            let mut req = r.clone();
-            if r.kind == SiteKind::Call {
-                match insns.iter().find(|i| i.ip() == at).map(call_target) {
-                    Some(Ok(arg)) => req.args = arg.into_iter().collect(),
-                    Some(Err(why)) => {
-                        cands.push(Candidate::uprobe(r, at, FallbackReason::Detail(why)));
-                        continue;
-                    }
-                    None => {}
-                }
-            }
-            let r = &req;
-            let flags = match r.kind {
-                SiteKind::Memory => match insns.iter().find(|i| i.ip() == at).and_then(mem_flags) {
-                    Some(f) => f,
-                    None => {
-                        cands.push(Candidate::uprobe(r, at, FallbackReason::NotMemoryAccess));
-                        continue;
-                    }
-                },
-                _ => 0,
-            };
-            let Some(s) = insns.iter().position(|i| i.ip() == at) else {
-                cands.push(Candidate::uprobe(
-                    r,
-                    at,
-                    FallbackReason::Detail("not an instruction boundary".into()),
-                ));
-                continue;
-            };
-            if s < first {
-                cands.push(Candidate::uprobe(r, at, FallbackReason::InLandingPad));
-                continue;
-            }
-            // A block at the function's start is entered like the function.
-            let entry = at == f.addr + 4 * first as u64;
-            // With the function's branch targets unsure, only a window whose interior
-            // nothing can reach: the first instructions (entered by calls only), or
-            // a last instruction with the padding after it.
-            if let Some(why) = unsure.filter(|_| !entry && s + 1 != insns.len()) {
-                cands.push(Candidate::uprobe(r, at, why.clone()));
-                continue;
-            }
-            let c = match window_for(&insns, s, first, pad, targets, !entry && unsure.is_none()) {
-                Ok((i, j, len)) => {
-                    let start = insns[i].ip();
-                    let code_len = (insns[j].next_ip() - start) as usize;
-                    debug_assert!(len == code_len);
-                    Candidate {
-                        req: r.clone(),
-                        at,
-                        signed_lr: false,
-                        flags,
-                        keep_flags,
-                        keep_r11,
-                        // Shorter than a jmp only when the padding after the function
-                        // makes up the rest.
-                        window: Ok(Span {
-                            start,
-                            len: code_len.max(JMP_LEN),
-                            code_len,
-                        }),
-                    }
-                }
-                // Its flags go along: merge_windows may still place it inside a
-                // neighbour's window.
-                Err(why) => Candidate {
-                    flags,
-                    keep_flags,
-                    keep_r11,
-                    ..Candidate::uprobe(r, at, why)
-                },
-            };
-            cands.push(c);
-        }
+        let cands = reqs.iter().map(|r| cx.candidate(r)).collect();
         // A call is only movable as a window's last instruction: merged windows must
         // keep it so.
         merge_windows(cands, |w| {
