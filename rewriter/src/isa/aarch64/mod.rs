@@ -52,6 +52,30 @@ fn word_at(bytes: &[u8], i: usize) -> Option<u32> {
     Some(u32::from_le_bytes(b.try_into().ok()?))
 }
 
+/// The function's LDXR … STXR ranges: the stub runs its own exclusive pair, which
+/// would clear the monitor of a sequence a site sits inside.
+fn exclusive_ranges(bytes: &[u8], addr: u64, size: usize) -> Vec<std::ops::RangeInclusive<u64>> {
+    let mut exclusive = Vec::new();
+    let mut open: Option<u64> = None;
+    for i in (0..size).step_by(INSN) {
+        let pc = addr + i as u64;
+        let Some(wi) = word_at(bytes, i) else { break };
+        match reloc::classify(wi, pc) {
+            Class::LoadExclusive => open = Some(pc),
+            Class::StoreExclusive => {
+                if let Some(start) = open.take() {
+                    exclusive.push(start..=pc);
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some(start) = open {
+        exclusive.push(start..=addr + size as u64);
+    }
+    exclusive
+}
+
 impl Isa for Aarch64 {
     fn arch(&self) -> u32 {
         tracer_common::ARCH_AARCH64
@@ -132,26 +156,7 @@ impl Isa for Aarch64 {
         let size = (f.size as usize).min(bytes.len()) / INSN * INSN;
         let first = word_at(bytes, 0).filter(|_| size >= INSN);
         let pad = first.is_some_and(|w| enc::LANDING_PADS.contains(&w));
-        // The stub runs its own exclusive pair, which would clear the monitor of a
-        // sequence a site sits inside: the function's LDXR … STXR ranges.
-        let mut exclusive = Vec::new();
-        let mut open: Option<u64> = None;
-        for i in (0..size).step_by(INSN) {
-            let pc = f.addr + i as u64;
-            let Some(wi) = word_at(bytes, i) else { break };
-            match reloc::classify(wi, pc) {
-                Class::LoadExclusive => open = Some(pc),
-                Class::StoreExclusive => {
-                    if let Some(start) = open.take() {
-                        exclusive.push(start..=pc);
-                    }
-                }
-                _ => {}
-            }
-        }
-        if let Some(start) = open {
-            exclusive.push(start..=f.addr + size as u64);
-        }
+        let exclusive = exclusive_ranges(bytes, f.addr, size);
         let cands = reqs
             .iter()
             .map(|r| {
