@@ -34,8 +34,6 @@ pub enum Error {
     Layout(String, String),
     #[error("{0}: bad instrumentation spec: {1}")]
     Spec(String, String),
-    #[error(transparent)]
-    Flow(#[from] crate::flow::FlowError),
     #[error("cannot read {0}: {1}")]
     Read(PathBuf, std::io::Error),
     #[error("cannot write {0}: {1}")]
