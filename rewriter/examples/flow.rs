@@ -8,9 +8,9 @@ fn main() -> anyhow::Result<()> {
     let verbose = args.iter().any(|a| a == "-v");
     for path in args.iter().filter(|a| *a != "-v") {
         let data = std::fs::read(path)?;
-        let input = rewriter::input::Input::parse(path, &data)?;
+        let input = rewriter::elf::read::Input::parse(path, &data)?;
         let t = Instant::now();
-        let flow = rewriter::flow::recover(&input)?;
+        let flow = rewriter::recover_flow(&input)?;
         let dt = t.elapsed();
         let bounded = flow.tables.iter().filter(|t| t.bounded).count();
         println!(

@@ -1,106 +1,113 @@
 //! Static ELF rewriter: inserts inline buffer-store stubs at function entries and exits.
 //!
-//! Read side: [`input`] parses and checks the binary. Decide: [`sites`] picks the
-//! sites, the [`isa`] backend decides inline vs uprobe and emits code. Write side:
-//! [`output`] appends the new segments, program header table, metadata note and
-//! section headers to an unmodified copy of the input and patches the sites.
+//! [`rewrite`] is the pipeline, one stage per module: [`elf::read`] parses and checks
+//! the binary, [`options`] checks the buffer geometry, [`flow`] recovers indirect
+//! control flow, [`select`] chooses the functions (globs, USDT probes), [`plan`] finds
+//! their sites and asks the [`isa`] backend which get inline windows and which fall
+//! back to uprobes, [`layout`] places the new segments, [`emit`] emits the code and
+//! the metadata, and [`elf::write`] appends it all to an unmodified copy of the input.
 
+pub mod elf;
+pub mod emit;
 pub mod error;
 pub mod flow;
-pub mod input;
 pub mod isa;
-pub mod output;
+pub mod layout;
+pub mod options;
+pub mod plan;
 pub mod progress;
-pub mod sites;
-pub mod spec;
-pub mod usdt;
+pub mod select;
 
 use std::io::Write as _;
 use std::path::Path;
 
+pub use emit::Report;
 pub use error::{Error, Result};
-pub use output::Report;
-pub use sites::demangle;
-pub use tracer_common::meta::{SiteKind, TimeMode};
-
-/// What to instrument and how big the buffers are.
-#[derive(Clone, Debug)]
-pub struct Options {
-    /// Function-name globs; empty means every function.
-    pub functions: Vec<String>,
-    /// Per-thread buffer slots (maximum threads alive at once, per binary).
-    pub nslots: u32,
-    /// Records per thread buffer.
-    pub buf_records: u32,
-    /// Make every site a uprobe site (for comparisons and as an escape hatch).
-    pub force_uprobe: bool,
-    /// Site kinds to instrument in the selected functions.
-    pub kinds: Vec<SiteKind>,
-    /// Whether stubs read the cycle counter (`Record`) or not (`Coarse`).
-    pub time_mode: TimeMode,
-    /// `BUF_*`: trace (flushed when full), circular, fast circular (64 KiB rings).
-    pub buf_kind: u32,
-    /// What entry, exit and block records carry as their value instead of the
-    /// default: (kind, an argument spec in `<sys/sdt.h>` syntax for the binary's ISA:
-    /// a register `%rsi` / `x1`, an immediate `$42` / `42`, memory `8@-16(%rbp)` /
-    /// `8@[sp, 16]`).
-    pub values: Vec<(SiteKind, String)>,
-    /// Told how far the rewrite is (the CLI draws a progress bar on a terminal).
-    pub progress: Progress,
-}
-
-/// A progress callback: `(stage, done, total)`, called once per function of each stage.
-#[derive(Clone, Default)]
-pub struct Progress(Option<std::sync::Arc<ProgressFn>>);
-
-type ProgressFn = dyn Fn(&'static str, u64, u64) + Send + Sync;
-
-impl Progress {
-    pub fn new(f: impl Fn(&'static str, u64, u64) + Send + Sync + 'static) -> Progress {
-        Progress(Some(std::sync::Arc::new(f)))
-    }
-
-    pub(crate) fn report(&self, stage: &'static str, done: u64, total: u64) {
-        if let Some(f) = &self.0 {
-            f(stage, done, total);
-        }
-    }
-}
-
-impl std::fmt::Debug for Progress {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "Progress(..)"
-        } else {
-            "Progress(none)"
-        })
-    }
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            functions: Vec::new(),
-            nslots: tracer_common::DEFAULT_SLOTS,
-            buf_records: tracer_common::DEFAULT_BUF_RECORDS,
-            force_uprobe: false,
-            kinds: vec![SiteKind::FunctionEntry],
-            time_mode: TimeMode::Record,
-            buf_kind: tracer_common::BUF_TRACE,
-            values: Vec::new(),
-            progress: Progress::default(),
-        }
-    }
-}
+pub use options::{Options, Progress};
+pub use select::demangle::demangle;
+pub use select::{spec, usdt};
+pub use tracer_common::meta::{FallbackReason, SiteKind, TimeMode};
 
 /// Rewrite an in-memory image. `name` is used in messages.
 pub fn rewrite(name: &str, data: &[u8], opts: &Options) -> Result<(Vec<u8>, Report)> {
-    let input = input::Input::parse(name, data)?;
-    let isa: &dyn isa::Isa = match input.machine {
-        object::elf::EM_AARCH64 => &isa::aarch64::Aarch64,
-        _ => &isa::x86_64::X86_64,
+    let input = elf::read::Input::parse(name, data)?;
+    let isa = isa_of(&input)?;
+    options::check(name, opts)?;
+    let (flow, eh_problem) = recover_or_warn(&input, isa);
+    let sel = select::select(&input, isa, &flow, opts)?;
+    let targets = isa.branch_targets(&input, &flow);
+    let sites = plan::sites(&input, isa, &flow, &targets, &sel, opts)?;
+    let eh_problem = eh_problem.as_deref();
+    let plans = plan::plan(&input, isa, &flow, eh_problem, &targets, &sel, &sites, opts);
+    let seg = layout::place(&input, isa, opts, &plans, &sites.info);
+    let mut code = emit::code(&input, isa, &seg, &sel, &sites, plans, opts)?;
+    write(&input, isa, &seg, &sites, &mut code, opts)
+}
+
+/// The backend for `input`'s machine.
+fn isa_of(input: &elf::read::Input) -> Result<&'static dyn isa::Isa> {
+    isa::of(input.machine)
+        .ok_or_else(|| Error::UnsupportedMachine(input.name.clone(), input.machine))
+}
+
+/// Control-flow recovery of a parsed input (jump tables, landing pads, FDE ranges).
+pub fn recover_flow(input: &elf::read::Input) -> Result<flow::Flow> {
+    flow::recover(input, isa_of(input)?)
+        .map_err(|e| Error::Layout(input.name.clone(), e.to_string()))
+}
+
+/// Indirect control flow. Unreadable exception tables are not fatal, but then no
+/// function's interior is trusted (the reason is returned).
+fn recover_or_warn(input: &elf::read::Input, isa: &dyn isa::Isa) -> (flow::Flow, Option<String>) {
+    let (flow, eh_problem) = match flow::recover(input, isa) {
+        Ok(f) => (f, None),
+        Err(e) => {
+            log::warn!("{e}: only function starts and last returns are patched inline");
+            (flow::Flow::default(), Some(e.to_string()))
+        }
     };
-    output::build(&input, isa, opts)
+    for w in &flow.warnings {
+        log::info!("{}: {w}", input.name);
+    }
+    (flow, eh_problem)
+}
+
+/// The last stage: the metadata, the RW header, and the output file.
+fn write(
+    input: &elf::read::Input,
+    isa: &dyn isa::Isa,
+    seg: &layout::Segments,
+    sites: &plan::Sites,
+    code: &mut emit::Emitted,
+    opts: &Options,
+) -> Result<(Vec<u8>, Report)> {
+    let tx_size = (seg.code_at - seg.tx_vaddr) + code.code.len() as u64;
+    if seg.tx_vaddr + tx_size > seg.layout.rw_vaddr {
+        return Err(Error::Layout(
+            input.name.clone(),
+            "trampolines larger than planned".into(),
+        ));
+    }
+    let rw_size = tracer_common::rw_size(opts.buf_kind, opts.nslots, seg.layout.buf_bytes);
+    let metadata = code.metadata(input, isa, seg, sites, opts, (tx_size, rw_size))?;
+    code.reasons.sort_by_key(|r| r.site);
+    let note = metadata.to_note_with(&code.reasons);
+    let rw_header = emit::rw_header(seg);
+    let parts = elf::write::NewParts {
+        seg,
+        code: &code.code,
+        tx_size,
+        rw_off: seg.rw_off(tx_size),
+        rw_size,
+        rw_header: &rw_header,
+        patches: &code.patches,
+        note: &note,
+        entry: code.rt.entry_shim.unwrap_or(input.entry),
+    };
+    let out = elf::write::write(input, &parts)?;
+    let mut report = std::mem::take(&mut code.report);
+    report.output_size = out.len() as u64;
+    Ok((out, report))
 }
 
 /// The metadata (`.note.utrace` section contents) describing an UNTOUCHED binary for

@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use object::{Object as _, ObjectSymbol as _};
-use rewriter::flow::{Flow, recover};
-use rewriter::input::Input;
+use rewriter::elf::read::Input;
+use rewriter::flow::Flow;
+use rewriter::recover_flow as recover;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

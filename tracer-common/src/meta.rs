@@ -25,6 +25,10 @@
 //!        u32 site, u32 flags, u8 count, 3 × u8 reserved, count × 16-byte operands
 //!        (u8 kind, u8 base, u8 index, u8 shift, u8 size, u8 flags, 2 × u8 reserved,
 //!        i64 disp; see [`crate::operand::Operand`])
+//! ...  optional fallback-reason table (see [`SiteReason`]), after the operand table
+//!        (then always present, perhaps with no sets): u32 nreasons, then per reason
+//!        u32 site, u32 code (`FallbackReason::code`), u64 addr, u32 text_len,
+//!        text_len bytes of UTF-8, padding to 4
 //! ```
 //! `vaddr`s are link-time addresses; `file_off`s are offsets in the rewritten file.
 //!
@@ -32,7 +36,9 @@
 //! rather than a header field, so the version stays 1 both ways. Metadata that ends
 //! after the semaphores (older rewriters, or no uprobe site needing operands) has no
 //! operand sets, and older tracers ignore the table (their uprobe memory and USDT
-//! records then carry zeros, as before).
+//! records then carry zeros, as before). The reason table came the same way: older
+//! tracers stop reading after the operands, and metadata without it (older rewriters,
+//! no uprobe site) gives every uprobe site the reason [`FallbackReason::Unknown`].
 
 use std::fmt;
 
@@ -210,6 +216,174 @@ impl fmt::Display for MetaError {
 
 impl std::error::Error for MetaError {}
 
+/// Why a site is traced by a uprobe instead of an inline stub: user-facing data, kept
+/// per uprobe site in the metadata (see [`SiteReason`]) so that `rewriter -v` and
+/// `tracer report` can say it. `Display` is the sentence the rewriter prints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FallbackReason {
+    /// Metadata written before reasons were kept.
+    Unknown,
+    /// `--force-uprobe`.
+    Forced,
+    /// The function symbol has no size.
+    NoSize,
+    /// The function does not start on an instruction boundary (AArch64: 4 bytes).
+    Unaligned,
+    /// The function is not in a file-backed segment.
+    NotFileBacked,
+    /// The function has no instructions.
+    EmptyFunction,
+    /// An instruction of the function could not be decoded.
+    Undecodable { at: u64 },
+    /// A memory site whose instruction turned out to access no memory.
+    NotMemoryAccess,
+    /// A site inside the function's landing pad (`endbr64`, `bti c`, `paciasp`).
+    InLandingPad,
+    /// The function has an indirect jump not explained as a jump table: branch targets
+    /// inside it may be unknown.
+    UnresolvedJump { at: u64 },
+    /// The exception tables could not be read (the error): no function interior is
+    /// trusted.
+    ExceptionTables(String),
+    /// A branch can land inside the instructions the patch would displace.
+    BranchTargetInside { target: u64 },
+    /// A site without a window of its own that no other window covers.
+    NoWindow,
+    /// Its window, merged with an overlapping one, was rejected (why).
+    Overlapping(String),
+    /// An instruction-set specific reason, as the backend words it (an instruction that
+    /// cannot be moved, a function too short, a trampoline out of branch range, ...).
+    Detail(String),
+}
+
+impl FallbackReason {
+    /// The reason's number in the metadata's reason table.
+    pub fn code(&self) -> u32 {
+        match self {
+            FallbackReason::Unknown => 0,
+            FallbackReason::Forced => 1,
+            FallbackReason::NoSize => 2,
+            FallbackReason::Unaligned => 3,
+            FallbackReason::NotFileBacked => 4,
+            FallbackReason::EmptyFunction => 5,
+            FallbackReason::Undecodable { .. } => 6,
+            FallbackReason::NotMemoryAccess => 7,
+            FallbackReason::InLandingPad => 8,
+            FallbackReason::UnresolvedJump { .. } => 9,
+            FallbackReason::ExceptionTables(_) => 10,
+            FallbackReason::BranchTargetInside { .. } => 11,
+            FallbackReason::NoWindow => 12,
+            FallbackReason::Overlapping(_) => 13,
+            FallbackReason::Detail(_) => 14,
+        }
+    }
+
+    /// The address and text stored with the code (0 and empty when it has none).
+    fn data(&self) -> (u64, &str) {
+        match self {
+            FallbackReason::Undecodable { at } | FallbackReason::UnresolvedJump { at } => (*at, ""),
+            FallbackReason::BranchTargetInside { target } => (*target, ""),
+            FallbackReason::ExceptionTables(t)
+            | FallbackReason::Overlapping(t)
+            | FallbackReason::Detail(t) => (0, t),
+            _ => (0, ""),
+        }
+    }
+
+    /// The reason stored as (`code`, address, text); an unknown code (a newer
+    /// rewriter's) is `Unknown`.
+    pub fn from_parts(code: u32, addr: u64, text: &str) -> FallbackReason {
+        match code {
+            1 => FallbackReason::Forced,
+            2 => FallbackReason::NoSize,
+            3 => FallbackReason::Unaligned,
+            4 => FallbackReason::NotFileBacked,
+            5 => FallbackReason::EmptyFunction,
+            6 => FallbackReason::Undecodable { at: addr },
+            7 => FallbackReason::NotMemoryAccess,
+            8 => FallbackReason::InLandingPad,
+            9 => FallbackReason::UnresolvedJump { at: addr },
+            10 => FallbackReason::ExceptionTables(text.into()),
+            11 => FallbackReason::BranchTargetInside { target: addr },
+            12 => FallbackReason::NoWindow,
+            13 => FallbackReason::Overlapping(text.into()),
+            14 => FallbackReason::Detail(text.into()),
+            _ => FallbackReason::Unknown,
+        }
+    }
+}
+
+impl fmt::Display for FallbackReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FallbackReason::Unknown => f.write_str("unknown (metadata without reasons)"),
+            FallbackReason::Forced => f.write_str("--force-uprobe"),
+            FallbackReason::NoSize => f.write_str("symbol has no size"),
+            FallbackReason::Unaligned => f.write_str("function address not 4-byte aligned"),
+            FallbackReason::NotFileBacked => f.write_str("not in a file-backed segment"),
+            FallbackReason::EmptyFunction => f.write_str("empty function"),
+            FallbackReason::Undecodable { at } => write!(f, "undecodable instruction at {at:#x}"),
+            FallbackReason::NotMemoryAccess => f.write_str("not a memory access"),
+            FallbackReason::InLandingPad => f.write_str("inside the landing pad"),
+            FallbackReason::UnresolvedJump { at } => {
+                write!(f, "indirect jump at {at:#x} not explained as a jump table")
+            }
+            FallbackReason::BranchTargetInside { target } => {
+                write!(f, "branch target {target:#x} inside the displaced bytes")
+            }
+            FallbackReason::NoWindow => f.write_str("no window"),
+            FallbackReason::Overlapping(why) => write!(f, "overlapping sites: {why}"),
+            FallbackReason::ExceptionTables(t) | FallbackReason::Detail(t) => f.write_str(t),
+        }
+    }
+}
+
+/// The fallback reason of one uprobe site.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SiteReason {
+    pub site: u32,
+    pub reason: FallbackReason,
+}
+
+/// Append the reason table (see the module docs).
+fn put_reasons(out: &mut Vec<u8>, reasons: &[SiteReason]) {
+    out.extend_from_slice(&(reasons.len() as u32).to_le_bytes());
+    for r in reasons {
+        let (addr, text) = r.reason.data();
+        out.extend_from_slice(&r.site.to_le_bytes());
+        out.extend_from_slice(&r.reason.code().to_le_bytes());
+        out.extend_from_slice(&addr.to_le_bytes());
+        out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        out.extend_from_slice(text.as_bytes());
+        while !out.len().is_multiple_of(4) {
+            out.push(0);
+        }
+    }
+}
+
+/// The reason table at `at`; none when the descriptor ends there.
+fn parse_reasons(b: &[u8], at: usize) -> Result<Vec<SiteReason>, MetaError> {
+    if b.len() <= at {
+        return Ok(Vec::new());
+    }
+    let short = MetaError::Truncated("reasons");
+    let n = rd_u32(b.get(at..at + 4).ok_or(short.clone())?, 0) as usize;
+    let mut o = at + 4;
+    let mut out = Vec::with_capacity(n.min(b.len() / 20));
+    for _ in 0..n {
+        let head = b.get(o..o + 20).ok_or(short.clone())?;
+        let len = rd_u32(head, 16) as usize;
+        let text = b.get(o + 20..o + 20 + len).ok_or(short.clone())?;
+        let text = String::from_utf8_lossy(text);
+        out.push(SiteReason {
+            site: rd_u32(head, 0),
+            reason: FallbackReason::from_parts(rd_u32(head, 4), rd_u64(head, 8), &text),
+        });
+        o = (o + 20 + len).div_ceil(4) * 4;
+    }
+    Ok(out)
+}
+
 impl SiteKind {
     pub fn from_u8(v: u8) -> Option<Self> {
         match v {
@@ -258,9 +432,9 @@ fn rd_u64(b: &[u8], o: usize) -> u64 {
 }
 
 /// The operand table at `at` (see the module docs); none when the descriptor ends there.
-fn parse_operands(b: &[u8], at: usize) -> Result<Vec<SiteOperands>, MetaError> {
+fn parse_operands(b: &[u8], at: usize) -> Result<(Vec<SiteOperands>, usize), MetaError> {
     if b.len() <= at {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), at));
     }
     let short = MetaError::Truncated("operands");
     let n = rd_u32(b.get(at..at + 4).ok_or(short.clone())?, 0) as usize;
@@ -297,7 +471,7 @@ fn parse_operands(b: &[u8], at: usize) -> Result<Vec<SiteOperands>, MetaError> {
             set,
         });
     }
-    Ok(out)
+    Ok((out, o))
 }
 
 impl Metadata {
@@ -314,6 +488,12 @@ impl Metadata {
 
     /// Serialise to the note descriptor described in the module docs.
     pub fn to_bytes(&self) -> Vec<u8> {
+        self.to_bytes_with(&[])
+    }
+
+    /// Serialise with the fallback reasons of the uprobe sites (none: the bytes older
+    /// rewriters wrote).
+    pub fn to_bytes_with(&self, reasons: &[SiteReason]) -> Vec<u8> {
         let mut strtab = Vec::new();
         let mut name_offs = Vec::with_capacity(self.sites.len());
         for s in &self.sites {
@@ -375,8 +555,8 @@ impl Metadata {
             out.extend_from_slice(&m.semaphore_file_off.to_le_bytes());
         }
         // Left out when empty: such metadata is byte for byte what older rewriters
-        // wrote.
-        if !self.operands.is_empty() {
+        // wrote. The reason table follows the operand table, so that one is then there.
+        if !self.operands.is_empty() || !reasons.is_empty() {
             out.extend_from_slice(&(self.operands.len() as u32).to_le_bytes());
             for so in &self.operands {
                 let n = usize::from(so.set.count).min(MAX_OPERANDS);
@@ -391,7 +571,34 @@ impl Metadata {
                 }
             }
         }
+        if !reasons.is_empty() {
+            put_reasons(&mut out, reasons);
+        }
         out
+    }
+
+    /// The fallback reasons stored in a note descriptor (empty for metadata written
+    /// before they were kept: then every uprobe site's reason is
+    /// [`FallbackReason::Unknown`]).
+    pub fn reasons(b: &[u8]) -> Result<Vec<SiteReason>, MetaError> {
+        let at = Self::operands_at(b)?;
+        let (_, end) = parse_operands(b, at)?;
+        parse_reasons(b, end)
+    }
+
+    /// Where the operand table of a descriptor starts (after the semaphores).
+    fn operands_at(b: &[u8]) -> Result<usize, MetaError> {
+        if b.len() < HEADER_LEN {
+            return Err(MetaError::Truncated("header"));
+        }
+        let total = (rd_u32(b, 24) as usize)
+            .checked_mul(SITE_LEN)
+            .and_then(|n| n.checked_add(HEADER_LEN + rd_u32(b, 28) as usize))
+            .ok_or(MetaError::Truncated("strtab"))?;
+        (rd_u32(b, 148) as usize)
+            .checked_mul(16)
+            .and_then(|n| n.checked_add(total.div_ceil(4) * 4))
+            .ok_or(MetaError::Truncated("semaphores"))
     }
 
     /// Parse a note descriptor.
@@ -455,7 +662,7 @@ impl Metadata {
                 semaphore_file_off: rd_u64(b, sem_at + 16 * i + 8),
             })
             .collect();
-        let operands = parse_operands(b, sem_end)?;
+        let (operands, _) = parse_operands(b, sem_end)?;
         Ok(Metadata {
             arch: rd_u32(b, 12),
             record_version: rd_u32(b, 16),
@@ -483,30 +690,23 @@ impl Metadata {
     /// Find the descriptor of our note inside the raw contents of an SHT_NOTE
     /// section (a sequence of 4-aligned notes).
     pub fn from_note_section(data: &[u8]) -> Option<Result<Self, MetaError>> {
-        let mut o = 0usize;
-        while o + 12 <= data.len() {
-            let namesz = rd_u32(data, o) as usize;
-            let descsz = rd_u32(data, o + 4) as usize;
-            let ty = rd_u32(data, o + 8);
-            let name_start = o + 12;
-            let desc_start = name_start + namesz.div_ceil(4) * 4;
-            let next = desc_start + descsz.div_ceil(4) * 4;
-            if desc_start + descsz > data.len() {
-                return None;
-            }
-            let name = &data[name_start..name_start + namesz];
-            let name = name.strip_suffix(&[0]).unwrap_or(name);
-            if ty == META_NOTE_TYPE && name == META_NOTE_NAME {
-                return Some(Self::parse(&data[desc_start..desc_start + descsz]));
-            }
-            o = next;
-        }
-        None
+        note_desc(data).map(Self::parse)
+    }
+
+    /// The fallback reasons of the note in the raw contents of an SHT_NOTE section
+    /// (see [`Metadata::reasons`]).
+    pub fn reasons_from_note_section(data: &[u8]) -> Option<Result<Vec<SiteReason>, MetaError>> {
+        note_desc(data).map(Self::reasons)
     }
 
     /// Encode as a complete ELF note (namesz, descsz, type, name, desc, padding).
     pub fn to_note(&self) -> Vec<u8> {
-        let desc = self.to_bytes();
+        self.to_note_with(&[])
+    }
+
+    /// [`Metadata::to_note`] with the uprobe sites' fallback reasons.
+    pub fn to_note_with(&self, reasons: &[SiteReason]) -> Vec<u8> {
+        let desc = self.to_bytes_with(reasons);
         let mut out = Vec::with_capacity(desc.len() + 32);
         let name_len = META_NOTE_NAME.len() + 1;
         out.extend_from_slice(&(name_len as u32).to_le_bytes());
@@ -523,6 +723,29 @@ impl Metadata {
         }
         out
     }
+}
+
+/// The descriptor of our note in the raw contents of an SHT_NOTE section.
+fn note_desc(data: &[u8]) -> Option<&[u8]> {
+    let mut o = 0usize;
+    while o + 12 <= data.len() {
+        let namesz = rd_u32(data, o) as usize;
+        let descsz = rd_u32(data, o + 4) as usize;
+        let ty = rd_u32(data, o + 8);
+        let name_start = o + 12;
+        let desc_start = name_start + namesz.div_ceil(4) * 4;
+        let next = desc_start + descsz.div_ceil(4) * 4;
+        if desc_start + descsz > data.len() {
+            return None;
+        }
+        let name = &data[name_start..name_start + namesz];
+        let name = name.strip_suffix(&[0]).unwrap_or(name);
+        if ty == META_NOTE_TYPE && name == META_NOTE_NAME {
+            return Some(&data[desc_start..desc_start + descsz]);
+        }
+        o = next;
+    }
+    None
 }
 
 #[cfg(test)]
@@ -652,5 +875,40 @@ mod tests {
         let mut bad = bytes.clone();
         bad[m.to_bytes().len() + 4 + 8] = 13;
         assert_eq!(Metadata::parse(&bad), Err(MetaError::BadOperands(0)));
+    }
+
+    #[test]
+    fn reasons_roundtrip_and_older_metadata() {
+        let m = Metadata {
+            sites: Vec::new(),
+            ..Default::default()
+        };
+        let reasons = vec![
+            SiteReason {
+                site: 3,
+                reason: FallbackReason::BranchTargetInside { target: 0x1234 },
+            },
+            SiteReason {
+                site: 4,
+                reason: FallbackReason::Detail("call at 0x10: operand not re-created".into()),
+            },
+            SiteReason {
+                site: 5,
+                reason: FallbackReason::Forced,
+            },
+        ];
+        let bytes = m.to_bytes_with(&reasons);
+        assert_eq!(Metadata::parse(&bytes).unwrap(), m);
+        assert_eq!(Metadata::reasons(&bytes).unwrap(), reasons);
+        assert_eq!(Metadata::reasons(&m.to_bytes()).unwrap(), vec![]);
+        assert_eq!(m.to_bytes_with(&[]), m.to_bytes());
+        assert_eq!(
+            reasons[0].reason.to_string(),
+            "branch target 0x1234 inside the displaced bytes"
+        );
+        assert_eq!(
+            FallbackReason::from_parts(999, 0, ""),
+            FallbackReason::Unknown
+        );
     }
 }

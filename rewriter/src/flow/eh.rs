@@ -15,7 +15,7 @@ use gimli::{
 use object::elf;
 
 use super::FlowError;
-use crate::input::Input;
+use crate::elf::read::Input;
 
 // DW_EH_PE_* pointer encodings (format in the low nibble, application in bits 4..6).
 const PE_OMIT: u8 = 0xff;
@@ -173,7 +173,12 @@ pub(crate) fn read(input: &Input) -> Result<Eh, FlowError> {
 /// For each of `addrs`: is the stack back at its height at function entry there, by
 /// the CFI of the FDE covering it (x86-64: CFA = %rsp + 8; AArch64: CFA = sp and x30
 /// not saved)? `None` where no FDE covers the address or its CFI cannot be evaluated.
-pub(crate) fn at_entry_height(input: &Input, eh: &Eh, addrs: &[u64]) -> Vec<Option<bool>> {
+pub(crate) fn at_entry_height(
+    input: &Input,
+    eh: &Eh,
+    addrs: &[u64],
+    (cfa_reg, cfa_off, ra): (gimli::Register, i64, Option<gimli::Register>),
+) -> Vec<Option<bool>> {
     let mut out = vec![None; addrs.len()];
     let Ok(Some((eh_addr, bytes))) = locate(input) else {
         return out;
@@ -187,7 +192,6 @@ pub(crate) fn at_entry_height(input: &Input, eh: &Eh, addrs: &[u64]) -> Vec<Opti
     }
     let section = EhFrame::new(bytes, LittleEndian);
     let mut ctx = Box::new(UnwindContext::new());
-    let a64 = input.machine == elf::EM_AARCH64;
     for (o, &addr) in out.iter_mut().zip(addrs) {
         // The innermost FDE containing `addr` (FDEs do not nest in practice).
         let i = eh.fde_offsets.partition_point(|f| f.0 <= addr);
@@ -205,16 +209,15 @@ pub(crate) fn at_entry_height(input: &Input, eh: &Eh, addrs: &[u64]) -> Vec<Opti
             continue;
         };
         *o = Some(match *row.cfa() {
-            CfaRule::RegisterAndOffset { register, offset } if a64 => {
-                register == gimli::AArch64::SP
-                    && offset == 0
-                    && matches!(
-                        row.register(gimli::AArch64::X30),
-                        RegisterRule::Undefined | RegisterRule::SameValue
-                    )
-            }
             CfaRule::RegisterAndOffset { register, offset } => {
-                register == gimli::X86_64::RSP && offset == 8
+                register == cfa_reg
+                    && offset == cfa_off
+                    && ra.is_none_or(|ra| {
+                        matches!(
+                            row.register(ra),
+                            RegisterRule::Undefined | RegisterRule::SameValue
+                        )
+                    })
             }
             CfaRule::Expression(_) => false,
         });
@@ -311,7 +314,8 @@ impl<'a> Cursor<'a> {
         Ok(u64::from_le_bytes(b))
     }
 
-    fn uleb(&mut self) -> Result<u64, String> {
+    /// A LEB128 number's low 64 bits, how many bits it had, and its last byte.
+    fn leb(&mut self) -> Result<(u64, u32, u8), String> {
         let (mut v, mut shift) = (0u64, 0u32);
         loop {
             let b = self.u8()?;
@@ -320,26 +324,21 @@ impl<'a> Cursor<'a> {
             }
             shift += 7;
             if b & 0x80 == 0 {
-                return Ok(v);
+                return Ok((v, shift, b));
             }
         }
     }
 
+    fn uleb(&mut self) -> Result<u64, String> {
+        Ok(self.leb()?.0)
+    }
+
     fn sleb(&mut self) -> Result<u64, String> {
-        let (mut v, mut shift) = (0u64, 0u32);
-        loop {
-            let b = self.u8()?;
-            if shift < 64 {
-                v |= u64::from(b & 0x7f) << shift;
-            }
-            shift += 7;
-            if b & 0x80 == 0 {
-                if shift < 64 && b & 0x40 != 0 {
-                    v |= !0u64 << shift;
-                }
-                return Ok(v);
-            }
+        let (mut v, shift, last) = self.leb()?;
+        if shift < 64 && last & 0x40 != 0 {
+            v |= !0u64 << shift;
         }
+        Ok(v)
     }
 
     /// One `DW_EH_PE_*`-encoded value. `func` is the base of `DW_EH_PE_funcrel`.

@@ -3,19 +3,17 @@
 //!
 //! Patching overwrites an instruction range with a branch; that is only correct if no
 //! branch lands inside the range. Jump tables are found by a per-function forward
-//! scan ([`x86_64`], [`aarch64`]) that tracks a few abstract register values (table
+//! scan (each ISA's `isa/*/flow.rs`, behind [`FlowArch`]) that tracks a few abstract register values (table
 //! address, bounded index, loaded entry, entry added to a base) up to each indirect
 //! jump. A table is only accepted when every entry read lands on an instruction
 //! boundary of its function; every indirect jump not explained so is reported in
 //! [`Flow::unresolved_indirect_jumps`], because a missed table makes patching unsafe.
 
-mod aarch64;
 mod eh;
-mod x86_64;
 
 use object::elf;
 
-use crate::input::Input;
+use crate::elf::read::Input;
 
 /// One recovered jump table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,21 +67,32 @@ pub enum FlowError {
     },
 }
 
-/// Recover jump tables, landing pads and FDE function ranges of `input`.
-pub fn recover(input: &Input) -> Result<Flow, FlowError> {
+/// What flow recovery needs from an instruction set (implemented in `isa/*/flow.rs`).
+pub trait FlowArch {
+    /// Every instruction is 4 bytes (no instruction-start bitmap needed).
+    fn fixed_width(&self) -> bool;
+    /// The `R_*_RELATIVE` relocation type (data slots that may hold code addresses).
+    fn relative_reloc(&self) -> u32;
+    /// The CFI that means "the stack is at its height at function entry": CFA =
+    /// `register + offset`, and (AArch64) the return-address register not saved.
+    fn entry_cfa(&self) -> (gimli::Register, i64, Option<gimli::Register>);
+    /// The per-function forward scan for jump-table dispatches and tail calls.
+    fn scan(&self, code: &mut Code, funcs: &Functions, slots: &Slots, scan: &mut Scan);
+}
+
+/// Recover jump tables, landing pads and FDE function ranges of `input`, whose
+/// instruction set is `arch`.
+pub fn recover(input: &Input, arch: &dyn FlowArch) -> Result<Flow, FlowError> {
     let eh = eh::read(input)?;
     let funcs = Functions::new(input, &eh.fdes);
-    let mut code = Code::new(input);
-    let slots = Slots::new(input);
+    let mut code = Code::new(input, arch.fixed_width());
+    let slots = Slots::new(input, arch.relative_reloc());
     let mut scan = Scan::default();
-    match input.machine {
-        elf::EM_AARCH64 => aarch64::scan(&code, &funcs, &slots, &mut scan),
-        _ => x86_64::scan(&mut code, &funcs, &slots, &mut scan),
-    }
+    arch.scan(&mut code, &funcs, &slots, &mut scan);
     // A tail call must also be one by the compiler's own account of the stack.
     scan.tail_calls.sort_unstable();
     scan.tail_calls.dedup();
-    let cfi = eh::at_entry_height(input, &eh, &scan.tail_calls);
+    let cfi = eh::at_entry_height(input, &eh, &scan.tail_calls, arch.entry_cfa());
     let mut tail_calls = Vec::with_capacity(scan.tail_calls.len());
     for (&at, ok) in scan.tail_calls.iter().zip(cfi) {
         if ok == Some(false) {
@@ -254,20 +263,20 @@ impl Dispatch {
 
 /// What a scan of the code produces.
 #[derive(Default)]
-pub(crate) struct Scan {
-    pub dispatches: Vec<Dispatch>,
-    pub unresolved: Vec<u64>,
+pub struct Scan {
+    pub(crate) dispatches: Vec<Dispatch>,
+    pub(crate) unresolved: Vec<u64>,
     /// Indirect jumps classified as tail calls (before the CFI check).
-    pub tail_calls: Vec<u64>,
+    pub(crate) tail_calls: Vec<u64>,
 }
 
 /// Function ranges from symbols and FDEs: where the sweep restarts, and the bounds a
 /// jump-table target must stay in.
-pub(crate) struct Functions {
+pub struct Functions {
     /// Sorted by start; may nest or overlap (aliases, symbols inside FDEs).
     ranges: Vec<(u64, u64)>,
     /// Sorted, deduplicated starts.
-    pub starts: Vec<u64>,
+    pub(crate) starts: Vec<u64>,
     /// Sorted starts of split-off parts (`foo.cold`, `foo.cold.1`): entered by a jump
     /// from their parent with its frame, not called.
     split: Vec<u64>,
@@ -326,8 +335,8 @@ impl Functions {
 
 /// The code sections and which of their bytes start an instruction (x86-64: recorded
 /// by the sweep; AArch64: every aligned word).
-pub(crate) struct Code<'a> {
-    pub secs: Vec<CodeSec<'a>>,
+pub struct Code<'a> {
+    pub(crate) secs: Vec<CodeSec<'a>>,
     fixed_width: bool,
 }
 
@@ -341,8 +350,7 @@ pub(crate) struct CodeSec<'a> {
 }
 
 impl<'a> Code<'a> {
-    fn new(input: &Input<'a>) -> Self {
-        let fixed_width = input.machine == elf::EM_AARCH64;
+    fn new(input: &Input<'a>, fixed_width: bool) -> Self {
         let mut secs: Vec<CodeSec<'a>> = input
             .code_section_headers()
             .filter_map(|s| {
@@ -397,7 +405,7 @@ impl CodeSec<'_> {
 
 /// What fixed 8-byte memory slots (GOT entries, function-pointer variables) hold, as
 /// far as telling a tail call through a slot from a computed goto goes.
-pub(crate) struct Slots<'a> {
+pub struct Slots<'a> {
     input: &'a Input<'a>,
     /// `.got`, `.got.plt`: addresses of symbols, never of a label inside a function.
     got: Vec<(u64, u64)>,
@@ -405,13 +413,16 @@ pub(crate) struct Slots<'a> {
     exec: Vec<(u64, u64)>,
     /// `(offset, addend)` of the `R_*_RELATIVE` relocations, sorted; read on first use.
     relative: std::cell::OnceCell<Vec<(u64, u64)>>,
+    /// The ISA's `R_*_RELATIVE` type.
+    relative_type: u32,
 }
 
 impl<'a> Slots<'a> {
-    fn new(input: &'a Input<'a>) -> Self {
-        let range = |s: &crate::input::Section| (s.addr, s.addr.saturating_add(s.size));
+    fn new(input: &'a Input<'a>, relative_type: u32) -> Self {
+        let range = |s: &crate::elf::read::Section| (s.addr, s.addr.saturating_add(s.size));
         Slots {
             input,
+            relative_type,
             got: input
                 .sections
                 .iter()
@@ -430,11 +441,7 @@ impl<'a> Slots<'a> {
 
     fn relative(&self) -> &[(u64, u64)] {
         self.relative.get_or_init(|| {
-            let ty = if self.input.machine == elf::EM_AARCH64 {
-                elf::R_AARCH64_RELATIVE
-            } else {
-                elf::R_X86_64_RELATIVE
-            };
+            let ty = self.relative_type;
             let mut out = Vec::new();
             for s in self
                 .input

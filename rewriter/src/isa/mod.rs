@@ -2,13 +2,24 @@
 //! site can be patched, relocating displaced instructions, emitting stubs and the
 //! injected run-time code) sits behind [`Isa`]; the ELF layout code is shared.
 
-use crate::input::{Function, Input};
-use crate::usdt::Arg;
-use tracer_common::meta::{SiteKind, TimeMode};
+use crate::elf::read::{Function, Input};
+use crate::isa::arg::Arg;
+use tracer_common::meta::{FallbackReason, SiteKind, TimeMode};
 
 pub mod aarch64;
+pub mod arg;
 pub mod operands;
 pub mod x86_64;
+
+/// The backend for an ELF `e_machine`, or None when there is none: the only place
+/// that tells ISAs apart by their ELF number (adding one is a folder and an arm here).
+pub fn of(machine: u16) -> Option<&'static dyn Isa> {
+    match machine {
+        object::elf::EM_X86_64 => Some(&x86_64::X86_64),
+        object::elf::EM_AARCH64 => Some(&aarch64::Aarch64),
+        _ => None,
+    }
+}
 
 /// Where the new code and data will live, fixed before any code is emitted.
 #[derive(Clone, Copy, Debug)]
@@ -84,20 +95,29 @@ pub struct FlowFacts<'a> {
 #[derive(Clone, Debug, Default)]
 pub struct FunctionPlan {
     pub windows: Vec<Window>,
-    pub uprobes: Vec<(u32, String)>,
+    pub uprobes: Vec<(u32, FallbackReason)>,
 }
 
 impl FunctionPlan {
-    pub fn all_uprobes(reqs: &[SiteReq], why: &str) -> Self {
+    pub fn all_uprobes(reqs: &[SiteReq], why: FallbackReason) -> Self {
         FunctionPlan {
             windows: Vec::new(),
-            uprobes: reqs.iter().map(|r| (r.id, why.to_string())).collect(),
+            uprobes: reqs.iter().map(|r| (r.id, why.clone())).collect(),
         }
     }
 }
 
-/// One site's own window (start, bytes overwritten, bytes relocated), before windows
-/// that overlap are merged, or why it has none.
+/// The range one site's patch covers: the branch goes at `start` and overwrites `len`
+/// bytes, of which the first `code_len` are instructions that are relocated (the rest
+/// padding after the function).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Span {
+    pub start: u64,
+    pub len: usize,
+    pub code_len: usize,
+}
+
+/// One site's own window, before windows that overlap are merged, or why it has none.
 pub struct Candidate {
     pub req: SiteReq,
     /// The instruction the stub runs before.
@@ -107,11 +127,11 @@ pub struct Candidate {
     /// See `PlacedSite::keep_flags` / `keep_r11`.
     pub keep_flags: bool,
     pub keep_r11: bool,
-    pub window: Result<(u64, usize, usize), String>,
+    pub window: Result<Span, FallbackReason>,
 }
 
 impl Candidate {
-    pub fn uprobe(req: &SiteReq, at: u64, why: String) -> Self {
+    pub fn uprobe(req: &SiteReq, at: u64, why: FallbackReason) -> Self {
         Candidate {
             req: req.clone(),
             at,
@@ -133,11 +153,15 @@ pub fn merge_windows(
     cands: Vec<Candidate>,
     bad: impl Fn(&Window) -> Option<String>,
 ) -> FunctionPlan {
-    let mut spans: Vec<(u64, usize, usize)> =
-        cands.iter().filter_map(|c| c.window.clone().ok()).collect();
+    let mut spans: Vec<Span> = cands.iter().filter_map(|c| c.window.clone().ok()).collect();
     spans.sort_unstable();
     let mut windows: Vec<Window> = Vec::new();
-    for (start, len, code_len) in spans {
+    for Span {
+        start,
+        len,
+        code_len,
+    } in spans
+    {
         match windows.last_mut() {
             Some(w) if start < w.start + w.len as u64 => {
                 let end = (w.start + w.len as u64).max(start + len as u64);
@@ -170,10 +194,9 @@ pub fn merge_windows(
             .find(|w| (w.start..w.start + w.code_len as u64).contains(&c.at))
         {
             Some(w) => w.sites.push(placed),
-            None => plan.uprobes.push((
-                c.req.id,
-                c.window.err().unwrap_or_else(|| "no window".into()),
-            )),
+            None => plan
+                .uprobes
+                .push((c.req.id, c.window.err().unwrap_or(FallbackReason::NoWindow))),
         }
     }
     for w in windows {
@@ -183,11 +206,81 @@ pub fn merge_windows(
             Some(why) => plan.uprobes.extend(
                 w.sites
                     .iter()
-                    .map(|s| (s.id, format!("overlapping sites: {why}"))),
+                    .map(|s| (s.id, FallbackReason::Overlapping(why.clone()))),
             ),
         }
     }
     plan
+}
+
+/// What site selection needs to know about one instruction.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct InsnFacts {
+    pub addr: u64,
+    /// A return (`ret`, `retaa`).
+    pub is_return: bool,
+    /// The target of a direct unconditional jump (`jmp rel`, `b`).
+    pub direct_jump: Option<u64>,
+    /// An indirect jump (`jmp r/m`, `br`): an exit when flow recovery found it to be a
+    /// tail call.
+    pub indirect_jump: bool,
+    /// Control may not fall through to the next instruction: the next one starts a block.
+    pub transfers: bool,
+    /// An explicit memory operand that is read or written (when asked for).
+    pub memory: bool,
+    /// A call, direct or indirect.
+    pub call: bool,
+    /// A landing pad (`endbr64`, `bti c`, `paciasp`): not a block of its own when first.
+    pub landing_pad: bool,
+}
+
+/// Addresses of `f`'s sites of one kind. Entries: the function's address. Exits:
+/// returns, direct jumps to another function's start (tail calls; `fn_starts`: every
+/// function address, sorted) and indirect jumps that `flow` found to be tail calls.
+/// Blocks: the first instruction (after a landing pad), branch targets inside, and
+/// instructions after a control transfer. Memory: instructions with an explicit memory
+/// operand that they read or write. Calls: every call. (USDT sites come from the probe
+/// notes, not from here.)
+pub fn sites_of(
+    isa: &dyn Isa,
+    input: &Input,
+    f: &Function,
+    kind: SiteKind,
+    fn_starts: &[u64],
+    flow: &FlowFacts,
+) -> Vec<u64> {
+    let keep = |pred: &dyn Fn(&InsnFacts) -> bool| -> Vec<u64> {
+        let facts = isa.insn_facts(input, f, kind == SiteKind::Memory);
+        facts.iter().filter(|i| pred(i)).map(|i| i.addr).collect()
+    };
+    let inside = f.addr..f.addr + f.size;
+    let is = |set: &[u64], a: u64| set.binary_search(&a).is_ok();
+    match kind {
+        SiteKind::FunctionEntry => vec![f.addr],
+        SiteKind::Usdt => Vec::new(),
+        SiteKind::FunctionExit => keep(&|i| {
+            i.is_return
+                || i.direct_jump
+                    .is_some_and(|t| !inside.contains(&t) && is(fn_starts, t))
+                || i.indirect_jump && is(flow.tail_calls, i.addr)
+        }),
+        SiteKind::Block => {
+            let mut out = Vec::new();
+            let mut after_transfer = true;
+            for (k, i) in isa.insn_facts(input, f, false).iter().enumerate() {
+                if k == 0 && i.landing_pad {
+                    continue;
+                }
+                if after_transfer || is(flow.targets, i.addr) {
+                    out.push(i.addr);
+                }
+                after_transfer = i.transfers;
+            }
+            out
+        }
+        SiteKind::Memory => keep(&|i| i.memory),
+        SiteKind::Call => keep(&|i| i.call),
+    }
 }
 
 /// Addresses of the injected run-time routines.
@@ -199,9 +292,17 @@ pub struct Runtime {
     pub entry_shim: Option<u64>,
 }
 
-pub trait Isa {
+pub trait Isa: crate::flow::FlowArch + Sync {
     /// `ARCH_*` code stored in the metadata.
     fn arch(&self) -> u32;
+    /// Parse a `<sys/sdt.h>` argument operand (after its size prefix) in this ISA's
+    /// assembler syntax. `pc`: the probe's address (x86-64 numeric `N(%rip)`).
+    fn usdt_operand(
+        &self,
+        operand: &str,
+        pc: u64,
+        resolve: &dyn Fn(&str) -> Result<u64, arg::ArgError>,
+    ) -> Result<arg::ArgLoc, arg::ArgError>;
     /// Push the targets of the direct branches in `bytes` (code at `addr`).
     fn direct_branch_targets(&self, addr: u64, bytes: &[u8], out: &mut Vec<u64>);
     /// Push the targets of the direct calls in `bytes` (code at `addr`).
@@ -231,20 +332,10 @@ pub trait Isa {
         targets.dedup();
         targets
     }
-    /// Addresses of `f`'s sites of one kind. Exits: returns, unconditional direct
-    /// branches to another function's start (tail calls; `fn_starts`: every function
-    /// address, sorted) and indirect jumps that `flow` found to be tail calls. Blocks: the function's first instruction (after a landing
-    /// pad), branch targets inside it, and instructions after a control transfer.
-    /// Memory: instructions with an explicit memory operand that they read or write.
-    /// (USDT sites come from the probe notes, not from here.)
-    fn sites_of(
-        &self,
-        input: &Input,
-        f: &Function,
-        kind: SiteKind,
-        fn_starts: &[u64],
-        flow: &FlowFacts,
-    ) -> Vec<u64>;
+    /// `f`'s instructions in address order, with what site selection needs of each
+    /// (empty when `f` cannot be decoded). `memory`: also classify memory accesses
+    /// (costly; only memory sites need it).
+    fn insn_facts(&self, input: &Input, f: &Function, memory: bool) -> Vec<InsnFacts>;
     /// Decide which of `f`'s sites get inline stubs (grouped into windows) and which
     /// become uprobe sites. `targets`: every known branch target, sorted. `unsure`:
     /// why the targets inside `f` may be incomplete (an indirect jump not explained as
@@ -257,7 +348,7 @@ pub trait Isa {
         f: &Function,
         reqs: &[SiteReq],
         targets: &[u64],
-        unsure: Option<&str>,
+        unsure: Option<&FallbackReason>,
     ) -> FunctionPlan;
     /// Where a uprobe goes for a site that is not patched inline: after a landing pad
     /// (`endbr64`, `bti c`, `paciasp`) for an entry, the instruction itself for an exit.

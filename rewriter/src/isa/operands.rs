@@ -3,7 +3,7 @@
 //! registers to the descriptor numbering and decodes its memory operands
 //! (`Isa::uprobe_operands`).
 
-use crate::usdt::{Arg, ArgLoc, Reg};
+use crate::isa::arg::{Arg, ArgLoc, Reg};
 use tracer_common::operand::{
     MAX_OPERANDS, OP_ADDR, OP_IMM, OP_LOAD, OP_REG, OPF_HIGH8, OPF_SIGNED, Operand, OperandSet,
     REG_NONE,

@@ -188,32 +188,7 @@ pub fn classify(w: u32, pc: u64) -> Option<MemAccess> {
                 ..access(rn, Addr::Offset(off), 8, true, false)
             })
         }
-        "LDSTPAIR_OFF" | "LDSTPAIR_INDEXED" | "LDSTNAPAIR_OFFS" => {
-            // Not the RCPC3 (ldap/ldapp/stlp) nor the LSUI (ldtp/sttp/ldtnp/sttnp)
-            // pairs of the same classes.
-            if !matches!(m, "ldp" | "stp" | "ldpsw" | "ldnp" | "stnp" | "stgp") {
-                return None;
-            }
-            let (opc, v, load) = (field(w, 30, 2), field(w, 26, 1), field(w, 22, 1) == 1);
-            // (element bytes, offset scale)
-            let (elem, scale) = match (v, opc) {
-                (1, 0..=2) => (4 << opc, 4 << opc),
-                (0, 0) => (4, 4),
-                (0, 2) => (8, 8),
-                // LDPSW; STGP stores two X registers with the offset in granules.
-                (0, 1) if m == "ldpsw" => (4, 4),
-                (0, 1) if m == "stgp" => (8, 16),
-                _ => return None,
-            };
-            let off = sext(field(w, 15, 7), 7) * scale;
-            // Bits 24:23: 00 non-temporal, 01 post-index, 10 offset, 11 pre-index.
-            let addr = if field(w, 23, 2) == 0b01 {
-                Addr::PostIndex
-            } else {
-                Addr::Offset(off)
-            };
-            Some(access(rn, addr, 2 * elem, load, !load))
-        }
+        "LDSTPAIR_OFF" | "LDSTPAIR_INDEXED" | "LDSTNAPAIR_OFFS" => pair(w, m, rn),
         "LOADLIT" => {
             let bytes = match (field(w, 26, 1), field(w, 30, 2)) {
                 (0, 0) | (0, 2) => 4,
@@ -225,87 +200,127 @@ pub fn classify(w: u32, pc: u64) -> Option<MemAccess> {
             let target = pc.wrapping_add_signed(sext(field(w, 5, 19), 19) << 2);
             Some(access(0, Addr::Literal(target), bytes, true, false))
         }
-        "LDSTEXCL" => {
-            if !EXCLUSIVE.contains(&m) {
-                return None;
-            }
-            let size = field(w, 30, 2);
-            let bytes = if m.ends_with('p') {
-                // Pairs: size<0> selects 32- or 64-bit registers.
-                2 * (4 << (size & 1))
-            } else {
-                1 << size
-            };
-            let load = m.starts_with("ld");
-            Some(access(rn, Addr::Offset(0), bytes, load, !load))
-        }
-        "LSE_ATOMIC" => {
-            let size = field(w, 30, 2);
-            let bytes = if let Some(rest) = m.strip_prefix("casp") {
-                if !matches!(rest, "" | "a" | "al" | "l") {
-                    return None;
-                }
-                2 * (4 << (size & 1))
-            } else {
-                let rest = m
-                    .strip_prefix("cas")
-                    .or_else(|| m.strip_prefix("swp"))
-                    .or_else(|| {
-                        let r = m.strip_prefix("ld")?;
-                        LSE_OPS.iter().find_map(|op| r.strip_prefix(op))
-                    })?;
-                if !LSE_SUFFIXES.contains(&rest) {
-                    return None;
-                }
-                1 << size
-            };
-            // Compare-and-swap writes only on a match, but may: both.
-            Some(access(rn, Addr::Offset(0), bytes, true, true))
-        }
-        "ASISDLSE" | "ASISDLSEP" => {
-            // LD1-4/ST1-4 (multiple structures): opcode (15:12) gives the register
-            // count, Q (30) the register width.
-            let regs = match field(w, 12, 4) {
-                0b0000 | 0b0010 => 4,
-                0b0100 | 0b0110 => 3,
-                0b1000 | 0b1010 => 2,
-                0b0111 => 1,
-                _ => return None,
-            };
-            let bytes = regs * (8 << field(w, 30, 1));
-            let load = field(w, 22, 1) == 1;
-            // Post-index by #imm (Rm = 31) or by a register: the access is at base.
-            let addr = if class == "ASISDLSEP" {
-                Addr::PostIndex
-            } else {
-                Addr::Offset(0)
-            };
-            Some(access(rn, addr, bytes, load, !load))
-        }
-        "ASISDLSO" | "ASISDLSOP" => {
-            // Single structure / replicate: opcode (15:13), R (21), S (12), size
-            // (11:10). selem = opcode<0>:R + 1 registers, one element each.
-            let opcode = field(w, 13, 3);
-            let selem = ((opcode & 1) << 1 | field(w, 21, 1)) + 1;
-            let size = field(w, 10, 2);
-            let elem = match opcode >> 1 {
-                0 => 1,
-                1 => 2,
-                2 if size & 1 == 1 => 8,
-                2 => 4,
-                // LDnR: one element of `size`, replicated.
-                _ => 1 << size,
-            };
-            let load = field(w, 22, 1) == 1;
-            let addr = if class == "ASISDLSOP" {
-                Addr::PostIndex
-            } else {
-                Addr::Offset(0)
-            };
-            Some(access(rn, addr, selem * elem, load, !load))
-        }
+        "LDSTEXCL" => exclusive(w, m, rn),
+        "LSE_ATOMIC" => atomic(w, m, rn),
+        "ASISDLSE" | "ASISDLSEP" => simd_multiple(w, class, rn),
+        "ASISDLSO" | "ASISDLSOP" => simd_single(w, class, rn),
         _ => None,
     }
+}
+
+/// Load/store pair (LDP, STP, LDPSW, LDNP, STNP, STGP).
+fn pair(w: u32, m: &str, rn: u32) -> Option<MemAccess> {
+    // Not the RCPC3 (ldap/ldapp/stlp) nor the LSUI (ldtp/sttp/ldtnp/sttnp)
+    // pairs of the same classes.
+    if !matches!(m, "ldp" | "stp" | "ldpsw" | "ldnp" | "stnp" | "stgp") {
+        return None;
+    }
+    let (opc, v, load) = (field(w, 30, 2), field(w, 26, 1), field(w, 22, 1) == 1);
+    // (element bytes, offset scale)
+    let (elem, scale) = match (v, opc) {
+        (1, 0..=2) => (4 << opc, 4 << opc),
+        (0, 0) => (4, 4),
+        (0, 2) => (8, 8),
+        // LDPSW; STGP stores two X registers with the offset in granules.
+        (0, 1) if m == "ldpsw" => (4, 4),
+        (0, 1) if m == "stgp" => (8, 16),
+        _ => return None,
+    };
+    let off = sext(field(w, 15, 7), 7) * scale;
+    // Bits 24:23: 00 non-temporal, 01 post-index, 10 offset, 11 pre-index.
+    let addr = if field(w, 23, 2) == 0b01 {
+        Addr::PostIndex
+    } else {
+        Addr::Offset(off)
+    };
+    Some(access(rn, addr, 2 * elem, load, !load))
+}
+
+/// Exclusive and acquire/release loads and stores.
+fn exclusive(w: u32, m: &str, rn: u32) -> Option<MemAccess> {
+    if !EXCLUSIVE.contains(&m) {
+        return None;
+    }
+    let size = field(w, 30, 2);
+    let bytes = if m.ends_with('p') {
+        // Pairs: size<0> selects 32- or 64-bit registers.
+        2 * (4 << (size & 1))
+    } else {
+        1 << size
+    };
+    let load = m.starts_with("ld");
+    Some(access(rn, Addr::Offset(0), bytes, load, !load))
+}
+
+/// LSE atomics: compare-and-swap, swap, load-and-op.
+fn atomic(w: u32, m: &str, rn: u32) -> Option<MemAccess> {
+    let size = field(w, 30, 2);
+    let bytes = if let Some(rest) = m.strip_prefix("casp") {
+        if !matches!(rest, "" | "a" | "al" | "l") {
+            return None;
+        }
+        2 * (4 << (size & 1))
+    } else {
+        let rest = m
+            .strip_prefix("cas")
+            .or_else(|| m.strip_prefix("swp"))
+            .or_else(|| {
+                let r = m.strip_prefix("ld")?;
+                LSE_OPS.iter().find_map(|op| r.strip_prefix(op))
+            })?;
+        if !LSE_SUFFIXES.contains(&rest) {
+            return None;
+        }
+        1 << size
+    };
+    // Compare-and-swap writes only on a match, but may: both.
+    Some(access(rn, Addr::Offset(0), bytes, true, true))
+}
+
+/// SIMD LD1-4/ST1-4 (multiple structures).
+fn simd_multiple(w: u32, class: &str, rn: u32) -> Option<MemAccess> {
+    // LD1-4/ST1-4 (multiple structures): opcode (15:12) gives the register
+    // count, Q (30) the register width.
+    let regs = match field(w, 12, 4) {
+        0b0000 | 0b0010 => 4,
+        0b0100 | 0b0110 => 3,
+        0b1000 | 0b1010 => 2,
+        0b0111 => 1,
+        _ => return None,
+    };
+    let bytes = regs * (8 << field(w, 30, 1));
+    let load = field(w, 22, 1) == 1;
+    // Post-index by #imm (Rm = 31) or by a register: the access is at base.
+    let addr = if class == "ASISDLSEP" {
+        Addr::PostIndex
+    } else {
+        Addr::Offset(0)
+    };
+    Some(access(rn, addr, bytes, load, !load))
+}
+
+/// SIMD LD1-4/ST1-4 (single structure) and LDnR.
+fn simd_single(w: u32, class: &str, rn: u32) -> Option<MemAccess> {
+    // Single structure / replicate: opcode (15:13), R (21), S (12), size
+    // (11:10). selem = opcode<0>:R + 1 registers, one element each.
+    let opcode = field(w, 13, 3);
+    let selem = ((opcode & 1) << 1 | field(w, 21, 1)) + 1;
+    let size = field(w, 10, 2);
+    let elem = match opcode >> 1 {
+        0 => 1,
+        1 => 2,
+        2 if size & 1 == 1 => 8,
+        2 => 4,
+        // LDnR: one element of `size`, replicated.
+        _ => 1 << size,
+    };
+    let load = field(w, 22, 1) == 1;
+    let addr = if class == "ASISDLSOP" {
+        Addr::PostIndex
+    } else {
+        Addr::Offset(0)
+    };
+    Some(access(rn, addr, selem * elem, load, !load))
 }
 
 /// Registers the stub saved at `[sp + 8 * (n - 9)]`.

@@ -11,18 +11,20 @@
 //! recording in between makes the interrupted `stxr` fail and retry).
 
 mod enc;
+mod flow;
 mod mem;
 mod reloc;
 mod runtime;
 mod stub;
+mod usdt;
 
 use super::{
-    Candidate, FlowFacts, FunctionPlan, Isa, Layout, Runtime, SiteReq, Window, merge_windows,
+    Candidate, FunctionPlan, InsnFacts, Isa, Layout, Runtime, SiteReq, Span, Window, merge_windows,
 };
-use crate::input::{Function, Input};
-use crate::usdt::{Arg, Reg as UsdtReg};
+use crate::elf::read::{Function, Input};
+use crate::isa::arg::{Arg, Reg as UsdtReg};
 use reloc::Class;
-use tracer_common::meta::SiteKind;
+use tracer_common::meta::{FallbackReason, SiteKind};
 use tracer_common::operand::{
     A64_REG_PC, OP_ADDR, OPF_INDEX_SXTW, OPF_INDEX_UXTW, OPF_STRIP_PAC, Operand, OperandSet,
     REG_NONE,
@@ -50,9 +52,42 @@ fn word_at(bytes: &[u8], i: usize) -> Option<u32> {
     Some(u32::from_le_bytes(b.try_into().ok()?))
 }
 
+/// The function's LDXR … STXR ranges: the stub runs its own exclusive pair, which
+/// would clear the monitor of a sequence a site sits inside.
+fn exclusive_ranges(bytes: &[u8], addr: u64, size: usize) -> Vec<std::ops::RangeInclusive<u64>> {
+    let mut exclusive = Vec::new();
+    let mut open: Option<u64> = None;
+    for i in (0..size).step_by(INSN) {
+        let pc = addr + i as u64;
+        let Some(wi) = word_at(bytes, i) else { break };
+        match reloc::classify(wi, pc) {
+            Class::LoadExclusive => open = Some(pc),
+            Class::StoreExclusive => {
+                if let Some(start) = open.take() {
+                    exclusive.push(start..=pc);
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some(start) = open {
+        exclusive.push(start..=addr + size as u64);
+    }
+    exclusive
+}
+
 impl Isa for Aarch64 {
     fn arch(&self) -> u32 {
         tracer_common::ARCH_AARCH64
+    }
+
+    fn usdt_operand(
+        &self,
+        operand: &str,
+        _pc: u64,
+        resolve: &dyn Fn(&str) -> Result<u64, crate::isa::arg::ArgError>,
+    ) -> Result<crate::isa::arg::ArgLoc, crate::isa::arg::ArgError> {
+        usdt::operand(operand, resolve)
     }
 
     fn direct_call_targets(&self, addr: u64, bytes: &[u8], out: &mut Vec<u64>) {
@@ -73,64 +108,31 @@ impl Isa for Aarch64 {
         }
     }
 
-    fn sites_of(
-        &self,
-        input: &Input,
-        f: &Function,
-        kind: SiteKind,
-        fn_starts: &[u64],
-        flow: &FlowFacts,
-    ) -> Vec<u64> {
-        let targets = flow.targets;
-        match kind {
-            SiteKind::FunctionEntry => return vec![f.addr],
-            SiteKind::Usdt => return Vec::new(),
-            _ => {}
-        }
+    fn insn_facts(&self, input: &Input, f: &Function, memory: bool) -> Vec<InsnFacts> {
         let Some(bytes) = input.bytes_at(f.addr) else {
             return Vec::new();
         };
         let n = (f.size as usize).min(bytes.len()) / INSN * INSN;
-        let inside = f.addr..f.addr + f.size;
-        let words = (0..n)
+        (0..n)
             .step_by(INSN)
-            .filter_map(|i| Some((f.addr + i as u64, word_at(bytes, i)?)));
-        match kind {
-            SiteKind::FunctionEntry | SiteKind::Usdt => Vec::new(),
-            SiteKind::FunctionExit => words
-                .filter(|&(pc, w)| {
-                    reloc::is_return(w).is_some()
-                        || matches!(reloc::classify(w, pc), Class::B { target }
-                            if !inside.contains(&target) && fn_starts.binary_search(&target).is_ok())
-                        || flow.tail_calls.binary_search(&pc).is_ok()
-                })
-                .map(|(pc, _)| pc)
-                .collect(),
-            SiteKind::Block => {
-                let mut out = Vec::new();
-                let mut after_transfer = true;
-                for (pc, w) in words {
-                    if pc == f.addr && enc::LANDING_PADS.contains(&w) {
-                        continue;
-                    }
-                    if after_transfer || targets.binary_search(&pc).is_ok() {
-                        out.push(pc);
-                    }
-                    after_transfer = reloc::transfers(w, pc);
+            .filter_map(|i| Some((f.addr + i as u64, word_at(bytes, i)?)))
+            .map(|(pc, w)| {
+                let class = reloc::classify(w, pc);
+                InsnFacts {
+                    addr: pc,
+                    is_return: reloc::is_return(w).is_some(),
+                    direct_jump: match class {
+                        Class::B { target } => Some(target),
+                        _ => None,
+                    },
+                    indirect_jump: flow::is_indirect_branch(w),
+                    transfers: reloc::transfers(w, pc),
+                    memory: memory && mem::classify(w, pc).is_some(),
+                    call: matches!(class, Class::Bl { .. } | Class::Blr { .. }),
+                    landing_pad: enc::LANDING_PADS.contains(&w),
                 }
-                out
-            }
-            SiteKind::Memory => words
-                .filter(|&(pc, w)| mem::classify(w, pc).is_some())
-                .map(|(pc, _)| pc)
-                .collect(),
-            SiteKind::Call => words
-                .filter(|&(pc, w)| {
-                    matches!(reloc::classify(w, pc), Class::Bl { .. } | Class::Blr { .. })
-                })
-                .map(|(pc, _)| pc)
-                .collect(),
-        }
+            })
+            .collect()
     }
 
     fn plan_function(
@@ -140,40 +142,21 @@ impl Isa for Aarch64 {
         reqs: &[SiteReq],
         targets: &[u64],
         // Windows are single instructions: no interior that a branch could land in.
-        _unsure: Option<&str>,
+        _unsure: Option<&FallbackReason>,
     ) -> FunctionPlan {
         if f.size == 0 {
-            return FunctionPlan::all_uprobes(reqs, "symbol has no size");
+            return FunctionPlan::all_uprobes(reqs, FallbackReason::NoSize);
         }
         if !f.addr.is_multiple_of(4) {
-            return FunctionPlan::all_uprobes(reqs, "function address not 4-byte aligned");
+            return FunctionPlan::all_uprobes(reqs, FallbackReason::Unaligned);
         }
         let Some(bytes) = input.bytes_at(f.addr) else {
-            return FunctionPlan::all_uprobes(reqs, "not in a file-backed segment");
+            return FunctionPlan::all_uprobes(reqs, FallbackReason::NotFileBacked);
         };
         let size = (f.size as usize).min(bytes.len()) / INSN * INSN;
         let first = word_at(bytes, 0).filter(|_| size >= INSN);
         let pad = first.is_some_and(|w| enc::LANDING_PADS.contains(&w));
-        // The stub runs its own exclusive pair, which would clear the monitor of a
-        // sequence a site sits inside: the function's LDXR … STXR ranges.
-        let mut exclusive = Vec::new();
-        let mut open: Option<u64> = None;
-        for i in (0..size).step_by(INSN) {
-            let pc = f.addr + i as u64;
-            let Some(wi) = word_at(bytes, i) else { break };
-            match reloc::classify(wi, pc) {
-                Class::LoadExclusive => open = Some(pc),
-                Class::StoreExclusive => {
-                    if let Some(start) = open.take() {
-                        exclusive.push(start..=pc);
-                    }
-                }
-                _ => {}
-            }
-        }
-        if let Some(start) = open {
-            exclusive.push(start..=f.addr + size as u64);
-        }
+        let exclusive = exclusive_ranges(bytes, f.addr, size);
         let cands = reqs
             .iter()
             .map(|r| {
@@ -183,7 +166,7 @@ impl Isa for Aarch64 {
                 } else {
                     r.addr
                 };
-                let c = |why: String| Candidate::uprobe(r, at, why);
+                let c = |why: String| Candidate::uprobe(r, at, FallbackReason::Detail(why));
                 let Some(w) = word_at(bytes, (at - f.addr) as usize)
                     .filter(|_| at + INSN as u64 <= f.addr + size as u64)
                 else {
@@ -214,7 +197,9 @@ impl Isa for Aarch64 {
                 };
                 let flags = match (r.kind, mem::classify(w, at)) {
                     (SiteKind::Memory, Some(m)) => mem_flags(&m),
-                    (SiteKind::Memory, None) => return c("not a memory access".into()),
+                    (SiteKind::Memory, None) => {
+                        return Candidate::uprobe(r, at, FallbackReason::NotMemoryAccess);
+                    }
                     _ => 0,
                 };
                 Candidate {
@@ -225,7 +210,11 @@ impl Isa for Aarch64 {
                     // The AArch64 stub never writes NZCV and saves what it uses.
                     keep_flags: false,
                     keep_r11: false,
-                    window: Ok((at, INSN, INSN)),
+                    window: Ok(Span {
+                        start: at,
+                        len: INSN,
+                        code_len: INSN,
+                    }),
                 }
             })
             .collect();

@@ -127,18 +127,66 @@ fn emit_register(
     user_drain: Label,
     user_send: Label,
 ) -> Result<(), String> {
-    const NEWMASK: u32 = 96;
-    const OLDMASK: u32 = 104;
-    const FRAME: i32 = 112;
-    let (scan, claim, claim_next, claim_next_clrex) = (a.label(), a.label(), a.label(), a.label());
-    let (reclaim, reclaim_cas, reclaim_next, reclaim_next_clrex) =
-        (a.label(), a.label(), a.label(), a.label());
-    let (claimed, found, done, pre_tls_slot, no_handover) =
-        (a.label(), a.label(), a.label(), a.label(), a.label());
-    let slots = SLOTS_OFF;
-    let n_scan = u64::from(l.nslots - FIRST_FREE_SLOT);
-
+    let lb = RegisterLabels {
+        scan: a.label(),
+        claim: a.label(),
+        claim_next: a.label(),
+        claim_next_clrex: a.label(),
+        reclaim: a.label(),
+        reclaim_cas: a.label(),
+        reclaim_next: a.label(),
+        reclaim_next_clrex: a.label(),
+        claimed: a.label(),
+        found: a.label(),
+        done: a.label(),
+        pre_tls_slot: a.label(),
+        no_handover: a.label(),
+    };
     a.bind(register);
+    register_enter(a, l, &lb)?;
+    register_own_or_claim(a, l, &lb);
+    register_reclaim(a, l, &lb);
+    register_init(a, l, &lb);
+    if l.pre_tls {
+        register_handover(a, &lb, flush, user_drain);
+    }
+    emit_user_discovery(a, user_send);
+    a.bl_l(flush); // empty drain: tells the tracer about this slot
+    register_index(a, &lb);
+    register_leave(a, &lb);
+    Ok(())
+}
+
+/// The branch targets inside `register`.
+struct RegisterLabels {
+    scan: Label,
+    claim: Label,
+    claim_next: Label,
+    claim_next_clrex: Label,
+    reclaim: Label,
+    reclaim_cas: Label,
+    reclaim_next: Label,
+    reclaim_next_clrex: Label,
+    claimed: Label,
+    found: Label,
+    done: Label,
+    pre_tls_slot: Label,
+    no_handover: Label,
+}
+
+/// Stack frame of `register`: saved registers, then the new and old signal masks.
+const NEWMASK: u32 = 96;
+const OLDMASK: u32 = 104;
+const FRAME: i32 = 112;
+
+/// x9 = the first claimable slot, x4 = how many there are.
+fn first_slot(a: &mut Asm, l: &Layout) {
+    add_big(a, 9, 6, SLOTS_OFF + u64::from(FIRST_FREE_SLOT) * SLOT_SIZE);
+    a.put_all(&mov_imm64(4, u64::from(l.nslots - FIRST_FREE_SLOT)));
+}
+
+/// Save registers and NZCV, block signals; x7 = tp, x6 = rw_base, x5 = KEY_CLAIMING.
+fn register_enter(a: &mut Asm, l: &Layout, lb: &RegisterLabels) -> Result<(), String> {
     a.put(stp_pre(0, 1, SP, -FRAME));
     a.put(stp(2, 3, SP, 16));
     a.put(stp(4, 5, SP, 32));
@@ -158,88 +206,95 @@ fn emit_register(
     if l.pre_tls {
         add_big(a, 0, 6, PRE_TLS_OFF);
         a.put(sub_reg(0, 0, 7));
-        a.cbz_l(true, false, 0, pre_tls_slot);
+        a.cbz_l(true, false, 0, lb.pre_tls_slot);
     }
 
-    let first_slot = |a: &mut Asm| {
-        add_big(a, 9, 6, slots + u64::from(FIRST_FREE_SLOT) * SLOT_SIZE);
-        a.put_all(&mov_imm64(4, n_scan));
-    };
+    Ok(())
+}
 
+/// (1) a slot this thread already owns (→ `found`), (2) claim a free or tombstoned
+/// one (→ `claimed`).
+fn register_own_or_claim(a: &mut Asm, l: &Layout, lb: &RegisterLabels) {
     // (1) already own a slot (index collision)?
-    first_slot(a);
-    a.bind(scan);
+    first_slot(a, l);
+    a.bind(lb.scan);
     a.put(ldr_x(0, 9, 0));
     a.put(sub_reg(0, 0, 7));
-    a.cbz_l(true, false, 0, found);
+    a.cbz_l(true, false, 0, lb.found);
     a.put(add_imm(9, 9, SLOT_SIZE as u32, false));
     a.put(sub_imm(4, 4, 1, false));
-    a.cbz_l(true, true, 4, scan);
+    a.cbz_l(true, true, 4, lb.scan);
 
     // (2) claim a free or tombstoned slot: exclusive CAS key ∈ {FREE, TOMBSTONE} →
     // CLAIMING.
-    first_slot(a);
-    a.bind(claim);
+    first_slot(a, l);
+    a.bind(lb.claim);
     a.put(ldxr(0, 9));
     a.put(cmp_imm(0, KEY_TOMBSTONE as u32));
-    a.bcond_l(HI, claim_next_clrex);
+    a.bcond_l(HI, lb.claim_next_clrex);
     a.put(stxr(1, 5, 9));
-    a.cbz_l(false, true, 1, claim); // lost the monitor: look again
-    a.b_l(claimed);
-    a.bind(claim_next_clrex);
+    a.cbz_l(false, true, 1, lb.claim); // lost the monitor: look again
+    a.b_l(lb.claimed);
+    a.bind(lb.claim_next_clrex);
     a.put(CLREX);
-    a.bind(claim_next);
+    a.bind(lb.claim_next);
     a.put(add_imm(9, 9, SLOT_SIZE as u32, false));
     a.put(sub_imm(4, 4, 1, false));
-    a.cbz_l(true, true, 4, claim);
+    a.cbz_l(true, true, 4, lb.claim);
+}
 
+/// (3) reclaim a slot of a dead thread (→ `claimed`), (4) else count a drop and fail.
+fn register_reclaim(a: &mut Asm, l: &Layout, lb: &RegisterLabels) {
     // (3) reclaim a slot whose owner died without a tracer releasing it.
     a.put(movz(8, SYS_GETPID as u32, 0));
     a.put(SVC0);
     a.put(mov_reg(3, 0)); // x3 = pid
-    first_slot(a);
-    a.bind(reclaim);
+    first_slot(a, l);
+    a.bind(lb.reclaim);
     a.put(mov_reg(0, 3));
     a.put(ldr_w(1, 9, SLOT_OWNER_TID as u32));
     a.put(movz(2, 0, 0));
     a.put(movz(8, SYS_TGKILL as u32, 0));
     a.put(SVC0);
     a.put(cmn_imm(0, ESRCH));
-    a.bcond_l(NE, reclaim_next);
-    a.bind(reclaim_cas);
+    a.bcond_l(NE, lb.reclaim_next);
+    a.bind(lb.reclaim_cas);
     a.put(ldxr(0, 9));
     a.put(cmp_imm(0, KEY_CLAIMING as u32));
-    a.bcond_l(LS, reclaim_next_clrex);
+    a.bcond_l(LS, lb.reclaim_next_clrex);
     a.put(stxr(1, 5, 9));
-    a.cbz_l(false, true, 1, reclaim_cas);
-    a.b_l(claimed);
-    a.bind(reclaim_next_clrex);
+    a.cbz_l(false, true, 1, lb.reclaim_cas);
+    a.b_l(lb.claimed);
+    a.bind(lb.reclaim_next_clrex);
     a.put(CLREX);
-    a.bind(reclaim_next);
+    a.bind(lb.reclaim_next);
     a.put(add_imm(9, 9, SLOT_SIZE as u32, false));
     a.put(sub_imm(4, 4, 1, false));
-    a.cbz_l(true, true, 4, reclaim);
+    a.cbz_l(true, true, 4, lb.reclaim);
 
     // (4) no slot: count the dropped record.
     add_big(a, 0, 6, RWH_NO_SLOT_DROPS);
     atomic_inc(a, 0);
     a.put(movz(9, 0, 0));
-    a.b_l(done);
+    a.b_l(lb.done);
+}
 
+/// Initialise the claimed slot (x9) and publish its key.
+fn register_init(a: &mut Asm, l: &Layout, lb: &RegisterLabels) {
     if l.pre_tls {
-        a.bind(pre_tls_slot);
-        add_big(a, 9, 6, slots + u64::from(SLOT_PRE_TLS) * SLOT_SIZE);
+        a.bind(lb.pre_tls_slot);
+        add_big(a, 9, 6, SLOTS_OFF + u64::from(SLOT_PRE_TLS) * SLOT_SIZE);
         a.put(ldr_x(0, 9, 0));
         a.put(sub_reg(0, 0, 7));
-        a.cbz_l(true, false, 0, found);
+        a.cbz_l(true, false, 0, lb.found);
         a.put(str_x(5, 9, 0));
         // fall through into `claimed` with x9 = slot 1
     }
 
     // x9 = claimed slot: initialise it.
-    a.bind(claimed);
+    a.bind(lb.claimed);
     a.put(sub_reg(0, 9, 6));
-    a.put(sub_imm(0, 0, (slots >> 12) as u32, true));
+    a.put(sub_imm(0, 0, (SLOTS_OFF >> 12) as u32, true));
     a.put(lsr(0, 0, 6)); // slot number (SLOT_SIZE = 64)
     a.put_all(&mov_imm64(1, buf_stride(l.buf_kind, l.buf_bytes)));
     a.put(mul(0, 0, 1));
@@ -264,53 +319,59 @@ fn emit_register(
     a.put(str_x(7, 9, 0)); // publish: now the thread's stubs can hit it
     add_big(a, 1, 6, RWH_REGISTRATIONS);
     atomic_inc(a, 1);
-    if l.pre_tls {
-        // The thread got its real thread pointer: hand over what it recorded before
-        // (slot 1) and release slot 1.
-        add_big(a, 1, 6, slots + u64::from(SLOT_PRE_TLS) * SLOT_SIZE);
-        a.put(sub_reg(2, 1, 9));
-        a.cbz_l(true, false, 2, no_handover);
-        a.put(ldr_x(2, 1, 0));
-        add_big(a, 3, 6, PRE_TLS_OFF);
-        a.put(sub_reg(2, 2, 3));
-        a.cbz_l(true, true, 2, no_handover);
-        a.put(ldr_w(2, 1, SLOT_OWNER_TID as u32));
-        a.put(sub_w_reg(2, 2, 0));
-        a.cbz_l(false, true, 2, no_handover);
-        a.put(mov_reg(4, 9));
-        a.put(mov_reg(9, 1));
-        // The user-space drain was decided at slot 1's own registration: send slot 1's
-        // records over the socket, else let the flush uprobe (or the reset) have them.
-        let (handover_probe, handover_done) = (a.label(), a.label());
-        a.put(ldr_w(2, 6, RWH_USER_STATE as u32));
-        a.put(sub_imm(2, 2, USER_ON, false));
-        a.cbz_l(true, true, 2, handover_probe);
-        a.put_all(&mov_imm64(
-            10,
-            chunk_kind_cause(CHUNK_KIND_RECORDS, CAUSE_FULL),
-        ));
-        a.bl_l(user_drain); // preserves x0..x8
-        a.b_l(handover_done);
-        a.bind(handover_probe);
-        a.bl_l(flush);
-        a.bind(handover_done);
-        a.put(movz(2, KEY_TOMBSTONE as u32, 0));
-        a.put(str_x(2, 9, 0));
-        a.put(mov_reg(9, 4));
-        a.bind(no_handover);
-    }
-    emit_user_discovery(a, user_send);
-    a.bl_l(flush); // empty drain: tells the tracer about this slot
+}
 
+/// Static executables: hand what the thread recorded in the pre-TLS slot over.
+fn register_handover(a: &mut Asm, lb: &RegisterLabels, flush: Label, user_drain: Label) {
+    // The thread got its real thread pointer: hand over what it recorded before
+    // (slot 1) and release slot 1.
+    add_big(a, 1, 6, SLOTS_OFF + u64::from(SLOT_PRE_TLS) * SLOT_SIZE);
+    a.put(sub_reg(2, 1, 9));
+    a.cbz_l(true, false, 2, lb.no_handover);
+    a.put(ldr_x(2, 1, 0));
+    add_big(a, 3, 6, PRE_TLS_OFF);
+    a.put(sub_reg(2, 2, 3));
+    a.cbz_l(true, true, 2, lb.no_handover);
+    a.put(ldr_w(2, 1, SLOT_OWNER_TID as u32));
+    a.put(sub_w_reg(2, 2, 0));
+    a.cbz_l(false, true, 2, lb.no_handover);
+    a.put(mov_reg(4, 9));
+    a.put(mov_reg(9, 1));
+    // The user-space drain was decided at slot 1's own registration: send slot 1's
+    // records over the socket, else let the flush uprobe (or the reset) have them.
+    let (handover_probe, handover_done) = (a.label(), a.label());
+    a.put(ldr_w(2, 6, RWH_USER_STATE as u32));
+    a.put(sub_imm(2, 2, USER_ON, false));
+    a.cbz_l(true, true, 2, handover_probe);
+    a.put_all(&mov_imm64(
+        10,
+        chunk_kind_cause(CHUNK_KIND_RECORDS, CAUSE_FULL),
+    ));
+    a.bl_l(user_drain); // preserves x0..x8
+    a.b_l(handover_done);
+    a.bind(handover_probe);
+    a.bl_l(flush);
+    a.bind(handover_done);
+    a.put(movz(2, KEY_TOMBSTONE as u32, 0));
+    a.put(str_x(2, 9, 0));
+    a.put(mov_reg(9, 4));
+    a.bind(lb.no_handover);
+}
+
+/// `found`: point index[h(tp)] at the slot (x9).
+fn register_index(a: &mut Asm, lb: &RegisterLabels) {
     // x9 = this thread's slot: point index[h(tp)] at it.
-    a.bind(found);
+    a.bind(lb.found);
     a.put(ubfx(0, 7, 16, 16));
     a.put(sub_reg(1, 9, 6));
-    a.put(sub_imm(1, 1, (slots >> 12) as u32, true));
+    a.put(sub_imm(1, 1, (SLOTS_OFF >> 12) as u32, true));
     add_big(a, 2, 6, INDEX_OFF);
     a.put(str_w_idx(1, 2, 0));
+}
 
-    a.bind(done);
+/// `done`: restore the signal mask, registers and NZCV; return x9.
+fn register_leave(a: &mut Asm, lb: &RegisterLabels) {
+    a.bind(lb.done);
     a.put(mov_reg(4, 9));
     restore_signals(a, OLDMASK);
     a.put(mov_reg(9, 4));
@@ -322,7 +383,6 @@ fn emit_register(
     a.put(ldp(2, 3, SP, 16));
     a.put(ldp_post(0, 1, SP, FRAME));
     a.put(RET);
-    Ok(())
 }
 
 const fn chunk_kind_cause(kind: u32, cause: u32) -> u64 {

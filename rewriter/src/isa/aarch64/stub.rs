@@ -38,8 +38,8 @@
 
 use super::enc::*;
 use super::{mem, reloc};
+use crate::isa::arg::{Arg, ArgLoc, Reg as UsdtReg};
 use crate::isa::{Layout, PlacedSite, Runtime};
-use crate::usdt::{Arg, ArgLoc, Reg as UsdtReg};
 use tracer_common::meta::{SiteKind, TimeMode};
 use tracer_common::{
     BUF_CIRCULAR, BUF_FAST_CIRCULAR, BUF_TRACE, FLAG_RING, FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE,
@@ -168,6 +168,53 @@ fn emit_usdt_arg(a: &mut Asm, arg: &Arg, frame: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// What the sites of one stub need, decided before any code is emitted.
+struct Shape<'s> {
+    /// Values computed up front (a USDT probe's arguments, a chosen value), every
+    /// site's in order at [sp, #FRAME + 8i]; site i's start at index `arg_base[i]`.
+    args: Vec<&'s Arg>,
+    arg_base: Vec<u32>,
+    /// The stub's stack frame.
+    frame: i32,
+    /// Records per site (a USDT probe: its arguments two per record) and in all.
+    per: Vec<u32>,
+    nrec: u32,
+}
+
+impl<'s> Shape<'s> {
+    fn new(sites: &[&'s PlacedSite]) -> Self {
+        let args: Vec<&Arg> = sites.iter().flat_map(|s| &s.args).collect();
+        let arg_base: Vec<u32> = sites
+            .iter()
+            .scan(0u32, |n, s| {
+                let b = *n;
+                *n += s.args.len() as u32;
+                Some(b)
+            })
+            .collect();
+        let frame = FRAME + (8 * args.len() as u32).div_ceil(16) as i32 * 16;
+        let per: Vec<u32> = sites
+            .iter()
+            .map(|s| match s.kind {
+                SiteKind::Usdt => (s.args.len() as u32).div_ceil(2).max(1),
+                _ => 1,
+            })
+            .collect();
+        Shape {
+            args,
+            arg_base,
+            frame,
+            nrec: per.iter().sum(),
+            per,
+        }
+    }
+
+    /// Where value `i` of `args` is saved.
+    fn slot(&self, i: u32) -> u32 {
+        FRAME as u32 + 8 * i
+    }
+}
+
 /// The fast path of the stub for every site placed before the instruction `word` at
 /// `pc` (several stores, one reservation, one full-check); returns its (retry, out,
 /// miss, full) labels for the slow paths emitted after the window.
@@ -178,30 +225,56 @@ fn emit_stub(
     word: u32,
     pc: u64,
 ) -> Result<(Label, Label, Label, Label), String> {
-    let (retry, out, miss, full, reserve) = (a.label(), a.label(), a.label(), a.label(), a.label());
-    // Values computed up front (a USDT probe's arguments, a chosen value), every
-    // site's in order at [sp, #FRAME + 8i]; site i's start at index arg_base[i].
-    let args: Vec<&Arg> = sites.iter().flat_map(|s| &s.args).collect();
-    let arg_base: Vec<u32> = sites
-        .iter()
-        .scan(0u32, |n, s| {
-            let b = *n;
-            *n += s.args.len() as u32;
-            Some(b)
-        })
-        .collect();
-    let frame = FRAME + (8 * args.len() as u32).div_ceil(16) as i32 * 16;
-    let slot = |i: u32| FRAME as u32 + 8 * i;
-    // Records per site: a USDT probe's arguments two per record.
-    let per: Vec<u32> = sites
-        .iter()
-        .map(|s| match s.kind {
-            SiteKind::Usdt => (s.args.len() as u32).div_ceil(2).max(1),
-            _ => 1,
-        })
-        .collect();
-    let nrec: u32 = per.iter().sum();
+    let (retry, out, miss, full) = (a.label(), a.label(), a.label(), a.label());
+    let shape = Shape::new(sites);
+    let frame = shape.frame;
+    emit_prologue(a, &shape, sites, word, pc)?;
+    a.bind(retry);
+    emit_reserve(a, layout, shape.nrec, out, miss)?;
+    emit_heads(a, layout, &shape, sites);
+    // value, aux: x0 is the first argument at an entry and the return value at an
+    // exit; a block records its own address.
+    let mut first = 0;
+    for ((site, &n), &base) in sites.iter().zip(&shape.per).zip(&shape.arg_base) {
+        emit_site_value(
+            a,
+            &shape,
+            site,
+            word,
+            pc,
+            (RECORD_SIZE as u32 * first, n),
+            base,
+        )?;
+        first += n;
+    }
+    let ring = layout.buf_kind != BUF_TRACE;
+    if !ring {
+        a.put(ldr_x(10, 9, SLOT_INFLIGHT as u32));
+        a.put(sub_imm(10, 10, 1, false));
+        a.put(str_x(10, 9, SLOT_INFLIGHT as u32));
+    }
+    if layout.buf_kind != BUF_FAST_CIRCULAR {
+        a.put(ldr_x(10, 9, SLOT_END as u32));
+        a.put(sub_reg(10, 12, 10));
+        a.tbz_l(false, 10, 63, full);
+    }
 
+    a.bind(out);
+    a.put(ldp(11, 12, SP, 16));
+    a.put(ldr_x(13, SP, 32));
+    a.put(ldp_post(9, 10, SP, frame));
+    Ok((retry, out, miss, full))
+}
+
+/// Save x9..x13 and compute the values needed from the original registers.
+fn emit_prologue(
+    a: &mut Asm,
+    shape: &Shape,
+    sites: &[&PlacedSite],
+    word: u32,
+    pc: u64,
+) -> Result<(), String> {
+    let frame = shape.frame;
     a.put(stp_pre(9, 10, SP, -frame));
     a.put(stp(11, 12, SP, 16));
     a.put(str_x(13, SP, 32));
@@ -210,11 +283,23 @@ fn emit_stub(
         mem::emit_ea(a, &m, 10, frame as u32)?;
         a.put(str_x(10, SP, EA_SAVE));
     }
-    for (i, &arg) in args.iter().enumerate() {
+    for (i, &arg) in shape.args.iter().enumerate() {
         emit_usdt_arg(a, arg, frame as u32)?;
-        a.put(str_x(10, SP, slot(i as u32)));
+        a.put(str_x(10, SP, shape.slot(i as u32)));
     }
-    a.bind(retry);
+    Ok(())
+}
+
+/// Find the thread's slot (x9; `out` before TLS, `miss` when the index does not name
+/// this thread) and reserve `nrec` records (x11 = the first, x12 = the end).
+fn emit_reserve(
+    a: &mut Asm,
+    layout: &Layout,
+    nrec: u32,
+    out: Label,
+    miss: Label,
+) -> Result<(), String> {
+    let reserve = a.label();
     a.put(mrs(10, TPIDR_EL0));
     a.cbz_l(true, false, 10, out);
     a.put(ubfx(11, 10, 16, 16));
@@ -253,7 +338,16 @@ fn emit_stub(
         a.put(stxr(10, 12, 13));
         a.cbz_l(false, true, 10, reserve);
     }
-    let ring_flag = if ring { FLAG_RING } else { 0 };
+    Ok(())
+}
+
+/// Every record's first half: site and flags, then the time (x13 is free afterwards).
+fn emit_heads(a: &mut Asm, layout: &Layout, shape: &Shape, sites: &[&PlacedSite]) {
+    let ring_flag = if layout.buf_kind != BUF_TRACE {
+        FLAG_RING
+    } else {
+        0
+    };
     let clock = match layout.time_mode {
         TimeMode::Record => true,
         TimeMode::Block => sites.iter().any(|s| s.kind == SiteKind::Block),
@@ -269,7 +363,7 @@ fn emit_stub(
     // Site in the low word and flags in the high word, then the time: one pair store
     // per record, for every record first (x13 is free afterwards).
     let mut first = 0;
-    for (site, &n) in sites.iter().zip(&per) {
+    for (site, &n) in sites.iter().zip(&shape.per) {
         for j in 0..n {
             let flags = match j {
                 0 => site.flags | ring_flag,
@@ -280,87 +374,78 @@ fn emit_stub(
         }
         first += n;
     }
-    // value, aux: x0 is the first argument at an entry and the return value at an
-    // exit; a block records its own address.
-    let mut first = 0;
-    for ((site, &n), &base) in sites.iter().zip(&per).zip(&arg_base) {
-        let rec = RECORD_SIZE as u32 * first;
-        let nargs = site.args.len() as u32;
-        match site.kind {
-            SiteKind::Usdt => {
-                for k in 0..2 * n {
-                    let at = rec + RECORD_SIZE as u32 * (k / 2) + 16 + 8 * (k % 2);
-                    if k < nargs {
-                        a.put(ldr_x(10, SP, slot(base + k)));
-                        a.put(str_x(10, 11, at));
-                    } else {
-                        a.put(str_x(XZR, 11, at));
-                    }
-                }
-            }
-            // A chosen value (`--value`) instead of x0 / the block's address.
-            SiteKind::Block if nargs > 0 => {
-                a.put(ldr_x(10, SP, slot(base)));
-                a.put(stp(10, XZR, 11, rec as i32 + 16));
-            }
-            SiteKind::FunctionEntry | SiteKind::FunctionExit if nargs > 0 => {
-                a.put(ldr_x(10, SP, slot(base)));
-                if site.signed_lr {
-                    a.put(str_x(LR, SP, LR_SAVE));
-                    a.put(XPACLRI);
-                    a.put(stp(10, LR, 11, rec as i32 + 16));
-                    a.put(ldr_x(LR, SP, LR_SAVE));
+}
+
+/// The `value` and `aux` fields of one site's records (at `rec`, `n` of them); its
+/// values start at `base` of `shape.args`.
+fn emit_site_value(
+    a: &mut Asm,
+    shape: &Shape,
+    site: &PlacedSite,
+    word: u32,
+    pc: u64,
+    (rec, n): (u32, u32),
+    base: u32,
+) -> Result<(), String> {
+    let nargs = site.args.len() as u32;
+    match site.kind {
+        SiteKind::Usdt => {
+            for k in 0..2 * n {
+                let at = rec + RECORD_SIZE as u32 * (k / 2) + 16 + 8 * (k % 2);
+                if k < nargs {
+                    a.put(ldr_x(10, SP, shape.slot(base + k)));
+                    a.put(str_x(10, 11, at));
                 } else {
-                    a.put(stp(10, LR, 11, rec as i32 + 16));
+                    a.put(str_x(XZR, 11, at));
                 }
-            }
-            SiteKind::Block => {
-                a.addr(10, pc)?;
-                a.put(stp(10, XZR, 11, rec as i32 + 16));
-            }
-            SiteKind::Call => {
-                // value: where the call goes; aux: the original return address.
-                match reloc::classify(word, pc) {
-                    reloc::Class::Bl { target } => a.addr(10, target)?,
-                    reloc::Class::Blr { rn: n @ 9..=13 } => a.put(ldr_x(10, SP, 8 * (n - 9))),
-                    reloc::Class::Blr { rn } => a.put(mov_reg(10, rn)),
-                    _ => return Err("not a call".into()),
-                }
-                a.addr(13, pc + 4)?;
-                a.put(stp(10, 13, 11, rec as i32 + 16));
-            }
-            SiteKind::Memory => {
-                a.put(ldr_x(10, SP, EA_SAVE));
-                a.addr(13, pc)?;
-                a.put(stp(10, 13, 11, rec as i32 + 16));
-            }
-            SiteKind::FunctionEntry | SiteKind::FunctionExit if site.signed_lr => {
-                // aux is the plain return address: strip the PAC from a copy of x30.
-                a.put(str_x(LR, SP, LR_SAVE));
-                a.put(XPACLRI);
-                a.put(stp(0, LR, 11, rec as i32 + 16));
-                a.put(ldr_x(LR, SP, LR_SAVE));
-            }
-            SiteKind::FunctionEntry | SiteKind::FunctionExit => {
-                a.put(stp(0, LR, 11, rec as i32 + 16));
             }
         }
-        first += n;
+        // A chosen value (`--value`) instead of x0 / the block's address.
+        SiteKind::Block if nargs > 0 => {
+            a.put(ldr_x(10, SP, shape.slot(base)));
+            a.put(stp(10, XZR, 11, rec as i32 + 16));
+        }
+        SiteKind::FunctionEntry | SiteKind::FunctionExit if nargs > 0 => {
+            a.put(ldr_x(10, SP, shape.slot(base)));
+            if site.signed_lr {
+                a.put(str_x(LR, SP, LR_SAVE));
+                a.put(XPACLRI);
+                a.put(stp(10, LR, 11, rec as i32 + 16));
+                a.put(ldr_x(LR, SP, LR_SAVE));
+            } else {
+                a.put(stp(10, LR, 11, rec as i32 + 16));
+            }
+        }
+        SiteKind::Block => {
+            a.addr(10, pc)?;
+            a.put(stp(10, XZR, 11, rec as i32 + 16));
+        }
+        SiteKind::Call => {
+            // value: where the call goes; aux: the original return address.
+            match reloc::classify(word, pc) {
+                reloc::Class::Bl { target } => a.addr(10, target)?,
+                reloc::Class::Blr { rn: n @ 9..=13 } => a.put(ldr_x(10, SP, 8 * (n - 9))),
+                reloc::Class::Blr { rn } => a.put(mov_reg(10, rn)),
+                _ => return Err("not a call".into()),
+            }
+            a.addr(13, pc + 4)?;
+            a.put(stp(10, 13, 11, rec as i32 + 16));
+        }
+        SiteKind::Memory => {
+            a.put(ldr_x(10, SP, EA_SAVE));
+            a.addr(13, pc)?;
+            a.put(stp(10, 13, 11, rec as i32 + 16));
+        }
+        SiteKind::FunctionEntry | SiteKind::FunctionExit if site.signed_lr => {
+            // aux is the plain return address: strip the PAC from a copy of x30.
+            a.put(str_x(LR, SP, LR_SAVE));
+            a.put(XPACLRI);
+            a.put(stp(0, LR, 11, rec as i32 + 16));
+            a.put(ldr_x(LR, SP, LR_SAVE));
+        }
+        SiteKind::FunctionEntry | SiteKind::FunctionExit => {
+            a.put(stp(0, LR, 11, rec as i32 + 16));
+        }
     }
-    if !ring {
-        a.put(ldr_x(10, 9, SLOT_INFLIGHT as u32));
-        a.put(sub_imm(10, 10, 1, false));
-        a.put(str_x(10, 9, SLOT_INFLIGHT as u32));
-    }
-    if layout.buf_kind != BUF_FAST_CIRCULAR {
-        a.put(ldr_x(10, 9, SLOT_END as u32));
-        a.put(sub_reg(10, 12, 10));
-        a.tbz_l(false, 10, 63, full);
-    }
-
-    a.bind(out);
-    a.put(ldp(11, 12, SP, 16));
-    a.put(ldr_x(13, SP, 32));
-    a.put(ldp_post(9, 10, SP, frame));
-    Ok((retry, out, miss, full))
+    Ok(())
 }

@@ -7,19 +7,21 @@
 //! `rdtsc`, `jrcxz`, `jmp`, `call`): comparisons are `not` + `lea` + `jrcxz`. The
 //! out-of-line register routine saves RFLAGS itself.
 
+mod flow;
 mod runtime;
 mod stub;
+mod usdt;
 
 use iced_x86::{
     Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register,
 };
 
 use super::{
-    Candidate, FlowFacts, FunctionPlan, Isa, Layout, Runtime, SiteReq, Window, merge_windows,
+    Candidate, FunctionPlan, InsnFacts, Isa, Layout, Runtime, SiteReq, Span, Window, merge_windows,
 };
-use crate::input::{Function, Input};
-use crate::usdt::{Arg, Reg as UsdtReg};
-use tracer_common::meta::SiteKind;
+use crate::elf::read::{Function, Input};
+use crate::isa::arg::{Arg, Reg as UsdtReg};
+use tracer_common::meta::{FallbackReason, SiteKind};
 use tracer_common::operand::{OP_ADDR, OPF_TP, Operand, OperandSet, REG_NONE, X86_REG_PC};
 
 pub struct X86_64;
@@ -30,20 +32,20 @@ pub const JMP_LEN: usize = 5;
 
 /// The function's instructions from a linear sweep (compilers put no data in x86-64
 /// code), or why it cannot be decoded.
-fn decode_function(input: &Input, f: &Function) -> Result<Vec<Instruction>, String> {
+fn decode_function(input: &Input, f: &Function) -> Result<Vec<Instruction>, FallbackReason> {
     if f.size == 0 {
-        return Err("symbol has no size".into());
+        return Err(FallbackReason::NoSize);
     }
     let bytes = input
         .bytes_at(f.addr)
-        .ok_or("not in a file-backed segment")?;
+        .ok_or(FallbackReason::NotFileBacked)?;
     let n = (f.size as usize).min(bytes.len());
     let mut dec = Decoder::with_ip(64, &bytes[..n], f.addr, DecoderOptions::NONE);
     let mut out = Vec::new();
     while dec.can_decode() {
         let ins = dec.decode();
         if ins.is_invalid() {
-            return Err(format!("undecodable instruction at {:#x}", ins.ip()));
+            return Err(FallbackReason::Undecodable { at: ins.ip() });
         }
         out.push(ins);
     }
@@ -102,8 +104,8 @@ fn mem_flags(ins: &Instruction) -> Option<u32> {
 
 /// Where a call site's target comes from: None for a direct call (the stub takes its
 /// address), else the register or memory operand as a value to load.
-fn call_target(ins: &Instruction) -> Result<Option<crate::usdt::Arg>, String> {
-    use crate::usdt::{Arg, ArgLoc, Reg};
+fn call_target(ins: &Instruction) -> Result<Option<crate::isa::arg::Arg>, String> {
+    use crate::isa::arg::{Arg, ArgLoc, Reg};
     let reg = |r: Register| Reg::X86 {
         reg: r,
         high8: false,
@@ -204,8 +206,8 @@ fn window_for(
     pad: usize,
     targets: &[u64],
     backward: bool,
-) -> Result<(usize, usize, usize), String> {
-    let mut why = String::new();
+) -> Result<(usize, usize, usize), FallbackReason> {
+    let mut why = None;
     if backward && !is_target(targets, insns[s].ip()) {
         // [i..=s], extending i down while shorter than a jmp.
         let mut i = s;
@@ -213,26 +215,27 @@ fn window_for(
         let mut ok = true;
         if let Some(w) = unmovable(&insns[s], true) {
             ok = false;
-            why = w;
+            why = Some(FallbackReason::Detail(w));
         }
         while ok && len < JMP_LEN {
             if i == first_allowed {
                 ok = false;
-                why = "too few bytes before it in the function".into();
+                why = Some(FallbackReason::Detail(
+                    "too few bytes before it in the function".into(),
+                ));
                 break;
             }
             i -= 1;
             if let Some(w) = unmovable(&insns[i], false) {
                 ok = false;
-                why = w;
+                why = Some(FallbackReason::Detail(w));
                 break;
             }
             if is_target(targets, insns[i + 1].ip()) {
                 ok = false;
-                why = format!(
-                    "branch target {:#x} inside the displaced bytes",
-                    insns[i + 1].ip()
-                );
+                why = Some(FallbackReason::BranchTargetInside {
+                    target: insns[i + 1].ip(),
+                });
                 break;
             }
             len += insns[i].len();
@@ -246,14 +249,13 @@ fn window_for(
     let mut len = 0;
     loop {
         if j > s && is_target(targets, insns[j].ip()) {
-            return Err(format!(
-                "branch target {:#x} inside the displaced bytes",
-                insns[j].ip()
-            ));
+            return Err(FallbackReason::BranchTargetInside {
+                target: insns[j].ip(),
+            });
         }
         len += insns[j].len();
         if let Some(w) = unmovable(&insns[j], len >= JMP_LEN || j + 1 == insns.len()) {
-            return Err(w);
+            return Err(FallbackReason::Detail(w));
         }
         if len >= JMP_LEN {
             return Ok((s, j, len));
@@ -262,19 +264,147 @@ fn window_for(
             if len + pad >= JMP_LEN {
                 return Ok((s, j, len));
             }
-            return Err(if why.is_empty() {
-                format!("function too short to patch ({len} bytes)")
-            } else {
-                why
-            });
+            return Err(why.unwrap_or_else(|| {
+                FallbackReason::Detail(format!("function too short to patch ({len} bytes)"))
+            }));
         }
         j += 1;
+    }
+}
+
+/// gcc's interprocedural register allocation (-fipa-ra, on at -O2) lets a caller keep a
+/// value in a call-clobbered register across a call to a function known not to write
+/// it, directly or through its own callees: the stubs of this function's entry and
+/// exits may only clobber RFLAGS and %r11 if the function itself writes them (then no
+/// caller can count on them). Returns (keep RFLAGS, keep %r11).
+fn preserved(insns: &[Instruction]) -> (bool, bool) {
+    let mut factory = iced_x86::InstructionInfoFactory::new();
+    let writes_r11 = insns.iter().any(|i| {
+        factory.info(i).used_registers().iter().any(|u| {
+            u.register().full_register() == Register::R11
+                && !matches!(
+                    u.access(),
+                    iced_x86::OpAccess::Read | iced_x86::OpAccess::CondRead
+                )
+        })
+    });
+    let writes_flags = insns.iter().any(|i| i.rflags_modified() != 0);
+    (!writes_flags, !writes_r11)
+}
+
+/// What planning one function's sites shares.
+struct PlanCx<'a> {
+    insns: &'a [Instruction],
+    f_addr: u64,
+    /// 1 when the function starts with a landing pad (`endbr64`).
+    first: usize,
+    /// Padding bytes after the function that a patch may overwrite.
+    pad: usize,
+    targets: &'a [u64],
+    unsure: Option<&'a FallbackReason>,
+    keep_flags: bool,
+    keep_r11: bool,
+}
+
+impl PlanCx<'_> {
+    /// One site's own window, or why it has none.
+    fn candidate(&self, r: &SiteReq) -> Candidate {
+        let at = match r.kind {
+            SiteKind::FunctionEntry => self.f_addr + 4 * self.first as u64,
+            _ => r.addr,
+        };
+        let mut req = r.clone();
+        if r.kind == SiteKind::Call {
+            match self.insns.iter().find(|i| i.ip() == at).map(call_target) {
+                Some(Ok(arg)) => req.args = arg.into_iter().collect(),
+                Some(Err(why)) => {
+                    return Candidate::uprobe(r, at, FallbackReason::Detail(why));
+                }
+                None => {}
+            }
+        }
+        let r = &req;
+        let flags = match r.kind {
+            SiteKind::Memory => {
+                match self.insns.iter().find(|i| i.ip() == at).and_then(mem_flags) {
+                    Some(f) => f,
+                    None => {
+                        return Candidate::uprobe(r, at, FallbackReason::NotMemoryAccess);
+                    }
+                }
+            }
+            _ => 0,
+        };
+        let Some(s) = self.insns.iter().position(|i| i.ip() == at) else {
+            return Candidate::uprobe(
+                r,
+                at,
+                FallbackReason::Detail("not an instruction boundary".into()),
+            );
+        };
+        if s < self.first {
+            return Candidate::uprobe(r, at, FallbackReason::InLandingPad);
+        }
+        // A block at the function's start is entered like the function.
+        let entry = at == self.f_addr + 4 * self.first as u64;
+        // With the function's branch targets unsure, only a window whose interior
+        // nothing can reach: the first instructions (entered by calls only), or a last
+        // instruction with the padding after it.
+        if let Some(why) = self.unsure.filter(|_| !entry && s + 1 != self.insns.len()) {
+            return Candidate::uprobe(r, at, why.clone());
+        }
+        match window_for(
+            self.insns,
+            s,
+            self.first,
+            self.pad,
+            self.targets,
+            !entry && self.unsure.is_none(),
+        ) {
+            Ok((i, j, len)) => {
+                let start = self.insns[i].ip();
+                let code_len = (self.insns[j].next_ip() - start) as usize;
+                debug_assert!(len == code_len);
+                Candidate {
+                    req: r.clone(),
+                    at,
+                    signed_lr: false,
+                    flags,
+                    keep_flags: self.keep_flags,
+                    keep_r11: self.keep_r11,
+                    // Shorter than a jmp only when the padding after the function
+                    // makes up the rest.
+                    window: Ok(Span {
+                        start,
+                        len: code_len.max(JMP_LEN),
+                        code_len,
+                    }),
+                }
+            }
+            // Its flags go along: merge_windows may still place it inside a
+            // neighbour's window.
+            Err(why) => Candidate {
+                flags,
+                keep_flags: self.keep_flags,
+                keep_r11: self.keep_r11,
+                ..Candidate::uprobe(r, at, why)
+            },
+        }
     }
 }
 
 impl Isa for X86_64 {
     fn arch(&self) -> u32 {
         tracer_common::ARCH_X86_64
+    }
+
+    fn usdt_operand(
+        &self,
+        operand: &str,
+        pc: u64,
+        resolve: &dyn Fn(&str) -> Result<u64, crate::isa::arg::ArgError>,
+    ) -> Result<crate::isa::arg::ArgLoc, crate::isa::arg::ArgError> {
+        usdt::operand(operand, pc, resolve)
     }
 
     fn probe_addr(&self, input: &Input, f: &Function, req: &SiteReq) -> u64 {
@@ -285,68 +415,28 @@ impl Isa for X86_64 {
         }
     }
 
-    fn sites_of(
-        &self,
-        input: &Input,
-        f: &Function,
-        kind: SiteKind,
-        fn_starts: &[u64],
-        flow: &FlowFacts,
-    ) -> Vec<u64> {
-        let targets = flow.targets;
-        match kind {
-            SiteKind::FunctionEntry => return vec![f.addr],
-            SiteKind::Usdt => return Vec::new(),
-            _ => {}
-        }
+    fn insn_facts(&self, input: &Input, f: &Function, memory: bool) -> Vec<InsnFacts> {
         let Ok(insns) = decode_function(input, f) else {
             return Vec::new();
         };
-        let inside = f.addr..f.addr + f.size;
-        match kind {
-            SiteKind::FunctionEntry | SiteKind::Usdt => Vec::new(),
-            SiteKind::FunctionExit => insns
-                .iter()
-                .filter(|i| match i.flow_control() {
-                    FlowControl::Return => true,
-                    FlowControl::UnconditionalBranch => {
-                        i.op0_kind() == OpKind::NearBranch64
-                            && !inside.contains(&i.near_branch_target())
-                            && fn_starts.binary_search(&i.near_branch_target()).is_ok()
-                    }
-                    FlowControl::IndirectBranch => flow.tail_calls.binary_search(&i.ip()).is_ok(),
-                    _ => false,
-                })
-                .map(|i| i.ip())
-                .collect(),
-            SiteKind::Block => {
-                let first = usize::from(insns[0].code() == Code::Endbr64);
-                let mut out = Vec::new();
-                let mut after_transfer = true;
-                for (k, i) in insns.iter().enumerate().skip(first) {
-                    if after_transfer || is_target(targets, i.ip()) && k > first {
-                        out.push(i.ip());
-                    }
-                    after_transfer = i.flow_control() != FlowControl::Next;
+        insns
+            .iter()
+            .map(|i| {
+                let fc = i.flow_control();
+                InsnFacts {
+                    addr: i.ip(),
+                    is_return: fc == FlowControl::Return,
+                    direct_jump: (fc == FlowControl::UnconditionalBranch
+                        && i.op0_kind() == OpKind::NearBranch64)
+                        .then(|| i.near_branch_target()),
+                    indirect_jump: fc == FlowControl::IndirectBranch,
+                    transfers: fc != FlowControl::Next,
+                    memory: memory && mem_flags(i).is_some(),
+                    call: matches!(fc, FlowControl::Call | FlowControl::IndirectCall),
+                    landing_pad: i.code() == Code::Endbr64,
                 }
-                out
-            }
-            SiteKind::Memory => insns
-                .iter()
-                .filter(|i| mem_flags(i).is_some())
-                .map(|i| i.ip())
-                .collect(),
-            SiteKind::Call => insns
-                .iter()
-                .filter(|i| {
-                    matches!(
-                        i.flow_control(),
-                        FlowControl::Call | FlowControl::IndirectCall
-                    )
-                })
-                .map(|i| i.ip())
-                .collect(),
-        }
+            })
+            .collect()
     }
 
     fn direct_call_targets(&self, addr: u64, bytes: &[u8], out: &mut Vec<u64>) {
@@ -385,119 +475,33 @@ impl Isa for X86_64 {
         f: &Function,
         reqs: &[SiteReq],
         targets: &[u64],
-        unsure: Option<&str>,
+        unsure: Option<&FallbackReason>,
     ) -> FunctionPlan {
         let insns = match decode_function(input, f) {
             Ok(i) if !i.is_empty() => i,
-            Ok(_) => return FunctionPlan::all_uprobes(reqs, "empty function"),
-            Err(why) => return FunctionPlan::all_uprobes(reqs, &why),
+            Ok(_) => return FunctionPlan::all_uprobes(reqs, FallbackReason::EmptyFunction),
+            Err(why) => return FunctionPlan::all_uprobes(reqs, why),
         };
-        // The landing pad stays first: nothing is displaced before it.
-        let first = usize::from(
-            input
-                .bytes_at(f.addr)
-                .is_some_and(|b| b.starts_with(&ENDBR64)),
-        );
         let end = f.addr + f.size;
         let next = targets.partition_point(|&t| t < end);
         let limit = targets.get(next).copied().unwrap_or(u64::MAX);
-        let pad = padding_after(input, end, limit);
-        // gcc's interprocedural register allocation (-fipa-ra, on at -O2) lets a caller
-        // keep a value in a call-clobbered register across a call to a function known
-        // not to write it, directly or through its own callees: the stubs of this
-        // function's entry and exits may only clobber RFLAGS and %r11 if the function
-        // itself writes them (then no caller can count on them).
-        let (keep_flags, keep_r11) = {
-            let mut factory = iced_x86::InstructionInfoFactory::new();
-            let writes_r11 = insns.iter().any(|i| {
-                factory.info(i).used_registers().iter().any(|u| {
-                    u.register().full_register() == Register::R11
-                        && !matches!(
-                            u.access(),
-                            iced_x86::OpAccess::Read | iced_x86::OpAccess::CondRead
-                        )
-                })
-            });
-            let writes_flags = insns.iter().any(|i| i.rflags_modified() != 0);
-            (!writes_flags, !writes_r11)
+        let (keep_flags, keep_r11) = preserved(&insns);
+        let cx = PlanCx {
+            insns: &insns,
+            f_addr: f.addr,
+            // The landing pad stays first: nothing is displaced before it.
+            first: usize::from(
+                input
+                    .bytes_at(f.addr)
+                    .is_some_and(|b| b.starts_with(&ENDBR64)),
+            ),
+            pad: padding_after(input, end, limit),
+            targets,
+            unsure,
+            keep_flags,
+            keep_r11,
         };
-        let mut cands = Vec::new();
-        for r in reqs {
-            let at = match r.kind {
-                SiteKind::FunctionEntry => f.addr + 4 * first as u64,
-                _ => r.addr,
-            };
-            let mut req = r.clone();
-            if r.kind == SiteKind::Call {
-                match insns.iter().find(|i| i.ip() == at).map(call_target) {
-                    Some(Ok(arg)) => req.args = arg.into_iter().collect(),
-                    Some(Err(why)) => {
-                        cands.push(Candidate::uprobe(r, at, why));
-                        continue;
-                    }
-                    None => {}
-                }
-            }
-            let r = &req;
-            let flags = match r.kind {
-                SiteKind::Memory => match insns.iter().find(|i| i.ip() == at).and_then(mem_flags) {
-                    Some(f) => f,
-                    None => {
-                        cands.push(Candidate::uprobe(r, at, "not a memory access".into()));
-                        continue;
-                    }
-                },
-                _ => 0,
-            };
-            let Some(s) = insns.iter().position(|i| i.ip() == at) else {
-                cands.push(Candidate::uprobe(
-                    r,
-                    at,
-                    "not an instruction boundary".into(),
-                ));
-                continue;
-            };
-            if s < first {
-                cands.push(Candidate::uprobe(r, at, "inside the landing pad".into()));
-                continue;
-            }
-            // A block at the function's start is entered like the function.
-            let entry = at == f.addr + 4 * first as u64;
-            // With the function's branch targets unsure, only a window whose interior
-            // nothing can reach: the first instructions (entered by calls only), or
-            // a last instruction with the padding after it.
-            if let Some(why) = unsure.filter(|_| !entry && s + 1 != insns.len()) {
-                cands.push(Candidate::uprobe(r, at, why.to_string()));
-                continue;
-            }
-            let c = match window_for(&insns, s, first, pad, targets, !entry && unsure.is_none()) {
-                Ok((i, j, len)) => {
-                    let start = insns[i].ip();
-                    let code_len = (insns[j].next_ip() - start) as usize;
-                    debug_assert!(len == code_len);
-                    Candidate {
-                        req: r.clone(),
-                        at,
-                        signed_lr: false,
-                        flags,
-                        keep_flags,
-                        keep_r11,
-                        // Shorter than a jmp only when the padding after the function
-                        // makes up the rest.
-                        window: Ok((start, code_len.max(JMP_LEN), code_len)),
-                    }
-                }
-                // Its flags go along: merge_windows may still place it inside a
-                // neighbour's window.
-                Err(why) => Candidate {
-                    flags,
-                    keep_flags,
-                    keep_r11,
-                    ..Candidate::uprobe(r, at, why)
-                },
-            };
-            cands.push(c);
-        }
+        let cands = reqs.iter().map(|r| cx.candidate(r)).collect();
         // A call is only movable as a window's last instruction: merged windows must
         // keep it so.
         merge_windows(cands, |w| {

@@ -121,22 +121,63 @@ fn emit_register(
     user_drain: CodeLabel,
     user_send: CodeLabel,
 ) -> Result<(), IcedError> {
-    let mut scan = a.create_label();
-    let mut claim = a.create_label();
-    let mut claim_next = a.create_label();
-    let mut reclaim = a.create_label();
-    let mut reclaim_next = a.create_label();
-    let mut fail = a.create_label();
-    let mut claimed = a.create_label();
-    let mut found = a.create_label();
-    let mut done = a.create_label();
-    let mut pre_tls_slot = a.create_label();
-    let mut no_handover = a.create_label();
-
-    let slot_at = |n: u32| (SLOTS_OFF + n as u64 * SLOT_SIZE) as i32;
-    let pre_tls_key_off = PRE_TLS_OFF as i32;
-
+    let mut lb = RegisterLabels {
+        scan: a.create_label(),
+        claim: a.create_label(),
+        claim_next: a.create_label(),
+        reclaim: a.create_label(),
+        reclaim_next: a.create_label(),
+        fail: a.create_label(),
+        claimed: a.create_label(),
+        found: a.create_label(),
+        done: a.create_label(),
+        pre_tls_slot: a.create_label(),
+        no_handover: a.create_label(),
+    };
     a.set_label(register)?;
+    register_enter(a, l, &mut lb)?;
+    register_own_or_claim(a, l, &mut lb)?;
+    register_reclaim(a, l, &mut lb)?;
+    register_init(a, l, &mut lb)?;
+    if l.pre_tls {
+        register_handover(a, &mut lb, flush, user_drain)?;
+    }
+    emit_user_discovery(a, user_send)?;
+    a.call(flush)?; // empty drain: tells the tracer about this slot
+    register_index(a, &mut lb)?;
+    register_leave(a, &mut lb)
+}
+
+/// The jump targets inside `register`.
+struct RegisterLabels {
+    scan: CodeLabel,
+    claim: CodeLabel,
+    claim_next: CodeLabel,
+    reclaim: CodeLabel,
+    reclaim_next: CodeLabel,
+    fail: CodeLabel,
+    claimed: CodeLabel,
+    found: CodeLabel,
+    done: CodeLabel,
+    pre_tls_slot: CodeLabel,
+    no_handover: CodeLabel,
+}
+
+/// Offset of a slot from the RW base.
+fn slot_at(n: u32) -> i32 {
+    (SLOTS_OFF + n as u64 * SLOT_SIZE) as i32
+}
+
+/// Offset of the stand-in TCB key of static executables from the RW base.
+const PRE_TLS_KEY_OFF: i32 = PRE_TLS_OFF as i32;
+
+/// Save registers and flags, block signals; %r8 = tp, %r13 = KEY_CLAIMING, %rdx =
+/// rw_base.
+fn register_enter(
+    a: &mut CodeAssembler,
+    l: &Layout,
+    lb: &mut RegisterLabels,
+) -> Result<(), IcedError> {
     a.pushfq()?;
     for r in [rdi, r8, r9, r10, r12, r13] {
         a.push(r)?;
@@ -157,42 +198,61 @@ fn emit_register(
 
     // Static executables before libc's TLS: the stand-in TCB always maps to slot 1.
     if l.pre_tls {
-        a.lea(rax, ptr(rdx + pre_tls_key_off))?;
+        a.lea(rax, ptr(rdx + PRE_TLS_KEY_OFF))?;
         a.cmp(r8, rax)?;
-        a.je(pre_tls_slot)?;
+        a.je(lb.pre_tls_slot)?;
     }
 
+    Ok(())
+}
+
+/// (1) a slot this thread already owns (→ `found`), (2) claim a free or tombstoned
+/// one (→ `claimed`).
+fn register_own_or_claim(
+    a: &mut CodeAssembler,
+    l: &Layout,
+    lb: &mut RegisterLabels,
+) -> Result<(), IcedError> {
     // (1) already own a slot?
     a.lea(rsi, ptr(rdx + slot_at(FIRST_FREE_SLOT)))?;
     a.mov(ecx, l.nslots - FIRST_FREE_SLOT)?;
-    a.set_label(&mut scan)?;
+    a.set_label(&mut lb.scan)?;
     a.cmp(qword_ptr(rsi), r8)?;
-    a.je(found)?;
+    a.je(lb.found)?;
     a.add(rsi, SLOT_SIZE as i32)?;
     a.dec(ecx)?;
-    a.jnz(scan)?;
+    a.jnz(lb.scan)?;
 
     // (2) claim a free or tombstoned slot.
     a.lea(rsi, ptr(rdx + slot_at(FIRST_FREE_SLOT)))?;
     a.mov(r9d, l.nslots - FIRST_FREE_SLOT)?;
-    a.set_label(&mut claim)?;
+    a.set_label(&mut lb.claim)?;
     a.mov(rax, qword_ptr(rsi))?;
     a.cmp(rax, KEY_TOMBSTONE as i32)?;
-    a.ja(claim_next)?;
+    a.ja(lb.claim_next)?;
     a.lock().cmpxchg(qword_ptr(rsi), r13)?;
-    a.je(claimed)?;
-    a.set_label(&mut claim_next)?;
+    a.je(lb.claimed)?;
+    a.set_label(&mut lb.claim_next)?;
     a.add(rsi, SLOT_SIZE as i32)?;
     a.dec(r9d)?;
-    a.jnz(claim)?;
+    a.jnz(lb.claim)?;
 
+    Ok(())
+}
+
+/// (3) reclaim a slot of a dead thread (→ `claimed`), (4) else count a drop and fail.
+fn register_reclaim(
+    a: &mut CodeAssembler,
+    l: &Layout,
+    lb: &mut RegisterLabels,
+) -> Result<(), IcedError> {
     // (3) reclaim a slot whose owner died without a tracer releasing it.
     a.mov(eax, SYS_GETPID)?;
     a.syscall()?;
     a.mov(r12d, eax)?; // r12 = pid (rdx survives syscalls)
     a.lea(rsi, ptr(rdx + slot_at(FIRST_FREE_SLOT)))?;
     a.mov(r9d, l.nslots - FIRST_FREE_SLOT)?;
-    a.set_label(&mut reclaim)?;
+    a.set_label(&mut lb.reclaim)?;
     a.push(rdx)?;
     a.mov(edi, r12d)?;
     a.mov(r10d, dword_ptr(rsi + SLOT_OWNER_TID as i32))?;
@@ -204,33 +264,42 @@ fn emit_register(
     a.pop(rsi)?;
     a.pop(rdx)?;
     a.cmp(eax, -ESRCH)?;
-    a.jne(reclaim_next)?;
+    a.jne(lb.reclaim_next)?;
     a.mov(rax, qword_ptr(rsi))?;
     a.cmp(rax, KEY_CLAIMING as i32)?;
-    a.jbe(reclaim_next)?;
+    a.jbe(lb.reclaim_next)?;
     a.lock().cmpxchg(qword_ptr(rsi), r13)?;
-    a.je(claimed)?;
-    a.set_label(&mut reclaim_next)?;
+    a.je(lb.claimed)?;
+    a.set_label(&mut lb.reclaim_next)?;
     a.add(rsi, SLOT_SIZE as i32)?;
     a.dec(r9d)?;
-    a.jnz(reclaim)?;
+    a.jnz(lb.reclaim)?;
 
-    a.set_label(&mut fail)?;
+    a.set_label(&mut lb.fail)?;
     a.lock().inc(qword_ptr(rdx + RWH_NO_SLOT_DROPS as i32))?;
     a.xor(ecx, ecx)?;
-    a.jmp(done)?;
+    a.jmp(lb.done)?;
 
+    Ok(())
+}
+
+/// Initialise the claimed slot (%rsi) and publish its key.
+fn register_init(
+    a: &mut CodeAssembler,
+    l: &Layout,
+    lb: &mut RegisterLabels,
+) -> Result<(), IcedError> {
     if l.pre_tls {
-        a.set_label(&mut pre_tls_slot)?;
+        a.set_label(&mut lb.pre_tls_slot)?;
         a.lea(rsi, ptr(rdx + slot_at(SLOT_PRE_TLS)))?;
         a.cmp(qword_ptr(rsi), r8)?;
-        a.je(found)?;
+        a.je(lb.found)?;
         a.mov(qword_ptr(rsi), KEY_CLAIMING as i32)?;
         // fall through into `claimed` with rsi = slot 1
     }
 
     // rsi = claimed slot: initialise it.
-    a.set_label(&mut claimed)?;
+    a.set_label(&mut lb.claimed)?;
     a.mov(rax, rsi)?;
     a.sub(rax, rdx)?;
     a.sub(rax, SLOTS_OFF as i32)?;
@@ -255,42 +324,52 @@ fn emit_register(
     a.mov(qword_ptr(rsi + SLOT_INFLIGHT as i32), 0)?;
     a.mov(qword_ptr(rsi), r8)?; // publish: now the thread's stubs can hit it
     a.lock().inc(qword_ptr(rdx + RWH_REGISTRATIONS as i32))?;
-    if l.pre_tls {
-        // The thread got its real thread pointer: hand over what it recorded before
-        // (slot 1) and release slot 1.
-        a.lea(rdi, ptr(rdx + slot_at(SLOT_PRE_TLS)))?;
-        a.cmp(rdi, rsi)?;
-        a.je(no_handover)?;
-        a.lea(rcx, ptr(rdx + pre_tls_key_off))?;
-        a.cmp(qword_ptr(rdi), rcx)?;
-        a.jne(no_handover)?;
-        a.cmp(dword_ptr(rdi + SLOT_OWNER_TID as i32), eax)?;
-        a.jne(no_handover)?;
-        a.push(rsi)?;
-        a.mov(rsi, rdi)?;
-        let mut handover_probe = a.create_label();
-        let mut handover_done = a.create_label();
-        a.cmp(dword_ptr(rdx + RWH_USER_STATE as i32), USER_ON)?;
-        a.jne(handover_probe)?;
-        a.push(rdx)?;
-        a.push(r8)?;
-        a.mov(r10, chunk_kind_cause(CHUNK_KIND_RECORDS, CAUSE_FULL))?;
-        a.call(user_drain)?;
-        a.pop(r8)?;
-        a.pop(rdx)?;
-        a.jmp(handover_done)?;
-        a.set_label(&mut handover_probe)?;
-        a.call(flush)?;
-        a.set_label(&mut handover_done)?;
-        a.mov(qword_ptr(rsi), KEY_TOMBSTONE as i32)?;
-        a.pop(rsi)?;
-        a.set_label(&mut no_handover)?;
-    }
-    emit_user_discovery(a, user_send)?;
-    a.call(flush)?; // empty drain: tells the tracer about this slot
+    Ok(())
+}
 
+/// Static executables: hand what the thread recorded in the pre-TLS slot over.
+fn register_handover(
+    a: &mut CodeAssembler,
+    lb: &mut RegisterLabels,
+    flush: CodeLabel,
+    user_drain: CodeLabel,
+) -> Result<(), IcedError> {
+    // The thread got its real thread pointer: hand over what it recorded before
+    // (slot 1) and release slot 1.
+    a.lea(rdi, ptr(rdx + slot_at(SLOT_PRE_TLS)))?;
+    a.cmp(rdi, rsi)?;
+    a.je(lb.no_handover)?;
+    a.lea(rcx, ptr(rdx + PRE_TLS_KEY_OFF))?;
+    a.cmp(qword_ptr(rdi), rcx)?;
+    a.jne(lb.no_handover)?;
+    a.cmp(dword_ptr(rdi + SLOT_OWNER_TID as i32), eax)?;
+    a.jne(lb.no_handover)?;
+    a.push(rsi)?;
+    a.mov(rsi, rdi)?;
+    let mut handover_probe = a.create_label();
+    let mut handover_done = a.create_label();
+    a.cmp(dword_ptr(rdx + RWH_USER_STATE as i32), USER_ON)?;
+    a.jne(handover_probe)?;
+    a.push(rdx)?;
+    a.push(r8)?;
+    a.mov(r10, chunk_kind_cause(CHUNK_KIND_RECORDS, CAUSE_FULL))?;
+    a.call(user_drain)?;
+    a.pop(r8)?;
+    a.pop(rdx)?;
+    a.jmp(handover_done)?;
+    a.set_label(&mut handover_probe)?;
+    a.call(flush)?;
+    a.set_label(&mut handover_done)?;
+    a.mov(qword_ptr(rsi), KEY_TOMBSTONE as i32)?;
+    a.pop(rsi)?;
+    a.set_label(&mut lb.no_handover)?;
+    Ok(())
+}
+
+/// `found`: point index[h(tp)] at the slot, %rcx = 1.
+fn register_index(a: &mut CodeAssembler, lb: &mut RegisterLabels) -> Result<(), IcedError> {
     // rsi = this thread's slot: point index[h(tp)] at it.
-    a.set_label(&mut found)?;
+    a.set_label(&mut lb.found)?;
     a.mov(rax, r8)?;
     a.shr(rax, 16)?;
     a.movzx(eax, ax)?;
@@ -300,7 +379,12 @@ fn emit_register(
     a.mov(dword_ptr(rdx + rax * 4 + INDEX_OFF as i32), ecx)?;
     a.mov(ecx, 1)?;
 
-    a.set_label(&mut done)?;
+    Ok(())
+}
+
+/// `done`: restore the signal mask, registers and flags; return %rcx.
+fn register_leave(a: &mut CodeAssembler, lb: &mut RegisterLabels) -> Result<(), IcedError> {
+    a.set_label(&mut lb.done)?;
     a.mov(r12d, ecx)?;
     a.mov(edi, SIG_SETMASK)?;
     a.lea(rsi, ptr(rsp + 8))?;

@@ -41,7 +41,7 @@ use iced_x86::{
 };
 
 use super::super::{Layout, PlacedSite, Runtime};
-use crate::usdt::{Arg, ArgLoc, Reg as UsdtReg};
+use crate::isa::arg::{Arg, ArgLoc, Reg as UsdtReg};
 use tracer_common::meta::{SiteKind, TimeMode};
 use tracer_common::{
     BUF_CIRCULAR, BUF_FAST_CIRCULAR, BUF_TRACE, FLAG_RING, FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE,
@@ -187,6 +187,87 @@ fn emit_usdt_arg(
     Ok(())
 }
 
+/// What the sites of one stub need, decided before any code is emitted.
+struct Shape<'s> {
+    /// The stub reads the cycle counter.
+    tsc: bool,
+    /// A live-site frame: flags and %rax saved, below the red zone.
+    live: bool,
+    /// A memory site: its effective address is computed first.
+    mem: bool,
+    /// Every site's values, in site order; site i's start at `arg_base[i]`.
+    args: Vec<&'s Arg>,
+    arg_base: Vec<usize>,
+    /// Records per site (a USDT probe: its arguments two per record) and in all.
+    per: Vec<i32>,
+    nrec: i32,
+    /// Bytes skipped below %rsp first (the red zone at a live site).
+    red_zone: i32,
+}
+
+/// The stack frame the prologue built.
+struct Frame {
+    /// Bytes between the stub's %rsp and the original %rsp.
+    depth: i32,
+    /// Depth of the memory site's effective address.
+    ea_depth: i32,
+    /// Depth of each value of `Shape::args`.
+    arg_depth: Vec<i32>,
+    /// Registers pushed last (popped first).
+    saved: Vec<AsmRegister64>,
+}
+
+impl<'s> Shape<'s> {
+    fn new(layout: &Layout, sites: &[&'s PlacedSite]) -> Self {
+        let tsc = match layout.time_mode {
+            TimeMode::Record => true,
+            TimeMode::Block => sites.iter().any(|s| s.kind == SiteKind::Block),
+            TimeMode::Coarse => false,
+        };
+        // Entries and exits sit where RFLAGS and %r11 are dead (psABI); blocks, memory
+        // accesses and USDT probes can be anywhere: save both there.
+        // Values computed before anything is clobbered (a USDT probe's arguments, an
+        // indirect call's target, a chosen value): that needs the live-site frame.
+        let live = sites.iter().any(|s| {
+            !s.args.is_empty()
+                || s.keep_flags
+                || matches!(
+                    s.kind,
+                    SiteKind::Block | SiteKind::Memory | SiteKind::Usdt | SiteKind::Call
+                )
+        });
+        let arg_base: Vec<usize> = sites
+            .iter()
+            .scan(0, |n, s| {
+                let b = *n;
+                *n += s.args.len();
+                Some(b)
+            })
+            .collect();
+        let per: Vec<i32> = sites
+            .iter()
+            .map(|s| match s.kind {
+                SiteKind::Usdt => s.args.len().div_ceil(2).max(1) as i32,
+                _ => 1,
+            })
+            .collect();
+        Shape {
+            tsc,
+            live,
+            mem: sites.iter().any(|s| s.kind == SiteKind::Memory),
+            args: sites.iter().flat_map(|s| &s.args).collect(),
+            arg_base,
+            nrec: per.iter().sum(),
+            per,
+            // Below the red zone, which a leaf function may be using. Entries and exits
+            // need not: only a function that makes no call has a red zone, so at an
+            // entry nobody does (the caller just called), and at a return or tail call
+            // it is dead.
+            red_zone: if live { 128 } else { 0 },
+        }
+    }
+}
+
 /// The fast path of the stub for every site placed before `ins` (several stores, one
 /// pointer bump and one full-check: e.g. an entry, its first block and a memory access
 /// at the same instruction).
@@ -200,49 +281,58 @@ fn emit_stub(
     let miss = a.create_label();
     let mut out = a.create_label();
     let full = a.create_label();
-    let tsc = match layout.time_mode {
-        TimeMode::Record => true,
-        TimeMode::Block => sites.iter().any(|s| s.kind == SiteKind::Block),
-        TimeMode::Coarse => false,
+    let shape = Shape::new(layout, sites);
+    let frame = emit_prologue(a, &shape, sites, ins)?;
+    a.set_label(&mut retry)?;
+    emit_reserve(a, layout, shape.nrec, miss)?;
+    let ring_flag = if layout.buf_kind != BUF_TRACE {
+        FLAG_RING
+    } else {
+        0
     };
-    // Entries and exits sit where RFLAGS and %r11 are dead (psABI); blocks, memory
-    // accesses and USDT probes can be anywhere: save both there.
-    // Values computed before anything is clobbered (a USDT probe's arguments, an
-    // indirect call's target, a chosen value): that needs the live-site frame.
-    let live = sites.iter().any(|s| {
-        !s.args.is_empty()
-            || s.keep_flags
-            || matches!(
-                s.kind,
-                SiteKind::Block | SiteKind::Memory | SiteKind::Usdt | SiteKind::Call
-            )
-    });
-    let mem = sites.iter().any(|s| s.kind == SiteKind::Memory);
-    // Every site's values, in site order; site i's start at arg_base[i].
-    let args: Vec<&Arg> = sites.iter().flat_map(|s| &s.args).collect();
-    let arg_base: Vec<usize> = sites
-        .iter()
-        .scan(0, |n, s| {
-            let b = *n;
-            *n += s.args.len();
-            Some(b)
-        })
+    let mut first = 0;
+    for ((site, &n), &base) in sites.iter().zip(&shape.per).zip(&shape.arg_base) {
+        let site_args = &frame.arg_depth[base..base + site.args.len()];
+        emit_site_store(
+            a,
+            &shape,
+            &frame,
+            site,
+            ins,
+            (first, n),
+            site_args,
+            ring_flag,
+        )?;
+        first += n;
+    }
+    emit_times_and_check(a, layout, &shape, full)?;
+    a.set_label(&mut out)?;
+    emit_epilogue(a, &shape, &frame)?;
+    // register and flush clobber %rax %rcx %rdx %rsi %r11 (and flags): keep what the
+    // fast path did not save itself.
+    let wrap = [rax, rdx]
+        .into_iter()
+        .filter(|r| !(frame.saved.contains(r) || shape.live && *r == rax))
         .collect();
-    // Records per site (a USDT probe: its arguments two per record) and in all.
-    let per: Vec<i32> = sites
-        .iter()
-        .map(|s| match s.kind {
-            SiteKind::Usdt => s.args.len().div_ceil(2).max(1) as i32,
-            _ => 1,
-        })
-        .collect();
-    let nrec: i32 = per.iter().sum();
+    Ok(SlowPaths {
+        retry,
+        out,
+        miss,
+        full,
+        wrap,
+        circular: layout.buf_kind == BUF_CIRCULAR,
+    })
+}
 
-    // Bytes between the stub's %rsp and the original %rsp.
-    // Below the red zone, which a leaf function may be using. Entries and exits need
-    // not: only a function that makes no call has a red zone, so at an entry nobody
-    // does (the caller just called), and at a return or tail call it is dead.
-    let red_zone = if live { 128 } else { 0 };
+/// Save what the stores clobber and compute the values needed from the original
+/// registers (a memory site's address, USDT and chosen values).
+fn emit_prologue(
+    a: &mut CodeAssembler,
+    shape: &Shape,
+    sites: &[&PlacedSite],
+    ins: &Instruction,
+) -> Result<Frame, IcedError> {
+    let (live, red_zone) = (shape.live, shape.red_zone);
     let mut depth = red_zone;
     if red_zone > 0 {
         a.lea(rsp, ptr(rsp - red_zone))?;
@@ -254,7 +344,7 @@ fn emit_stub(
         a.seto(al)?;
         a.push(rax)?;
         depth += 16;
-        if mem {
+        if shape.mem {
             a.mov(rax, qword_ptr(rsp + 8))?;
             emit_ea(a, ins, depth)?;
             a.push(rax)?;
@@ -265,7 +355,7 @@ fn emit_stub(
     // USDT arguments, computed from the original registers before any is clobbered;
     // argument i ends up at depth arg_depth[i].
     let mut arg_depth = Vec::new();
-    for &arg in &args {
+    for &arg in &shape.args {
         // Original %rax: pushed first, at depth 136.
         emit_usdt_arg(a, arg, depth, depth - 136)?;
         a.push(rax)?;
@@ -279,7 +369,7 @@ fn emit_stub(
     {
         saved.push(r11);
     }
-    if tsc {
+    if shape.tsc {
         if !live {
             saved.push(rax);
         }
@@ -289,7 +379,22 @@ fn emit_stub(
         a.push(r)?;
     }
     depth += 8 * saved.len() as i32;
-    a.set_label(&mut retry)?;
+    Ok(Frame {
+        depth,
+        ea_depth,
+        arg_depth,
+        saved,
+    })
+}
+
+/// Find the thread's slot (`miss` when the index does not name this thread) and
+/// reserve `nrec` records: %r11 = the first, %rsi = the slot.
+fn emit_reserve(
+    a: &mut CodeAssembler,
+    layout: &Layout,
+    nrec: i32,
+    miss: CodeLabel,
+) -> Result<(), IcedError> {
     a.mov(r11, qword_ptr(0u64).fs())?;
     a.mov(rcx, r11)?;
     a.shr(rcx, 16)?;
@@ -300,11 +405,9 @@ fn emit_stub(
     a.add(rsi, rcx)?;
     a.cmp(qword_ptr(rsi), r11)?;
     a.jne(miss)?;
-
     // Circular buffers are only read at thread exit and on a crash, never reset under
     // a writer: no `inflight` bracket.
-    let ring = layout.buf_kind != BUF_TRACE;
-    if !ring {
+    if layout.buf_kind == BUF_TRACE {
         a.inc(qword_ptr(rsi + SLOT_INFLIGHT as i32))?;
     }
     a.mov(r11d, (RECORD_SIZE as i32 * nrec) as u32)?;
@@ -317,89 +420,127 @@ fn emit_stub(
     } else {
         a.xadd(qword_ptr(rsi + SLOT_CUR as i32), r11)?;
     }
-    let ring_flag = if ring { FLAG_RING } else { 0 };
-    let mut first = 0;
-    for ((site, &n), &base) in sites.iter().zip(&per).zip(&arg_base) {
-        let at = |j: i32, field: i32| r11 + (RECORD_SIZE as i32 * (first + j) + field);
-        let site_args = &arg_depth[base..base + site.args.len()];
-        match site.flags | ring_flag {
-            // site in the low dword, flags = 0 in the high one (sign extension of a
-            // non-negative imm32).
-            0 => a.mov(qword_ptr(at(0, 0)), site.id as i32)?,
-            flags => {
-                a.mov(dword_ptr(at(0, 0)), site.id)?;
-                a.mov(dword_ptr(at(0, 4)), flags)?;
-            }
+    Ok(())
+}
+
+/// Store one site's records (`first`, `n`: its records among the reserved ones) but
+/// their times. `site_args`: the depths of its values.
+#[allow(clippy::too_many_arguments)]
+fn emit_site_store(
+    a: &mut CodeAssembler,
+    shape: &Shape,
+    frame: &Frame,
+    site: &PlacedSite,
+    ins: &Instruction,
+    (first, n): (i32, i32),
+    site_args: &[i32],
+    ring_flag: u32,
+) -> Result<(), IcedError> {
+    let at = |j: i32, field: i32| r11 + (RECORD_SIZE as i32 * (first + j) + field);
+    match site.flags | ring_flag {
+        // site in the low dword, flags = 0 in the high one (sign extension of a
+        // non-negative imm32).
+        0 => a.mov(qword_ptr(at(0, 0)), site.id as i32)?,
+        flags => {
+            a.mov(dword_ptr(at(0, 0)), site.id)?;
+            a.mov(dword_ptr(at(0, 4)), flags)?;
         }
-        for j in 1..n {
-            a.mov(dword_ptr(at(j, 0)), site.id)?;
-            a.mov(
-                dword_ptr(at(j, 4)),
-                FLAG_USDT_MORE | (j as u32 - 1) << FLAG_USDT_INDEX_SHIFT | ring_flag,
-            )?;
-        }
-        match site.kind {
-            // A chosen value (`--value`): computed up front.
-            SiteKind::FunctionEntry | SiteKind::FunctionExit | SiteKind::Block
-                if !site_args.is_empty() =>
-            {
-                a.mov(rcx, qword_ptr(rsp + (depth - site_args[0])))?;
-                a.mov(qword_ptr(at(0, 16)), rcx)?;
-            }
-            SiteKind::FunctionEntry => a.mov(qword_ptr(at(0, 16)), rdi)?,
-            // In a live-site frame %rax holds the saved flags: the original is the
-            // first register pushed (depth 136).
-            SiteKind::FunctionExit if live => {
-                a.mov(rcx, qword_ptr(rsp + (depth - 136)))?;
-                a.mov(qword_ptr(at(0, 16)), rcx)?;
-            }
-            SiteKind::FunctionExit => a.mov(qword_ptr(at(0, 16)), rax)?,
-            SiteKind::Block => {
-                lea_rip(a, Register::RCX, ins.ip())?;
-                a.mov(qword_ptr(at(0, 16)), rcx)?;
-            }
-            SiteKind::Memory => {
-                a.mov(rcx, qword_ptr(rsp + (depth - ea_depth)))?;
-                a.mov(qword_ptr(at(0, 16)), rcx)?;
-            }
-            SiteKind::Call => {
-                match site_args.first() {
-                    Some(&d) => a.mov(rcx, qword_ptr(rsp + (depth - d)))?,
-                    None => lea_rip(a, Register::RCX, ins.near_branch_target())?,
-                }
-                a.mov(qword_ptr(at(0, 16)), rcx)?;
-                lea_rip(a, Register::RCX, ins.next_ip())?;
-                a.mov(qword_ptr(at(0, 24)), rcx)?;
-            }
-            SiteKind::Usdt => {
-                // value and aux of record j: arguments 2j and 2j + 1.
-                for k in 0..2 * n {
-                    let field = at(k / 2, 16 + 8 * (k % 2));
-                    match site_args.get(k as usize) {
-                        Some(&d) => {
-                            a.mov(rcx, qword_ptr(rsp + (depth - d)))?;
-                            a.mov(qword_ptr(field), rcx)?;
-                        }
-                        None => a.mov(qword_ptr(field), 0)?,
-                    }
-                }
-            }
-        }
-        match site.kind {
-            SiteKind::FunctionEntry | SiteKind::FunctionExit => {
-                a.mov(rcx, qword_ptr(rsp + depth))?;
-                a.mov(qword_ptr(at(0, 24)), rcx)?;
-            }
-            SiteKind::Block => a.mov(qword_ptr(at(0, 24)), 0)?,
-            SiteKind::Memory => {
-                lea_rip(a, Register::RCX, ins.ip())?;
-                a.mov(qword_ptr(at(0, 24)), rcx)?;
-            }
-            SiteKind::Usdt | SiteKind::Call => {}
-        }
-        first += n;
     }
-    if !tsc {
+    for j in 1..n {
+        a.mov(dword_ptr(at(j, 0)), site.id)?;
+        a.mov(
+            dword_ptr(at(j, 4)),
+            FLAG_USDT_MORE | (j as u32 - 1) << FLAG_USDT_INDEX_SHIFT | ring_flag,
+        )?;
+    }
+    emit_site_value(a, shape, frame, site, ins, at, n, site_args)?;
+    match site.kind {
+        SiteKind::FunctionEntry | SiteKind::FunctionExit => {
+            a.mov(rcx, qword_ptr(rsp + frame.depth))?;
+            a.mov(qword_ptr(at(0, 24)), rcx)?;
+        }
+        SiteKind::Block => a.mov(qword_ptr(at(0, 24)), 0)?,
+        SiteKind::Memory => {
+            lea_rip(a, Register::RCX, ins.ip())?;
+            a.mov(qword_ptr(at(0, 24)), rcx)?;
+        }
+        SiteKind::Usdt | SiteKind::Call => {}
+    }
+    Ok(())
+}
+
+/// The `value` field of a site's records (a call: also its `aux`).
+#[allow(clippy::too_many_arguments)]
+fn emit_site_value(
+    a: &mut CodeAssembler,
+    shape: &Shape,
+    frame: &Frame,
+    site: &PlacedSite,
+    ins: &Instruction,
+    at: impl Fn(i32, i32) -> AsmMemoryOperand,
+    n: i32,
+    site_args: &[i32],
+) -> Result<(), IcedError> {
+    let depth = frame.depth;
+    match site.kind {
+        // A chosen value (`--value`): computed up front.
+        SiteKind::FunctionEntry | SiteKind::FunctionExit | SiteKind::Block
+            if !site_args.is_empty() =>
+        {
+            a.mov(rcx, qword_ptr(rsp + (depth - site_args[0])))?;
+            a.mov(qword_ptr(at(0, 16)), rcx)?;
+        }
+        SiteKind::FunctionEntry => a.mov(qword_ptr(at(0, 16)), rdi)?,
+        // In a live-site frame %rax holds the saved flags: the original is the
+        // first register pushed (depth 136).
+        SiteKind::FunctionExit if shape.live => {
+            a.mov(rcx, qword_ptr(rsp + (depth - 136)))?;
+            a.mov(qword_ptr(at(0, 16)), rcx)?;
+        }
+        SiteKind::FunctionExit => a.mov(qword_ptr(at(0, 16)), rax)?,
+        SiteKind::Block => {
+            lea_rip(a, Register::RCX, ins.ip())?;
+            a.mov(qword_ptr(at(0, 16)), rcx)?;
+        }
+        SiteKind::Memory => {
+            a.mov(rcx, qword_ptr(rsp + (depth - frame.ea_depth)))?;
+            a.mov(qword_ptr(at(0, 16)), rcx)?;
+        }
+        SiteKind::Call => {
+            match site_args.first() {
+                Some(&d) => a.mov(rcx, qword_ptr(rsp + (depth - d)))?,
+                None => lea_rip(a, Register::RCX, ins.near_branch_target())?,
+            }
+            a.mov(qword_ptr(at(0, 16)), rcx)?;
+            lea_rip(a, Register::RCX, ins.next_ip())?;
+            a.mov(qword_ptr(at(0, 24)), rcx)?;
+        }
+        SiteKind::Usdt => {
+            // value and aux of record j: arguments 2j and 2j + 1.
+            for k in 0..2 * n {
+                let field = at(k / 2, 16 + 8 * (k % 2));
+                match site_args.get(k as usize) {
+                    Some(&d) => {
+                        a.mov(rcx, qword_ptr(rsp + (depth - d)))?;
+                        a.mov(qword_ptr(field), rcx)?;
+                    }
+                    None => a.mov(qword_ptr(field), 0)?,
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every record's `time`, the end of the `inflight` bracket, and the full check.
+fn emit_times_and_check(
+    a: &mut CodeAssembler,
+    layout: &Layout,
+    shape: &Shape,
+    full: CodeLabel,
+) -> Result<(), IcedError> {
+    let nrec = shape.nrec;
+    if !shape.tsc {
         // No clock: `time` is the buffer epoch (Slot::generation, bumped at every
         // reset), so a drain can tell a refilled buffer from the one it read.
         a.mov(ecx, dword_ptr(rsi + SLOT_GENERATION as i32))?;
@@ -407,14 +548,14 @@ fn emit_stub(
             a.mov(qword_ptr(r11 + RECORD_SIZE as i32 * j + 8), rcx)?;
         }
     }
-    if tsc {
+    if shape.tsc {
         a.rdtsc()?;
         for j in 0..nrec {
             a.mov(dword_ptr(r11 + RECORD_SIZE as i32 * j + 8), eax)?;
             a.mov(dword_ptr(r11 + RECORD_SIZE as i32 * j + 12), edx)?;
         }
     }
-    if !ring {
+    if layout.buf_kind == BUF_TRACE {
         a.dec(qword_ptr(rsi + SLOT_INFLIGHT as i32))?;
     }
     if layout.buf_kind != BUF_FAST_CIRCULAR {
@@ -422,38 +563,28 @@ fn emit_stub(
         a.cmp(r11, qword_ptr(rsi + SLOT_END as i32))?;
         a.jae(full)?;
     }
+    Ok(())
+}
 
-    a.set_label(&mut out)?;
-    for &r in saved.iter().rev() {
+/// Restore what the prologue saved.
+fn emit_epilogue(a: &mut CodeAssembler, shape: &Shape, frame: &Frame) -> Result<(), IcedError> {
+    for &r in frame.saved.iter().rev() {
         a.pop(r)?;
     }
-    let scratch = 8 * (i32::from(mem) + args.len() as i32);
+    let scratch = 8 * (i32::from(shape.mem) + shape.args.len() as i32);
     if scratch > 0 {
         a.lea(rsp, ptr(rsp + scratch))?;
     }
-    if live {
+    if shape.live {
         a.pop(rax)?;
         a.add(al, 0x7f)?; // OF again from seto's 0/1
         a.sahf()?;
         a.pop(rax)?;
     }
-    if red_zone > 0 {
-        a.lea(rsp, ptr(rsp + red_zone))?;
+    if shape.red_zone > 0 {
+        a.lea(rsp, ptr(rsp + shape.red_zone))?;
     }
-    // register and flush clobber %rax %rcx %rdx %rsi %r11 (and flags): keep what the
-    // fast path did not save itself.
-    let wrap = [rax, rdx]
-        .into_iter()
-        .filter(|r| !(saved.contains(r) || live && *r == rax))
-        .collect();
-    Ok(SlowPaths {
-        retry,
-        out,
-        miss,
-        full,
-        wrap,
-        circular: layout.buf_kind == BUF_CIRCULAR,
-    })
+    Ok(())
 }
 
 fn emit_slow_paths(a: &mut CodeAssembler, rt: &Runtime, p: SlowPaths) -> Result<(), IcedError> {

@@ -13,9 +13,27 @@ use std::collections::HashMap;
 
 use disarm64::decoder::{self, InsnId};
 
-use super::{Code, Dispatch, Functions, Scan, Slots, Val};
+use crate::flow::{Code, Dispatch, FlowArch, Functions, Scan, Slots, Val};
 
-pub(super) fn scan(code: &Code, funcs: &Functions, _slots: &Slots, out: &mut Scan) {
+impl FlowArch for super::Aarch64 {
+    fn fixed_width(&self) -> bool {
+        true
+    }
+
+    fn relative_reloc(&self) -> u32 {
+        object::elf::R_AARCH64_RELATIVE
+    }
+
+    fn entry_cfa(&self) -> (gimli::Register, i64, Option<gimli::Register>) {
+        (gimli::AArch64::SP, 0, Some(gimli::AArch64::X30))
+    }
+
+    fn scan(&self, code: &mut Code, funcs: &Functions, slots: &Slots, out: &mut Scan) {
+        scan(code, funcs, slots, out)
+    }
+}
+
+fn scan(code: &Code, funcs: &Functions, _slots: &Slots, out: &mut Scan) {
     for sec in code.secs.iter().filter(|s| !s.plt) {
         let end = sec.addr + sec.bytes.len() as u64;
         let lo = funcs.starts.partition_point(|&s| s <= sec.addr);
@@ -50,7 +68,7 @@ fn words(bytes: &[u8], addr: u64) -> impl Iterator<Item = (u64, u32)> + '_ {
 }
 
 /// BR, BRAA, BRAB, BRAAZ, BRABZ (not RET, not BLR).
-fn is_indirect_branch(w: u32) -> bool {
+pub(super) fn is_indirect_branch(w: u32) -> bool {
     (w & 0xfe1f_0000) == 0xd61f_0000 && (w >> 21) & 0xf == 0
 }
 
@@ -235,86 +253,14 @@ fn step(st: &mut State, pc: u64, w: u32, out: &mut Scan) {
             };
             st.set(rd, sf, v);
         }
-        InsnId::ADD_Rd_SP_Rn_SP_Rm_EXT => {
-            // `add xA, xA, wE, sxtb #2`: option picks the extension, imm3 the shift.
-            let option = (w >> 13) & 7;
-            let shift = ((w >> 10) & 7) as u8;
-            let bits = [8, 16, 32, 64][(option & 3) as usize];
-            let v = match (rn, st.get(rn), st.get(rm)) {
-                (31, ..) => Val::Unknown,
-                (_, Val::Const(base), e @ Val::Entry(_)) if sf => {
-                    match e.extend(bits, option >= 4) {
-                        Val::Entry(elem) => Val::Target { base, elem, shift },
-                        _ => Val::Unknown,
-                    }
-                }
-                _ => Val::Unknown,
-            };
-            st.set(rd, sf, v);
-        }
-        InsnId::ADD_Rd_Rn_Rm_SFT => {
-            let (kind, amount) = ((w >> 22) & 3, ((w >> 10) & 63) as u8);
-            let v = match (st.get(rn), st.get(rm)) {
-                (Val::Const(base), Val::Entry(elem)) if sf && kind == 0 => Val::Target {
-                    base,
-                    elem,
-                    shift: amount,
-                },
-                (Val::Entry(elem), Val::Const(base)) if sf && amount == 0 => Val::Target {
-                    base,
-                    elem,
-                    shift: 0,
-                },
-                _ => Val::Unknown,
-            };
-            st.set(rd, sf, v);
-        }
+        InsnId::ADD_Rd_SP_Rn_SP_Rm_EXT | InsnId::ADD_Rd_Rn_Rm_SFT => add_register(st, op.id(), w),
         InsnId::LDR_Rt_ADDR_REGOFF
         | InsnId::LDRB_Rt_ADDR_REGOFF
         | InsnId::LDRH_Rt_ADDR_REGOFF
         | InsnId::LDRSB_Rt_ADDR_REGOFF
         | InsnId::LDRSH_Rt_ADDR_REGOFF
-        | InsnId::LDRSW_Rt_ADDR_REGOFF => {
-            let size: u8 = 1 << (w >> 30);
-            let signed = !matches!(
-                op.id(),
-                InsnId::LDR_Rt_ADDR_REGOFF
-                    | InsnId::LDRB_Rt_ADDR_REGOFF
-                    | InsnId::LDRH_Rt_ADDR_REGOFF
-            );
-            let option = (w >> 13) & 7;
-            let scale = if (w >> 12) & 1 == 1 {
-                u64::from(size)
-            } else {
-                1
-            };
-            // The index is extended from 32 bits (uxtw/sxtw) or used whole (lsl/sxtx);
-            // either keeps a compare bound on it.
-            let v = if rn == 31 || !matches!(option, 2 | 3 | 6 | 7) {
-                Val::Unknown
-            } else {
-                Val::load(Some(st.get(rn)), st.get(rm), scale, 0, size, signed)
-            };
-            // LDR Wt/LDRB/LDRH write a W register, LDRS* to X when opc == 10.
-            let x = size == 8 || (signed && (w >> 22) & 3 == 2);
-            st.set(rd, x, v);
-        }
-        InsnId::SUBS_Rd_Rn_SP_AIMM => {
-            let imm = u64::from((w >> 10) & 0xfff) << (12 * ((w >> 22) & 1));
-            let flags = (rn != 31 && rd != rn).then_some((rn as usize, imm));
-            st.kill(rd);
-            st.flags = flags;
-        }
-        InsnId::SUBS_Rd_Rn_Rm_SFT => {
-            let flags = match st.get(rm) {
-                Val::Const(c) if rn != 31 && rd != rn && (w >> 10) & 63 == 0 => {
-                    Some((rn as usize, c))
-                }
-                _ => None,
-            };
-            st.kill(rd);
-            st.flags = flags;
-        }
+        | InsnId::LDRSW_Rt_ADDR_REGOFF => load_register_offset(st, op.id(), w),
+        InsnId::SUBS_Rd_Rn_SP_AIMM | InsnId::SUBS_Rd_Rn_Rm_SFT => compare(st, op.id(), w),
         InsnId::B_C_ADDR_PCREL19 => {
             // Unsigned compares: HI/LS → value <= imm on one way, HS/LO → value < imm.
             // B.HI/B.HS: the bound holds on the fall-through (this state); B.LS/B.LO:
@@ -357,6 +303,111 @@ fn step(st: &mut State, pc: u64, w: u32, out: &mut Scan) {
                 kill_by_class(st, w);
             }
         }
+    }
+}
+
+/// `add` of two registers: a relative-table target (table base plus an entry).
+fn add_register(st: &mut State, id: InsnId, w: u32) {
+    let (rd, rn, rm) = (w & 31, (w >> 5) & 31, (w >> 16) & 31);
+    let sf = w >> 31 == 1;
+    match id {
+        InsnId::ADD_Rd_SP_Rn_SP_Rm_EXT => {
+            // `add xA, xA, wE, sxtb #2`: option picks the extension, imm3 the shift.
+            let option = (w >> 13) & 7;
+            let shift = ((w >> 10) & 7) as u8;
+            let bits = [8, 16, 32, 64][(option & 3) as usize];
+            let v = match (rn, st.get(rn), st.get(rm)) {
+                (31, ..) => Val::Unknown,
+                (_, Val::Const(base), e @ Val::Entry(_)) if sf => {
+                    match e.extend(bits, option >= 4) {
+                        Val::Entry(elem) => Val::Target { base, elem, shift },
+                        _ => Val::Unknown,
+                    }
+                }
+                _ => Val::Unknown,
+            };
+            st.set(rd, sf, v);
+        }
+        InsnId::ADD_Rd_Rn_Rm_SFT => {
+            let (kind, amount) = ((w >> 22) & 3, ((w >> 10) & 63) as u8);
+            let v = match (st.get(rn), st.get(rm)) {
+                (Val::Const(base), Val::Entry(elem)) if sf && kind == 0 => Val::Target {
+                    base,
+                    elem,
+                    shift: amount,
+                },
+                (Val::Entry(elem), Val::Const(base)) if sf && amount == 0 => Val::Target {
+                    base,
+                    elem,
+                    shift: 0,
+                },
+                _ => Val::Unknown,
+            };
+            st.set(rd, sf, v);
+        }
+        _ => {}
+    }
+}
+
+/// A load with a register offset: a table entry when the base is a table address.
+fn load_register_offset(st: &mut State, id: InsnId, w: u32) {
+    let (rd, rn, rm) = (w & 31, (w >> 5) & 31, (w >> 16) & 31);
+    match id {
+        InsnId::LDR_Rt_ADDR_REGOFF
+        | InsnId::LDRB_Rt_ADDR_REGOFF
+        | InsnId::LDRH_Rt_ADDR_REGOFF
+        | InsnId::LDRSB_Rt_ADDR_REGOFF
+        | InsnId::LDRSH_Rt_ADDR_REGOFF
+        | InsnId::LDRSW_Rt_ADDR_REGOFF => {
+            let size: u8 = 1 << (w >> 30);
+            let signed = !matches!(
+                id,
+                InsnId::LDR_Rt_ADDR_REGOFF
+                    | InsnId::LDRB_Rt_ADDR_REGOFF
+                    | InsnId::LDRH_Rt_ADDR_REGOFF
+            );
+            let option = (w >> 13) & 7;
+            let scale = if (w >> 12) & 1 == 1 {
+                u64::from(size)
+            } else {
+                1
+            };
+            // The index is extended from 32 bits (uxtw/sxtw) or used whole (lsl/sxtx);
+            // either keeps a compare bound on it.
+            let v = if rn == 31 || !matches!(option, 2 | 3 | 6 | 7) {
+                Val::Unknown
+            } else {
+                Val::load(Some(st.get(rn)), st.get(rm), scale, 0, size, signed)
+            };
+            // LDR Wt/LDRB/LDRH write a W register, LDRS* to X when opc == 10.
+            let x = size == 8 || (signed && (w >> 22) & 3 == 2);
+            st.set(rd, x, v);
+        }
+        _ => {}
+    }
+}
+
+/// `subs`/`cmp`: the compare a following `b.cond` may take a bound from.
+fn compare(st: &mut State, id: InsnId, w: u32) {
+    let (rd, rn, rm) = (w & 31, (w >> 5) & 31, (w >> 16) & 31);
+    match id {
+        InsnId::SUBS_Rd_Rn_SP_AIMM => {
+            let imm = u64::from((w >> 10) & 0xfff) << (12 * ((w >> 22) & 1));
+            let flags = (rn != 31 && rd != rn).then_some((rn as usize, imm));
+            st.kill(rd);
+            st.flags = flags;
+        }
+        InsnId::SUBS_Rd_Rn_Rm_SFT => {
+            let flags = match st.get(rm) {
+                Val::Const(c) if rn != 31 && rd != rn && (w >> 10) & 63 == 0 => {
+                    Some((rn as usize, c))
+                }
+                _ => None,
+            };
+            st.kill(rd);
+            st.flags = flags;
+        }
+        _ => {}
     }
 }
 

@@ -1,8 +1,9 @@
 //! Which functions become sites (never `__restore_rt`, never split-off `.cold`/`.warm`
 //! parts).
 
+use super::demangle::demangle;
+use crate::elf::read::{Function, Input};
 use crate::error::{Error, Result};
-use crate::input::{Function, Input};
 
 /// Functions that must never be patched: the unwinder recognises the signal-return
 /// trampoline by its exact bytes.
@@ -42,20 +43,6 @@ pub fn functions(input: &Input, fdes: &[(u64, u64)]) -> Vec<Function> {
     all.sort_by_key(|f| f.addr);
     all.dedup_by_key(|f| f.addr);
     all
-}
-
-/// The readable name of a C++ (Itanium ABI) or Rust (legacy or v0) symbol; None for
-/// other names. Rust names without their hash; C++ names with their parameter types.
-pub fn demangle(name: &str) -> Option<String> {
-    if let Ok(d) = rustc_demangle::try_demangle(name) {
-        return Some(format!("{d:#}"));
-    }
-    if name.starts_with("_Z") {
-        return cpp_demangle::Symbol::new(name)
-            .ok()
-            .and_then(|s| s.demangle(&Default::default()).ok());
-    }
-    None
 }
 
 /// The selected functions of `functions` with the name to report (the alias that

@@ -18,7 +18,7 @@
 //!
 //! The same data flow tracks the stack pointer (`Val::Stack`) and where a value came
 //! from, to classify an indirect jump that is not a table as a tail call (see
-//! [`super::Flow::tail_calls`]).
+//! [`crate::flow::Flow::tail_calls`]).
 
 use std::collections::BTreeSet;
 
@@ -27,9 +27,27 @@ use iced_x86::{
     OpKind, Register,
 };
 
-use super::{Code, CodeSec, Dispatch, Functions, Scan, Slots, Val};
+use crate::flow::{Code, CodeSec, Dispatch, FlowArch, Functions, Scan, Slots, Val};
 
-pub(super) fn scan(code: &mut Code, funcs: &Functions, slots: &Slots, out: &mut Scan) {
+impl FlowArch for super::X86_64 {
+    fn fixed_width(&self) -> bool {
+        false
+    }
+
+    fn relative_reloc(&self) -> u32 {
+        object::elf::R_X86_64_RELATIVE
+    }
+
+    fn entry_cfa(&self) -> (gimli::Register, i64, Option<gimli::Register>) {
+        (gimli::X86_64::RSP, 8, None)
+    }
+
+    fn scan(&self, code: &mut Code, funcs: &Functions, slots: &Slots, out: &mut Scan) {
+        scan(code, funcs, slots, out)
+    }
+}
+
+fn scan(code: &mut Code, funcs: &Functions, slots: &Slots, out: &mut Scan) {
     let mut cx = Cx {
         factory: InstructionInfoFactory::new(),
         insns: Vec::new(),
@@ -619,25 +637,49 @@ fn linear(insns: &[Instruction], entry: bool, cx: &mut Cx, p: &mut Piece) -> Vec
     found
 }
 
+/// The facts of one instruction the transfer functions share.
+#[derive(Clone, Copy)]
+struct Op {
+    ip: u64,
+    m: Mnemonic,
+    /// The first operand when it is a register (else `Register::None`).
+    op0: Register,
+    /// `op0` is a general register.
+    dst_gpr: bool,
+    /// The second operand is an immediate.
+    imm1: bool,
+}
+
+impl Op {
+    fn of(ins: &Instruction) -> Op {
+        let op0 = if ins.op0_kind() == OpKind::Register {
+            ins.op0_register()
+        } else {
+            Register::None
+        };
+        Op {
+            ip: ins.ip(),
+            m: ins.mnemonic(),
+            op0,
+            dst_gpr: gpr(op0).is_some(),
+            imm1: matches!(
+                ins.op1_kind(),
+                OpKind::Immediate8
+                    | OpKind::Immediate8to32
+                    | OpKind::Immediate8to64
+                    | OpKind::Immediate16
+                    | OpKind::Immediate32
+                    | OpKind::Immediate32to64
+                    | OpKind::Immediate64
+            ),
+        }
+    }
+}
+
+/// The abstract effect of one instruction on `st` (the transfer function of the scan).
 fn step(st: &mut State, ins: &Instruction, factory: &mut InstructionInfoFactory, p: &mut Piece) {
-    let ip = ins.ip();
-    let m = ins.mnemonic();
-    let op0 = if ins.op0_kind() == OpKind::Register {
-        ins.op0_register()
-    } else {
-        Register::None
-    };
-    let dst_gpr = gpr(op0).is_some();
-    let imm1 = matches!(
-        ins.op1_kind(),
-        OpKind::Immediate8
-            | OpKind::Immediate8to32
-            | OpKind::Immediate8to64
-            | OpKind::Immediate16
-            | OpKind::Immediate32
-            | OpKind::Immediate32to64
-            | OpKind::Immediate64
-    );
+    let o = Op::of(ins);
+    let m = o.m;
     if ins.op0_kind() == OpKind::Memory
         && ins.op1_kind() == OpKind::Register
         && matches!(
@@ -648,200 +690,265 @@ fn step(st: &mut State, ins: &Instruction, factory: &mut InstructionInfoFactory,
         p.escaped = true;
     }
     let handled = match m {
-        Mnemonic::Lea if dst_gpr => {
-            let v = if ins.is_ip_rel_memory_operand() {
-                Val::Const(ins.ip_rel_memory_address())
-            } else if ins.memory_base() == Register::None
-                && ins.memory_displacement64() == 0
-                && ins.memory_index() != Register::None
-            {
-                // `lea 0(,%rI,4),%rX`: the scaled index of `-O0` code.
-                match st.get(ins.memory_index()).as_index() {
-                    Some((bound, s)) => Val::Index {
-                        bound,
-                        scale: s * u64::from(ins.memory_index_scale()),
-                    },
-                    None => Val::Tainted,
-                }
-            } else if ins.memory_index() == Register::None {
-                match st.get(ins.memory_base()) {
-                    Val::Stack(h) => Val::Stack(h.wrapping_add(ins.memory_displacement64() as i64)),
-                    _ => Val::Tainted,
-                }
-            } else {
-                Val::Tainted
-            };
-            st.set(ip, op0, v);
+        Mnemonic::Lea if o.dst_gpr => {
+            lea(st, ins, o);
             true
         }
-        Mnemonic::Mov if dst_gpr => {
-            match ins.op1_kind() {
-                OpKind::Register => st.copy(ip, op0, ins.op1_register()),
-                OpKind::Memory => {
-                    let v = st.load(ins, op0.size() as u8, false, p);
-                    st.set(ip, op0, v);
-                }
-                _ if imm1 => st.set(ip, op0, Val::Const(ins.immediate(1))),
-                _ => st.set(ip, op0, Val::Tainted),
-            }
+        Mnemonic::Mov if o.dst_gpr => {
+            mov(st, ins, o, p);
             true
         }
-        Mnemonic::Movsxd if dst_gpr => {
-            let v = match ins.op1_kind() {
-                OpKind::Register => st.get(ins.op1_register()).extend(32, true),
-                OpKind::Memory => st.load(ins, 4, true, p),
-                _ => Val::Tainted,
-            };
-            st.set(ip, op0, v);
+        Mnemonic::Movsxd if o.dst_gpr => {
+            movsxd(st, ins, o, p);
             true
         }
-        Mnemonic::Movzx | Mnemonic::Movsx if dst_gpr => {
-            let signed = m == Mnemonic::Movsx;
-            match ins.op1_kind() {
-                OpKind::Register => {
-                    let src = ins.op1_register();
-                    let v = match st.get(src).extend(8 * src.size() as u8, signed) {
-                        Val::Unknown => Val::Tainted,
-                        v => v,
-                    };
-                    match (v, gpr(src)) {
-                        // `movzbl %dl,%ebx`: the same number as far as a compare of
-                        // either says (the compare decides the width that counts).
-                        (Val::Index { .. } | Val::Tainted, Some((s, _))) if !signed => {
-                            st.set_with_origin(op0, v, st.origin[s])
-                        }
-                        _ => st.set(ip, op0, v),
-                    }
-                }
-                OpKind::Memory => {
-                    let v = st.load(ins, ins.memory_size().size() as u8, signed, p);
-                    st.set(ip, op0, v);
-                }
-                _ => st.set(ip, op0, Val::Tainted),
-            }
+        Mnemonic::Movzx | Mnemonic::Movsx if o.dst_gpr => {
+            movx(st, ins, o, p);
             true
         }
         Mnemonic::Cdqe => {
             let v = st.get(Register::RAX).extend(32, true);
-            st.set(ip, Register::RAX, v);
+            st.set(o.ip, Register::RAX, v);
             true
         }
-        Mnemonic::Add | Mnemonic::Sub if dst_gpr && op0.size() == 8 => {
-            let a = st.get(op0);
-            let sub = m == Mnemonic::Sub;
-            let v = match ins.op1_kind() {
-                OpKind::Register if !sub => match (a, st.get(ins.op1_register())) {
-                    (Val::Const(base), Val::Entry(elem)) | (Val::Entry(elem), Val::Const(base)) => {
-                        Val::Target {
-                            base,
-                            elem,
-                            shift: 0,
-                        }
-                    }
-                    _ => Val::Tainted,
-                },
-                _ if imm1 => {
-                    let k = if sub {
-                        ins.immediate(1).wrapping_neg()
-                    } else {
-                        ins.immediate(1)
-                    };
-                    match a {
-                        Val::Const(c) => Val::Const(c.wrapping_add(k)),
-                        Val::Stack(h) => Val::Stack(h.wrapping_add(k as i64)),
-                        _ => Val::Tainted,
-                    }
-                }
-                _ => Val::Tainted,
-            };
-            st.set(ip, op0, v);
-            st.flags = None;
+        Mnemonic::Add | Mnemonic::Sub if o.dst_gpr && o.op0.size() == 8 => {
+            add_sub(st, ins, o);
             true
         }
         Mnemonic::Push | Mnemonic::Pop => {
-            let delta = i64::from(ins.stack_pointer_increment());
-            let sp = match st.regs[RSP] {
-                Val::Stack(h) if delta.abs() == 8 => Val::Stack(h.wrapping_add(delta)),
-                _ => Val::Tainted,
-            };
-            if m == Mnemonic::Pop {
-                // What was pushed may have been anything, a table address included.
-                if dst_gpr {
-                    st.set(ip, op0, Val::Tainted);
-                } else if ins.op0_kind() == OpKind::Memory {
-                    st.memory_written(Some(ins));
-                }
-            } else {
-                st.memory_written(None);
-            }
-            st.set(ip, Register::RSP, sp);
+            push_pop(st, ins, o);
             true
         }
         Mnemonic::Leave => {
-            let sp = match st.regs[RBP] {
-                Val::Stack(h) => Val::Stack(h.wrapping_add(8)),
-                _ => Val::Tainted,
-            };
-            st.set(ip, Register::RBP, Val::Tainted);
-            st.set(ip, Register::RSP, sp);
+            leave(st, o);
             true
         }
-        Mnemonic::Cmp if imm1 => {
-            let mask = match ins.op0_kind() {
-                OpKind::Register => op0.size(),
-                _ => ins.memory_size().size(),
-            };
-            let imm = match mask {
-                8 => ins.immediate(1),
-                n => ins.immediate(1) & ((1u64 << (8 * n)) - 1),
-            };
-            st.flags = if dst_gpr {
-                gpr(op0).map(|(i, _)| Cmp::Reg(i, imm))
-            } else if ins.op0_kind() == OpKind::Memory {
-                State::slot(ins).map(|d| Cmp::Mem(d, imm))
-            } else {
-                None
-            };
+        Mnemonic::Cmp if o.imm1 => {
+            cmp(st, ins, o);
             true
         }
         // Bounds are learnt on the edges (`edges`); an indirect jump ends its block.
         Mnemonic::Ja | Mnemonic::Jbe | Mnemonic::Jae | Mnemonic::Jb => true,
         Mnemonic::Jmp if is_indirect_jmp(ins) => true,
         Mnemonic::Call => {
-            // The results. The other caller-saved registers keep what they held:
-            // code that reads one after the call without writing it knows the callee
-            // preserves it (gcc's IPA-RA keeps table bases in %r8 across calls of
-            // functions of the same unit). The stack pointer is back.
-            for r in [0, 2] {
-                st.clobber(ip, r);
-            }
-            st.memory_written(None);
-            st.flags = None;
+            call(st, o);
             true
         }
         _ => false,
     };
     if !handled {
-        let info = factory.info(ins);
-        let writes = |a: OpAccess| {
-            matches!(
-                a,
-                OpAccess::Write
-                    | OpAccess::CondWrite
-                    | OpAccess::ReadWrite
-                    | OpAccess::ReadCondWrite
-            )
-        };
-        for u in info.used_registers() {
-            if writes(u.access()) && gpr(u.register()).is_some() {
-                st.set(ip, u.register().full_register(), Val::Tainted);
-            }
-        }
-        if info.used_memory().iter().any(|u| writes(u.access())) {
-            st.memory_written((ins.op0_kind() == OpKind::Memory).then_some(ins));
-        }
+        other(st, ins, factory);
     }
     if !matches!(m, Mnemonic::Cmp) && ins.rflags_modified() != 0 {
         st.flags = None;
+    }
+}
+
+/// `lea`: an address, a scaled index, or a stack address.
+fn lea(st: &mut State, ins: &Instruction, o: Op) {
+    let Op { ip, op0, .. } = o;
+    let v = if ins.is_ip_rel_memory_operand() {
+        Val::Const(ins.ip_rel_memory_address())
+    } else if ins.memory_base() == Register::None
+        && ins.memory_displacement64() == 0
+        && ins.memory_index() != Register::None
+    {
+        // `lea 0(,%rI,4),%rX`: the scaled index of `-O0` code.
+        match st.get(ins.memory_index()).as_index() {
+            Some((bound, s)) => Val::Index {
+                bound,
+                scale: s * u64::from(ins.memory_index_scale()),
+            },
+            None => Val::Tainted,
+        }
+    } else if ins.memory_index() == Register::None {
+        match st.get(ins.memory_base()) {
+            Val::Stack(h) => Val::Stack(h.wrapping_add(ins.memory_displacement64() as i64)),
+            _ => Val::Tainted,
+        }
+    } else {
+        Val::Tainted
+    };
+    st.set(ip, op0, v);
+}
+
+/// `mov` into a register: a copy, a load or a constant.
+fn mov(st: &mut State, ins: &Instruction, o: Op, p: &mut Piece) {
+    let Op { ip, op0, imm1, .. } = o;
+    match ins.op1_kind() {
+        OpKind::Register => st.copy(ip, op0, ins.op1_register()),
+        OpKind::Memory => {
+            let v = st.load(ins, op0.size() as u8, false, p);
+            st.set(ip, op0, v);
+        }
+        _ if imm1 => st.set(ip, op0, Val::Const(ins.immediate(1))),
+        _ => st.set(ip, op0, Val::Tainted),
+    }
+}
+
+/// `movsxd`: a sign-extended 32-bit value.
+fn movsxd(st: &mut State, ins: &Instruction, o: Op, p: &mut Piece) {
+    let Op { ip, op0, .. } = o;
+    let v = match ins.op1_kind() {
+        OpKind::Register => st.get(ins.op1_register()).extend(32, true),
+        OpKind::Memory => st.load(ins, 4, true, p),
+        _ => Val::Tainted,
+    };
+    st.set(ip, op0, v);
+}
+
+/// `movzx`/`movsx`: an extended register or load.
+fn movx(st: &mut State, ins: &Instruction, o: Op, p: &mut Piece) {
+    let Op { ip, m, op0, .. } = o;
+    let signed = m == Mnemonic::Movsx;
+    match ins.op1_kind() {
+        OpKind::Register => {
+            let src = ins.op1_register();
+            let v = match st.get(src).extend(8 * src.size() as u8, signed) {
+                Val::Unknown => Val::Tainted,
+                v => v,
+            };
+            match (v, gpr(src)) {
+                // `movzbl %dl,%ebx`: the same number as far as a compare of
+                // either says (the compare decides the width that counts).
+                (Val::Index { .. } | Val::Tainted, Some((s, _))) if !signed => {
+                    st.set_with_origin(op0, v, st.origin[s])
+                }
+                _ => st.set(ip, op0, v),
+            }
+        }
+        OpKind::Memory => {
+            let v = st.load(ins, ins.memory_size().size() as u8, signed, p);
+            st.set(ip, op0, v);
+        }
+        _ => st.set(ip, op0, Val::Tainted),
+    }
+}
+
+/// 64-bit `add`/`sub`: relative-table targets, constants and stack heights.
+fn add_sub(st: &mut State, ins: &Instruction, o: Op) {
+    let Op {
+        ip, m, op0, imm1, ..
+    } = o;
+    let a = st.get(op0);
+    let sub = m == Mnemonic::Sub;
+    let v = match ins.op1_kind() {
+        OpKind::Register if !sub => match (a, st.get(ins.op1_register())) {
+            (Val::Const(base), Val::Entry(elem)) | (Val::Entry(elem), Val::Const(base)) => {
+                Val::Target {
+                    base,
+                    elem,
+                    shift: 0,
+                }
+            }
+            _ => Val::Tainted,
+        },
+        _ if imm1 => {
+            let k = if sub {
+                ins.immediate(1).wrapping_neg()
+            } else {
+                ins.immediate(1)
+            };
+            match a {
+                Val::Const(c) => Val::Const(c.wrapping_add(k)),
+                Val::Stack(h) => Val::Stack(h.wrapping_add(k as i64)),
+                _ => Val::Tainted,
+            }
+        }
+        _ => Val::Tainted,
+    };
+    st.set(ip, op0, v);
+    st.flags = None;
+}
+
+/// `push`/`pop`: the stack height, and what a pop may have brought back.
+fn push_pop(st: &mut State, ins: &Instruction, o: Op) {
+    let Op {
+        ip,
+        m,
+        op0,
+        dst_gpr,
+        ..
+    } = o;
+    let delta = i64::from(ins.stack_pointer_increment());
+    let sp = match st.regs[RSP] {
+        Val::Stack(h) if delta.abs() == 8 => Val::Stack(h.wrapping_add(delta)),
+        _ => Val::Tainted,
+    };
+    if m == Mnemonic::Pop {
+        // What was pushed may have been anything, a table address included.
+        if dst_gpr {
+            st.set(ip, op0, Val::Tainted);
+        } else if ins.op0_kind() == OpKind::Memory {
+            st.memory_written(Some(ins));
+        }
+    } else {
+        st.memory_written(None);
+    }
+    st.set(ip, Register::RSP, sp);
+}
+
+/// `leave`: the stack pointer from the frame pointer.
+fn leave(st: &mut State, o: Op) {
+    let Op { ip, .. } = o;
+    let sp = match st.regs[RBP] {
+        Val::Stack(h) => Val::Stack(h.wrapping_add(8)),
+        _ => Val::Tainted,
+    };
+    st.set(ip, Register::RBP, Val::Tainted);
+    st.set(ip, Register::RSP, sp);
+}
+
+/// `cmp` with an immediate: the bound a following conditional branch may assume.
+fn cmp(st: &mut State, ins: &Instruction, o: Op) {
+    let Op { op0, dst_gpr, .. } = o;
+    let mask = match ins.op0_kind() {
+        OpKind::Register => op0.size(),
+        _ => ins.memory_size().size(),
+    };
+    let imm = match mask {
+        8 => ins.immediate(1),
+        n => ins.immediate(1) & ((1u64 << (8 * n)) - 1),
+    };
+    st.flags = if dst_gpr {
+        gpr(op0).map(|(i, _)| Cmp::Reg(i, imm))
+    } else if ins.op0_kind() == OpKind::Memory {
+        State::slot(ins).map(|d| Cmp::Mem(d, imm))
+    } else {
+        None
+    };
+}
+
+/// `call`: the results are unknown, memory may be written, the stack is back.
+fn call(st: &mut State, o: Op) {
+    let Op { ip, .. } = o;
+    // The results. The other caller-saved registers keep what they held:
+    // code that reads one after the call without writing it knows the callee
+    // preserves it (gcc's IPA-RA keeps table bases in %r8 across calls of
+    // functions of the same unit). The stack pointer is back.
+    for r in [0, 2] {
+        st.clobber(ip, r);
+    }
+    st.memory_written(None);
+    st.flags = None;
+}
+
+/// Any other instruction: what it writes becomes unknown (tainted).
+fn other(st: &mut State, ins: &Instruction, factory: &mut InstructionInfoFactory) {
+    let ip = ins.ip();
+    let info = factory.info(ins);
+    let writes = |a: OpAccess| {
+        matches!(
+            a,
+            OpAccess::Write | OpAccess::CondWrite | OpAccess::ReadWrite | OpAccess::ReadCondWrite
+        )
+    };
+    for u in info.used_registers() {
+        if writes(u.access()) && gpr(u.register()).is_some() {
+            st.set(ip, u.register().full_register(), Val::Tainted);
+        }
+    }
+    if info.used_memory().iter().any(|u| writes(u.access())) {
+        st.memory_written((ins.op0_kind() == OpKind::Memory).then_some(ins));
     }
 }

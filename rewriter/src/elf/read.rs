@@ -76,7 +76,8 @@ pub struct Function {
 pub struct Input<'a> {
     pub name: String,
     pub data: &'a [u8],
-    /// `e_machine`: `EM_X86_64` or `EM_AARCH64` (checked); selects the backend.
+    /// `e_machine`: selects the backend (`isa::of`, which rejects machines it has none
+    /// for).
     pub machine: u16,
     pub kind: Kind,
     pub entry: u64,
@@ -98,203 +99,26 @@ impl<'a> Input<'a> {
     /// Check the identification bytes first so that each kind of wrong input gets its
     /// own message, then parse everything with `object`.
     pub fn parse(name: &str, data: &'a [u8]) -> Result<Self> {
-        if data.len() < 4 || &data[..4] != b"\x7fELF" {
-            return Err(Error::NotElf(name.into()));
-        }
-        if data.len() < 64 {
-            return Err(malformed(name, "file is shorter than an ELF64 header"));
-        }
-        match data[4] {
-            elf::ELFCLASS64 => {}
-            elf::ELFCLASS32 => return Err(Error::Elf32(name.into())),
-            c => return Err(malformed(name, format!("unknown ELF class {c}"))),
-        }
-        match data[5] {
-            elf::ELFDATA2LSB => {}
-            elf::ELFDATA2MSB => return Err(Error::BigEndian(name.into())),
-            d => return Err(malformed(name, format!("unknown ELF data encoding {d}"))),
-        }
+        check_ident(name, data)?;
         let fh = Fh::parse(data).map_err(|e| malformed(name, e))?;
         let e = LE;
-        let machine = fh.e_machine.get(e);
-        match machine {
-            elf::EM_X86_64 | elf::EM_AARCH64 => {}
-            m => return Err(Error::UnsupportedMachine(name.into(), m)),
-        }
         let e_type = fh.e_type.get(e);
         if e_type != elf::ET_EXEC && e_type != elf::ET_DYN {
             return Err(Error::UnsupportedType(name.into(), e_type));
         }
-        let raw_phdrs = fh
-            .program_headers(e, data)
-            .map_err(|e| malformed(name, e))?;
-        let phdrs: Vec<Phdr> = raw_phdrs
-            .iter()
-            .map(|p| Phdr {
-                p_type: p.p_type(e),
-                p_flags: p.p_flags(e),
-                offset: p.p_offset(e),
-                vaddr: p.p_vaddr(e),
-                paddr: p.p_paddr(e),
-                filesz: p.p_filesz(e),
-                memsz: p.p_memsz(e),
-                align: p.p_align(e),
-            })
-            .collect();
-        for p in &phdrs {
-            if p.p_type == elf::PT_LOAD
-                && p.offset
-                    .checked_add(p.filesz)
-                    .is_none_or(|end| end > data.len() as u64)
-            {
-                return Err(malformed(
-                    name,
-                    "a PT_LOAD segment extends past the end of the file",
-                ));
-            }
-        }
-        if !phdrs.iter().any(|p| p.p_type == elf::PT_LOAD) {
-            return Err(malformed(name, "no PT_LOAD segment"));
-        }
+        let phdrs = program_headers(name, fh, data)?;
         let sections_tab = fh.sections(e, data).map_err(|e| malformed(name, e))?;
-        let mut sections = Vec::new();
-        for s in sections_tab.iter() {
-            let sname = sections_tab
-                .section_name(e, s)
-                .map_err(|e| malformed(name, e))?;
-            let sec = Section {
-                name: String::from_utf8_lossy(sname).into_owned(),
-                sh_type: s.sh_type(e),
-                flags: s.sh_flags(e),
-                addr: s.sh_addr(e),
-                offset: s.sh_offset(e),
-                size: s.sh_size(e),
-            };
-            if sec.sh_type != elf::SHT_NOBITS
-                && sec.sh_type != elf::SHT_NULL
-                && sec
-                    .offset
-                    .checked_add(sec.size)
-                    .is_none_or(|end| end > data.len() as u64)
-            {
-                return Err(malformed(
-                    name,
-                    format!("section {} extends past the end of the file", sec.name),
-                ));
-            }
-            sections.push(sec);
-        }
+        let sections = sections(name, &sections_tab, data)?;
         if sections.iter().any(|s| s.name == META_SECTION) {
             return Err(Error::AlreadyRewritten(name.into(), META_SECTION));
         }
-
-        let has_interp = phdrs.iter().any(|p| p.p_type == elf::PT_INTERP);
-        let kind = if e_type == elf::ET_EXEC {
-            if has_interp {
-                Kind::Exec
-            } else {
-                Kind::StaticExec
-            }
-        } else if has_interp {
-            Kind::Pie
-        } else if dyn_flags_1(data, &sections_tab) & elf::DF_1_PIE != 0 {
-            Kind::StaticPie
-        } else {
-            Kind::SharedLib
-        };
-
-        // Function symbols: .symtab when present, else .dynsym.
-        let mut syms = sections_tab
-            .symbols(e, data, elf::SHT_SYMTAB)
-            .map_err(|e| malformed(name, e))?;
-        if syms.is_empty() {
-            syms = sections_tab
-                .symbols(e, data, elf::SHT_DYNSYM)
-                .map_err(|e| malformed(name, e))?;
-        }
-        let mut raw: Vec<(u64, u64, u8, String)> = Vec::new();
-        for sym in syms.iter() {
-            let st_type = sym.st_type();
-            if st_type != elf::STT_FUNC && st_type != elf::STT_GNU_IFUNC {
-                continue;
-            }
-            let shndx = sym.st_shndx(e);
-            if shndx == elf::SHN_UNDEF || shndx >= elf::SHN_LORESERVE {
-                continue;
-            }
-            let Some(sec) = sections.get(shndx as usize) else {
-                continue;
-            };
-            if sec.flags & u64::from(elf::SHF_EXECINSTR) == 0 {
-                continue;
-            }
-            let Ok(n) = syms.symbol_name(e, sym) else {
-                continue;
-            };
-            if n.is_empty() {
-                continue;
-            }
-            raw.push((
-                sym.st_value(e),
-                sym.st_size(e),
-                sym.st_bind(),
-                String::from_utf8_lossy(n).into_owned(),
-            ));
-        }
-        // Aliases share an address: best name first (global, then weak, then local; shorter).
-        raw.sort_by(|a, b| {
-            let rank = |bind: u8| match bind {
-                elf::STB_GLOBAL => 0,
-                elf::STB_WEAK => 1,
-                _ => 2,
-            };
-            (a.0, rank(a.2), a.3.len(), &a.3).cmp(&(b.0, rank(b.2), b.3.len(), &b.3))
-        });
-        let mut functions: Vec<Function> = Vec::new();
-        for (addr, size, _, n) in raw {
-            match functions.last_mut() {
-                Some(f) if f.addr == addr => {
-                    f.size = f.size.max(size);
-                    if !f.names.contains(&n) {
-                        f.names.push(n);
-                    }
-                }
-                _ => functions.push(Function {
-                    addr,
-                    size,
-                    names: vec![n],
-                }),
-            }
-        }
-
-        // Symbols without a size (hand-written assembly, crt files) extend to the next
-        // function or the end of their section.
-        for i in 0..functions.len() {
-            if functions[i].size != 0 {
-                continue;
-            }
-            let addr = functions[i].addr;
-            let sec_end = sections
-                .iter()
-                .filter(|s| {
-                    s.flags & u64::from(elf::SHF_EXECINSTR) != 0
-                        && s.addr <= addr
-                        && addr < s.addr + s.size
-                })
-                .map(|s| s.addr + s.size)
-                .next()
-                .unwrap_or(addr);
-            let next = functions
-                .get(i + 1)
-                .map_or(sec_end, |f| f.addr.min(sec_end));
-            functions[i].size = next.saturating_sub(addr);
-        }
-
+        let kind = kind_of(e_type, &phdrs, data, &sections_tab);
+        let functions = function_symbols(name, &sections_tab, data, &sections)?;
         let build_id = find_build_id(data, &sections);
         Ok(Input {
             name: name.into(),
             data,
-            machine,
+            machine: fh.e_machine.get(e),
             kind,
             entry: fh.e_entry.get(e),
             phdrs,
@@ -365,6 +189,213 @@ impl<'a> Input<'a> {
             s.flags & u64::from(elf::SHF_EXECINSTR) != 0 && s.sh_type == elf::SHT_PROGBITS
         })
     }
+}
+
+type SectionTable<'a> = object::read::elf::SectionTable<'a, Fh>;
+
+/// Magic, class and data encoding: each wrong one with its own message.
+fn check_ident(name: &str, data: &[u8]) -> Result<()> {
+    if data.len() < 4 || &data[..4] != b"\x7fELF" {
+        return Err(Error::NotElf(name.into()));
+    }
+    if data.len() < 64 {
+        return Err(malformed(name, "file is shorter than an ELF64 header"));
+    }
+    match data[4] {
+        elf::ELFCLASS64 => {}
+        elf::ELFCLASS32 => return Err(Error::Elf32(name.into())),
+        c => return Err(malformed(name, format!("unknown ELF class {c}"))),
+    }
+    match data[5] {
+        elf::ELFDATA2LSB => {}
+        elf::ELFDATA2MSB => return Err(Error::BigEndian(name.into())),
+        d => return Err(malformed(name, format!("unknown ELF data encoding {d}"))),
+    }
+    Ok(())
+}
+
+/// The program headers; every PT_LOAD inside the file, at least one.
+fn program_headers(name: &str, fh: &Fh, data: &[u8]) -> Result<Vec<Phdr>> {
+    let e = LE;
+    let raw_phdrs = fh
+        .program_headers(e, data)
+        .map_err(|e| malformed(name, e))?;
+    let phdrs: Vec<Phdr> = raw_phdrs
+        .iter()
+        .map(|p| Phdr {
+            p_type: p.p_type(e),
+            p_flags: p.p_flags(e),
+            offset: p.p_offset(e),
+            vaddr: p.p_vaddr(e),
+            paddr: p.p_paddr(e),
+            filesz: p.p_filesz(e),
+            memsz: p.p_memsz(e),
+            align: p.p_align(e),
+        })
+        .collect();
+    for p in &phdrs {
+        if p.p_type == elf::PT_LOAD
+            && p.offset
+                .checked_add(p.filesz)
+                .is_none_or(|end| end > data.len() as u64)
+        {
+            return Err(malformed(
+                name,
+                "a PT_LOAD segment extends past the end of the file",
+            ));
+        }
+    }
+    if !phdrs.iter().any(|p| p.p_type == elf::PT_LOAD) {
+        return Err(malformed(name, "no PT_LOAD segment"));
+    }
+    Ok(phdrs)
+}
+
+/// The section headers, each inside the file.
+fn sections(name: &str, sections_tab: &SectionTable, data: &[u8]) -> Result<Vec<Section>> {
+    let e = LE;
+    let mut sections = Vec::new();
+    for s in sections_tab.iter() {
+        let sname = sections_tab
+            .section_name(e, s)
+            .map_err(|e| malformed(name, e))?;
+        let sec = Section {
+            name: String::from_utf8_lossy(sname).into_owned(),
+            sh_type: s.sh_type(e),
+            flags: s.sh_flags(e),
+            addr: s.sh_addr(e),
+            offset: s.sh_offset(e),
+            size: s.sh_size(e),
+        };
+        if sec.sh_type != elf::SHT_NOBITS
+            && sec.sh_type != elf::SHT_NULL
+            && sec
+                .offset
+                .checked_add(sec.size)
+                .is_none_or(|end| end > data.len() as u64)
+        {
+            return Err(malformed(
+                name,
+                format!("section {} extends past the end of the file", sec.name),
+            ));
+        }
+        sections.push(sec);
+    }
+    Ok(sections)
+}
+
+fn kind_of(e_type: u16, phdrs: &[Phdr], data: &[u8], sections_tab: &SectionTable) -> Kind {
+    let has_interp = phdrs.iter().any(|p| p.p_type == elf::PT_INTERP);
+    if e_type == elf::ET_EXEC {
+        if has_interp {
+            Kind::Exec
+        } else {
+            Kind::StaticExec
+        }
+    } else if has_interp {
+        Kind::Pie
+    } else if dyn_flags_1(data, sections_tab) & elf::DF_1_PIE != 0 {
+        Kind::StaticPie
+    } else {
+        Kind::SharedLib
+    }
+}
+
+/// Function symbols, aliases merged, sizes filled in.
+fn function_symbols(
+    name: &str,
+    sections_tab: &SectionTable,
+    data: &[u8],
+    sections: &[Section],
+) -> Result<Vec<Function>> {
+    let e = LE;
+    // Function symbols: .symtab when present, else .dynsym.
+    let mut syms = sections_tab
+        .symbols(e, data, elf::SHT_SYMTAB)
+        .map_err(|e| malformed(name, e))?;
+    if syms.is_empty() {
+        syms = sections_tab
+            .symbols(e, data, elf::SHT_DYNSYM)
+            .map_err(|e| malformed(name, e))?;
+    }
+    let mut raw: Vec<(u64, u64, u8, String)> = Vec::new();
+    for sym in syms.iter() {
+        let st_type = sym.st_type();
+        if st_type != elf::STT_FUNC && st_type != elf::STT_GNU_IFUNC {
+            continue;
+        }
+        let shndx = sym.st_shndx(e);
+        if shndx == elf::SHN_UNDEF || shndx >= elf::SHN_LORESERVE {
+            continue;
+        }
+        let Some(sec) = sections.get(shndx as usize) else {
+            continue;
+        };
+        if sec.flags & u64::from(elf::SHF_EXECINSTR) == 0 {
+            continue;
+        }
+        let Ok(n) = syms.symbol_name(e, sym) else {
+            continue;
+        };
+        if n.is_empty() {
+            continue;
+        }
+        raw.push((
+            sym.st_value(e),
+            sym.st_size(e),
+            sym.st_bind(),
+            String::from_utf8_lossy(n).into_owned(),
+        ));
+    }
+    // Aliases share an address: best name first (global, then weak, then local; shorter).
+    raw.sort_by(|a, b| {
+        let rank = |bind: u8| match bind {
+            elf::STB_GLOBAL => 0,
+            elf::STB_WEAK => 1,
+            _ => 2,
+        };
+        (a.0, rank(a.2), a.3.len(), &a.3).cmp(&(b.0, rank(b.2), b.3.len(), &b.3))
+    });
+    let mut functions: Vec<Function> = Vec::new();
+    for (addr, size, _, n) in raw {
+        match functions.last_mut() {
+            Some(f) if f.addr == addr => {
+                f.size = f.size.max(size);
+                if !f.names.contains(&n) {
+                    f.names.push(n);
+                }
+            }
+            _ => functions.push(Function {
+                addr,
+                size,
+                names: vec![n],
+            }),
+        }
+    }
+
+    // Symbols without a size (hand-written assembly, crt files) extend to the next
+    // function or the end of their section.
+    for i in 0..functions.len() {
+        if functions[i].size != 0 {
+            continue;
+        }
+        let addr = functions[i].addr;
+        let sec_end = sections
+            .iter()
+            .filter(|s| {
+                s.flags & u64::from(elf::SHF_EXECINSTR) != 0
+                    && s.addr <= addr
+                    && addr < s.addr + s.size
+            })
+            .map(|s| s.addr + s.size)
+            .next()
+            .unwrap_or(addr);
+        let next = functions
+            .get(i + 1)
+            .map_or(sec_end, |f| f.addr.min(sec_end));
+        functions[i].size = next.saturating_sub(addr);
+    }
+    Ok(functions)
 }
 
 fn dyn_flags_1(data: &[u8], sections: &object::read::elf::SectionTable<'_, Fh>) -> u32 {

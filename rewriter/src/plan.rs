@@ -1,0 +1,213 @@
+//! Sites to patch decisions: each chosen function's site requests (by kind, in the order
+//! their stubs run), then the ISA's plan of which sites share an inline window and
+//! which fall back to uprobes (and why).
+
+use std::collections::HashMap;
+
+use crate::Options;
+use crate::elf::read::Input;
+use crate::error::{Error, Result};
+use crate::flow::Flow;
+use crate::isa::arg::{Arg, ArgError, parse_arg};
+use crate::isa::{FlowFacts, FunctionPlan, Isa, SiteReq};
+use crate::select::{Chosen, Selection};
+use tracer_common::meta::{FallbackReason, SiteKind};
+
+/// One site, by id: what the metadata and the report say of it.
+pub struct SiteInfo {
+    /// The function's name (USDT: `provider:name`).
+    pub name: String,
+    pub kind: SiteKind,
+    pub addr: u64,
+    /// USDT: the probe's argument count (at most 255).
+    pub nargs: u8,
+}
+
+/// Every site asked for.
+pub struct Sites {
+    /// The requests of each chosen function (same order), ids ascending.
+    pub reqs_of: Vec<Vec<SiteReq>>,
+    /// Every site, indexed by id.
+    pub info: Vec<SiteInfo>,
+    /// USDT semaphore addresses, sorted and deduplicated.
+    pub semaphores: Vec<u64>,
+}
+
+/// What every function's site search shares.
+struct Ctx<'a> {
+    input: &'a Input<'a>,
+    isa: &'a dyn Isa,
+    facts: FlowFacts<'a>,
+    fn_starts: &'a [u64],
+    probes: &'a [crate::select::usdt::Probe],
+    values: HashMap<SiteKind, Arg>,
+}
+
+/// Find the sites of every chosen function. `targets`: every known branch target.
+pub fn sites(
+    input: &Input,
+    isa: &dyn Isa,
+    flow: &Flow,
+    targets: &[u64],
+    sel: &Selection,
+    opts: &Options,
+) -> Result<Sites> {
+    let fn_starts: Vec<u64> = sel.functions.iter().map(|f| f.addr).collect();
+    let cx = Ctx {
+        input,
+        isa,
+        facts: FlowFacts {
+            targets,
+            tail_calls: &flow.tail_calls,
+        },
+        fn_starts: &fn_starts,
+        probes: &sel.probes,
+        values: values(input, opts)?,
+    };
+    let kinds = stub_order(&opts.kinds);
+    let mut sites = Sites {
+        reqs_of: Vec::with_capacity(sel.chosen.len()),
+        info: Vec::new(),
+        semaphores: Vec::new(),
+    };
+    let total = sel.chosen.len() as u64;
+    for (i, c) in sel.chosen.iter().enumerate() {
+        opts.progress.report("finding sites", i as u64, total);
+        let reqs = cx.function_sites(c, &kinds, &mut sites);
+        sites.reqs_of.push(reqs);
+    }
+    sites.semaphores.sort_unstable();
+    sites.semaphores.dedup();
+    Ok(sites)
+}
+
+/// Stubs at one instruction run in this order: entry, block, USDT, memory, call, exit.
+fn stub_order(kinds: &[SiteKind]) -> Vec<SiteKind> {
+    let mut kinds = kinds.to_vec();
+    kinds.sort_by_key(|k| match k {
+        SiteKind::FunctionEntry => 0,
+        SiteKind::Block => 1,
+        SiteKind::Usdt => 2,
+        SiteKind::Memory => 3,
+        SiteKind::Call => 4,
+        SiteKind::FunctionExit => 5,
+    });
+    kinds.dedup();
+    kinds
+}
+
+/// The chosen record values (`--value`, `[values]`), parsed for this binary's ISA.
+fn values(input: &Input, opts: &Options) -> Result<HashMap<SiteKind, Arg>> {
+    let mut values = HashMap::new();
+    for (kind, text) in &opts.values {
+        let arg = parse_arg(text, input.machine, 0, &|s| {
+            Err(ArgError::UnknownSymbol(s.to_string()))
+        })
+        .map_err(|e| {
+            Error::Spec(
+                input.name.clone(),
+                format!("value of {} records {text:?}: {e}", kind.name()),
+            )
+        })?;
+        values.insert(*kind, arg);
+    }
+    Ok(values)
+}
+
+impl Ctx<'_> {
+    /// The requests of one function, numbered on from `sites.info`.
+    fn function_sites(&self, c: &Chosen, kinds: &[SiteKind], sites: &mut Sites) -> Vec<SiteReq> {
+        let f = &c.f;
+        let mut reqs = Vec::new();
+        let mut add = |kind, addr, label: &str, args: Vec<Arg>| {
+            let nargs = if kind == SiteKind::Usdt {
+                args.len().min(255) as u8
+            } else {
+                0
+            };
+            reqs.push(SiteReq {
+                id: sites.info.len() as u32,
+                kind,
+                addr,
+                args,
+            });
+            sites.info.push(SiteInfo {
+                name: label.to_string(),
+                kind,
+                addr,
+                nargs,
+            });
+        };
+        let in_f = |pc: u64| (f.addr..f.addr + f.size).contains(&pc);
+        for &kind in kinds {
+            if kind == SiteKind::Usdt {
+                for p in self.probes.iter().filter(|p| in_f(p.pc)) {
+                    add(
+                        kind,
+                        p.pc,
+                        &format!("{}:{}", p.provider, p.name),
+                        p.args.clone(),
+                    );
+                    sites.semaphores.extend(p.semaphore);
+                }
+                continue;
+            }
+            if !c.selected {
+                continue; // planned only for its USDT probes
+            }
+            if matches!(kind, SiteKind::FunctionEntry | SiteKind::FunctionExit) && !c.callable {
+                continue;
+            }
+            let value: Vec<Arg> = self.values.get(&kind).cloned().into_iter().collect();
+            let of =
+                crate::isa::sites_of(self.isa, self.input, f, kind, self.fn_starts, &self.facts);
+            for addr in of {
+                add(kind, addr, &c.name, value.clone());
+            }
+        }
+        reqs
+    }
+}
+
+/// Plan every chosen function: windows for inline stubs, uprobes for the rest.
+/// `eh_problem`: why the exception tables could not be read (then no function's
+/// interior is trusted).
+#[allow(clippy::too_many_arguments)]
+pub fn plan(
+    input: &Input,
+    isa: &dyn Isa,
+    flow: &Flow,
+    eh_problem: Option<&str>,
+    targets: &[u64],
+    sel: &Selection,
+    sites: &Sites,
+    opts: &Options,
+) -> Vec<FunctionPlan> {
+    let total = sel.chosen.len() as u64;
+    sel.chosen
+        .iter()
+        .zip(&sites.reqs_of)
+        .enumerate()
+        .map(|(i, (c, reqs))| {
+            opts.progress.report("planning", i as u64, total);
+            if opts.force_uprobe {
+                return FunctionPlan::all_uprobes(reqs, FallbackReason::Forced);
+            }
+            let unsure = eh_problem
+                .map(|e| FallbackReason::ExceptionTables(e.to_string()))
+                .or_else(|| unresolved_jump(flow, c.f.addr, c.f.addr + c.f.size));
+            isa.plan_function(input, &c.f, reqs, targets, unsure.as_ref())
+        })
+        .collect()
+}
+
+/// Why `[start, end)` may have branch targets flow recovery missed: an indirect jump in
+/// it that is not explained as a jump table.
+fn unresolved_jump(flow: &Flow, start: u64, end: u64) -> Option<FallbackReason> {
+    let jumps = &flow.unresolved_indirect_jumps;
+    let lo = jumps.partition_point(|&a| a < start);
+    jumps
+        .get(lo)
+        .filter(|&&a| a < end)
+        .map(|&at| FallbackReason::UnresolvedJump { at })
+}
