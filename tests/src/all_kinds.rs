@@ -8,8 +8,8 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use tracer_common::{FLAG_INTERPOLATED, FLAG_UPROBE};
 use tracer_common::meta::{Metadata, Site, SiteMode};
+use tracer_common::{FLAG_INTERPOLATED, FLAG_UPROBE};
 
 use crate::checks::{by_tid, check_times_monotonic};
 use crate::command::Out;

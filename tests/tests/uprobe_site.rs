@@ -150,3 +150,66 @@ fn uprobe_site_only_selected_functions() {
 fn uprobe_site_all_functions() {
     check(&[], "uprobe-all");
 }
+
+/// The report names each uprobe site with the reason `rewriter -v` gave for it and the
+/// records it delivered (fx_spin: called 2000 times, the kernel-uprobe oracle above).
+#[test]
+fn uprobe_site_reason_in_report() {
+    let tmp = TempDir::new("uprobe-reason");
+    let orig = tmp.join("uprobe_site");
+    compile("gcc", &[fixture("uprobe_site.c")], &["-O2", "-g"], &orig);
+    let traced = tmp.join("uprobe_site.traced");
+    let v = rewriter(&[
+        orig.as_os_str(),
+        "-o".as_ref(),
+        traced.as_os_str(),
+        "--functions".as_ref(),
+        "fx_spin".as_ref(),
+        "--functions".as_ref(),
+        "fx_inline".as_ref(),
+        "-v".as_ref(),
+    ])
+    .ok();
+    let prefix = "  uprobe site fx_spin (entry at ";
+    let line = v
+        .stdout_str()
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("rewriter -v names no uprobe site fx_spin: {}", v.describe()));
+    let why = line.split_once("): ").map(|(_, w)| w.to_string()).unwrap();
+    let trace = tmp.join("uprobe_site.utrace");
+    let r = tracer_record(&trace, &traced, &[], &[]);
+    assert_eq!(r.status(), 0, "under tracer record: {}", r.describe());
+    let json = report_json(&trace);
+    let sites = json["uprobe_sites"].as_array().expect("uprobe_sites");
+    let got: Vec<(&str, &str, &str, u64)> = sites
+        .iter()
+        .map(|s| {
+            (
+                s["function"].as_str().unwrap(),
+                s["kind"].as_str().unwrap(),
+                s["reason"].as_str().unwrap(),
+                s["records"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![("fx_spin", "entry", why.as_str(), 2000)],
+        "{line}"
+    );
+    let text = run(
+        Command::new(tracer_bin()).arg("report").arg(&trace),
+        TRACE_TIMEOUT,
+    )
+    .ok();
+    let shown = "2000  fx_spin (entry, uprobe_site.traced site ";
+    assert!(
+        text.stdout_str()
+            .lines()
+            .any(|l| l.contains(shown) && l.ends_with(&why)),
+        "the text report names the site and its reason: {}",
+        text.describe()
+    );
+}

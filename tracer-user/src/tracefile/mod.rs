@@ -205,7 +205,9 @@ fn u64_at(b: &[u8], o: usize) -> u64 {
 
 /// Decode a `ChunkHeader` from the start of `b` (at least 48 bytes).
 pub fn chunk_header(b: &[u8]) -> Option<ChunkHeader> {
-    Some(ChunkHeader::from_bytes(b.get(..CHUNK_HEADER_LEN)?.try_into().ok()?))
+    Some(ChunkHeader::from_bytes(
+        b.get(..CHUNK_HEADER_LEN)?.try_into().ok()?,
+    ))
 }
 
 #[cfg(test)]

@@ -9,7 +9,10 @@ use std::{
 
 use anyhow::Result;
 use serde::Serialize;
-use tracer_common::{FLAG_UPROBE, FLAG_USDT_MORE, Record};
+use tracer_common::{
+    FLAG_UPROBE, FLAG_USDT_MORE, Record,
+    meta::{FallbackReason, Metadata, SiteMode},
+};
 
 use crate::{
     debuginfo::DebugSource,
@@ -19,7 +22,7 @@ use crate::{
         names::{Names, kind_is_call_edge},
         symbols::{Frame, describe},
     },
-    tracefile::{FinalStats, Reader, Section, SessionInfo},
+    tracefile::{BinaryInfo, FinalStats, Reader, Section, SessionInfo},
 };
 
 #[derive(Serialize)]
@@ -73,6 +76,20 @@ pub struct BinarySummary {
     pub debug: Option<DebugSource>,
 }
 
+/// A site the rewriter could not patch inline: the tracer attached a uprobe there.
+#[derive(Serialize)]
+pub struct UprobeSite {
+    pub binary: String,
+    pub site: u32,
+    /// The site's function (a USDT site: its probe), demangled.
+    pub function: String,
+    pub kind: String,
+    /// Why it is not inline, as `rewriter -v` says it.
+    pub reason: String,
+    /// Records it delivered: each one was a kernel trap.
+    pub records: u64,
+}
+
 /// `calls` of the report.
 #[derive(Serialize, Default)]
 pub struct CallTimes {
@@ -116,6 +133,8 @@ pub struct Summary {
     pub calls: CallTimes,
     pub threads: Vec<ThreadCount>,
     pub binaries: Vec<BinarySummary>,
+    /// Every uprobe site, most records first.
+    pub uprobe_sites: Vec<UprobeSite>,
     pub books: Books,
     pub time_modes: Vec<BinaryTime>,
     /// `--last N`: each thread's last records, newest first.
@@ -261,6 +280,8 @@ struct Counts {
     threads: HashMap<(u32, u32), u64>,
     comms: HashMap<(u32, u32), String>,
     binaries: Vec<BinarySummary>,
+    /// (binary id, site id, fallback reason) of every uprobe site.
+    uprobe_sites: Vec<(u64, u32, FallbackReason)>,
     records: u64,
     inline: u64,
     uprobe: u64,
@@ -277,6 +298,7 @@ impl Counts {
                 Section::Session(s) => c.session = Some(s),
                 Section::Binary(b) => {
                     names.add(&b);
+                    c.uprobe_sites.extend(uprobe_sites_of(&b));
                     c.binaries.push(BinarySummary {
                         path: b.path.clone(),
                         binary_id: b.binary_id,
@@ -328,6 +350,46 @@ impl Counts {
         }
         *self.threads.entry((h.pid, h.tid)).or_default() += n;
     }
+}
+
+/// The uprobe sites of a binary with their fallback reasons (`Unknown` where the
+/// metadata predates them).
+fn uprobe_sites_of(b: &BinaryInfo) -> Vec<(u64, u32, FallbackReason)> {
+    let Ok(meta) = b.metadata() else {
+        return Vec::new();
+    };
+    let mut reasons: HashMap<u32, FallbackReason> = Metadata::reasons_from_note_section(&b.note)
+        .and_then(Result::ok)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| (r.site, r.reason))
+        .collect();
+    meta.sites
+        .iter()
+        .filter(|s| s.mode == SiteMode::Uprobe)
+        .map(|s| {
+            let why = reasons.remove(&s.id).unwrap_or(FallbackReason::Unknown);
+            (b.binary_id, s.id, why)
+        })
+        .collect()
+}
+
+/// Every uprobe site with what it delivered, most records first.
+fn uprobe_sites(c: &Counts, names: &Names) -> Vec<UprobeSite> {
+    let mut sites: Vec<UprobeSite> = c
+        .uprobe_sites
+        .iter()
+        .map(|(bin, site, why)| UprobeSite {
+            binary: names.binary(*bin).to_string(),
+            site: *site,
+            function: names.symbol(*bin, *site).to_string(),
+            kind: names.kind(*bin, *site).to_string(),
+            reason: why.to_string(),
+            records: c.functions.get(&(*bin, *site)).copied().unwrap_or(0),
+        })
+        .collect();
+    sites.sort_by(|a, b| (b.records, &a.binary, a.site).cmp(&(a.records, &b.binary, b.site)));
+    sites
 }
 
 /// Records per site, most first.
@@ -466,6 +528,7 @@ fn summarize(
     let functions = function_counts(&c.functions, names);
     let threads = thread_counts(&c);
     let last = last_records(&c.recent, names);
+    let uprobe_sites = uprobe_sites(&c, names);
     for b in &mut c.binaries {
         b.debug = names.debug_source(b.binary_id);
     }
@@ -482,6 +545,7 @@ fn summarize(
         calls: CallTimes::default(),
         threads,
         binaries: c.binaries,
+        uprobe_sites,
         books: books(&st),
         last,
         time_modes: names

@@ -9,6 +9,7 @@ use crate::{
     read::{calls::FunctionTime, names::kind_is_call_edge, symbols::describe},
     views::model::{
         BinarySummary, Books, CallTimes, FunctionCount, LastRecords, Report, ThreadCount,
+        UprobeSite,
     },
 };
 
@@ -51,6 +52,7 @@ fn write_header(out: &mut impl Write, path: &Path, r: &Report) -> Result<()> {
     }
     write_books(out, &s.books)?;
     write_binaries(out, &s.binaries)?;
+    write_uprobe_sites(out, &s.uprobe_sites)?;
     for t in &s.time_modes {
         let how = match t.time_mode.as_str() {
             "coarse" => "coarse (no clock in the stubs; times interpolated between drains)",
@@ -107,6 +109,36 @@ fn write_binaries(out: &mut impl Write, binaries: &[BinarySummary]) -> Result<()
             } else {
                 &bin.build_id
             }
+        )?;
+    }
+    Ok(())
+}
+
+/// Uprobe sites shown by name: the hottest ones cost a kernel trap per record.
+const UPROBE_SITES_SHOWN: usize = 10;
+
+fn write_uprobe_sites(out: &mut impl Write, sites: &[UprobeSite]) -> Result<()> {
+    if sites.is_empty() {
+        return Ok(());
+    }
+    let records: u64 = sites.iter().map(|s| s.records).sum();
+    writeln!(
+        out,
+        "uprobe sites: {} (not patchable inline), {records} records through them",
+        sites.len()
+    )?;
+    for s in sites.iter().take(UPROBE_SITES_SHOWN) {
+        writeln!(
+            out,
+            "  {:>10}  {} ({}, {} site {}): {}",
+            s.records, s.function, s.kind, s.binary, s.site, s.reason
+        )?;
+    }
+    if sites.len() > UPROBE_SITES_SHOWN {
+        writeln!(
+            out,
+            "  ... {} more (--json lists all)",
+            sites.len() - UPROBE_SITES_SHOWN
         )?;
     }
     Ok(())
