@@ -77,6 +77,19 @@ fn locate<'a>(input: &Input<'a>) -> Result<Option<(u64, &'a [u8])>, FlowError> {
     Ok(Some((addr, bytes)))
 }
 
+/// Where `.eh_frame` pointer encodings are relative to: the section itself, `.text`,
+/// `.got`.
+fn bases(input: &Input, eh_addr: u64) -> BaseAddresses {
+    let mut bases = BaseAddresses::default().set_eh_frame(eh_addr);
+    if let Some(t) = input.sections.iter().find(|s| s.name == ".text") {
+        bases = bases.set_text(t.addr);
+    }
+    if let Some(g) = input.sections.iter().find(|s| s.name == ".got") {
+        bases = bases.set_got(g.addr);
+    }
+    bases
+}
+
 pub(crate) fn read(input: &Input) -> Result<Eh, FlowError> {
     let mut eh = Eh {
         fdes: Vec::new(),
@@ -93,13 +106,7 @@ pub(crate) fn read(input: &Input) -> Result<Eh, FlowError> {
         file: input.name.clone(),
         what,
     };
-    let mut bases = BaseAddresses::default().set_eh_frame(eh_addr);
-    if let Some(t) = input.sections.iter().find(|s| s.name == ".text") {
-        bases = bases.set_text(t.addr);
-    }
-    if let Some(g) = input.sections.iter().find(|s| s.name == ".got") {
-        bases = bases.set_got(g.addr);
-    }
+    let bases = bases(input, eh_addr);
     let section = EhFrame::new(bytes, LittleEndian);
     // Most FDEs share a handful of CIEs: parse each once.
     let mut cies: HashMap<usize, CommonInformationEntry<Slice>> = HashMap::new();
@@ -183,13 +190,7 @@ pub(crate) fn at_entry_height(
     let Ok(Some((eh_addr, bytes))) = locate(input) else {
         return out;
     };
-    let mut bases = BaseAddresses::default().set_eh_frame(eh_addr);
-    if let Some(t) = input.sections.iter().find(|s| s.name == ".text") {
-        bases = bases.set_text(t.addr);
-    }
-    if let Some(g) = input.sections.iter().find(|s| s.name == ".got") {
-        bases = bases.set_got(g.addr);
-    }
+    let bases = bases(input, eh_addr);
     let section = EhFrame::new(bytes, LittleEndian);
     let mut ctx = Box::new(UnwindContext::new());
     for (o, &addr) in out.iter_mut().zip(addrs) {
