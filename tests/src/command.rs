@@ -2,7 +2,7 @@
 //! a finished command in a failure message.
 
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -93,6 +93,19 @@ pub fn run(c: &mut Command, timeout: Duration) -> Out {
     out
 }
 
+/// Start `c` in its own process group (a timeout kills the whole group), stdin closed,
+/// stdout and stderr piped.
+pub fn spawn_piped(c: &mut Command) -> Child {
+    use std::os::unix::process::CommandExt;
+    let line = cmdline(c);
+    c.process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {line}: {e}"))
+}
+
 /// Like [`run`], but hands stdout to `on_line` line by line (each with its '\n')
 /// instead of storing it.
 pub fn run_streaming(
@@ -100,15 +113,8 @@ pub fn run_streaming(
     timeout: Duration,
     mut on_line: impl FnMut(&[u8]) + Send,
 ) -> Out {
-    use std::os::unix::process::CommandExt;
     let line = cmdline(c);
-    let mut child = c
-        .process_group(0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {line}: {e}"));
+    let mut child = spawn_piped(c);
     let pid = child.id();
     let mut so = child.stdout.take().unwrap();
     let mut se = child.stderr.take().unwrap();

@@ -13,9 +13,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -101,13 +101,7 @@ impl Session {
             .arg(prog)
             .args(args);
         let cmdline = cmdline(&c);
-        let mut child = c
-            .process_group(0)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {cmdline}: {e}"));
+        let mut child = spawn_piped(&mut c);
         let stdout = Arc::new(Mutex::new(Vec::new()));
         let mut so = child.stdout.take().unwrap();
         let buf = stdout.clone();
