@@ -34,6 +34,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "bzip2",
     // tests/tests/tracer_kill.rs: what a killed tracer left in the kernel.
     "bpftool",
+    // `cargo xtask bench --only real`: the peer it is measured against.
+    "uftrace",
 ];
 
 /// The Rust target of the aarch64 tracer run in the arm64 VM (linked with rust-lld).

@@ -27,7 +27,12 @@
 //! `flamegraph` of a trace of `--readers-records` records: time, records/s, peak memory
 //! (`--no-readers`: skip it).
 //!
-//! `--only events|drain|readers|large` runs one section alone.
+//! Then a real program (`real/`): the sqlite3 CLI with every function's entry and exit
+//! traced, end to end under `tracer record`, side by side with uftrace in one run (wall,
+//! slowdown, records, lost, bytes per record, the tracer's own CPU; `--real-rows`,
+//! `--no-real`).
+//!
+//! `--only events|drain|readers|real|large` runs one section alone.
 
 mod aarch64_smoke;
 mod drain;
@@ -35,6 +40,7 @@ mod events;
 mod large;
 mod measure;
 mod readers;
+mod real;
 mod table;
 mod usdt;
 mod workload;
@@ -68,7 +74,7 @@ pub struct Args {
     #[arg(long)]
     large_trace: bool,
     /// Run only this section.
-    #[arg(long, value_enum, conflicts_with_all = ["large_only", "no_large", "no_drain", "no_readers"])]
+    #[arg(long, value_enum, conflicts_with_all = ["large_only", "no_large", "no_drain", "no_readers", "no_real"])]
     only: Option<Section>,
     /// Skip the drain-throughput section.
     #[arg(long)]
@@ -80,6 +86,12 @@ pub struct Args {
     /// Skip the readers section.
     #[arg(long)]
     no_readers: bool,
+    /// Single-row INSERTs of the real-program section's sqlite workload.
+    #[arg(long, default_value_t = 200_000)]
+    real_rows: u64,
+    /// Skip the real-program section.
+    #[arg(long)]
+    no_real: bool,
     /// Records of the trace the readers section reads.
     #[arg(long, default_value_t = 30_000_000)]
     readers_records: u64,
@@ -100,6 +112,8 @@ enum Section {
     Readers,
     /// The large binary (librustc_driver).
     Large,
+    /// A real program (sqlite3) with every function traced, side by side with uftrace.
+    Real,
 }
 
 /// `cargo xtask bench`: build, then the sections `args` selects, in order.
@@ -113,6 +127,7 @@ pub fn bench(args: &Args) -> Result<()> {
             Section::Drain => !args.large_only && !args.no_drain,
             Section::Readers => !args.large_only && !args.no_readers,
             Section::Large => !args.no_large,
+            Section::Real => !args.large_only && !args.no_real,
         },
     };
     if run(Section::Events) {
@@ -126,6 +141,9 @@ pub fn bench(args: &Args) -> Result<()> {
     }
     if run(Section::Readers) {
         readers::readers(args.readers_records)?;
+    }
+    if run(Section::Real) {
+        real::real(args.real_rows)?;
     }
     if run(Section::Large) {
         large::large_binary(args)?;
