@@ -82,14 +82,15 @@ fn write(
     opts: &Options,
 ) -> Result<(Vec<u8>, Report)> {
     let tx_size = (seg.code_at - seg.tx_vaddr) + code.code.len() as u64;
+    let rw_size = tracer_common::rw_size(opts.buf_kind, opts.nslots, seg.layout.buf_bytes);
+    // The site table's own errors come first, as they always did.
+    let metadata = code.metadata(input, isa, seg, sites, opts, (tx_size, rw_size))?;
     if seg.tx_vaddr + tx_size > seg.layout.rw_vaddr {
         return Err(Error::Layout(
             input.name.clone(),
             "trampolines larger than planned".into(),
         ));
     }
-    let rw_size = tracer_common::rw_size(opts.buf_kind, opts.nslots, seg.layout.buf_bytes);
-    let metadata = code.metadata(input, isa, seg, sites, opts, (tx_size, rw_size))?;
     code.reasons.sort_by_key(|r| r.site);
     let note = metadata.to_note_with(&code.reasons);
     let rw_header = emit::rw_header(seg);

@@ -33,16 +33,6 @@ pub struct Books {
 }
 
 impl Books {
-    /// The record counters out of the `STATS` sums (indexed by `STAT_*`).
-    pub const fn from_stats(sums: &[u64; STAT_COUNT as usize]) -> Self {
-        Books {
-            produced: sums[STAT_RECORDS_PRODUCED as usize],
-            delivered: sums[STAT_RECORDS_DELIVERED as usize],
-            filtered: sums[STAT_RECORDS_FILTERED as usize],
-            dropped: sums[STAT_RECORDS_DROPPED as usize],
-        }
-    }
-
     /// The books rule: produced = delivered + filtered + dropped.
     pub const fn balanced(&self) -> bool {
         match self.delivered.checked_add(self.filtered) {
@@ -61,12 +51,12 @@ mod tests {
 
     #[test]
     fn balanced_books() {
-        let mut sums = [0u64; STAT_COUNT as usize];
-        sums[STAT_RECORDS_PRODUCED as usize] = 10;
-        sums[STAT_RECORDS_DELIVERED as usize] = 6;
-        sums[STAT_RECORDS_FILTERED as usize] = 3;
-        sums[STAT_RECORDS_DROPPED as usize] = 1;
-        let books = Books::from_stats(&sums);
+        let books = Books {
+            produced: 10,
+            delivered: 6,
+            filtered: 3,
+            dropped: 1,
+        };
         assert!(books.balanced());
         assert!(
             !Books {

@@ -105,9 +105,6 @@ pub const GLOBAL_FORK_CHILD_PID_OFF: &str = "FORK_CHILD_PID_OFF";
 /// Global (u32): offset of `group_dead` in the `sched_process_exit` record (0 = absent).
 pub const GLOBAL_EXIT_GROUP_DEAD_OFF: &str = "EXIT_GROUP_DEAD_OFF";
 
-/// The counter of flushes whose RW area found no room (its old path; see `books`).
-pub use crate::books::STAT_TABLE_FULL;
-
 /// Uprobe-site record selector: value = first argument, aux = return address (a
 /// function entry).
 pub const SEL_ENTRY: u8 = 0;

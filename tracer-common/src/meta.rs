@@ -43,6 +43,7 @@
 use std::fmt;
 
 use crate::operand::{MAX_OPERANDS, Operand, OperandSet};
+use crate::record::{le_u32, le_u64};
 
 pub const META_SECTION: &str = ".note.utrace";
 pub const META_NOTE_NAME: &[u8] = b"UTRACE";
@@ -367,17 +368,17 @@ fn parse_reasons(b: &[u8], at: usize) -> Result<Vec<SiteReason>, MetaError> {
         return Ok(Vec::new());
     }
     let short = MetaError::Truncated("reasons");
-    let n = rd_u32(b.get(at..at + 4).ok_or(short.clone())?, 0) as usize;
+    let n = le_u32(b.get(at..at + 4).ok_or(short.clone())?, 0) as usize;
     let mut o = at + 4;
     let mut out = Vec::with_capacity(n.min(b.len() / 20));
     for _ in 0..n {
         let head = b.get(o..o + 20).ok_or(short.clone())?;
-        let len = rd_u32(head, 16) as usize;
+        let len = le_u32(head, 16) as usize;
         let text = b.get(o + 20..o + 20 + len).ok_or(short.clone())?;
         let text = String::from_utf8_lossy(text);
         out.push(SiteReason {
-            site: rd_u32(head, 0),
-            reason: FallbackReason::from_parts(rd_u32(head, 4), rd_u64(head, 8), &text),
+            site: le_u32(head, 0),
+            reason: FallbackReason::from_parts(le_u32(head, 4), le_u64(head, 8), &text),
         });
         o = (o + 20 + len).div_ceil(4) * 4;
     }
@@ -424,20 +425,13 @@ impl SiteMode {
     }
 }
 
-fn rd_u32(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
-}
-fn rd_u64(b: &[u8], o: usize) -> u64 {
-    u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
-}
-
 /// The operand table at `at` (see the module docs); none when the descriptor ends there.
 fn parse_operands(b: &[u8], at: usize) -> Result<(Vec<SiteOperands>, usize), MetaError> {
     if b.len() <= at {
         return Ok((Vec::new(), at));
     }
     let short = MetaError::Truncated("operands");
-    let n = rd_u32(b.get(at..at + 4).ok_or(short.clone())?, 0) as usize;
+    let n = le_u32(b.get(at..at + 4).ok_or(short.clone())?, 0) as usize;
     let mut o = at + 4;
     let mut out = Vec::with_capacity(n.min(b.len() / 12));
     for i in 0..n {
@@ -448,7 +442,7 @@ fn parse_operands(b: &[u8], at: usize) -> Result<(Vec<SiteOperands>, usize), Met
         }
         let mut set = OperandSet {
             count,
-            flags: rd_u32(head, 4),
+            flags: le_u32(head, 4),
             ..Default::default()
         };
         o += 12;
@@ -462,12 +456,12 @@ fn parse_operands(b: &[u8], at: usize) -> Result<(Vec<SiteOperands>, usize), Met
                 size: e[4],
                 flags: e[5],
                 _pad: [0; 2],
-                disp: rd_u64(e, 8) as i64,
+                disp: le_u64(e, 8) as i64,
             };
             o += 16;
         }
         out.push(SiteOperands {
-            site: rd_u32(head, 0),
+            site: le_u32(head, 0),
             set,
         });
     }
@@ -591,11 +585,11 @@ impl Metadata {
         if b.len() < HEADER_LEN {
             return Err(MetaError::Truncated("header"));
         }
-        let total = (rd_u32(b, 24) as usize)
+        let total = (le_u32(b, 24) as usize)
             .checked_mul(SITE_LEN)
-            .and_then(|n| n.checked_add(HEADER_LEN + rd_u32(b, 28) as usize))
+            .and_then(|n| n.checked_add(HEADER_LEN + le_u32(b, 28) as usize))
             .ok_or(MetaError::Truncated("strtab"))?;
-        (rd_u32(b, 148) as usize)
+        (le_u32(b, 148) as usize)
             .checked_mul(16)
             .and_then(|n| n.checked_add(total.div_ceil(4) * 4))
             .ok_or(MetaError::Truncated("semaphores"))
@@ -609,16 +603,16 @@ impl Metadata {
         if b[..8] != META_MAGIC {
             return Err(MetaError::BadMagic);
         }
-        let version = rd_u32(b, 8);
+        let version = le_u32(b, 8);
         if version != META_VERSION {
             return Err(MetaError::UnsupportedVersion(version));
         }
         if b.len() < HEADER_LEN {
             return Err(MetaError::Truncated("header"));
         }
-        let nsites = rd_u32(b, 24) as usize;
-        let strtab_len = rd_u32(b, 28) as usize;
-        let bid_len = (rd_u32(b, 32) as usize).min(32);
+        let nsites = le_u32(b, 24) as usize;
+        let strtab_len = le_u32(b, 28) as usize;
+        let bid_len = (le_u32(b, 32) as usize).min(32);
         let sites_end = nsites
             .checked_mul(SITE_LEN)
             .and_then(|n| n.checked_add(HEADER_LEN))
@@ -633,21 +627,21 @@ impl Metadata {
         let mut sites = Vec::with_capacity(nsites);
         for i in 0..nsites {
             let o = HEADER_LEN + i * SITE_LEN;
-            let name_off = rd_u32(b, o + 20) as usize;
+            let name_off = le_u32(b, o + 20) as usize;
             let bad = || MetaError::BadSite(i as u32);
             let name_bytes = strtab.get(name_off..).ok_or_else(bad)?;
             let end = name_bytes.iter().position(|&c| c == 0).ok_or_else(bad)?;
             sites.push(Site {
-                vaddr: rd_u64(b, o),
-                file_off: rd_u64(b, o + 8),
-                id: rd_u32(b, o + 16),
+                vaddr: le_u64(b, o),
+                file_off: le_u64(b, o + 8),
+                id: le_u32(b, o + 16),
                 name: String::from_utf8_lossy(&name_bytes[..end]).into_owned(),
                 kind: SiteKind::from_u8(b[o + 24]).ok_or_else(bad)?,
                 mode: SiteMode::from_u8(b[o + 25]).ok_or_else(bad)?,
                 nargs: b[o + 26],
             });
         }
-        let nsem = rd_u32(b, 148) as usize;
+        let nsem = le_u32(b, 148) as usize;
         let sem_at = total.div_ceil(4) * 4;
         let sem_end = nsem
             .checked_mul(16)
@@ -658,29 +652,29 @@ impl Metadata {
         }
         let semaphores = (0..nsem)
             .map(|i| Semaphore {
-                anchor_file_off: rd_u64(b, sem_at + 16 * i),
-                semaphore_file_off: rd_u64(b, sem_at + 16 * i + 8),
+                anchor_file_off: le_u64(b, sem_at + 16 * i),
+                semaphore_file_off: le_u64(b, sem_at + 16 * i + 8),
             })
             .collect();
         let (operands, _) = parse_operands(b, sem_end)?;
         Ok(Metadata {
-            arch: rd_u32(b, 12),
-            record_version: rd_u32(b, 16),
-            record_size: rd_u32(b, 20),
+            arch: le_u32(b, 12),
+            record_version: le_u32(b, 16),
+            record_size: le_u32(b, 20),
             build_id: b[36..36 + bid_len].to_vec(),
-            nslots: rd_u32(b, 68),
-            buf_records: rd_u32(b, 72),
-            flags: rd_u32(b, 76),
-            binary_id: rd_u64(b, 80),
-            flush_vaddr: rd_u64(b, 88),
-            flush_file_off: rd_u64(b, 96),
-            rw_vaddr: rd_u64(b, 104),
-            rw_size: rd_u64(b, 112),
-            text_vaddr: rd_u64(b, 120),
-            text_size: rd_u64(b, 128),
-            original_size: rd_u64(b, 136),
-            time_mode: TimeMode::from_u32(rd_u32(b, 144))
-                .ok_or(MetaError::BadTimeMode(rd_u32(b, 144)))?,
+            nslots: le_u32(b, 68),
+            buf_records: le_u32(b, 72),
+            flags: le_u32(b, 76),
+            binary_id: le_u64(b, 80),
+            flush_vaddr: le_u64(b, 88),
+            flush_file_off: le_u64(b, 96),
+            rw_vaddr: le_u64(b, 104),
+            rw_size: le_u64(b, 112),
+            text_vaddr: le_u64(b, 120),
+            text_size: le_u64(b, 128),
+            original_size: le_u64(b, 136),
+            time_mode: TimeMode::from_u32(le_u32(b, 144))
+                .ok_or(MetaError::BadTimeMode(le_u32(b, 144)))?,
             sites,
             semaphores,
             operands,
@@ -729,9 +723,9 @@ impl Metadata {
 fn note_desc(data: &[u8]) -> Option<&[u8]> {
     let mut o = 0usize;
     while o + 12 <= data.len() {
-        let namesz = rd_u32(data, o) as usize;
-        let descsz = rd_u32(data, o + 4) as usize;
-        let ty = rd_u32(data, o + 8);
+        let namesz = le_u32(data, o) as usize;
+        let descsz = le_u32(data, o + 4) as usize;
+        let ty = le_u32(data, o + 8);
         let name_start = o + 12;
         let desc_start = name_start + namesz.div_ceil(4) * 4;
         let next = desc_start + descsz.div_ceil(4) * 4;

@@ -41,8 +41,6 @@ pub const E_BAD_SPAN: i64 = -2000;
 /// `drain` error: the user buffer could not be read (the helper's error is lost).
 pub const E_READ: i64 = -2001;
 
-const HDR: usize = CHUNK_HEADER_BYTES;
-
 /// State shared with the bpf_loop callback (lives on the caller's stack).
 #[repr(C)]
 struct DrainCtx {
@@ -242,7 +240,8 @@ fn read_records<const S: bool>(dst: *mut u8, len: u32, src: u64) -> bool {
 fn emit<const S: bool, const RECORDS: usize>(c: &DrainCtx, src: u64, count: u64) -> Emit {
     // Taken before the reservation: a chunk lost to a full ring buffer leaves a gap.
     let seq = next_seq();
-    let Some(mut entry) = EVENTS.reserve_bytes(HDR + RECORDS * RECORD_SIZE, 0) else {
+    let Some(mut entry) = EVENTS.reserve_bytes(CHUNK_HEADER_BYTES + RECORDS * RECORD_SIZE, 0)
+    else {
         return Emit::Done {
             kept: 0,
             lost: count,
@@ -250,11 +249,11 @@ fn emit<const S: bool, const RECORDS: usize>(c: &DrainCtx, src: u64, count: u64)
     };
     let base = entry.as_mut_ptr();
     let header = header(c, count, seq);
-    // SAFETY: the reservation is at least HDR bytes long and 8-byte aligned.
+    // SAFETY: the reservation is at least CHUNK_HEADER_BYTES bytes long and 8-byte aligned.
     unsafe { base.cast::<ChunkHeader>().write(header) };
     let len = bounded(count, RECORDS as u64) * RECORD_SIZE as u64;
-    // SAFETY: HDR + len <= the reserved size.
-    if !read_records::<S>(unsafe { base.add(HDR) }, len as u32, src) {
+    // SAFETY: CHUNK_HEADER_BYTES + len <= the reserved size.
+    if !read_records::<S>(unsafe { base.add(CHUNK_HEADER_BYTES) }, len as u32, src) {
         entry.discard(0);
         return Emit::ReadFailed;
     }
@@ -357,7 +356,8 @@ extern "C" fn filter_one<const S: bool>(index: u64, ctx: *mut c_void) -> i64 {
         if kept == CHUNK_RECORDS as u64 || (index + 1 == c.n && kept != 0) {
             (*s).kept = 0;
             (*s).header = header(c, kept, next_seq());
-            let size = HDR + (bounded(kept, CHUNK_RECORDS as u64) as usize) * RECORD_SIZE;
+            let size =
+                CHUNK_HEADER_BYTES + (bounded(kept, CHUNK_RECORDS as u64) as usize) * RECORD_SIZE;
             let bytes = core::slice::from_raw_parts((&raw const (*s).header).cast::<u8>(), size);
             if EVENTS.output::<[u8]>(bytes, 0).is_ok() {
                 c.delivered += kept;

@@ -8,6 +8,7 @@ use object::read::elf::{
 };
 
 use crate::error::{Error, Result};
+use crate::isa::machine::Machine;
 use tracer_common::meta::META_SECTION;
 
 type Fh = elf::FileHeader64<LE>;
@@ -102,6 +103,10 @@ impl<'a> Input<'a> {
         check_ident(name, data)?;
         let fh = Fh::parse(data).map_err(|e| malformed(name, e))?;
         let e = LE;
+        let machine = fh.e_machine.get(e);
+        if Machine::of(machine).is_none() {
+            return Err(Error::UnsupportedMachine(name.into(), machine));
+        }
         let e_type = fh.e_type.get(e);
         if e_type != elf::ET_EXEC && e_type != elf::ET_DYN {
             return Err(Error::UnsupportedType(name.into(), e_type));
@@ -118,7 +123,7 @@ impl<'a> Input<'a> {
         Ok(Input {
             name: name.into(),
             data,
-            machine: fh.e_machine.get(e),
+            machine,
             kind,
             entry: fh.e_entry.get(e),
             phdrs,

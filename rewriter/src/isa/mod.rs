@@ -8,17 +8,19 @@ use tracer_common::meta::{FallbackReason, SiteKind, TimeMode};
 
 pub mod aarch64;
 pub mod arg;
+pub mod machine;
 pub mod operands;
 pub mod x86_64;
 
-/// The backend for an ELF `e_machine`, or None when there is none: the only place
-/// that tells ISAs apart by their ELF number (adding one is a folder and an arm here).
-pub fn of(machine: u16) -> Option<&'static dyn Isa> {
-    match machine {
-        object::elf::EM_X86_64 => Some(&x86_64::X86_64),
-        object::elf::EM_AARCH64 => Some(&aarch64::Aarch64),
-        _ => None,
-    }
+use machine::Machine;
+
+/// The backend for an ELF `e_machine`, or None when there is none (adding an ISA is a
+/// folder, a `Machine` and an arm here).
+pub fn of(e_machine: u16) -> Option<&'static dyn Isa> {
+    Some(match Machine::of(e_machine)? {
+        Machine::X86_64 => &x86_64::X86_64,
+        Machine::Aarch64 => &aarch64::Aarch64,
+    })
 }
 
 /// Where the new code and data will live, fixed before any code is emitted.

@@ -23,8 +23,9 @@ use std::{
 
 use anyhow::{Context, Result};
 use tracer_common::{
-    BUF_TRACE, CAUSE_THREAD_EXIT, CHUNK_KIND_RECORDS, CHUNK_KIND_SLOT, CHUNK_RECORDS, ChunkHeader,
-    KEY_TOMBSTONE, RECORD_SIZE, RECORD_VERSION, RWH_BUF_KIND, SLOT_SIZE, Slot, USER_MSG_RECORDS,
+    BUF_TRACE, CAUSE_THREAD_EXIT, CHUNK_HEADER_BYTES, CHUNK_KIND_RECORDS, CHUNK_KIND_SLOT,
+    CHUNK_RECORDS, ChunkHeader, KEY_TOMBSTONE, RECORD_SIZE, RECORD_VERSION, RWH_BUF_KIND,
+    SLOT_SIZE, Slot, USER_MSG_RECORDS,
 };
 
 use crate::{
@@ -38,9 +39,8 @@ use crate::{
     tracefile::{FinalStats, SessionInfo, Writer, chunk_header, encode_chunk},
 };
 
-const HDR: usize = size_of::<ChunkHeader>();
 /// Largest message: header + USER_MSG_RECORDS records (bigger means a bad sender).
-const MAX_MSG: usize = HDR + USER_MSG_RECORDS as usize * RECORD_SIZE;
+const MAX_MSG: usize = CHUNK_HEADER_BYTES + USER_MSG_RECORDS as usize * RECORD_SIZE;
 
 /// A slot a thread announced: (process, slot address).
 type SlotRef = (u32, u64);
@@ -298,18 +298,24 @@ impl State {
             return Ok(());
         };
         // The drain's clock sample (see ChunkHeader::time): the moment it arrived.
-        h.time = crate::record::host::clock::monotonic_ns();
+        h.time = clock::monotonic_ns();
         match h.kind {
-            CHUNK_KIND_SLOT if msg.len() >= HDR + 16 => {
-                let slot = u64::from_le_bytes(msg[HDR..HDR + 8].try_into().unwrap());
+            CHUNK_KIND_SLOT if msg.len() >= CHUNK_HEADER_BYTES + 16 => {
+                let slot = u64::from_le_bytes(
+                    msg[CHUNK_HEADER_BYTES..CHUNK_HEADER_BYTES + 8]
+                        .try_into()
+                        .unwrap(),
+                );
                 let list = self.slots.entry(h.tid).or_default();
                 if !list.contains(&(h.pid, slot)) {
                     list.push((h.pid, slot));
                 }
                 Ok(())
             }
-            CHUNK_KIND_RECORDS if msg.len() == HDR + h.count as usize * RECORD_SIZE => {
-                self.records_out(h, &msg[HDR..])
+            CHUNK_KIND_RECORDS
+                if msg.len() == CHUNK_HEADER_BYTES + h.count as usize * RECORD_SIZE =>
+            {
+                self.records_out(h, &msg[CHUNK_HEADER_BYTES..])
             }
             _ => {
                 self.bad += 1;
@@ -325,7 +331,7 @@ impl State {
             let mut hh = h;
             hh.kind = CHUNK_KIND_RECORDS;
             hh.count = (piece.len() / RECORD_SIZE) as u32;
-            let mut entry = Vec::with_capacity(HDR + piece.len());
+            let mut entry = Vec::with_capacity(CHUNK_HEADER_BYTES + piece.len());
             push_header(&mut entry, &hh);
             entry.extend_from_slice(piece);
             if encode_chunk(&entry, &mut out).is_none() {
@@ -435,7 +441,7 @@ impl State {
                     (u64::from(pid) << 32) | u64::from(tid),
                     slot.binary_id,
                     CAUSE_THREAD_EXIT,
-                    crate::record::host::clock::monotonic_ns(),
+                    clock::monotonic_ns(),
                 );
                 self.records_out(h, &records)?;
             }

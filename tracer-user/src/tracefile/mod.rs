@@ -59,7 +59,7 @@ pub use write::*;
 use anyhow::{Context, Result, ensure};
 use serde::{Deserialize, Serialize};
 use tracer_common::{
-    ChunkHeader,
+    CHUNK_HEADER_BYTES, ChunkHeader,
     meta::{MetaError, Metadata},
 };
 
@@ -80,7 +80,6 @@ pub const SECTION_LOAD: u32 = 6;
 
 /// Largest section a reader accepts (a JSON blob or a note; chunks are ~4 KiB).
 const MAX_SECTION: u64 = 1 << 30;
-const CHUNK_HEADER_LEN: usize = tracer_common::CHUNK_HEADER_BYTES;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SessionInfo {
@@ -206,7 +205,7 @@ fn u64_at(b: &[u8], o: usize) -> u64 {
 /// Decode a `ChunkHeader` from the start of `b` (at least 48 bytes).
 pub fn chunk_header(b: &[u8]) -> Option<ChunkHeader> {
     Some(ChunkHeader::from_bytes(
-        b.get(..CHUNK_HEADER_LEN)?.try_into().ok()?,
+        b.get(..CHUNK_HEADER_BYTES)?.try_into().ok()?,
     ))
 }
 
@@ -243,7 +242,7 @@ mod tests {
         e[8..12].copy_from_slice(&7u32.to_le_bytes());
         // Number the records that fit (a short entry is one of the malformed cases).
         for i in 0..count as usize {
-            let o = CHUNK_HEADER_LEN + i * RECORD_SIZE;
+            let o = CHUNK_HEADER_BYTES + i * RECORD_SIZE;
             if let Some(site) = e.get_mut(o..o + 4) {
                 site.copy_from_slice(&(i as u32).to_le_bytes());
             }
@@ -273,10 +272,10 @@ mod tests {
             )
             .is_some()
         );
-        let one = CHUNK_HEADER_LEN + RECORD_SIZE;
+        let one = CHUNK_HEADER_BYTES + RECORD_SIZE;
         assert!(encode_chunk(&entry(CHUNK_KIND_UPROBE, 1, one), &mut buf).is_some());
         // A USDT probe's event: up to 6 records in one uprobe chunk.
-        let six = CHUNK_HEADER_LEN + 6 * RECORD_SIZE;
+        let six = CHUNK_HEADER_BYTES + 6 * RECORD_SIZE;
         assert!(encode_chunk(&entry(CHUNK_KIND_UPROBE, 2, six), &mut buf).is_some());
         assert!(encode_chunk(&entry(CHUNK_KIND_UPROBE, 3, one + RECORD_SIZE), &mut buf).is_none());
         assert!(encode_chunk(&entry(CHUNK_KIND_UPROBE, 7, six + RECORD_SIZE), &mut buf).is_none());

@@ -8,12 +8,12 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail, ensure};
-use tracer_common::{ChunkHeader, RECORD_SIZE, Record};
+use tracer_common::{CHUNK_HEADER_BYTES, ChunkHeader, RECORD_SIZE, Record};
 
 use super::{
-    BinaryInfo, CHUNK_HEADER_LEN, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, MAGIC, MAX_SECTION,
-    SECTION_BINARY, SECTION_CHUNK, SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SESSION,
-    SECTION_STATS, SessionInfo, chunk_header, u32_at, u64_at,
+    BinaryInfo, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, MAGIC, MAX_SECTION, SECTION_BINARY,
+    SECTION_CHUNK, SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SESSION, SECTION_STATS,
+    SessionInfo, chunk_header, u32_at, u64_at,
 };
 
 /// One chunk as stored: header and its valid records.
@@ -156,7 +156,7 @@ impl Reader {
             SECTION_CHUNK => {
                 let header = chunk_header(&payload)
                     .with_context(|| format!("{at}: chunk section too short"))?;
-                let body = &payload[CHUNK_HEADER_LEN..];
+                let body = &payload[CHUNK_HEADER_BYTES..];
                 ensure!(
                     body.len() == header.count as usize * RECORD_SIZE,
                     "{at}: chunk of {} records has {} bytes of records",

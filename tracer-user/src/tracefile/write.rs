@@ -9,13 +9,14 @@ use std::{
 
 use anyhow::{Context, Result};
 use tracer_common::{
-    CHUNK_KIND_RECORDS, CHUNK_KIND_UPROBE, CHUNK_RECORDS, ChunkHeader, RECORD_SIZE,
+    CHUNK_HEADER_BYTES, CHUNK_KIND_RECORDS, CHUNK_KIND_UPROBE, CHUNK_RECORDS, ChunkHeader,
+    RECORD_SIZE,
 };
 
 use super::{
-    BinaryInfo, CHUNK_HEADER_LEN, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, MAGIC,
-    SECTION_BINARY, SECTION_CHUNK, SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SESSION,
-    SECTION_STATS, SessionInfo, chunk_header,
+    BinaryInfo, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, MAGIC, SECTION_BINARY, SECTION_CHUNK,
+    SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SESSION, SECTION_STATS, SessionInfo,
+    chunk_header,
 };
 
 /// Check a ring-buffer entry and append it to `out` as a chunk section, trimmed to
@@ -28,7 +29,7 @@ pub fn encode_chunk(entry: &[u8], out: &mut Vec<u8>) -> Option<ChunkHeader> {
         CHUNK_KIND_UPROBE => tracer_common::operand::MAX_OPERAND_RECORDS,
         _ => return None,
     };
-    let len = CHUNK_HEADER_LEN + h.count as usize * RECORD_SIZE;
+    let len = CHUNK_HEADER_BYTES + h.count as usize * RECORD_SIZE;
     if h.count as usize > max || entry.len() < len {
         return None;
     }
@@ -42,7 +43,7 @@ pub fn encode_comm(entry: &[u8], out: &mut Vec<u8>) -> bool {
     let Some(h) = chunk_header(entry) else {
         return false;
     };
-    let Some(comm) = entry.get(CHUNK_HEADER_LEN..CHUNK_HEADER_LEN + 16) else {
+    let Some(comm) = entry.get(CHUNK_HEADER_BYTES..CHUNK_HEADER_BYTES + 16) else {
         return false;
     };
     push_section_header(out, SECTION_COMM, 24);

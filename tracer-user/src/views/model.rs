@@ -298,12 +298,14 @@ impl Counts {
                 Section::Session(s) => c.session = Some(s),
                 Section::Binary(b) => {
                     names.add(&b);
-                    c.uprobe_sites.extend(uprobe_sites_of(&b));
+                    let meta = b.metadata().ok();
+                    if let Some(m) = &meta {
+                        c.uprobe_sites.extend(uprobe_sites_of(&b, m));
+                    }
                     c.binaries.push(BinarySummary {
                         path: b.path.clone(),
                         binary_id: b.binary_id,
-                        build_id: b
-                            .metadata()
+                        build_id: meta
                             .map(|m| m.build_id.iter().map(|x| format!("{x:02x}")).collect())
                             .unwrap_or_default(),
                         debug: None,
@@ -354,10 +356,7 @@ impl Counts {
 
 /// The uprobe sites of a binary with their fallback reasons (`Unknown` where the
 /// metadata predates them).
-fn uprobe_sites_of(b: &BinaryInfo) -> Vec<(u64, u32, FallbackReason)> {
-    let Ok(meta) = b.metadata() else {
-        return Vec::new();
-    };
+fn uprobe_sites_of(b: &BinaryInfo, meta: &Metadata) -> Vec<(u64, u32, FallbackReason)> {
     let mut reasons: HashMap<u32, FallbackReason> = Metadata::reasons_from_note_section(&b.note)
         .and_then(Result::ok)
         .unwrap_or_default()

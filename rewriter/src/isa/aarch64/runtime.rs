@@ -130,7 +130,6 @@ fn emit_register(
     let lb = RegisterLabels {
         scan: a.label(),
         claim: a.label(),
-        claim_next: a.label(),
         claim_next_clrex: a.label(),
         reclaim: a.label(),
         reclaim_cas: a.label(),
@@ -161,7 +160,6 @@ fn emit_register(
 struct RegisterLabels {
     scan: Label,
     claim: Label,
-    claim_next: Label,
     claim_next_clrex: Label,
     reclaim: Label,
     reclaim_cas: Label,
@@ -237,7 +235,6 @@ fn register_own_or_claim(a: &mut Asm, l: &Layout, lb: &RegisterLabels) {
     a.b_l(lb.claimed);
     a.bind(lb.claim_next_clrex);
     a.put(CLREX);
-    a.bind(lb.claim_next);
     a.put(add_imm(9, 9, SLOT_SIZE as u32, false));
     a.put(sub_imm(4, 4, 1, false));
     a.cbz_l(true, true, 4, lb.claim);

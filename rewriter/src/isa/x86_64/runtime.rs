@@ -127,7 +127,6 @@ fn emit_register(
         claim_next: a.create_label(),
         reclaim: a.create_label(),
         reclaim_next: a.create_label(),
-        fail: a.create_label(),
         claimed: a.create_label(),
         found: a.create_label(),
         done: a.create_label(),
@@ -155,7 +154,6 @@ struct RegisterLabels {
     claim_next: CodeLabel,
     reclaim: CodeLabel,
     reclaim_next: CodeLabel,
-    fail: CodeLabel,
     claimed: CodeLabel,
     found: CodeLabel,
     done: CodeLabel,
@@ -275,7 +273,6 @@ fn register_reclaim(
     a.dec(r9d)?;
     a.jnz(lb.reclaim)?;
 
-    a.set_label(&mut lb.fail)?;
     a.lock().inc(qword_ptr(rdx + RWH_NO_SLOT_DROPS as i32))?;
     a.xor(ecx, ecx)?;
     a.jmp(lb.done)?;
