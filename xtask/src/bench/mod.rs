@@ -39,6 +39,7 @@ mod drain;
 mod events;
 mod large;
 mod measure;
+mod process;
 mod readers;
 mod real;
 mod table;
@@ -89,6 +90,10 @@ pub struct Args {
     /// Single-row INSERTs of the real-program section's sqlite workload.
     #[arg(long, default_value_t = 200_000)]
     real_rows: u64,
+    /// Also run the real-program section's `tracer record` rows with the rewriter and
+    /// tracer in DIR (another build's `target/release`): before and after in one run.
+    #[arg(long, value_name = "DIR")]
+    real_baseline: Option<std::path::PathBuf>,
     /// Skip the real-program section.
     #[arg(long)]
     no_real: bool,
@@ -143,7 +148,7 @@ pub fn bench(args: &Args) -> Result<()> {
         readers::readers(args.readers_records)?;
     }
     if run(Section::Real) {
-        real::real(args.real_rows)?;
+        real::real(args.real_rows, args.real_baseline.as_deref())?;
     }
     if run(Section::Large) {
         large::large_binary(args)?;

@@ -1,6 +1,7 @@
 //! One measured run of a command: wall time, the CPU time of the process itself (its
 //! threads, sampled from `/proc/PID/stat` while it runs, so a tracer's own work is told
-//! apart from the program it runs) and of everything it waited for, its output.
+//! apart from the program it runs) and of everything it waited for (its own `wait4`
+//! rusage, not other children's), peak RSS, its output.
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -16,6 +17,8 @@ pub struct Run {
     pub own_cpu_s: f64,
     /// CPU of the process and the children it waited for.
     pub all_cpu_s: f64,
+    /// Peak resident set of the process (or its largest waited-for child), KiB.
+    pub max_rss_kib: u64,
     pub stdout: String,
     pub stderr: String,
 }
@@ -60,6 +63,7 @@ pub fn measured(c: &mut Command) -> Result<Run> {
         wall_s,
         own_cpu_s,
         all_cpu_s: secs(ru.ru_utime) + secs(ru.ru_stime),
+        max_rss_kib: ru.ru_maxrss as u64,
         stdout,
         stderr,
     })

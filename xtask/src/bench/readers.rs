@@ -6,45 +6,14 @@
 //! records per second and output bytes per record.
 
 use std::path::Path;
-use std::process::Command;
-use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
+use super::process::measured;
 use crate::util::{self, cmd};
 
 /// Records per iteration of calls.c (outer, inner, inner: an entry and an exit each).
 const RECORDS_PER_ITERATION: u64 = 6;
-
-struct Usage {
-    wall_s: f64,
-    cpu_s: f64,
-    max_rss_kib: u64,
-}
-
-/// Run `c` to completion and measure it (its own rusage, not other children's).
-fn measured(c: &mut Command) -> Result<Usage> {
-    let t0 = Instant::now();
-    let child = c
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .with_context(|| format!("cannot run {c:?}"))?;
-    let mut status = 0;
-    // SAFETY: a zeroed rusage is a valid out-parameter for wait4.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: waits for our own child; status and ru are valid, writable.
-    let r = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut ru) };
-    let wall_s = t0.elapsed().as_secs_f64();
-    if r < 0 || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
-        bail!("{c:?} failed (wait status {status:#x})");
-    }
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    Ok(Usage {
-        wall_s,
-        cpu_s: secs(ru.ru_utime) + secs(ru.ru_stime),
-        max_rss_kib: ru.ru_maxrss as u64,
-    })
-}
 
 pub fn readers(records: u64) -> Result<()> {
     println!();
@@ -126,7 +95,7 @@ pub fn readers(records: u64) -> Result<()> {
         println!(
             "{name:<22} {:>9.2} {:>9.2} {:>12.2} {:>12.1} {:>12}",
             u.wall_s,
-            u.cpu_s,
+            u.all_cpu_s,
             n as f64 / u.wall_s / 1e6,
             u.max_rss_kib as f64 / 1024.0,
             out_per_rec

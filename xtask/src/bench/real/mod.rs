@@ -5,9 +5,9 @@
 //! of a `-pg` build (entries and exits, its default lossless mode). Per row: wall time,
 //! slowdown, records, records lost, trace bytes per record, the tracer's own CPU
 //! seconds (its threads, not the program's), and the program's output checked against
-//! the untraced run's.
+//! the untraced run's. `--real-baseline DIR` adds the `tracer record` rows of another
+//! build (its `target/release`), so a change is measured against its base in one run.
 
-mod run;
 mod sqlite;
 
 use std::path::{Path, PathBuf};
@@ -15,19 +15,46 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 
+use super::process::{Run, measured};
 use crate::util::{self, cmd};
-use run::{Run, measured};
 
 /// One row of the table.
 struct Row {
-    name: &'static str,
+    name: String,
     run: Run,
     records: Option<u64>,
     lost: Option<u64>,
     trace_bytes: Option<u64>,
 }
 
-pub fn real(rows: u64) -> Result<()> {
+/// The rewriter and tracer of one build.
+struct Tools {
+    rewriter: PathBuf,
+    tracer: PathBuf,
+    /// Appended to the row names ("" for this build).
+    label: String,
+}
+
+impl Tools {
+    fn of(dir: &Path, label: &str) -> Result<Tools> {
+        let t = Tools {
+            rewriter: dir.join("rewriter"),
+            tracer: dir.join("tracer"),
+            label: label.into(),
+        };
+        for p in [&t.rewriter, &t.tracer] {
+            if !util::is_executable(p) {
+                bail!(
+                    "{}: no such program (--real-baseline wants a target/release)",
+                    p.display()
+                );
+            }
+        }
+        Ok(t)
+    }
+}
+
+pub fn real(rows: u64, baseline: Option<&Path>) -> Result<()> {
     println!();
     println!("== real program: sqlite3 {rows} INSERTs + queries, every function traced");
     if !util::is_root() {
@@ -44,17 +71,27 @@ pub fn real(rows: u64) -> Result<()> {
     };
     let base = program(&b.plain, args)?;
     let mut table = vec![Row {
-        name: "untraced",
+        name: "untraced".into(),
         run: base,
         records: None,
         lost: None,
         trace_bytes: None,
     }];
+    let mut builds = vec![Tools::of(&util::release_dir(), "")?];
+    if let Some(d) = baseline {
+        builds.push(Tools::of(d, " (baseline)")?);
+    }
     for (name, sites) in [
         ("tracer record, entry+exit", "entry,exit"),
         ("tracer record, entries only", "entry"),
     ] {
-        table.push(utrace(&dir, &b.plain, sites, name, args)?);
+        for t in &builds {
+            let row = utrace(&dir, t, &b.plain, sites, args)?;
+            table.push(Row {
+                name: format!("{name}{}", t.label),
+                ..row
+            });
+        }
     }
     match util::which("uftrace") {
         Some(_) => table.push(uftrace(&dir, &b.pg, args)?),
@@ -74,14 +111,14 @@ fn program(bin: &Path, args: impl Fn(&mut Command)) -> Result<Run> {
 /// Rewrite with `sites` and run under `tracer record`.
 fn utrace(
     dir: &Path,
+    tools: &Tools,
     plain: &Path,
     sites: &str,
-    name: &'static str,
     args: impl Fn(&mut Command),
 ) -> Result<Row> {
     let traced = dir.join(format!("sqlite3.{}", sites.replace(',', "-")));
     util::run(
-        cmd(crate::rewriter_bin())
+        cmd(&tools.rewriter)
             .arg(plain)
             .arg("-o")
             .arg(&traced)
@@ -89,7 +126,7 @@ fn utrace(
     )?;
     let trace = dir.join("sqlite3.utrace");
     let _ = std::fs::remove_file(&trace);
-    let mut c = cmd(crate::tracer_bin());
+    let mut c = cmd(&tools.tracer);
     c.arg("record")
         .arg("-o")
         .arg(&trace)
@@ -102,7 +139,7 @@ fn utrace(
     let trace_bytes = std::fs::metadata(&trace).map(|m| m.len()).ok();
     let _ = std::fs::remove_file(&trace);
     Ok(Row {
-        name,
+        name: String::new(),
         run,
         records: Some(records),
         lost: Some(dropped),
@@ -145,7 +182,7 @@ fn uftrace(dir: &Path, pg: &Path, args: impl Fn(&mut Command)) -> Result<Row> {
     let lost = lost_records(&run.stderr);
     let _ = std::fs::remove_dir_all(&data);
     Ok(Row {
-        name: "uftrace record (-pg), entry+exit",
+        name: "uftrace record (-pg), entry+exit".into(),
         run,
         records: Some(bytes / 16),
         lost: Some(lost),
@@ -194,7 +231,7 @@ fn check_outputs(table: &[Row]) -> Result<()> {
 fn print(table: &[Row]) {
     let base = table[0].run.wall_s;
     println!(
-        "{:<34} {:>8} {:>9} {:>12} {:>10} {:>9} {:>6} {:>11} {:>10}",
+        "{:<45} {:>8} {:>9} {:>12} {:>10} {:>9} {:>6} {:>11} {:>10}",
         "run",
         "wall s",
         "slowdown",
@@ -217,7 +254,7 @@ fn print(table: &[Row]) {
             "-".into()
         };
         println!(
-            "{:<34} {:>8.2} {:>8.1}x {:>12} {:>10} {:>9} {:>6} {:>11} {:>10.2}",
+            "{:<45} {:>8.2} {:>8.1}x {:>12} {:>10} {:>9} {:>6} {:>11} {:>10.2}",
             r.name,
             r.run.wall_s,
             r.run.wall_s / base,
