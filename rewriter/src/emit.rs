@@ -115,19 +115,19 @@ impl Emitted {
     ) -> Result<()> {
         let mut uprobes = plan.uprobes;
         for w in &plan.windows {
-            // The branch to the trampoline is encoded first: when the trampoline is
-            // out of the backend's branch range the window's sites become uprobe
-            // sites (the original code stays as it was).
+            // The branch to the trampoline is encoded before the trampoline is kept:
+            // when it is out of the backend's branch range the window's sites become
+            // uprobe sites (the original code stays as it was).
             while !self.code.len().is_multiple_of(16) {
                 self.code.push(isa.code_fill());
             }
             let at = seg.code_at + self.code.len() as u64;
-            match isa.patch_bytes(w.start, at, w.len) {
+            let tramp = isa
+                .emit_window(input, &seg.layout, &self.rt, w, at)
+                .map_err(|m| Error::Encode(input.name.clone(), m))?;
+            match isa.patch_bytes(w, at, &tramp.landed) {
                 Ok(bytes) => {
-                    let tramp = isa
-                        .emit_window(input, &seg.layout, &self.rt, w, at)
-                        .map_err(|m| Error::Encode(input.name.clone(), m))?;
-                    self.code.extend_from_slice(&tramp);
+                    self.code.extend_from_slice(&tramp.code);
                     self.patches.push((w.start, bytes));
                     for s in &w.sites {
                         self.modes[s.id as usize] = Some((SiteMode::Inline, s.at));

@@ -9,7 +9,7 @@ use crate::elf::read::Input;
 use crate::error::{Error, Result};
 use crate::flow::Flow;
 use crate::isa::arg::{Arg, ArgError, parse_arg};
-use crate::isa::{FlowFacts, FunctionPlan, Isa, SiteReq};
+use crate::isa::{FlowFacts, FunctionPlan, Isa, SiteReq, Targets};
 use crate::select::{Chosen, Selection};
 use tracer_common::meta::{FallbackReason, SiteKind};
 
@@ -48,7 +48,7 @@ pub fn sites(
     input: &Input,
     isa: &dyn Isa,
     flow: &Flow,
-    targets: &[u64],
+    targets: &Targets,
     sel: &Selection,
     opts: &Options,
 ) -> Result<Sites> {
@@ -57,7 +57,7 @@ pub fn sites(
         input,
         isa,
         facts: FlowFacts {
-            targets,
+            targets: &targets.all,
             tail_calls: &flow.tail_calls,
         },
         fn_starts: &fn_starts,
@@ -178,7 +178,7 @@ pub fn plan(
     isa: &dyn Isa,
     flow: &Flow,
     eh_problem: Option<&str>,
-    targets: &[u64],
+    targets: &Targets,
     sel: &Selection,
     sites: &Sites,
     opts: &Options,

@@ -83,6 +83,18 @@ pub struct Window {
     pub len: usize,
     pub code_len: usize,
     pub sites: Vec<PlacedSite>,
+    /// Branch targets inside the window that code outside it still jumps to: a jump
+    /// written there leads to the trampoline's copy (x86-64).
+    pub landings: Vec<Landing>,
+}
+
+/// A jump written inside a window's displaced range at a branch target: to the
+/// trampoline's copy of `target`, directly (5 bytes), or by a 2-byte hop to a 5-byte
+/// jump at `hop` in the range's unused bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Landing {
+    pub target: u64,
+    pub hop: Option<u64>,
 }
 
 /// What the sites need from control-flow recovery (all sorted).
@@ -91,6 +103,80 @@ pub struct FlowFacts<'a> {
     pub targets: &'a [u64],
     /// Indirect jumps that are tail calls (exits).
     pub tail_calls: &'a [u64],
+}
+
+/// A window's trampoline: its code, and where the copy of each of its landings'
+/// targets is (in `Window::landings` order).
+pub struct Trampoline {
+    pub code: Vec<u8>,
+    pub landed: Vec<u64>,
+}
+
+/// A direct branch found by the linear sweep.
+#[derive(Clone, Copy, Debug)]
+pub struct Branch {
+    pub from: u64,
+    pub to: u64,
+    pub call: bool,
+}
+
+/// Every known branch target, and which of them a window may hold inside.
+#[derive(Debug, Default)]
+pub struct Targets {
+    /// Sorted, deduplicated.
+    pub all: Vec<u64>,
+    /// Sorted by target: targets reached only by direct jumps from inside the
+    /// function symbol that holds them, with the number of such jumps. A window may
+    /// hold one inside if it holds all those jumps too: they are re-pointed at the
+    /// trampoline's copy. Never a symbol, a call's target, a jump-table target, a
+    /// landing pad or an FDE start.
+    pub local: Vec<(u64, u32)>,
+}
+
+impl Targets {
+    fn new(input: &Input, pinned: Vec<u64>, branches: &[Branch]) -> Self {
+        let mut fns: Vec<(u64, u64)> = input
+            .functions
+            .iter()
+            .map(|f| (f.addr, f.addr + f.size))
+            .collect();
+        fns.sort_unstable();
+        let starts: Vec<u64> = fns.iter().map(|f| f.0).collect();
+        // Within one function: some symbol holds both ends and no symbol starts
+        // between them.
+        let same_function = |a: u64, b: u64| {
+            let (lo, hi) = (a.min(b), a.max(b));
+            let k = starts.partition_point(|&s| s <= lo);
+            k > 0
+                && fns[..k].iter().rev().any(|&(s, e)| s <= lo && hi < e)
+                && starts.get(k).is_none_or(|&s| s > hi)
+        };
+        let mut all: Vec<u64> = pinned.clone();
+        all.extend(branches.iter().map(|b| b.to));
+        all.sort_unstable();
+        all.dedup();
+        let mut by_target: Vec<(u64, bool)> = branches
+            .iter()
+            .map(|b| (b.to, !b.call && same_function(b.from, b.to)))
+            .collect();
+        by_target.sort_unstable_by_key(|t| t.0);
+        let mut local = Vec::new();
+        for group in by_target.chunk_by(|a, b| a.0 == b.0) {
+            let t = group[0].0;
+            if group.iter().all(|g| g.1) && pinned.binary_search(&t).is_err() {
+                local.push((t, group.len() as u32));
+            }
+        }
+        Targets { all, local }
+    }
+
+    /// The number of jumps to `t` if it is local (see `local`).
+    pub fn local_jumps(&self, t: u64) -> Option<u32> {
+        self.local
+            .binary_search_by_key(&t, |l| l.0)
+            .ok()
+            .map(|i| self.local[i].1)
+    }
 }
 
 /// How a function's sites are patched: windows, and the sites left to uprobes (why).
@@ -149,11 +235,12 @@ impl Candidate {
 /// Merge overlapping candidate windows into one trampoline each. A site without a
 /// window of its own whose instruction lies inside a window is placed there (its
 /// original address would never run again); the rest become uprobe sites. `bad` vets
-/// a merged window (e.g. an x86-64 `call` that is no longer last): a rejected window
-/// is dropped and its sites become uprobe sites, the code left untouched.
+/// a merged window (e.g. an x86-64 `call` that is no longer last) and may complete it
+/// (its landings): a rejected window is dropped and its sites become uprobe sites, the
+/// code left untouched.
 pub fn merge_windows(
     cands: Vec<Candidate>,
-    bad: impl Fn(&Window) -> Option<String>,
+    mut bad: impl FnMut(&mut Window) -> Option<String>,
 ) -> FunctionPlan {
     let mut spans: Vec<Span> = cands.iter().filter_map(|c| c.window.clone().ok()).collect();
     spans.sort_unstable();
@@ -176,6 +263,7 @@ pub fn merge_windows(
                 len,
                 code_len,
                 sites: Vec::new(),
+                landings: Vec::new(),
             }),
         }
     }
@@ -201,8 +289,8 @@ pub fn merge_windows(
                 .push((c.req.id, c.window.err().unwrap_or(FallbackReason::NoWindow))),
         }
     }
-    for w in windows {
-        match bad(&w) {
+    for mut w in windows {
+        match bad(&mut w) {
             None if !w.sites.is_empty() => plan.windows.push(w),
             None => {}
             Some(why) => plan.uprobes.extend(
@@ -305,8 +393,9 @@ pub trait Isa: crate::flow::FlowArch + Sync {
         pc: u64,
         resolve: &dyn Fn(&str) -> Result<u64, arg::ArgError>,
     ) -> Result<arg::ArgLoc, arg::ArgError>;
-    /// Push the targets of the direct branches in `bytes` (code at `addr`).
-    fn direct_branch_targets(&self, addr: u64, bytes: &[u8], out: &mut Vec<u64>);
+    /// Push the direct branches (jumps, conditional branches, calls) in `bytes` (code
+    /// at `addr`).
+    fn direct_branches(&self, addr: u64, bytes: &[u8], out: &mut Vec<Branch>);
     /// Push the targets of the direct calls in `bytes` (code at `addr`).
     fn direct_call_targets(&self, addr: u64, bytes: &[u8], out: &mut Vec<u64>);
     /// Sorted, deduplicated targets of every direct call in the code sections.
@@ -319,27 +408,28 @@ pub trait Isa: crate::flow::FlowArch + Sync {
         out.dedup();
         out
     }
-    /// Sorted, deduplicated addresses that some known branch can land on: function
-    /// symbols, the direct branches of a linear sweep of every code section, and what
-    /// `flow` recovered (jump-table targets, exception landing pads, FDE starts).
-    fn branch_targets(&self, input: &Input, flow: &crate::flow::Flow) -> Vec<u64> {
-        let mut targets: Vec<u64> = input.functions.iter().map(|f| f.addr).collect();
+    /// Every address that some known branch can land on: function symbols, the
+    /// direct branches of a linear sweep of every code section, and what `flow`
+    /// recovered (jump-table targets, exception landing pads, FDE starts).
+    fn branch_targets(&self, input: &Input, flow: &crate::flow::Flow) -> Targets {
+        let mut branches = Vec::new();
         for (addr, bytes) in input.code_sections() {
-            self.direct_branch_targets(addr, bytes, &mut targets);
+            self.direct_branches(addr, bytes, &mut branches);
         }
-        targets.extend(&flow.jump_table_targets);
-        targets.extend(&flow.landing_pads);
-        targets.extend(flow.fde_functions.iter().map(|&(start, _)| start));
-        targets.sort_unstable();
-        targets.dedup();
-        targets
+        let mut pinned: Vec<u64> = input.functions.iter().map(|f| f.addr).collect();
+        pinned.extend(&flow.jump_table_targets);
+        pinned.extend(&flow.landing_pads);
+        pinned.extend(flow.fde_functions.iter().map(|&(start, _)| start));
+        pinned.sort_unstable();
+        pinned.dedup();
+        Targets::new(input, pinned, &branches)
     }
     /// `f`'s instructions in address order, with what site selection needs of each
     /// (empty when `f` cannot be decoded). `memory`: also classify memory accesses
     /// (costly; only memory sites need it).
     fn insn_facts(&self, input: &Input, f: &Function, memory: bool) -> Vec<InsnFacts>;
     /// Decide which of `f`'s sites get inline stubs (grouped into windows) and which
-    /// become uprobe sites. `targets`: every known branch target, sorted. `unsure`:
+    /// become uprobe sites. `targets`: every known branch target. `unsure`:
     /// why the targets inside `f` may be incomplete (an indirect jump not explained as
     /// a jump table, unreadable exception tables); then only windows whose interior
     /// cannot be a branch target are allowed (a function's first instructions, a last
@@ -349,7 +439,7 @@ pub trait Isa: crate::flow::FlowArch + Sync {
         input: &Input,
         f: &Function,
         reqs: &[SiteReq],
-        targets: &[u64],
+        targets: &Targets,
         unsure: Option<&FallbackReason>,
     ) -> FunctionPlan;
     /// Where a uprobe goes for a site that is not patched inline: after a landing pad
@@ -371,9 +461,11 @@ pub trait Isa: crate::flow::FlowArch + Sync {
         rt: &Runtime,
         w: &Window,
         at: u64,
-    ) -> Result<Vec<u8>, String>;
-    /// The bytes written over the displaced range: a branch to `to`, then padding.
-    fn patch_bytes(&self, from: u64, to: u64, len: usize) -> Result<Vec<u8>, String>;
+    ) -> Result<Trampoline, String>;
+    /// The bytes written over the window's displaced range: a branch to the trampoline
+    /// at `to`, its landings (to `landed`, the trampoline addresses of their targets),
+    /// traps in the rest.
+    fn patch_bytes(&self, w: &Window, to: u64, landed: &[u64]) -> Result<Vec<u8>, String>;
     /// Byte that pads between trampolines (never executed): a trap where possible.
     fn code_fill(&self) -> u8;
     /// One instruction that is never executed, where a uprobe can sit (the anchor of a

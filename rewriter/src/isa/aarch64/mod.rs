@@ -19,7 +19,8 @@ mod stub;
 mod usdt;
 
 use super::{
-    Candidate, FunctionPlan, InsnFacts, Isa, Layout, Runtime, SiteReq, Span, Window, merge_windows,
+    Branch, Candidate, FunctionPlan, InsnFacts, Isa, Layout, Runtime, SiteReq, Span, Targets,
+    Trampoline, Window, merge_windows,
 };
 use crate::elf::read::{Function, Input};
 use crate::isa::arg::{Arg, Reg as UsdtReg};
@@ -99,11 +100,13 @@ impl Isa for Aarch64 {
         }
     }
 
-    fn direct_branch_targets(&self, addr: u64, bytes: &[u8], out: &mut Vec<u64>) {
+    fn direct_branches(&self, addr: u64, bytes: &[u8], out: &mut Vec<Branch>) {
         for (i, c) in bytes.chunks_exact(INSN).enumerate() {
             let w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            if let Some(t) = reloc::branch_target(w, addr + (i * INSN) as u64) {
-                out.push(t);
+            let from = addr + (i * INSN) as u64;
+            if let Some(to) = reloc::branch_target(w, from) {
+                let call = matches!(reloc::classify(w, from), Class::Bl { .. });
+                out.push(Branch { from, to, call });
             }
         }
     }
@@ -140,7 +143,7 @@ impl Isa for Aarch64 {
         input: &Input,
         f: &Function,
         reqs: &[SiteReq],
-        targets: &[u64],
+        targets: &Targets,
         // Windows are single instructions: no interior that a branch could land in.
         _unsure: Option<&FallbackReason>,
     ) -> FunctionPlan {
@@ -178,7 +181,7 @@ impl Isa for Aarch64 {
                 // A branch landing on an entry's displaced instruction after a landing
                 // pad would run the entry stub; landing on an exit (the `ret` itself)
                 // is that exit.
-                if entry && at != f.addr && targets.binary_search(&at).is_ok() {
+                if entry && at != f.addr && targets.all.binary_search(&at).is_ok() {
                     return c(format!(
                         "branch target {at:#x} is the displaced instruction"
                     ));
@@ -247,16 +250,21 @@ impl Isa for Aarch64 {
         rt: &Runtime,
         w: &Window,
         at: u64,
-    ) -> Result<Vec<u8>, String> {
+    ) -> Result<Trampoline, String> {
         let word = input
             .bytes_at(w.start)
             .and_then(|b| word_at(b, 0))
             .ok_or("site not in a file-backed segment")?;
-        stub::emit_window(layout, rt, word, w.start, &w.sites, at)
-            .map_err(|e| format!("site {:#x}: {e}", w.start))
+        let code = stub::emit_window(layout, rt, word, w.start, &w.sites, at)
+            .map_err(|e| format!("site {:#x}: {e}", w.start))?;
+        Ok(Trampoline {
+            code,
+            landed: Vec::new(),
+        })
     }
 
-    fn patch_bytes(&self, from: u64, to: u64, len: usize) -> Result<Vec<u8>, String> {
+    fn patch_bytes(&self, w: &Window, to: u64, _landed: &[u64]) -> Result<Vec<u8>, String> {
+        let (from, len) = (w.start, w.len);
         if len != INSN {
             return Err(format!(
                 "AArch64 sites displace one instruction, not {len} bytes"

@@ -115,8 +115,26 @@ fn gpr(r: Register) -> Option<(usize, u32)> {
 const RSP: usize = 4;
 const RBP: usize = 5;
 
-/// A memory operand `disp(%base)` (no index).
-type Slot = (usize, u64);
+/// A memory operand `disp(%base[,%index,scale])` by register numbers: the same
+/// operand while neither register gets a new origin.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Slot {
+    base: usize,
+    index: Option<(usize, u8)>,
+    disp: u64,
+    /// Bytes accessed: a bound learnt by a compare holds for loads no wider.
+    width: u8,
+}
+
+impl Slot {
+    fn uses(&self, i: usize) -> bool {
+        self.base == i || self.index.is_some_and(|(x, _)| x == i)
+    }
+
+    fn same_place(&self, o: &Slot) -> bool {
+        (self.base, self.index, self.disp) == (o.base, o.index, o.disp)
+    }
+}
 
 /// What the last flag-setting instruction compared against an immediate.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -181,8 +199,8 @@ impl State {
             self.flags = None;
         }
         self.origin[i] = origin;
-        // A new base register: what its memory operands held is unknown now.
-        self.slots.retain(|s| s.0.0 != i);
+        // A new base or index register: what its memory operands held is unknown now.
+        self.slots.retain(|s| !s.0.uses(i));
     }
 
     fn copy(&mut self, ip: u64, dst: Register, src: Register) {
@@ -261,23 +279,34 @@ impl State {
     }
 
     fn slot(ins: &Instruction) -> Option<Slot> {
-        if ins.memory_index() != Register::None {
-            return None;
-        }
-        let (b, _) = gpr(ins.memory_base())?;
-        Some((b, ins.memory_displacement64()))
+        let (base, _) = gpr(ins.memory_base())?;
+        let index = match ins.memory_index() {
+            Register::None => None,
+            // `cmpb $30,(%rcx,%rax)` then `movzbl (%rcx,%rax),%eax`: a bounded byte
+            // of a table reloaded as the switch index (sqlite's tokenizer).
+            r => Some((gpr(r)?.0, ins.memory_index_scale() as u8)),
+        };
+        Some(Slot {
+            base,
+            index,
+            disp: ins.memory_displacement64(),
+            width: ins.memory_size().size() as u8,
+        })
     }
 
     fn slot_bound(&self, ins: &Instruction) -> Option<u64> {
         let d = Self::slot(ins)?;
-        self.slots.iter().find(|s| s.0 == d).map(|s| s.1)
+        let s = self.slots.iter().find(|s| s.0.same_place(&d))?;
+        (d.width <= s.0.width).then_some(s.1)
     }
 
     /// Memory was written: only frame slots not written survive (they do not alias
     /// other memory in the code that spills switch values).
     fn memory_written(&mut self, ins: Option<&Instruction>) {
         let hit = ins.and_then(Self::slot);
-        self.slots.retain(|s| s.0.0 == RBP && Some(s.0) != hit);
+        self.slots.retain(|s| {
+            s.0.base == RBP && s.0.index.is_none() && !hit.is_some_and(|h| h.same_place(&s.0))
+        });
     }
 
     /// Value `< bound` learnt for register `i` and every copy of it.
@@ -304,7 +333,7 @@ impl State {
     }
 
     fn bound_slot(&mut self, d: Slot, bound: u64) {
-        self.slots.retain(|s| s.0 != d);
+        self.slots.retain(|s| !s.0.same_place(&d));
         let i = self.slots.partition_point(|s| s.0 < d);
         self.slots.insert(i, (d, bound));
     }

@@ -16,8 +16,11 @@ use iced_x86::{
     Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register,
 };
 
+use std::collections::HashMap;
+
 use super::{
-    Candidate, FunctionPlan, InsnFacts, Isa, Layout, Runtime, SiteReq, Span, Window, merge_windows,
+    Branch, Candidate, FunctionPlan, InsnFacts, Isa, Landing, Layout, Runtime, SiteReq, Span,
+    Targets, Trampoline, Window, merge_windows,
 };
 use crate::elf::read::{Function, Input};
 use crate::isa::arg::{Arg, Reg as UsdtReg};
@@ -192,6 +195,71 @@ fn unmovable(ins: &Instruction, last: bool) -> Option<String> {
     }
 }
 
+/// `jmp rel32` at `from` to `to`.
+fn jmp_rel32(from: u64, to: u64) -> Result<[u8; JMP_LEN], String> {
+    let rel = to.wrapping_sub(from + JMP_LEN as u64) as i64;
+    let rel32 = i32::try_from(rel)
+        .map_err(|_| format!("trampoline at {to:#x} out of jmp rel32 range from {from:#x}"))?;
+    let r = rel32.to_le_bytes();
+    Ok([0xe9, r[0], r[1], r[2], r[3]])
+}
+
+/// Landings for the targets `outside` (sorted) of a window over `[start, end)` that
+/// code outside it jumps to: a 5-byte jump where there is room before the next one,
+/// else a 2-byte hop to a 5-byte jump in unused bytes within reach. None if they do
+/// not fit (a target among the first 5 bytes, or less than 2 bytes of room).
+fn place_landings(start: u64, end: u64, outside: &[u64]) -> Option<Vec<Landing>> {
+    let jmp = JMP_LEN as u64;
+    let mut used = vec![(start, start + jmp)];
+    let mut out = Vec::new();
+    let mut hops = Vec::new();
+    for (n, &t) in outside.iter().enumerate() {
+        let room = outside.get(n + 1).copied().unwrap_or(end).checked_sub(t)?;
+        if t < start + jmp || room < 2 {
+            return None;
+        }
+        if room >= jmp {
+            used.push((t, t + jmp));
+            out.push(Landing {
+                target: t,
+                hop: None,
+            });
+        } else {
+            used.push((t, t + 2));
+            hops.push(t);
+        }
+    }
+    for t in hops {
+        let reach =
+            (t + 2).saturating_sub(128).max(start)..=(t + 2 + 127).min(end.checked_sub(jmp)?);
+        let hop = reach
+            .into_iter()
+            .find(|&h| used.iter().all(|&(a, b)| h + jmp <= a || h >= b))?;
+        used.push((hop, hop + jmp));
+        out.push(Landing {
+            target: t,
+            hop: Some(hop),
+        });
+    }
+    Some(out)
+}
+
+/// The most bytes a window grown over jumps to its inside moves.
+const CLOSED_MAX: u64 = 512;
+/// How many instructions before its site a window grown over jumps may start.
+const CLOSED_BACK: usize = 8;
+
+/// The jumps of `insns` that a window can re-point, by target.
+fn jumps_by_target(insns: &[Instruction]) -> HashMap<u64, Vec<usize>> {
+    let mut by = HashMap::<u64, Vec<usize>>::new();
+    for (k, ins) in insns.iter().enumerate() {
+        if stub::is_internal_jump(ins) {
+            by.entry(ins.near_branch_target()).or_default().push(k);
+        }
+    }
+    by
+}
+
 fn is_target(targets: &[u64], a: u64) -> bool {
     targets.binary_search(&a).is_ok()
 }
@@ -300,13 +368,140 @@ struct PlanCx<'a> {
     first: usize,
     /// Padding bytes after the function that a patch may overwrite.
     pad: usize,
-    targets: &'a [u64],
+    targets: &'a Targets,
+    /// The jumps inside the function to each of its local targets (instruction indices).
+    jumps: HashMap<u64, Vec<usize>>,
     unsure: Option<&'a FallbackReason>,
     keep_flags: bool,
     keep_r11: bool,
 }
 
 impl PlanCx<'_> {
+    /// A window with branch targets inside, holding every jump to them (re-pointed at
+    /// the trampoline's copies by `stub::emit_window`): the smallest of the windows
+    /// around the site grown until no branch from outside lands inside.
+    fn closed_window(&self, s: usize) -> Option<(usize, usize, usize)> {
+        let insns = self.insns;
+        let bytes = |i: usize, j: usize| (insns[j].next_ip() - insns[i].ip()) as usize;
+        // Start at the site or up to a few instructions before it (the start may be a
+        // target itself), end at the first instruction that makes the window long
+        // enough.
+        let lowest = s.saturating_sub(CLOSED_BACK).max(self.first);
+        (lowest..=s)
+            .map(|i| {
+                let mut j = s;
+                while bytes(i, j) < JMP_LEN && j + 1 < insns.len() {
+                    j += 1;
+                }
+                // And the padding after a `ret` or `jmp` there: room for landings.
+                while j + 1 < insns.len() && self.dead_after(j) {
+                    j += 1;
+                }
+                (i, j)
+            })
+            .filter_map(|(i, j)| self.close(i, j))
+            .min_by_key(|&(i, j)| bytes(i, j))
+            .map(|(i, j)| (i, j, bytes(i, j)))
+    }
+
+    /// `[i, j]` grown over the jumps to the targets inside it while that keeps a
+    /// window (movable instructions, at most `CLOSED_MAX` bytes), if the targets that
+    /// code outside still jumps to then fit landings and the window is long enough.
+    fn close(&self, mut i: usize, mut j: usize) -> Option<(usize, usize)> {
+        let insns = self.insns;
+        loop {
+            let (i0, j0) = (i, j);
+            for k in i0 + 1..=j0 {
+                let ip = insns[k].ip();
+                if !is_target(&self.targets.all, ip) || self.closed_inside(ip, i, j) {
+                    continue;
+                }
+                let Some(from) = self.jumps.get(&ip).filter(|f| self.all_local(ip, f)) else {
+                    continue;
+                };
+                let gi = from.iter().fold(i, |i, &f| i.min(f));
+                let gj = from.iter().fold(j, |j, &f| j.max(f));
+                if gi >= self.first
+                    && insns[gj].next_ip() - insns[gi].ip() <= CLOSED_MAX
+                    && self.movable(gi, gj)
+                {
+                    (i, j) = (gi, gj);
+                }
+            }
+            if (i, j) == (i0, j0) {
+                break;
+            }
+        }
+        let len = (insns[j].next_ip() - insns[i].ip()) as usize;
+        let ends = j + 1 == insns.len();
+        if !self.movable(i, j) || !(len >= JMP_LEN || ends && len + self.pad >= JMP_LEN) {
+            return None;
+        }
+        let start = insns[i].ip();
+        place_landings(start, start + len.max(JMP_LEN) as u64, &self.outside(i, j))?;
+        Some((i, j))
+    }
+
+    /// Whether the instruction after `j` is padding nothing reaches: a nop after an
+    /// instruction that does not fall through (or after such padding).
+    fn dead_after(&self, j: usize) -> bool {
+        let (ins, next) = (&self.insns[j], &self.insns[j + 1]);
+        let stops = matches!(
+            ins.flow_control(),
+            FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
+        ) || ins.mnemonic() == Mnemonic::Nop;
+        stops && next.mnemonic() == Mnemonic::Nop && !is_target(&self.targets.all, next.ip())
+    }
+
+    /// Whether `from` are all the jumps to the local target `ip`.
+    fn all_local(&self, ip: u64, from: &[usize]) -> bool {
+        self.targets.local_jumps(ip) == Some(from.len() as u32)
+    }
+
+    /// Whether every jump to `ip` is inside `[i, j]`.
+    fn closed_inside(&self, ip: u64, i: usize, j: usize) -> bool {
+        self.jumps
+            .get(&ip)
+            .is_some_and(|f| self.all_local(ip, f) && f.iter().all(|k| (i..=j).contains(k)))
+    }
+
+    /// The branch targets inside `[i, j]` that code outside it jumps to.
+    fn outside(&self, i: usize, j: usize) -> Vec<u64> {
+        self.insns[i + 1..=j]
+            .iter()
+            .map(Instruction::ip)
+            .filter(|&ip| is_target(&self.targets.all, ip) && !self.closed_inside(ip, i, j))
+            .collect()
+    }
+
+    fn movable(&self, i: usize, j: usize) -> bool {
+        (i..j).all(|k| unmovable(&self.insns[k], false).is_none())
+            && unmovable(&self.insns[j], true).is_none()
+    }
+
+    /// A merged window's landings, or why it has none (a call no longer last, a
+    /// target inside without room).
+    fn finish(&self, w: &mut Window) -> Option<String> {
+        let code = w.start..w.start + w.code_len as u64;
+        let inside: Vec<usize> = (0..self.insns.len())
+            .filter(|&k| code.contains(&self.insns[k].ip()))
+            .collect();
+        let (&i, &j) = (inside.first()?, inside.last()?);
+        if let Some(why) = (i..j).find_map(|k| unmovable(&self.insns[k], false)) {
+            return Some(why);
+        }
+        let outside = self.outside(i, j);
+        match place_landings(w.start, w.start + w.len as u64, &outside) {
+            Some(l) => {
+                w.landings = l;
+                None
+            }
+            None => Some(format!(
+                "no room to land the jumps to {outside:#x?} inside the window"
+            )),
+        }
+    }
+
     /// One site's own window, or why it has none.
     fn candidate(&self, r: &SiteReq) -> Candidate {
         let at = match r.kind {
@@ -358,9 +553,13 @@ impl PlanCx<'_> {
             s,
             self.first,
             self.pad,
-            self.targets,
+            &self.targets.all,
             !entry && self.unsure.is_none(),
-        ) {
+        )
+        .or_else(|why| match self.unsure {
+            None => self.closed_window(s).ok_or(why),
+            Some(_) => Err(why),
+        }) {
             Ok((i, j, len)) => {
                 let start = self.insns[i].ip();
                 let code_len = (self.insns[j].next_ip() - start) as usize;
@@ -450,21 +649,26 @@ impl Isa for X86_64 {
         }
     }
 
-    fn direct_branch_targets(&self, addr: u64, bytes: &[u8], out: &mut Vec<u64>) {
+    fn direct_branches(&self, addr: u64, bytes: &[u8], out: &mut Vec<Branch>) {
         let mut dec = Decoder::with_ip(64, bytes, addr, DecoderOptions::NONE);
         let mut ins = Instruction::default();
         while dec.can_decode() {
             dec.decode_out(&mut ins);
-            match ins.flow_control() {
+            let fc = ins.flow_control();
+            if matches!(
+                fc,
                 FlowControl::UnconditionalBranch
-                | FlowControl::ConditionalBranch
-                | FlowControl::Call
-                | FlowControl::XbeginXabortXend => {
-                    if matches!(ins.op0_kind(), OpKind::NearBranch64) {
-                        out.push(ins.near_branch_target());
-                    }
-                }
-                _ => {}
+                    | FlowControl::ConditionalBranch
+                    | FlowControl::Call
+                    | FlowControl::XbeginXabortXend
+            ) && ins.op0_kind() == OpKind::NearBranch64
+            {
+                out.push(Branch {
+                    from: ins.ip(),
+                    to: ins.near_branch_target(),
+                    // xbegin's abort path is entered like a call's return: never moved.
+                    call: matches!(fc, FlowControl::Call | FlowControl::XbeginXabortXend),
+                });
             }
         }
     }
@@ -474,7 +678,7 @@ impl Isa for X86_64 {
         input: &Input,
         f: &Function,
         reqs: &[SiteReq],
-        targets: &[u64],
+        targets: &Targets,
         unsure: Option<&FallbackReason>,
     ) -> FunctionPlan {
         let insns = match decode_function(input, f) {
@@ -483,8 +687,8 @@ impl Isa for X86_64 {
             Err(why) => return FunctionPlan::all_uprobes(reqs, why),
         };
         let end = f.addr + f.size;
-        let next = targets.partition_point(|&t| t < end);
-        let limit = targets.get(next).copied().unwrap_or(u64::MAX);
+        let next = targets.all.partition_point(|&t| t < end);
+        let limit = targets.all.get(next).copied().unwrap_or(u64::MAX);
         let (keep_flags, keep_r11) = preserved(&insns);
         let cx = PlanCx {
             insns: &insns,
@@ -497,20 +701,13 @@ impl Isa for X86_64 {
             ),
             pad: padding_after(input, end, limit),
             targets,
+            jumps: jumps_by_target(&insns),
             unsure,
             keep_flags,
             keep_r11,
         };
         let cands = reqs.iter().map(|r| cx.candidate(r)).collect();
-        // A call is only movable as a window's last instruction: merged windows must
-        // keep it so.
-        merge_windows(cands, |w| {
-            let code = w.start..w.start + w.code_len as u64;
-            insns
-                .iter()
-                .filter(|i| code.contains(&i.ip()) && i.next_ip() < code.end)
-                .find_map(|i| unmovable(i, false))
-        })
+        merge_windows(cands, |w| cx.finish(w))
     }
 
     fn emit_runtime(
@@ -529,7 +726,7 @@ impl Isa for X86_64 {
         rt: &Runtime,
         w: &Window,
         at: u64,
-    ) -> Result<Vec<u8>, String> {
+    ) -> Result<Trampoline, String> {
         let bytes = input
             .bytes_at(w.start)
             .ok_or("site not in a file-backed segment")?;
@@ -542,25 +739,29 @@ impl Isa for X86_64 {
                 w.start
             ));
         }
-        stub::emit_window(
-            layout,
-            rt,
-            &insns,
-            &w.sites,
-            w.start + w.code_len as u64,
-            at,
-        )
-        .map_err(|e| format!("window at {:#x}: {e}", w.start))
+        stub::emit_window(layout, rt, &insns, w, at)
+            .map_err(|e| format!("window at {:#x}: {e}", w.start))
     }
 
-    fn patch_bytes(&self, from: u64, to: u64, len: usize) -> Result<Vec<u8>, String> {
-        let rel = to.wrapping_sub(from + JMP_LEN as u64) as i64;
-        let rel32 = i32::try_from(rel)
-            .map_err(|_| format!("trampoline at {to:#x} out of jmp rel32 range from {from:#x}"))?;
-        let mut out = vec![0xe9];
-        out.extend_from_slice(&rel32.to_le_bytes());
-        // Nothing can land in the rest of the displaced range (checked), so trap there.
-        out.resize(len, 0xcc);
+    fn patch_bytes(&self, w: &Window, to: u64, landed: &[u64]) -> Result<Vec<u8>, String> {
+        // Nothing else can land in the displaced range (checked), so trap there.
+        let mut out = vec![0xcc; w.len];
+        let mut put = |at: u64, bytes: &[u8]| {
+            let off = (at - w.start) as usize;
+            out[off..off + bytes.len()].copy_from_slice(bytes);
+        };
+        put(w.start, &jmp_rel32(w.start, to)?);
+        for (l, &to) in w.landings.iter().zip(landed) {
+            match l.hop {
+                None => put(l.target, &jmp_rel32(l.target, to)?),
+                Some(hop) => {
+                    let rel8 = i8::try_from(hop as i64 - (l.target as i64 + 2))
+                        .map_err(|_| format!("landing hop at {hop:#x} out of reach"))?;
+                    put(l.target, &[0xeb, rel8 as u8]);
+                    put(hop, &jmp_rel32(hop, to)?);
+                }
+            }
+        }
         Ok(out)
     }
 

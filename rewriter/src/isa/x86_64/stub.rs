@@ -36,11 +36,13 @@
 //! `%r11` save; with coarse timestamps only two registers are saved.
 
 use iced_x86::code_asm::*;
+use std::collections::{HashMap, HashSet};
+
 use iced_x86::{
-    BlockEncoderOptions, Code, FlowControl, Instruction, MemoryOperand, OpKind, Register,
+    BlockEncoderOptions, Code, FlowControl, Instruction, MemoryOperand, Mnemonic, OpKind, Register,
 };
 
-use super::super::{Layout, PlacedSite, Runtime};
+use super::super::{Layout, PlacedSite, Runtime, Trampoline, Window};
 use crate::isa::arg::{Arg, ArgLoc, Reg as UsdtReg};
 use tracer_common::meta::{SiteKind, TimeMode};
 use tracer_common::{
@@ -630,21 +632,99 @@ fn emit_slow_paths(a: &mut CodeAssembler, rt: &Runtime, p: SlowPaths) -> Result<
 /// the last instruction leaves anyway. A direct `call` can only be last (the planner
 /// checks): it becomes `push <original return address>; jmp callee`, so the callee
 /// returns behind the window and unwinders see the real caller.
+/// A jump a window may hold together with its target: `jmp` or `jcc` with a
+/// relative target (not `loop`, `jrcxz`: they have no near form).
+pub(super) fn is_internal_jump(ins: &Instruction) -> bool {
+    ins.op0_kind() == OpKind::NearBranch64 && JUMPS.contains(&ins.mnemonic())
+}
+
+const JUMPS: [Mnemonic; 17] = [
+    Mnemonic::Jmp,
+    Mnemonic::Ja,
+    Mnemonic::Jae,
+    Mnemonic::Jb,
+    Mnemonic::Jbe,
+    Mnemonic::Je,
+    Mnemonic::Jne,
+    Mnemonic::Jg,
+    Mnemonic::Jge,
+    Mnemonic::Jl,
+    Mnemonic::Jle,
+    Mnemonic::Jo,
+    Mnemonic::Jno,
+    Mnemonic::Jp,
+    Mnemonic::Jnp,
+    Mnemonic::Js,
+    Mnemonic::Jns,
+];
+
+/// A label for each instruction of the window that a jump inside it goes to.
+fn internal_targets(a: &mut CodeAssembler, insns: &[Instruction]) -> HashMap<u64, CodeLabel> {
+    let ips: HashSet<u64> = insns.iter().map(Instruction::ip).collect();
+    let mut labels = HashMap::new();
+    for ins in insns.iter().filter(|i| is_internal_jump(i)) {
+        let t = ins.near_branch_target();
+        if ips.contains(&t) {
+            labels.entry(t).or_insert_with(|| a.create_label());
+        }
+    }
+    labels
+}
+
+/// The jump `m` (one of `JUMPS`) re-pointed at the trampoline's copy of its target.
+fn jump_to(a: &mut CodeAssembler, m: Mnemonic, l: CodeLabel) -> Result<(), IcedError> {
+    match m {
+        Mnemonic::Jmp => a.jmp(l),
+        Mnemonic::Ja => a.ja(l),
+        Mnemonic::Jae => a.jae(l),
+        Mnemonic::Jb => a.jb(l),
+        Mnemonic::Jbe => a.jbe(l),
+        Mnemonic::Je => a.je(l),
+        Mnemonic::Jne => a.jne(l),
+        Mnemonic::Jg => a.jg(l),
+        Mnemonic::Jge => a.jge(l),
+        Mnemonic::Jl => a.jl(l),
+        Mnemonic::Jle => a.jle(l),
+        Mnemonic::Jo => a.jo(l),
+        Mnemonic::Jno => a.jno(l),
+        Mnemonic::Jp => a.jp(l),
+        Mnemonic::Jnp => a.jnp(l),
+        Mnemonic::Js => a.js(l),
+        _ => a.jns(l),
+    }
+}
+
 pub(super) fn emit_window(
     layout: &Layout,
     rt: &Runtime,
     insns: &[Instruction],
-    sites: &[PlacedSite],
-    back: u64,
+    w: &Window,
     at: u64,
-) -> Result<Vec<u8>, IcedError> {
+) -> Result<Trampoline, IcedError> {
     let mut a = CodeAssembler::new(64)?;
     let mut leaves = false;
     let mut slow = Vec::new();
+    let mut labels = internal_targets(&mut a, insns);
+    for l in &w.landings {
+        labels.entry(l.target).or_insert_with(|| a.create_label());
+    }
+    let sites = &w.sites;
     for ins in insns {
+        if let Some(l) = labels.get_mut(&ins.ip()) {
+            // Before the stubs: a jump here runs them, as the original instruction
+            // would. On a zero-length instruction, whose address the encoder keeps.
+            a.set_label(l)?;
+            a.zero_bytes()?;
+        }
         let here: Vec<&PlacedSite> = sites.iter().filter(|s| s.at == ins.ip()).collect();
         if !here.is_empty() {
             slow.push(emit_stub(&mut a, layout, &here, ins)?);
+        }
+        let internal = is_internal_jump(ins).then(|| labels.get(&ins.near_branch_target()));
+        if let Some(&l) = internal.flatten() {
+            jump_to(&mut a, ins.mnemonic(), l)?;
+            leaves = ins.flow_control() == FlowControl::UnconditionalBranch;
+            continue;
         }
         let mut ins = *ins;
         leaves = matches!(
@@ -694,12 +774,19 @@ pub(super) fn emit_window(
         a.add_instruction(ins)?;
     }
     if !leaves {
-        a.jmp(back)?;
+        a.jmp(w.start + w.code_len as u64)?;
     }
     for p in slow {
         emit_slow_paths(&mut a, rt, p)?;
     }
-    Ok(a.assemble_options(at, BlockEncoderOptions::NONE)?
-        .inner
-        .code_buffer)
+    let r = a.assemble_options(at, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)?;
+    let landed = w
+        .landings
+        .iter()
+        .map(|l| r.label_ip(&labels[&l.target]))
+        .collect::<Result<_, _>>()?;
+    Ok(Trampoline {
+        code: r.inner.code_buffer,
+        landed,
+    })
 }

@@ -1,0 +1,125 @@
+//! Windows that hold branch targets (tests/fixtures/windows.c): a loop label inside a
+//! function's first 5 bytes, a `ret` at a branch target with a target right after it,
+//! a `ret` that a jump from behind a call reaches (a landing in the displaced bytes),
+//! and exits after a jump table indexed by a table byte bounded in memory. Every
+//! entry and exit must now be inline, the program must behave as the original, and
+//! the trace must hold exactly the entries kernel uprobes see on the original, each
+//! paired with its exit and the function's return value.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::process::Command;
+
+use tests::*;
+use tracer_common::meta::{SiteKind, SiteMode};
+
+const N: u64 = 3000;
+const FUNCTIONS: [&str; 5] = ["fx_loop", "fx_pick", "fx_land", "fx_after", "fx_class"];
+const CLASSES: [u64; 8] = [2, 0, 9, 3, 1, 1, 200, 0];
+
+/// What each fixture function returns (see windows.c), as the 32-bit `%eax`.
+fn returns(f: &str, x: u64) -> u32 {
+    match f {
+        "fx_loop" => 0,
+        "fx_pick" if x == 0 => 7,
+        "fx_pick" if x & 1 == 1 => 5,
+        "fx_pick" => 3,
+        "fx_land" => x.min(2) as u32,
+        "fx_after" => 5,
+        _ if CLASSES[x as usize] <= 3 => 10 + CLASSES[x as usize] as u32,
+        _ => u32::MAX,
+    }
+}
+
+fn expected_output() -> String {
+    let acc: i64 = (0..N)
+        .map(|i| {
+            [
+                ("fx_pick", i % 3),
+                ("fx_class", i % 8),
+                ("fx_land", i % 3),
+                ("fx_after", 0),
+            ]
+            .into_iter()
+            .map(|(f, x)| i64::from(returns(f, x) as i32))
+            .sum::<i64>()
+        })
+        .sum();
+    format!("windows n={N} acc={acc}\n")
+}
+
+#[test]
+fn windows_hold_branch_targets() {
+    let tmp = TempDir::new("windows");
+    let (orig, traced, trace) = (
+        tmp.join("windows"),
+        tmp.join("windows.traced"),
+        tmp.join("t.utrace"),
+    );
+    compile("gcc", &[fixture("windows.c")], &["-O2"], &orig);
+    let n = N.to_string();
+    let probes: Vec<_> = FUNCTIONS.iter().map(|f| (orig.as_path(), *f)).collect();
+    let (want, events) = oracle::run_with_probes(&probes, Command::new(&orig).arg(&n), RUN_TIMEOUT);
+    assert_eq!(want.stdout_str(), expected_output(), "original output");
+    let oracle: Vec<(String, u64)> = events.iter().map(|e| (e.symbol.clone(), e.value)).collect();
+    assert_eq!(oracle.len() as u64, 5 * N, "kernel uprobes on the original");
+
+    let mut args: Vec<&OsStr> = vec![orig.as_os_str(), "-o".as_ref(), traced.as_os_str()];
+    args.extend(["--sites", "entry,exit", "--functions", "fx_*", "-v"].map(OsStr::new));
+    let line = rewriter(&args).ok().stdout_str();
+    let meta = metadata(&traced);
+    let uprobes: Vec<_> = meta
+        .sites
+        .iter()
+        .filter(|s| s.mode == SiteMode::Uprobe)
+        .collect();
+    assert!(uprobes.is_empty(), "uprobe sites {uprobes:?}\n{line}");
+    // Entries, and exits: one each but fx_class's five.
+    assert_eq!(meta.sites.len(), 5 + 4 + 5, "sites: {line}");
+
+    assert_same_behaviour(
+        "rewritten",
+        &run(Command::new(&traced).arg(&n), RUN_TIMEOUT),
+        &want,
+    );
+    let out = tracer_record(&trace, &traced, &[&n], &[]);
+    assert_same_behaviour("under tracer record", &without_tracer_lines(&out), &want);
+    let recs = dump(&trace);
+    let rep = report(&trace);
+    assert_eq!(rep.dropped, 0, "dropped");
+    check_report_matches_dump(&rep, &recs);
+
+    let kind: HashMap<u32, SiteKind> = meta.sites.iter().map(|s| (s.id, s.kind)).collect();
+    let entries: Vec<(String, u64)> = recs
+        .iter()
+        .filter(|r| kind[&r.site] == SiteKind::FunctionEntry)
+        .map(|r| (r.symbol.to_string(), r.value))
+        .collect();
+    assert_seq_eq(
+        &entries,
+        &oracle,
+        "entries against kernel uprobes on the original",
+    );
+    // Each entry is followed by its own exit (the functions call nothing).
+    let mut exits = 0;
+    for pair in recs.chunks(2) {
+        let [e, x] = pair else {
+            panic!("odd record count")
+        };
+        assert_eq!(
+            (kind[&e.site], kind[&x.site], &*x.symbol),
+            (SiteKind::FunctionEntry, SiteKind::FunctionExit, &*e.symbol),
+            "entry then exit: {e:?} {x:?}"
+        );
+        assert_eq!(
+            x.value as u32,
+            returns(&e.symbol, e.value),
+            "{}({}) returned {:#x}",
+            e.symbol,
+            e.value,
+            x.value
+        );
+        exits += 1;
+    }
+    assert_eq!(exits, 5 * N, "exits");
+}
