@@ -142,14 +142,12 @@ impl Targets {
             .collect();
         fns.sort_unstable();
         let starts: Vec<u64> = fns.iter().map(|f| f.0).collect();
-        // Within one function: some symbol holds both ends and no symbol starts
-        // between them.
+        // Within one function: the last symbol starting at or before both ends holds
+        // them, and no symbol starts between them.
         let same_function = |a: u64, b: u64| {
             let (lo, hi) = (a.min(b), a.max(b));
             let k = starts.partition_point(|&s| s <= lo);
-            k > 0
-                && fns[..k].iter().rev().any(|&(s, e)| s <= lo && hi < e)
-                && starts.get(k).is_none_or(|&s| s > hi)
+            k > 0 && hi < fns[k - 1].1 && starts.get(k).is_none_or(|&s| s > hi)
         };
         let mut all: Vec<u64> = pinned.clone();
         all.extend(branches.iter().map(|b| b.to));
