@@ -202,6 +202,14 @@ fn hostile_process() {
 // Damaged trace files
 
 /// (offset, kind, payload length) of each section of a trace file.
+/// The section kind of record chunks (packed, format version 3).
+const CHUNK: u32 = 7;
+
+/// The record count in the header of the chunk section at `off`.
+fn chunk_count(b: &[u8], off: usize) -> usize {
+    u32::from_le_bytes(b[off + 16 + 4..off + 16 + 8].try_into().unwrap()) as usize
+}
+
 fn sections(b: &[u8]) -> Vec<(usize, u32, usize)> {
     let mut v = Vec::new();
     let mut o = 16;
@@ -290,7 +298,7 @@ fn damaged_trace_files() {
     let kinds: Vec<u32> = secs.iter().map(|s| s.1).collect();
     assert_eq!(kinds.first(), Some(&1), "session first: {kinds:?}");
     assert_eq!(kinds.last(), Some(&4), "stats last: {kinds:?}");
-    assert!(kinds.contains(&2) && kinds.iter().filter(|&&k| k == 3).count() >= 4);
+    assert!(kinds.contains(&2) && kinds.iter().filter(|&&k| k == CHUNK).count() >= 4);
     let base = read_all(&valid, "the valid trace");
     assert_eq!(base.codes, [0, 0, 0]);
     let base_dump = timeless(&base.dump);
@@ -347,8 +355,8 @@ fn damaged_trace_files() {
             }
             assert_eq!(v.codes, [0, 0, 0], "{what}: {:?}", v.errors);
         }
-        if kind == 3 {
-            records_before += (len - 48) / 32;
+        if kind == CHUNK {
+            records_before += chunk_count(&full, off);
         }
     }
     // Random cuts, bit flips and byte garbage from a fixed seed.
@@ -385,8 +393,17 @@ fn damaged_trace_files() {
         }
     }
     // Chunks whose count disagrees with their payload.
-    let chunk = secs.iter().find(|s| s.1 == 3 && s.2 > 48 + 32).unwrap();
-    for count in [u32::MAX, ((chunk.2 - 48) / 32 + 1) as u32, 0] {
+    let chunk = *secs
+        .iter()
+        .find(|s| s.1 == CHUNK && chunk_count(&full, s.0) > 1)
+        .unwrap();
+    let count_of_chunk = chunk_count(&full, chunk.0);
+    for count in [
+        u32::MAX,
+        count_of_chunk as u32 + 1,
+        count_of_chunk as u32 - 1,
+        0,
+    ] {
         let mut b = full.clone();
         b[chunk.0 + 16 + 4..chunk.0 + 16 + 8].copy_from_slice(&count.to_le_bytes());
         let what = format!("chunk count {count}");
@@ -405,7 +422,7 @@ fn damaged_trace_files() {
     b[coff] = 77;
     let v = check(&b, "unknown section kind");
     assert_eq!(v.codes, [0, 0, 0], "{:?}", v.errors);
-    assert_eq!(timeless(&v.dump).len(), base_dump.len() - (clen - 48) / 32);
+    assert_eq!(timeless(&v.dump).len(), base_dump.len() - count_of_chunk);
     let bin = secs.iter().find(|s| s.1 == 2).unwrap();
     let mut b = full[..bin.0].to_vec();
     b.extend_from_slice(&full[coff..coff + 16 + clen]);
@@ -454,8 +471,11 @@ fn damaged_trace_files() {
     b.extend_from_slice(&random);
     check(&b, "header then random bytes");
     let mut b = full.clone();
-    b[8] = 3;
-    assert_eq!(check(&b, "format version 3").codes, [1, 1, 1]);
+    b[8] = 4;
+    assert_eq!(check(&b, "format version 4").codes, [1, 1, 1]);
+    let mut b = full.clone();
+    b[8] = 1;
+    assert_eq!(check(&b, "format version 1").codes, [1, 1, 1]);
     let mut b = full.clone();
     b.truncate(7);
     assert_eq!(check(&b, "7 bytes").codes, [1, 1, 1]);

@@ -8,7 +8,7 @@
 //! ```text
 //! file header (16 bytes)
 //!   0   [u8; 8]  magic "UTRCTRAC"
-//!   8   u32      format version (FORMAT_VERSION = 2)
+//!   8   u32      format version (FORMAT_VERSION = 3; readers take 2 and 3)
 //!   12  u32      reserved, 0
 //! section (16-byte header + payload), repeated
 //!   0   u32      kind (SECTION_*)
@@ -28,9 +28,12 @@
 //!   bytes of path, then the raw contents of the binary's `.note.utrace` section (a
 //!   complete ELF note, parse with `Metadata::from_note_section`), so that a trace can be
 //!   reported without the binaries.
-//! - `SECTION_CHUNK` (3, any number): exactly what eBPF put in the ring buffer, trimmed
-//!   to its valid part: a 48-byte `ChunkHeader` followed by `count` 32-byte `Record`s
-//!   (tracer-common `chunk.rs` / `record.rs`). Chunks are in delivery order.
+//! - `SECTION_CHUNK_PACKED` (7, any number): a ring-buffer entry of records: its 48-byte
+//!   `ChunkHeader` (tracer-common `chunk.rs`) as eBPF wrote it, then its `count`
+//!   records packed on their own (`pack.rs`: a tag byte and varints per record, about
+//!   6 bytes instead of 32). Chunks are in delivery order.
+//! - `SECTION_CHUNK` (3, version 2 files): the same with the records as they are,
+//!   `count` 32-byte `Record`s (`record.rs`).
 //! - `SECTION_COMM` (5, any number): a thread's name as the kernel had it when its
 //!   records were drained (`u32 pid`, `u32 tid`, 16 bytes of `comm`, NUL-padded), before
 //!   that thread's chunks; again when it changes. Also `SECTION_BINARY` may come later
@@ -50,6 +53,7 @@
 //! section, is reported as truncated and read up to its last complete section.
 
 pub mod clock;
+mod pack;
 mod read;
 mod write;
 
@@ -66,8 +70,11 @@ use tracer_common::{
 use clock::{Anchor, Calibration};
 
 pub const MAGIC: [u8; 8] = *b"UTRCTRAC";
-/// 2: chunk headers carry the drain's clock sample (48 bytes).
-pub const FORMAT_VERSION: u32 = 2;
+/// 2: chunk headers carry the drain's clock sample (48 bytes). 3: chunks are written
+/// packed (`SECTION_CHUNK_PACKED`); version 2 files still read.
+pub const FORMAT_VERSION: u32 = 3;
+/// The oldest version readers accept (older ones are refused, naming both).
+pub const OLDEST_READABLE: u32 = 2;
 const FILE_HEADER_LEN: usize = 16;
 const SECTION_HEADER_LEN: usize = 16;
 
@@ -77,8 +84,9 @@ pub const SECTION_CHUNK: u32 = 3;
 pub const SECTION_STATS: u32 = 4;
 pub const SECTION_COMM: u32 = 5;
 pub const SECTION_LOAD: u32 = 6;
+pub const SECTION_CHUNK_PACKED: u32 = 7;
 
-/// Largest section a reader accepts (a JSON blob or a note; chunks are ~4 KiB).
+/// Largest section a reader accepts (a JSON blob or a note; chunks are at most ~4 KiB).
 const MAX_SECTION: u64 = 1 << 30;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -248,6 +256,40 @@ mod tests {
             }
         }
         e
+    }
+
+    /// A version 2 file (records as they are, `SECTION_CHUNK`) still reads, with the
+    /// same records as the packed chunk of a version 3 file; version 1 is refused.
+    #[test]
+    fn version_2_chunks_read() {
+        let dir = std::env::temp_dir().join(format!("utrace-v2-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let e = entry(CHUNK_KIND_RECORDS, 3, tracer_common::CHUNK_BYTES);
+        let raw = &e[..CHUNK_HEADER_BYTES + 3 * RECORD_SIZE];
+        let mut packed = Vec::new();
+        encode_chunk(&e, &mut packed).unwrap();
+        let read = |version: u32, section: &[u8]| {
+            let path = dir.join(format!("v{version}.utrace"));
+            let mut b = MAGIC.to_vec();
+            b.extend_from_slice(&version.to_le_bytes());
+            b.extend_from_slice(&[0; 4]);
+            b.extend_from_slice(section);
+            std::fs::write(&path, b).unwrap();
+            let mut r = Reader::open(&path)?;
+            match r.next_section()? {
+                Some(Section::Chunk(c)) => Ok(c.records),
+                _ => anyhow::bail!("no chunk"),
+            }
+        };
+        let mut v2 = Vec::new();
+        push_section_header(&mut v2, SECTION_CHUNK, raw.len() as u64);
+        v2.extend_from_slice(raw);
+        let old = read(2, &v2).unwrap();
+        assert_eq!(old.iter().map(|r| r.site).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(read(3, &packed).unwrap(), old);
+        let e = read(1, &v2).unwrap_err().to_string();
+        assert!(e.contains("version 1 is not supported"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -8,12 +8,16 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail, ensure};
-use tracer_common::{CHUNK_HEADER_BYTES, ChunkHeader, RECORD_SIZE, Record};
+use tracer_common::{
+    CHUNK_HEADER_BYTES, CHUNK_RECORDS, ChunkHeader, RECORD_SIZE, Record,
+    operand::MAX_OPERAND_RECORDS,
+};
 
 use super::{
-    BinaryInfo, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, MAGIC, MAX_SECTION, SECTION_BINARY,
-    SECTION_CHUNK, SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SESSION, SECTION_STATS,
-    SessionInfo, chunk_header, u32_at, u64_at,
+    BinaryInfo, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, MAGIC, MAX_SECTION, OLDEST_READABLE,
+    SECTION_BINARY, SECTION_CHUNK, SECTION_CHUNK_PACKED, SECTION_COMM, SECTION_HEADER_LEN,
+    SECTION_LOAD, SECTION_SESSION, SECTION_STATS, SessionInfo, chunk_header, pack::unpack, u32_at,
+    u64_at,
 };
 
 /// One chunk as stored: header and its valid records.
@@ -84,9 +88,9 @@ impl Reader {
             path.display()
         );
         let version = u32_at(&h, 8);
-        if version != FORMAT_VERSION {
+        if !(OLDEST_READABLE..=FORMAT_VERSION).contains(&version) {
             bail!(
-                "{}: trace format version {version} is not supported (this tracer reads version {FORMAT_VERSION})",
+                "{}: trace format version {version} is not supported (this tracer reads versions {OLDEST_READABLE} to {FORMAT_VERSION})",
                 path.display()
             );
         }
@@ -153,26 +157,9 @@ impl Reader {
                 BinaryInfo::decode(&payload)
                     .with_context(|| format!("{at}: bad binary section"))?,
             ),
-            SECTION_CHUNK => {
-                let header = chunk_header(&payload)
-                    .with_context(|| format!("{at}: chunk section too short"))?;
-                let body = &payload[CHUNK_HEADER_BYTES..];
-                ensure!(
-                    body.len() == header.count as usize * RECORD_SIZE,
-                    "{at}: chunk of {} records has {} bytes of records",
-                    header.count,
-                    body.len()
-                );
-                let records = body
-                    .chunks_exact(RECORD_SIZE)
-                    .map(|r| {
-                        let mut a = [0u8; RECORD_SIZE];
-                        a.copy_from_slice(r);
-                        Record::from_bytes(&a)
-                    })
-                    .collect();
-                Section::Chunk(Chunk { header, records })
-            }
+            SECTION_CHUNK | SECTION_CHUNK_PACKED => Section::Chunk(
+                chunk(kind, &payload).with_context(|| format!("{at}: bad chunk section"))?,
+            ),
             SECTION_COMM => {
                 ensure!(
                     payload.len() == 24,
@@ -206,6 +193,31 @@ impl Reader {
         };
         Ok(Some(section))
     }
+}
+
+/// A chunk section: the header, then its records as they are (`SECTION_CHUNK`,
+/// format version 2) or packed (`SECTION_CHUNK_PACKED`).
+fn chunk(kind: u32, payload: &[u8]) -> Result<Chunk> {
+    let header = chunk_header(payload).context("shorter than a chunk header")?;
+    let body = &payload[CHUNK_HEADER_BYTES..];
+    let count = header.count as usize;
+    ensure!(
+        count <= CHUNK_RECORDS.max(MAX_OPERAND_RECORDS),
+        "chunk of {count} records"
+    );
+    let records = if kind == SECTION_CHUNK_PACKED {
+        unpack(body, count)?
+    } else {
+        ensure!(
+            body.len() == count * RECORD_SIZE,
+            "chunk of {count} records has {} bytes of records",
+            body.len()
+        );
+        body.chunks_exact(RECORD_SIZE)
+            .map(|r| Record::from_bytes(r.try_into().expect("RECORD_SIZE bytes")))
+            .collect()
+    };
+    Ok(Chunk { header, records })
 }
 
 /// The stats section of a trace, found by skipping over all other payloads (so a

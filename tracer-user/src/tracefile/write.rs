@@ -10,17 +10,18 @@ use std::{
 use anyhow::{Context, Result};
 use tracer_common::{
     CHUNK_HEADER_BYTES, CHUNK_KIND_RECORDS, CHUNK_KIND_UPROBE, CHUNK_RECORDS, ChunkHeader,
-    RECORD_SIZE,
+    RECORD_SIZE, Record,
 };
 
 use super::{
-    BinaryInfo, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, MAGIC, SECTION_BINARY, SECTION_CHUNK,
-    SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SESSION, SECTION_STATS, SessionInfo,
-    chunk_header,
+    BinaryInfo, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, MAGIC, SECTION_BINARY,
+    SECTION_CHUNK_PACKED, SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SESSION,
+    SECTION_STATS, SessionInfo, chunk_header, pack::pack,
 };
 
-/// Check a ring-buffer entry and append it to `out` as a chunk section, trimmed to
-/// header + `count` records. Returns the header, or None if the entry is malformed.
+/// Check a ring-buffer entry and append it to `out` as a packed chunk section: its
+/// header, then its `count` records packed (`pack`). Returns the header, or None if
+/// the entry is malformed.
 pub fn encode_chunk(entry: &[u8], out: &mut Vec<u8>) -> Option<ChunkHeader> {
     let h = chunk_header(entry)?;
     let max = match h.kind {
@@ -33,8 +34,16 @@ pub fn encode_chunk(entry: &[u8], out: &mut Vec<u8>) -> Option<ChunkHeader> {
     if h.count as usize > max || entry.len() < len {
         return None;
     }
-    push_section_header(out, SECTION_CHUNK, len as u64);
-    out.extend_from_slice(&entry[..len]);
+    let records: Vec<Record> = entry[CHUNK_HEADER_BYTES..len]
+        .chunks_exact(RECORD_SIZE)
+        .map(|r| Record::from_bytes(r.try_into().expect("RECORD_SIZE bytes")))
+        .collect();
+    let at = out.len();
+    push_section_header(out, SECTION_CHUNK_PACKED, 0);
+    out.extend_from_slice(&entry[..CHUNK_HEADER_BYTES]);
+    pack(&records, out);
+    let payload = (out.len() - at - SECTION_HEADER_LEN) as u64;
+    out[at + 8..at + 16].copy_from_slice(&payload.to_le_bytes());
     Some(h)
 }
 
@@ -73,7 +82,7 @@ pub fn encode_binary(b: &BinaryInfo) -> Vec<u8> {
     out
 }
 
-fn push_section_header(out: &mut Vec<u8>, kind: u32, len: u64) {
+pub(crate) fn push_section_header(out: &mut Vec<u8>, kind: u32, len: u64) {
     out.extend_from_slice(&kind.to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
     out.extend_from_slice(&len.to_le_bytes());
