@@ -1,10 +1,12 @@
 //! Windows that hold branch targets (tests/fixtures/windows.c): a loop label inside a
 //! function's first 5 bytes, a `ret` at a branch target with a target right after it,
 //! a `ret` that a jump from behind a call reaches (a landing in the displaced bytes),
-//! and exits after a jump table indexed by a table byte bounded in memory. Every
-//! entry and exit must now be inline, the program must behave as the original, and
-//! the trace must hold exactly the entries kernel uprobes see on the original, each
-//! paired with its exit and the function's return value.
+//! a `ret` with no room at all that a jump in the entry's window reaches (the
+//! trampoline's own copy of it), and exits after a jump table indexed by a table byte
+//! bounded in memory. Every entry and exit but that last `ret` must now be inline and
+//! every record come inline, the program must behave as the original, and the trace
+//! must hold exactly the entries kernel uprobes see on the original, each paired with
+//! its exit and the function's return value.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -14,7 +16,9 @@ use tests::*;
 use tracer_common::meta::{SiteKind, SiteMode};
 
 const N: u64 = 3000;
-const FUNCTIONS: [&str; 5] = ["fx_loop", "fx_pick", "fx_land", "fx_after", "fx_class"];
+const FUNCTIONS: [&str; 6] = [
+    "fx_loop", "fx_pick", "fx_land", "fx_after", "fx_tail", "fx_class",
+];
 const CLASSES: [u64; 8] = [2, 0, 9, 3, 1, 1, 200, 0];
 
 /// What each fixture function returns (see windows.c), as the 32-bit `%eax`.
@@ -26,6 +30,8 @@ fn returns(f: &str, x: u64) -> u32 {
         "fx_pick" => 3,
         "fx_land" => x.min(2) as u32,
         "fx_after" => 5,
+        // At the `ret` for 0, at the tail call (before fx_after runs) for 1.
+        "fx_tail" => x as u32,
         _ if CLASSES[x as usize] <= 3 => 10 + CLASSES[x as usize] as u32,
         _ => u32::MAX,
     }
@@ -43,6 +49,8 @@ fn expected_output() -> String {
             .into_iter()
             .map(|(f, x)| i64::from(returns(f, x) as i32))
             .sum::<i64>()
+                // fx_tail: fx_after's 5 for odd i.
+                + 5 * (i % 2) as i64
         })
         .sum();
     format!("windows n={N} acc={acc}\n")
@@ -62,7 +70,11 @@ fn windows_hold_branch_targets() {
     let (want, events) = oracle::run_with_probes(&probes, Command::new(&orig).arg(&n), RUN_TIMEOUT);
     assert_eq!(want.stdout_str(), expected_output(), "original output");
     let oracle: Vec<(String, u64)> = events.iter().map(|e| (e.symbol.clone(), e.value)).collect();
-    assert_eq!(oracle.len() as u64, 5 * N, "kernel uprobes on the original");
+    assert_eq!(
+        oracle.len() as u64,
+        6 * N + N / 2,
+        "kernel uprobes on the original"
+    );
 
     let mut args: Vec<&OsStr> = vec![orig.as_os_str(), "-o".as_ref(), traced.as_os_str()];
     args.extend(["--sites", "entry,exit", "--functions", "fx_*", "-v"].map(OsStr::new));
@@ -73,9 +85,14 @@ fn windows_hold_branch_targets() {
         .iter()
         .filter(|s| s.mode == SiteMode::Uprobe)
         .collect();
-    assert!(uprobes.is_empty(), "uprobe sites {uprobes:?}\n{line}");
-    // Entries, and exits: one each but fx_class's five.
-    assert_eq!(meta.sites.len(), 5 + 4 + 5, "sites: {line}");
+    assert!(
+        uprobes.len() == 1
+            && uprobes[0].name == "fx_tail"
+            && uprobes[0].kind == SiteKind::FunctionExit,
+        "uprobe sites {uprobes:?}\n{line}"
+    );
+    // Entries, and exits: one each but fx_class's five and fx_tail's two.
+    assert_eq!(meta.sites.len(), 6 + 4 + 5 + 2, "sites: {line}");
 
     assert_same_behaviour(
         "rewritten",
@@ -87,6 +104,12 @@ fn windows_hold_branch_targets() {
     let recs = dump(&trace);
     let rep = report(&trace);
     assert_eq!(rep.dropped, 0, "dropped");
+    let through: Vec<&Rec> = recs.iter().filter(|r| r.flags & FLAG_UPROBE != 0).collect();
+    assert!(
+        through.is_empty(),
+        "records through uprobes: {:?}",
+        &through[..through.len().min(3)]
+    );
     check_report_matches_dump(&rep, &recs);
 
     let kind: HashMap<u32, SiteKind> = meta.sites.iter().map(|s| (s.id, s.kind)).collect();
@@ -121,5 +144,5 @@ fn windows_hold_branch_targets() {
         );
         exits += 1;
     }
-    assert_eq!(exits, 5 * N, "exits");
+    assert_eq!(exits, 6 * N + N / 2, "exits");
 }

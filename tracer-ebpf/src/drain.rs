@@ -19,6 +19,9 @@
 
 use core::ffi::c_void;
 
+use aya_ebpf::bindings::{
+    BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
+};
 use aya_ebpf::helpers::generated::{
     bpf_copy_from_user, bpf_ktime_get_ns, bpf_loop, bpf_probe_read_user,
 };
@@ -257,10 +260,24 @@ fn emit<const S: bool, const RECORDS: usize>(c: &DrainCtx, src: u64, count: u64)
         entry.discard(0);
         return Emit::ReadFailed;
     }
-    entry.submit(0);
+    entry.submit(wakeup());
     Emit::Done {
         kept: count,
         lost: 0,
+    }
+}
+
+/// How a drain's chunk wakes the consumer: only once the ring holds an eighth of its
+/// size (the consumer also looks every `POLL_MS`), not at every chunk: a wakeup is an
+/// IPI, a VM exit on virtual machines, and full buffers come by the thousand a second.
+#[inline(always)]
+fn wakeup() -> u64 {
+    let avail = EVENTS.query(BPF_RB_AVAIL_DATA as u64);
+    let size = EVENTS.query(BPF_RB_RING_SIZE as u64);
+    if avail > size / 8 {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
     }
 }
 
@@ -359,7 +376,7 @@ extern "C" fn filter_one<const S: bool>(index: u64, ctx: *mut c_void) -> i64 {
             let size =
                 CHUNK_HEADER_BYTES + (bounded(kept, CHUNK_RECORDS as u64) as usize) * RECORD_SIZE;
             let bytes = core::slice::from_raw_parts((&raw const (*s).header).cast::<u8>(), size);
-            if EVENTS.output::<[u8]>(bytes, 0).is_ok() {
+            if EVENTS.output::<[u8]>(bytes, wakeup()).is_ok() {
                 c.delivered += kept;
                 c.chunks += 1;
             } else {

@@ -86,6 +86,18 @@ pub struct Window {
     /// Branch targets inside the window that code outside it still jumps to: a jump
     /// written there leads to the trampoline's copy (x86-64).
     pub landings: Vec<Landing>,
+    /// Returns outside the window that jumps inside it go to (x86-64).
+    pub tails: Vec<Tail>,
+}
+
+/// A `ret` outside a window that a jump inside the window goes to: the trampoline
+/// holds its own copy of it, after the stubs of its sites, and the jump goes there.
+/// A `ret` does the same wherever it runs, so the record is the same whichever way
+/// the function returns, even where the `ret` itself has no window.
+#[derive(Clone, Debug)]
+pub struct Tail {
+    pub at: u64,
+    pub sites: Vec<PlacedSite>,
 }
 
 /// A jump written inside a window's displaced range at a branch target: to the
@@ -217,6 +229,20 @@ pub struct Candidate {
 }
 
 impl Candidate {
+    /// The site as a stub places it.
+    pub fn placed(&self) -> PlacedSite {
+        PlacedSite {
+            id: self.req.id,
+            kind: self.req.kind,
+            at: self.at,
+            signed_lr: self.signed_lr,
+            flags: self.flags,
+            args: self.req.args.clone(),
+            keep_flags: self.keep_flags,
+            keep_r11: self.keep_r11,
+        }
+    }
+
     pub fn uprobe(req: &SiteReq, at: u64, why: FallbackReason) -> Self {
         Candidate {
             req: req.clone(),
@@ -262,21 +288,13 @@ pub fn merge_windows(
                 code_len,
                 sites: Vec::new(),
                 landings: Vec::new(),
+                tails: Vec::new(),
             }),
         }
     }
     let mut plan = FunctionPlan::default();
     for c in cands {
-        let placed = PlacedSite {
-            id: c.req.id,
-            kind: c.req.kind,
-            at: c.at,
-            signed_lr: c.signed_lr,
-            flags: c.flags,
-            args: c.req.args,
-            keep_flags: c.keep_flags,
-            keep_r11: c.keep_r11,
-        };
+        let placed = c.placed();
         match windows
             .iter_mut()
             .find(|w| (w.start..w.start + w.code_len as u64).contains(&c.at))

@@ -29,7 +29,9 @@ use crate::tracefile::{Writer, encode_chunk, encode_comm};
 const BATCH_BYTES: usize = 1 << 20;
 /// Batches in flight between consumer and writer.
 const CHANNEL_BATCHES: usize = 64;
-const POLL_MS: i32 = 50;
+/// How long the consumer sleeps at most: drains wake it only when the ring fills up
+/// (see the eBPF `drain::wakeup`).
+const POLL_MS: i32 = 10;
 
 pub type Logger = EbpfLogger<&'static dyn log::Log>;
 

@@ -118,16 +118,26 @@ fn unzigzag(z: u64) -> u64 {
     (z >> 1) ^ (z & 1).wrapping_neg()
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
+/// One record's packed bytes, built on the stack: at most a tag and five varints.
+struct Out {
+    b: [u8; 1 + 5 * 10],
+    n: usize,
 }
 
-/// How one value or aux is stored (a `DELTA_*`/`SAME_*` mode); pushes its varint.
-fn field_mode(seen: bool, now: u64, site: u64, prev: u64, out: &mut Vec<u8>) -> u8 {
+impl Out {
+    fn put_varint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.b[self.n] = v as u8 | 0x80;
+            self.n += 1;
+            v >>= 7;
+        }
+        self.b[self.n] = v as u8;
+        self.n += 1;
+    }
+}
+
+/// How one value or aux is stored (a `DELTA_*`/`SAME_*` mode); puts its varint.
+fn field_mode(seen: bool, now: u64, site: u64, prev: u64, out: &mut Out) -> u8 {
     if seen && now == site {
         return SAME_SITE;
     }
@@ -139,45 +149,39 @@ fn field_mode(seen: bool, now: u64, site: u64, prev: u64, out: &mut Vec<u8>) -> 
         zigzag(now.wrapping_sub(prev)),
     );
     if a <= b {
-        put_varint(out, a);
+        out.put_varint(a);
         DELTA_SITE
     } else {
-        put_varint(out, b);
+        out.put_varint(b);
         DELTA_PREV
     }
 }
 
 /// Append `records`, packed, to `out`.
-pub fn pack(records: &[Record], out: &mut Vec<u8>) {
+pub fn pack(records: impl IntoIterator<Item = Record>, out: &mut Vec<u8>) {
     let mut m = Model::new();
     for r in records {
-        let tag_at = out.len();
-        out.push(0);
+        let mut o = Out { b: [0; 51], n: 1 };
         let mut tag = 0;
         if m.successor() == Some(r.site) {
             tag |= SITE;
         } else {
-            put_varint(
-                out,
-                zigzag(i64::from(r.site.wrapping_sub(m.prev.site) as i32) as u64),
-            );
+            o.put_varint(zigzag(
+                i64::from(r.site.wrapping_sub(m.prev.site) as i32) as u64
+            ));
         }
         let seen = m.at(r.site).copied().unwrap_or_default();
         if seen.valid && seen.flags == r.flags {
             tag |= FLAGS;
         } else {
-            put_varint(out, u64::from(r.flags));
+            o.put_varint(u64::from(r.flags));
         }
-        let fields = [
-            (VALUE_SHIFT, r.value, seen.value, m.prev.value),
-            (AUX_SHIFT, r.aux, seen.aux, m.prev.aux),
-        ];
-        for (shift, now, site, prev) in fields {
-            tag |= field_mode(seen.valid, now, site, prev, out) << shift;
-        }
-        put_varint(out, zigzag(r.time.wrapping_sub(m.prev.time)));
-        out[tag_at] = tag;
-        m.update(r);
+        tag |= field_mode(seen.valid, r.value, seen.value, m.prev.value, &mut o) << VALUE_SHIFT;
+        tag |= field_mode(seen.valid, r.aux, seen.aux, m.prev.aux, &mut o) << AUX_SHIFT;
+        o.put_varint(zigzag(r.time.wrapping_sub(m.prev.time)));
+        o.b[0] = tag;
+        out.extend_from_slice(&o.b[..o.n]);
+        m.update(&r);
     }
 }
 
@@ -291,7 +295,7 @@ mod tests {
 
     fn round_trip(records: &[Record]) -> usize {
         let mut b = Vec::new();
-        pack(records, &mut b);
+        pack(records.iter().copied(), &mut b);
         assert_eq!(unpack(&b, records.len()).as_deref(), Ok(records));
         b.len()
     }
@@ -354,14 +358,14 @@ mod tests {
             })
             .collect();
         let mut b = Vec::new();
-        pack(&recs, &mut b);
+        pack(recs.iter().copied(), &mut b);
         assert!(matches!(unpack(&b, 11), Err(PackError::Truncated(10))));
         assert_eq!(
             unpack(&b, 9),
             Err(PackError::Trailing(
                 b.len() - {
                     let mut c = Vec::new();
-                    pack(&recs[..9], &mut c);
+                    pack(recs[..9].iter().copied(), &mut c);
                     c.len()
                 }
             ))

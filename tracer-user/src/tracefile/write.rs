@@ -34,14 +34,13 @@ pub fn encode_chunk(entry: &[u8], out: &mut Vec<u8>) -> Option<ChunkHeader> {
     if h.count as usize > max || entry.len() < len {
         return None;
     }
-    let records: Vec<Record> = entry[CHUNK_HEADER_BYTES..len]
+    let records = entry[CHUNK_HEADER_BYTES..len]
         .chunks_exact(RECORD_SIZE)
-        .map(|r| Record::from_bytes(r.try_into().expect("RECORD_SIZE bytes")))
-        .collect();
+        .map(|r| Record::from_bytes(r.try_into().expect("RECORD_SIZE bytes")));
     let at = out.len();
     push_section_header(out, SECTION_CHUNK_PACKED, 0);
     out.extend_from_slice(&entry[..CHUNK_HEADER_BYTES]);
-    pack(&records, out);
+    pack(records, out);
     let payload = (out.len() - at - SECTION_HEADER_LEN) as u64;
     out[at + 8..at + 16].copy_from_slice(&payload.to_le_bytes());
     Some(h)

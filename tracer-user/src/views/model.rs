@@ -277,6 +277,9 @@ struct Counts {
     /// Each thread's last records (`--last`), oldest first.
     recent: HashMap<(u32, u32), VecDeque<(u64, Record)>>,
     functions: HashMap<(u64, u32), u64>,
+    /// Records that came through a uprobe, per site (a uprobe site's records may
+    /// also come inline: from a trampoline's copy of its `ret`).
+    through_uprobes: HashMap<(u64, u32), u64>,
     threads: HashMap<(u32, u32), u64>,
     comms: HashMap<(u32, u32), String>,
     binaries: Vec<BinarySummary>,
@@ -341,6 +344,12 @@ impl Counts {
             self.records += 1;
             if rec.flags & FLAG_UPROBE != 0 {
                 self.uprobe += 1;
+                if rec.flags & FLAG_USDT_MORE == 0 {
+                    *self
+                        .through_uprobes
+                        .entry((h.binary_id, rec.site))
+                        .or_default() += 1;
+                }
             } else {
                 self.inline += 1;
             }
@@ -384,7 +393,7 @@ fn uprobe_sites(c: &Counts, names: &Names) -> Vec<UprobeSite> {
             function: names.symbol(*bin, *site).to_string(),
             kind: names.kind(*bin, *site).to_string(),
             reason: why.to_string(),
-            records: c.functions.get(&(*bin, *site)).copied().unwrap_or(0),
+            records: c.through_uprobes.get(&(*bin, *site)).copied().unwrap_or(0),
         })
         .collect();
     sites.sort_by(|a, b| (b.records, &a.binary, a.site).cmp(&(a.records, &b.binary, b.site)));

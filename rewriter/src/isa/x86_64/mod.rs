@@ -19,8 +19,8 @@ use iced_x86::{
 use std::collections::HashMap;
 
 use super::{
-    Branch, Candidate, FunctionPlan, InsnFacts, Isa, Landing, Layout, Runtime, SiteReq, Span,
-    Targets, Trampoline, Window, merge_windows,
+    Branch, Candidate, FunctionPlan, InsnFacts, Isa, Landing, Layout, PlacedSite, Runtime, SiteReq,
+    Span, Tail, Targets, Trampoline, Window, merge_windows,
 };
 use crate::elf::read::{Function, Input};
 use crate::isa::arg::{Arg, Reg as UsdtReg};
@@ -479,6 +479,30 @@ impl PlanCx<'_> {
             && unmovable(&self.insns[j], true).is_none()
     }
 
+    /// The returns outside `w` that its jumps go to, each with the sites at it.
+    fn tails(&self, w: &Window, placed: &[PlacedSite]) -> Vec<Tail> {
+        let code = w.start..w.start + w.code_len as u64;
+        let mut tails: Vec<Tail> = Vec::new();
+        for ins in self.insns.iter().filter(|i| code.contains(&i.ip())) {
+            if !stub::is_internal_jump(ins) {
+                continue;
+            }
+            let t = ins.near_branch_target();
+            let is_ret = self
+                .insns
+                .binary_search_by_key(&t, Instruction::ip)
+                .is_ok_and(|k| self.insns[k].flow_control() == FlowControl::Return);
+            if code.contains(&t) || !is_ret || tails.iter().any(|x| x.at == t) {
+                continue;
+            }
+            let sites: Vec<PlacedSite> = placed.iter().filter(|p| p.at == t).cloned().collect();
+            if !sites.is_empty() {
+                tails.push(Tail { at: t, sites });
+            }
+        }
+        tails
+    }
+
     /// A merged window's landings, or why it has none (a call no longer last, a
     /// target inside without room).
     fn finish(&self, w: &mut Window) -> Option<String> {
@@ -706,8 +730,13 @@ impl Isa for X86_64 {
             keep_flags,
             keep_r11,
         };
-        let cands = reqs.iter().map(|r| cx.candidate(r)).collect();
-        merge_windows(cands, |w| cx.finish(w))
+        let cands: Vec<Candidate> = reqs.iter().map(|r| cx.candidate(r)).collect();
+        let placed: Vec<PlacedSite> = cands.iter().map(Candidate::placed).collect();
+        let mut plan = merge_windows(cands, |w| cx.finish(w));
+        for w in &mut plan.windows {
+            w.tails = cx.tails(w, &placed);
+        }
+        plan
     }
 
     fn emit_runtime(
@@ -739,7 +768,16 @@ impl Isa for X86_64 {
                 w.start
             ));
         }
-        stub::emit_window(layout, rt, &insns, w, at)
+        let mut rets = Vec::with_capacity(w.tails.len());
+        for t in &w.tails {
+            let b = input
+                .bytes_at(t.at)
+                .ok_or("return not in a file-backed segment")?;
+            let ins =
+                Decoder::with_ip(64, &b[..b.len().min(16)], t.at, DecoderOptions::NONE).decode();
+            rets.push(ins);
+        }
+        stub::emit_window(layout, rt, &insns, w, &rets, at)
             .map_err(|e| format!("window at {:#x}: {e}", w.start))
     }
 

@@ -699,14 +699,20 @@ pub(super) fn emit_window(
     rt: &Runtime,
     insns: &[Instruction],
     w: &Window,
+    rets: &[Instruction],
     at: u64,
 ) -> Result<Trampoline, IcedError> {
     let mut a = CodeAssembler::new(64)?;
     let mut leaves = false;
     let mut slow = Vec::new();
     let mut labels = internal_targets(&mut a, insns);
-    for l in &w.landings {
-        labels.entry(l.target).or_insert_with(|| a.create_label());
+    for t in w
+        .landings
+        .iter()
+        .map(|l| l.target)
+        .chain(w.tails.iter().map(|t| t.at))
+    {
+        labels.entry(t).or_insert_with(|| a.create_label());
     }
     let sites = &w.sites;
     for ins in insns {
@@ -775,6 +781,17 @@ pub(super) fn emit_window(
     }
     if !leaves {
         a.jmp(w.start + w.code_len as u64)?;
+    }
+    for (t, ret) in w.tails.iter().zip(rets) {
+        if let Some(l) = labels.get_mut(&t.at) {
+            a.set_label(l)?;
+            a.zero_bytes()?;
+        }
+        let here: Vec<&PlacedSite> = t.sites.iter().collect();
+        slow.push(emit_stub(&mut a, layout, &here, ret)?);
+        let mut ret = *ret;
+        ret.set_ip(0);
+        a.add_instruction(ret)?;
     }
     for p in slow {
         emit_slow_paths(&mut a, rt, p)?;
