@@ -53,12 +53,19 @@ pub fn sites(
     opts: &Options,
 ) -> Result<Sites> {
     let fn_starts: Vec<u64> = sel.functions.iter().map(|f| f.addr).collect();
+    let plt: Vec<std::ops::Range<u64>> = input
+        .sections
+        .iter()
+        .filter(|s| matches!(s.name.as_str(), ".plt" | ".plt.sec" | ".plt.got"))
+        .map(|s| s.addr..s.addr + s.size)
+        .collect();
     let cx = Ctx {
         input,
         isa,
         facts: FlowFacts {
             targets: &targets.all,
             tail_calls: &flow.tail_calls,
+            plt: &plt,
         },
         fn_starts: &fn_starts,
         probes: &sel.probes,

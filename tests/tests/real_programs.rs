@@ -691,6 +691,78 @@ fn sqlite_rewritten_same_output() {
     eprintln!("sqlite: {:.1} s", start.elapsed().as_secs_f64());
 }
 
+/// Debian's libsqlite3 with every function's entry and exit traced (issue 13): the
+/// shell gives the original's output under `tracer record`, nothing is dropped, and
+/// every exit pairs with its entry on its thread (the report's call stacks end with
+/// no unmatched exit and no call left open), with as many exits as entries.
+#[test]
+fn sqlite_entries_and_exits_pair() {
+    if !present(&[SQLITE3, LIBSQLITE3]) {
+        return;
+    }
+    let tmp = TempDir::new("real-sqlite-pairs");
+    let lib = std::fs::canonicalize(LIBSQLITE3).unwrap();
+    let ld = tmp.join("lib");
+    std::fs::create_dir_all(&ld).unwrap();
+    let tlib = ld.join("libsqlite3.so.0");
+    let out = rewriter(&[
+        lib.as_os_str(),
+        "-o".as_ref(),
+        tlib.as_os_str(),
+        "--sites".as_ref(),
+        "entry,exit".as_ref(),
+    ])
+    .ok();
+    let meta = metadata(&tlib);
+    let counts = parse_site_counts(&out.stdout_str()).expect("site counts");
+    print_coverage("libsqlite3.so.0 entry,exit", &counts, &lib, &tlib);
+    let script = tmp.join("work.sql");
+    std::fs::write(&script, SQL).unwrap();
+    let args = &sqlite_variants(&script)[0];
+    let shell = Path::new(SQLITE3);
+    let env: [(&str, &OsStr); 2] = [
+        ("LD_LIBRARY_PATH", ld.as_os_str()),
+        ("LC_ALL", "C".as_ref()),
+    ];
+    let want = run_as(
+        shell,
+        "sqlite3",
+        args,
+        tmp.path(),
+        &[("LC_ALL", "C".as_ref())],
+    );
+    assert!(want.success(), "{}", want.describe());
+    let trace = tmp.join("pairs.utrace");
+    let argv: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let r = tracer_record_with(&["--ring-bytes", "256M"], &trace, shell, &argv, &env);
+    assert_same_behaviour(
+        "libsqlite3 entry,exit under tracer record",
+        &without_tracer_lines(&r),
+        &want,
+    );
+    let rep = report(&trace);
+    assert_eq!(rep.dropped, 0, "dropped records");
+    let calls = &rep.raw["calls"];
+    assert_eq!(calls["unmatched_exits"], 0, "exits without their entry");
+    assert_eq!(calls["unfinished"], 0, "calls with no exit");
+    let kind: HashMap<u32, SiteKind> = meta.sites.iter().map(|s| (s.id, s.kind)).collect();
+    let recs = dump(&trace);
+    let (mut entries, mut exits) = (0u64, 0u64);
+    for r in &recs {
+        match kind.get(&r.site) {
+            Some(SiteKind::FunctionEntry) => entries += 1,
+            Some(SiteKind::FunctionExit) => exits += 1,
+            k => panic!("record of an unexpected site {k:?}: {r:?}"),
+        }
+    }
+    eprintln!(
+        "sqlite entry,exit: {entries} entries, {exits} exits, {} records",
+        recs.len()
+    );
+    assert!(entries > 100_000, "only {entries} entries");
+    assert_eq!(entries, exits, "entries and exits");
+}
+
 /// A shared library of a `LibCase`.
 struct Lib<'a> {
     /// As the loader finds it.

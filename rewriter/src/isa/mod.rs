@@ -115,6 +115,9 @@ pub struct FlowFacts<'a> {
     pub targets: &'a [u64],
     /// Indirect jumps that are tail calls (exits).
     pub tail_calls: &'a [u64],
+    /// The procedure linkage table's sections (`.plt`, `.plt.sec`, `.plt.got`): a jump
+    /// there is a tail call into another object (`jmp free@plt`).
+    pub plt: &'a [std::ops::Range<u64>],
 }
 
 /// A window's trampoline: its code, and where the copy of each of its landings'
@@ -366,8 +369,13 @@ pub fn sites_of(
         SiteKind::Usdt => Vec::new(),
         SiteKind::FunctionExit => keep(&|i| {
             i.is_return
-                || i.direct_jump
-                    .is_some_and(|t| !inside.contains(&t) && is(fn_starts, t))
+                || i.direct_jump.is_some_and(|t| {
+                    // A jump back to the function's own start runs its entry stub
+                    // again: a tail call to itself.
+                    t == f.addr
+                        || !inside.contains(&t)
+                            && (is(fn_starts, t) || flow.plt.iter().any(|p| p.contains(&t)))
+                })
                 || i.indirect_jump && is(flow.tail_calls, i.addr)
         }),
         SiteKind::Block => {
