@@ -506,11 +506,11 @@ impl PlanCx<'_> {
     /// A merged window's landings, or why it has none (a call no longer last, a
     /// target inside without room).
     fn finish(&self, w: &mut Window) -> Option<String> {
-        let code = w.start..w.start + w.code_len as u64;
-        let inside: Vec<usize> = (0..self.insns.len())
-            .filter(|&k| code.contains(&self.insns[k].ip()))
-            .collect();
-        let (&i, &j) = (inside.first()?, inside.last()?);
+        let i = self.insns.partition_point(|x| x.ip() < w.start);
+        let end = self
+            .insns
+            .partition_point(|x| x.ip() < w.start + w.code_len as u64);
+        let j = end.checked_sub(1).filter(|&j| j >= i)?;
         if let Some(why) = (i..j).find_map(|k| unmovable(&self.insns[k], false)) {
             return Some(why);
         }

@@ -635,28 +635,34 @@ fn emit_slow_paths(a: &mut CodeAssembler, rt: &Runtime, p: SlowPaths) -> Result<
 /// A jump a window may hold together with its target: `jmp` or `jcc` with a
 /// relative target (not `loop`, `jrcxz`: they have no near form).
 pub(super) fn is_internal_jump(ins: &Instruction) -> bool {
-    ins.op0_kind() == OpKind::NearBranch64 && JUMPS.contains(&ins.mnemonic())
+    ins.op0_kind() == OpKind::NearBranch64 && jump_to_label(ins.mnemonic()).is_some()
 }
 
-const JUMPS: [Mnemonic; 17] = [
-    Mnemonic::Jmp,
-    Mnemonic::Ja,
-    Mnemonic::Jae,
-    Mnemonic::Jb,
-    Mnemonic::Jbe,
-    Mnemonic::Je,
-    Mnemonic::Jne,
-    Mnemonic::Jg,
-    Mnemonic::Jge,
-    Mnemonic::Jl,
-    Mnemonic::Jle,
-    Mnemonic::Jo,
-    Mnemonic::Jno,
-    Mnemonic::Jp,
-    Mnemonic::Jnp,
-    Mnemonic::Js,
-    Mnemonic::Jns,
-];
+/// How the assembler writes jump `m` to a label, if a window can re-point it.
+type JumpToLabel = fn(&mut CodeAssembler, CodeLabel) -> Result<(), IcedError>;
+
+fn jump_to_label(m: Mnemonic) -> Option<JumpToLabel> {
+    Some(match m {
+        Mnemonic::Jmp => CodeAssembler::jmp::<CodeLabel>,
+        Mnemonic::Ja => CodeAssembler::ja::<CodeLabel>,
+        Mnemonic::Jae => CodeAssembler::jae::<CodeLabel>,
+        Mnemonic::Jb => CodeAssembler::jb::<CodeLabel>,
+        Mnemonic::Jbe => CodeAssembler::jbe::<CodeLabel>,
+        Mnemonic::Je => CodeAssembler::je::<CodeLabel>,
+        Mnemonic::Jne => CodeAssembler::jne::<CodeLabel>,
+        Mnemonic::Jg => CodeAssembler::jg::<CodeLabel>,
+        Mnemonic::Jge => CodeAssembler::jge::<CodeLabel>,
+        Mnemonic::Jl => CodeAssembler::jl::<CodeLabel>,
+        Mnemonic::Jle => CodeAssembler::jle::<CodeLabel>,
+        Mnemonic::Jo => CodeAssembler::jo::<CodeLabel>,
+        Mnemonic::Jno => CodeAssembler::jno::<CodeLabel>,
+        Mnemonic::Jp => CodeAssembler::jp::<CodeLabel>,
+        Mnemonic::Jnp => CodeAssembler::jnp::<CodeLabel>,
+        Mnemonic::Js => CodeAssembler::js::<CodeLabel>,
+        Mnemonic::Jns => CodeAssembler::jns::<CodeLabel>,
+        _ => return None,
+    })
+}
 
 /// A label for each instruction of the window that a jump inside it goes to.
 fn internal_targets(a: &mut CodeAssembler, insns: &[Instruction]) -> HashMap<u64, CodeLabel> {
@@ -669,29 +675,6 @@ fn internal_targets(a: &mut CodeAssembler, insns: &[Instruction]) -> HashMap<u64
         }
     }
     labels
-}
-
-/// The jump `m` (one of `JUMPS`) re-pointed at the trampoline's copy of its target.
-fn jump_to(a: &mut CodeAssembler, m: Mnemonic, l: CodeLabel) -> Result<(), IcedError> {
-    match m {
-        Mnemonic::Jmp => a.jmp(l),
-        Mnemonic::Ja => a.ja(l),
-        Mnemonic::Jae => a.jae(l),
-        Mnemonic::Jb => a.jb(l),
-        Mnemonic::Jbe => a.jbe(l),
-        Mnemonic::Je => a.je(l),
-        Mnemonic::Jne => a.jne(l),
-        Mnemonic::Jg => a.jg(l),
-        Mnemonic::Jge => a.jge(l),
-        Mnemonic::Jl => a.jl(l),
-        Mnemonic::Jle => a.jle(l),
-        Mnemonic::Jo => a.jo(l),
-        Mnemonic::Jno => a.jno(l),
-        Mnemonic::Jp => a.jp(l),
-        Mnemonic::Jnp => a.jnp(l),
-        Mnemonic::Js => a.js(l),
-        _ => a.jns(l),
-    }
 }
 
 pub(super) fn emit_window(
@@ -726,9 +709,14 @@ pub(super) fn emit_window(
         if !here.is_empty() {
             slow.push(emit_stub(&mut a, layout, &here, ins)?);
         }
-        let internal = is_internal_jump(ins).then(|| labels.get(&ins.near_branch_target()));
-        if let Some(&l) = internal.flatten() {
-            jump_to(&mut a, ins.mnemonic(), l)?;
+        let internal = (ins.op0_kind() == OpKind::NearBranch64).then(|| {
+            Some((
+                jump_to_label(ins.mnemonic())?,
+                labels.get(&ins.near_branch_target())?,
+            ))
+        });
+        if let Some((jump, &l)) = internal.flatten() {
+            jump(&mut a, l)?;
             leaves = ins.flow_control() == FlowControl::UnconditionalBranch;
             continue;
         }
