@@ -234,7 +234,7 @@ impl Emitted {
             flags: meta_flags(input, opts),
             binary_id: seg.layout.binary_id,
             flush_vaddr: self.rt.flush,
-            flush_file_off: seg.tx_file_off(self.rt.flush),
+            flush_file_off: seg.tx_file_off(self.rt.flush_probe),
             rw_vaddr: seg.layout.rw_vaddr,
             rw_size,
             text_vaddr: seg.tx_vaddr,

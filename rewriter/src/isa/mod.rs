@@ -401,6 +401,8 @@ pub fn sites_of(
 #[derive(Clone, Copy, Debug)]
 pub struct Runtime {
     pub flush: u64,
+    /// Where the flush uprobe goes (the flush code's NOP).
+    pub flush_probe: u64,
     pub register: u64,
     /// Entry shim, when the binary needs one.
     pub entry_shim: Option<u64>,

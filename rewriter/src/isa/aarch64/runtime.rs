@@ -105,6 +105,7 @@ pub(super) fn emit(
 
     let rt = Runtime {
         flush: a.addr_of(flush).ok_or("flush unbound")?,
+        flush_probe: a.addr_of(flush).ok_or("flush unbound")?,
         register: a.addr_of(register).ok_or("register unbound")?,
         entry_shim: if layout.pre_tls {
             a.addr_of(shim)

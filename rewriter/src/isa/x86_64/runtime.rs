@@ -33,6 +33,7 @@ pub(super) fn emit(
 ) -> Result<(Vec<u8>, Runtime), IcedError> {
     let mut a = CodeAssembler::new(64)?;
     let mut flush = a.create_label();
+    let mut probe = a.create_label();
     let mut register = a.create_label();
     let mut shim = a.create_label();
 
@@ -45,13 +46,18 @@ pub(super) fn emit(
     // buffer and resets it. Then, with no tracer, discard the records: reset unless a
     // record is still being written (`inflight`, a signal handler interrupted a stub)
     // or the buffer is no longer full (the tracer reset it). With the user-space drain
-    // on, send the records instead. Clobbers %rax %rcx %rdx %r11 and flags (the stub
-    // saved them).
+    // on, send the records instead. A signal handler that records between the drain and
+    // the reset (a signal pending during the uprobe is delivered right after it) moved
+    // `cur` on: no reset then, its records stay for the next flush (the tracer drains
+    // from where it stopped; they stay in the slack after `end`). Clobbers %rax %rcx
+    // and flags (the stub saved them; `register` keeps %rdx across its call).
     let mut flush_done = a.create_label();
     let mut flush_user = a.create_label();
     let mut user_drain = a.create_label();
     let mut user_send = a.create_label();
     a.set_label(&mut flush)?;
+    a.mov(rax, qword_ptr(rsi + SLOT_CUR as i32))?;
+    a.set_label(&mut probe)?;
     a.db(&[0x0f, 0x1f, 0x40, 0x00])?;
     a.cmp(qword_ptr(rsi + SLOT_INFLIGHT as i32), 0)?;
     a.jne(flush_done)?;
@@ -61,6 +67,15 @@ pub(super) fn emit(
     a.mov(rcx, qword_ptr(rsi + SLOT_RW_BASE as i32))?;
     a.cmp(dword_ptr(rcx + RWH_USER_STATE as i32), USER_ON)?;
     a.je(flush_user)?;
+    // Kept only while half the slack is still free (then reset as before: lost).
+    let mut reset = a.create_label();
+    a.cmp(rax, qword_ptr(rsi + SLOT_CUR as i32))?;
+    a.je(reset)?;
+    a.mov(rcx, qword_ptr(rsi + SLOT_END as i32))?;
+    a.add(rcx, (BUF_SLACK_RECORDS / 2 * RECORD_SIZE as u64) as i32)?;
+    a.cmp(qword_ptr(rsi + SLOT_CUR as i32), rcx)?;
+    a.jb(flush_done)?;
+    a.set_label(&mut reset)?;
     a.mov(rcx, qword_ptr(rsi + SLOT_START as i32))?;
     a.mov(qword_ptr(rsi + SLOT_CUR as i32), rcx)?;
     // A new buffer epoch: coarse-timestamp records carry it (see the stub), so a
@@ -93,6 +108,7 @@ pub(super) fn emit(
     let res = a.assemble_options(at, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)?;
     let rt = Runtime {
         flush: res.label_ip(&flush)?,
+        flush_probe: res.label_ip(&probe)?,
         register: res.label_ip(&register)?,
         entry_shim: if layout.pre_tls {
             Some(res.label_ip(&shim)?)
