@@ -20,8 +20,11 @@ pub const STAT_RECORDS_FILTERED: u32 = 6;
 /// Records taken out of buffers (or emitted at uprobe sites): each one is then
 /// delivered, filtered or dropped (also when its buffer could not be read).
 pub const STAT_RECORDS_PRODUCED: u32 = 7;
+/// Flushes the drain held back for want of room in the ring buffer (`--on-full
+/// wait`): the thread waited and flushed again.
+pub const STAT_HOLDS: u32 = 8;
 /// Entries of `STATS`.
-pub const STAT_COUNT: u32 = 8;
+pub const STAT_COUNT: u32 = 9;
 
 /// The record counters of a session, summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -98,6 +98,8 @@ pub const GLOBAL_TP_OFFSET: &str = "FSBASE_OFFSET";
 /// slots in place; 0 = they keep delivery positions in `DRAINED` instead (for kernels
 /// in lockdown, where that helper is unavailable).
 pub const GLOBAL_WRITE_USER: &str = "WRITE_USER";
+/// `ON_FULL` (u8): 1 = full buffers wait for room in the ring buffer (`--on-full wait`).
+pub const GLOBAL_ON_FULL: &str = "ON_FULL";
 /// Global (u8): 1 = trace every process that runs an instrumented binary.
 pub const GLOBAL_SYSTEM_WIDE: &str = "SYSTEM_WIDE";
 /// Global (u32): offset of `child_pid` in the `sched_process_fork` record.

@@ -84,7 +84,11 @@ pub struct RwHeader {
     pub user_seq: u64,
     /// `BUF_*`: what the stubs do when a buffer is full.
     pub buf_kind: u32,
-    pub _pad: u32,
+    /// [`ON_FULL_WAIT`] once a tracer that waits for room in its ring buffer has
+    /// answered a registration (or written it on attach): the flush function then
+    /// holds signals around the flush uprobe and waits while the drain holds the
+    /// buffer (see [`HOLD_SIGNAL`]). 0 otherwise.
+    pub on_full: u32,
 }
 
 /// Buffer kinds (`RwHeader::buf_kind`). Trace: a full buffer is flushed (drained
@@ -112,6 +116,32 @@ pub const USER_DRAIN_FD: u32 = 1021;
 /// send buffer).
 pub const USER_MSG_RECORDS: u64 = 1024;
 
+/// `RwHeader::on_full`: full buffers wait for room in the tracer's ring buffer.
+pub const ON_FULL_WAIT: u32 = 1;
+
+/// Back-pressure without writing user memory (kernel lockdown forbids the eBPF side
+/// to): the flush function tells the drain in a register what it may do, and the
+/// drain answers with this signal, sent to the flushing thread while the flush
+/// function has every signal blocked; the flush function takes it with a zero-timeout
+/// `rt_sigtimedwait` (`si_code` `SI_KERNEL`: a signal the program sent itself is queued
+/// again). At a registration the answer means "this tracer waits" (set `on_full`);
+/// at a full buffer "not drained: no room, wait and flush again".
+pub const HOLD_SIGNAL: u32 = 63;
+/// `si_code` of a signal sent by the kernel (`bpf_send_signal_thread`).
+pub const SI_KERNEL: i32 = 0x80;
+/// The flush register (`FLUSH_MODE_REG` of the ISA) at the flush uprobe: the
+/// function holds signals and waits if the drain holds the buffer.
+pub const FLUSH_ARMED: u64 = 0x5554_5243_4152_4d44;
+/// As `FLUSH_ARMED`, the last try: the drain drops (and counts) what finds no room.
+pub const FLUSH_FINAL: u64 = 0x5554_5243_4649_4e4c;
+/// A registration's flush, signals held: answer with `HOLD_SIGNAL` if the tracer waits.
+pub const FLUSH_HELLO: u64 = 0x5554_5243_4845_4c4f;
+/// Flushes an armed flush function makes before the drain's last try: the first few
+/// after a `sched_yield`, the others after `FLUSH_WAIT_NS` of sleep (about 5 s in all).
+pub const FLUSH_TRIES: u32 = 10_000;
+pub const FLUSH_YIELDS: u32 = 8;
+pub const FLUSH_WAIT_NS: u64 = 500_000;
+
 /// Offsets of the [`RwHeader`] fields from `rw_base`.
 pub const RWH_MAGIC: u64 = offset_of!(RwHeader, magic) as u64;
 pub const RWH_NSLOTS: u64 = offset_of!(RwHeader, nslots) as u64;
@@ -124,6 +154,7 @@ pub const RWH_USER_STATE: u64 = offset_of!(RwHeader, user_state) as u64;
 pub const RWH_USER_FD: u64 = offset_of!(RwHeader, user_fd) as u64;
 pub const RWH_USER_SEQ: u64 = offset_of!(RwHeader, user_seq) as u64;
 pub const RWH_BUF_KIND: u64 = offset_of!(RwHeader, buf_kind) as u64;
+pub const RWH_ON_FULL: u64 = offset_of!(RwHeader, on_full) as u64;
 
 /// One thread's buffer descriptor. 64 bytes, one cache line.
 #[repr(C)]
@@ -178,6 +209,7 @@ const _: () = assert!(RWH_USER_STATE == 64);
 const _: () = assert!(RWH_USER_FD == 68);
 const _: () = assert!(RWH_USER_SEQ == 72);
 const _: () = assert!(RWH_BUF_KIND == 80);
+const _: () = assert!(RWH_ON_FULL == 84);
 const _: () = assert!(SLOT_KEY == 0);
 const _: () = assert!(SLOT_CUR == 8);
 const _: () = assert!(SLOT_END == 16);

@@ -29,6 +29,13 @@ mod regs {
         unsafe { (*ctx.regs).rdi }
     }
 
+    /// What the flush function allows its drain (`FLUSH_*`, %rdx).
+    #[inline(always)]
+    pub fn flush_mode(ctx: &ProbeContext) -> u64 {
+        // SAFETY: as above.
+        unsafe { (*ctx.regs).rdx }
+    }
+
     /// The probed instruction's address (a uprobe runs before it executes).
     #[inline(always)]
     pub fn pc(ctx: &ProbeContext) -> u64 {
@@ -109,6 +116,12 @@ mod regs {
         reg(ctx, 9)
     }
 
+    /// What the flush function allows its drain (`FLUSH_*`, x11).
+    #[inline(always)]
+    pub fn flush_mode(ctx: &ProbeContext) -> u64 {
+        reg(ctx, 11)
+    }
+
     #[inline(always)]
     pub fn first_arg(ctx: &ProbeContext) -> u64 {
         reg(ctx, 0)
@@ -176,7 +189,9 @@ mod regs {
     }
 }
 
-pub use regs::{NREGS, first_arg, pc, registers, return_address, return_value, slot_arg};
+pub use regs::{
+    NREGS, first_arg, flush_mode, pc, registers, return_address, return_value, slot_arg,
+};
 
 /// AArch64 user space sets its thread pointer with `msr tpidr_el0` (no system call), and
 /// the kernel copies the register into `thread.uw.tp_value` only when the task is

@@ -13,6 +13,13 @@
 //! Books: every record taken out of a buffer is counted produced, then delivered,
 //! filtered or dropped (no room in the ring buffer, or its chunk could not be read).
 //!
+//! A drain that may hold (`DrainReq::hold`: an armed flush under `--on-full wait`)
+//! stops at the first chunk that finds no room, or that would leave less than a
+//! quarter of the ring free (room kept for exit drains and uprobe sites, which cannot
+//! wait); the records from there on are not taken (`DrainReq::taken` says how many
+//! were) and the flush comes back for them. Per-record filters keep state across
+//! records, so filtered drains never hold.
+//!
 //! `S` = the program is sleepable: where the plain read fails (a page that is not
 //! resident), `bpf_copy_from_user` faults it in. Non-sleepable programs get a copy of
 //! this code without that helper (the verifier refuses it there).
@@ -57,6 +64,12 @@ struct DrainCtx {
     cause: u32,
     /// A chunk could not be read (the rest of the drain is dropped).
     failed: u32,
+    /// 1 = stop at the first chunk without room (see `DrainReq::hold`).
+    hold: u32,
+    /// Stopped there.
+    held: u32,
+    /// Records of the chunks done (delivered or dropped).
+    taken: u64,
     /// The drain's clock sample, the same in all of its chunks.
     time: u64,
     delivered: u64,
@@ -75,6 +88,10 @@ pub struct DrainReq {
     /// `bpf_get_current_pid_tgid()`.
     pub pid_tid: u64,
     pub cause: u64,
+    /// In: 1 = records that find no room are left in the buffer, not dropped.
+    pub hold: u64,
+    /// Out: records taken (all of them unless the drain held).
+    pub taken: u64,
 }
 
 /// Records in `[from, to)`, or None if that is not a valid span.
@@ -92,23 +109,24 @@ fn span_records(from: u64, to: u64) -> Option<u64> {
 /// must stay within the verifier's 512-byte combined stack: inlined into its one
 /// caller (`slots::drain_slot`), one frame less (Linux 6.1 counts callbacks too).
 #[inline(always)]
-pub fn drain<const S: bool>(req: &DrainReq) -> i64 {
+pub fn drain<const S: bool>(req: &mut DrainReq) -> i64 {
     let [a0, a1, b0, b1] = req.spans;
     let (Some(n1), Some(n2)) = (span_records(a0, a1), span_records(b0, b1)) else {
         stat_add(STAT_READ_ERRORS, 1);
         return E_BAD_SPAN;
     };
     let n = n1 + n2;
+    req.taken = n;
     if n == 0 {
         return 0;
     }
     let (binary_id, pid_tid) = (req.binary_id, req.pid_tid);
-    stat_add(STAT_RECORDS_PRODUCED, n);
     let mut per_record = false;
     if let Some((cfg, _)) = active() {
         // SAFETY: a live FILTER value.
         let cfg = unsafe { &*cfg };
         if !thread_passes(cfg, pid_tid) {
+            stat_add(STAT_RECORDS_PRODUCED, n);
             stat_add(STAT_RECORDS_FILTERED, n);
             return n as i64;
         }
@@ -128,6 +146,9 @@ pub fn drain<const S: bool>(req: &DrainReq) -> i64 {
         binary_id,
         cause: req.cause as u32,
         failed: 0,
+        hold: (req.hold != 0 && !per_record) as u32,
+        held: 0,
+        taken: 0,
         time,
         delivered: 0,
         dropped: 0,
@@ -147,8 +168,12 @@ pub fn drain<const S: bool>(req: &DrainReq) -> i64 {
             );
         }
     }
-    // Every record was delivered, dropped (a failed read counts the rest) or filtered.
-    settle(n, c.delivered, c.dropped, c.chunks);
+    // Every record taken was delivered, dropped (a failed read counts the rest) or
+    // filtered.
+    let taken = if c.held != 0 { c.taken } else { n };
+    req.taken = taken;
+    stat_add(STAT_RECORDS_PRODUCED, taken);
+    settle(taken, c.delivered, c.dropped, c.chunks);
     if c.failed != 0 {
         stat_add(STAT_READ_ERRORS, 1);
         return E_READ;
@@ -193,7 +218,12 @@ extern "C" fn drain_chunk<const S: bool>(index: u64, ctx: *mut c_void) -> i64 {
             c.delivered += kept;
             c.dropped += lost;
             c.chunks += (kept != 0) as u64;
+            c.taken += count;
             0
+        }
+        Emit::NoRoom => {
+            c.held = 1;
+            1
         }
         Emit::ReadFailed => {
             // This chunk and the ones after it are not delivered.
@@ -210,6 +240,8 @@ enum Emit {
         kept: u64,
         lost: u64,
     },
+    /// No room, and the drain holds: nothing taken.
+    NoRoom,
     ReadFailed,
 }
 
@@ -241,15 +273,22 @@ fn read_records<const S: bool>(dst: *mut u8, len: u32, src: u64) -> bool {
 /// ring-buffer entry with room for RECORDS records.
 #[inline(always)]
 fn emit<const S: bool, const RECORDS: usize>(c: &DrainCtx, src: u64, count: u64) -> Emit {
-    // Taken before the reservation: a chunk lost to a full ring buffer leaves a gap.
-    let seq = next_seq();
-    let Some(mut entry) = EVENTS.reserve_bytes(CHUNK_HEADER_BYTES + RECORDS * RECORD_SIZE, 0)
-    else {
+    let bytes = CHUNK_HEADER_BYTES + RECORDS * RECORD_SIZE;
+    if c.hold != 0 && !room_to_spare(bytes as u64) {
+        return Emit::NoRoom;
+    }
+    let Some(mut entry) = EVENTS.reserve_bytes(bytes, 0) else {
+        if c.hold != 0 {
+            return Emit::NoRoom;
+        }
+        // A chunk lost to a full ring buffer leaves a gap in the sequence.
+        next_seq();
         return Emit::Done {
             kept: 0,
             lost: count,
         };
     };
+    let seq = next_seq();
     let base = entry.as_mut_ptr();
     let header = header(c, count, seq);
     // SAFETY: the reservation is at least CHUNK_HEADER_BYTES bytes long and 8-byte aligned.
@@ -265,6 +304,15 @@ fn emit<const S: bool, const RECORDS: usize>(c: &DrainCtx, src: u64, count: u64)
         kept: count,
         lost: 0,
     }
+}
+
+/// Whether `bytes` more leave a quarter of the ring free (what a holding drain keeps
+/// for the drains that cannot wait).
+#[inline(always)]
+fn room_to_spare(bytes: u64) -> bool {
+    let avail = EVENTS.query(BPF_RB_AVAIL_DATA as u64);
+    let size = EVENTS.query(BPF_RB_RING_SIZE as u64);
+    avail + bytes + size / 4 <= size
 }
 
 /// How a drain's chunk wakes the consumer: only once the ring holds an eighth of its

@@ -97,6 +97,12 @@ pub static DRAINED: LruHashMap<[u64; 2], [u64; 2]> = LruHashMap::with_max_entrie
 #[unsafe(no_mangle)]
 pub static WRITE_USER: Global<u8> = Global::new(0);
 
+/// 1 = a flush that finds no room in the ring buffer waits and flushes again
+/// (`--on-full wait`, see `tracer_common::HOLD_SIGNAL`); 0 = what finds no room is
+/// dropped.
+#[unsafe(no_mangle)]
+pub static ON_FULL: Global<u8> = Global::new(0);
+
 /// Offset of the thread pointer in `task_struct` (x86-64 `thread.fsbase`, AArch64
 /// `thread.uw.tp_value`), from BTF by the loader. 0 = unknown: no slot lookups by
 /// thread pointer (flush still works, it gets the slot in a register).

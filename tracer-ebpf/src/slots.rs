@@ -165,6 +165,9 @@ pub const AFTER_RESET: u32 = 1;
 /// The thread is exiting (sys_enter_exit): reset, unindex and tombstone the slot, so
 /// that a new thread with the same thread pointer registers afresh.
 pub const AFTER_RELEASE: u32 = 2;
+/// With `AFTER_RESET`: records that find no room in the ring buffer stay in the
+/// buffer (the flush comes back for them), see [`held`].
+pub const HOLD: u32 = 0x100;
 /// The task is dying (sched_process_exit, no user writes possible): nothing.
 pub const AFTER_EXIT: u32 = 3;
 /// The thread takes a fatal signal (a crash, or SIGKILL): like `AFTER_RESET`, and
@@ -175,6 +178,15 @@ pub const AFTER_SIGNAL: u32 = 4;
 pub const E_SLOT_IO: i64 = -3000;
 /// Error: the DRAINED map could not be updated (records may be delivered twice).
 pub const E_DRAINED_MAP: i64 = -3001;
+/// [`drain_slot`] with `hold` stopped for want of room: `HELD_BASE - r` records are
+/// still in the buffer, past the position remembered in `DRAINED` (see [`held`]).
+const HELD_BASE: i64 = -(1 << 40);
+
+/// Records a holding drain left in the buffer, if `r` (from [`drain_slot`]) says it held.
+#[inline(always)]
+pub fn held(r: i64) -> Option<u64> {
+    (r <= HELD_BASE).then(|| (HELD_BASE - r) as u64)
+}
 
 /// Where the previous drain of `slot` stopped, if that is still meaningful.
 ///
@@ -227,7 +239,8 @@ fn ring_spans(slot: &Slot, key: [u64; 2], after: u32) -> Result<Option<RingDrain
 
 /// Drain the slot at `slot_addr` (in the RW area at `rw`) from where the last drain
 /// stopped, then do what `after` says (`AFTER_*`). Returns records taken or a
-/// negative error. `S`: the caller is a sleepable program (see `drain`).
+/// negative error (or, with [`HOLD`] in `after`, that it held: see [`held`]). `S`:
+/// the caller is a sleepable program (see `drain`).
 #[inline(never)]
 pub fn drain_slot<const S: bool>(
     slot_addr: u64,
@@ -236,6 +249,8 @@ pub fn drain_slot<const S: bool>(
     cause: u32,
     after: u32,
 ) -> i64 {
+    let hold = (after & HOLD != 0) as u64;
+    let after = after & !HOLD;
     let Ok(slot) = read_user::<Slot>(slot_addr) else {
         return E_SLOT_IO;
     };
@@ -245,6 +260,8 @@ pub fn drain_slot<const S: bool>(
         binary_id: slot.binary_id,
         pid_tid,
         cause: cause as u64,
+        hold: 0,
+        taken: 0,
     };
     // One call of `drain` for both kinds of buffer: each call site costs the verifier
     // the whole drain again.
@@ -264,8 +281,9 @@ pub fn drain_slot<const S: bool>(
             Ok(from) => req.spans = [from, slot.cur, 0, 0],
             Err(r) => return r,
         }
+        req.hold = hold;
     }
-    let delivered = drain::<S>(&req);
+    let delivered = drain::<S>(&mut req);
     if ring {
         if delivered >= 0 {
             let _ = DRAINED.insert(key, ring_state, 0);
@@ -275,7 +293,29 @@ pub fn drain_slot<const S: bool>(
     if delivered < 0 {
         return delivered;
     }
+    let stop = req.spans[0] + req.taken * RECORD_SIZE as u64;
+    if stop < slot.cur {
+        return hold_at(
+            key,
+            req.spans[0],
+            stop,
+            (slot.cur - stop) / RECORD_SIZE as u64,
+        );
+    }
     finish_trace(&slot, slot_addr, rw, key, after, delivered)
+}
+
+/// A drain that held at `stop` (it started at `from`; `left` records remain): the
+/// next one starts at `stop`.
+#[inline(always)]
+fn hold_at(key: [u64; 2], from: u64, stop: u64, left: u64) -> i64 {
+    if stop > from {
+        let stamp = read_user::<u64>(stop - RECORD_SIZE as u64 + RECORD_TIME_OFF).unwrap_or(0);
+        if DRAINED.insert(key, [stop, stamp], 0).is_err() {
+            return E_DRAINED_MAP;
+        }
+    }
+    HELD_BASE - left as i64
 }
 
 /// Where a trace buffer's drain starts (`Err`: a result to return at once, nothing
@@ -292,10 +332,9 @@ fn trace_from(slot: &Slot, key: [u64; 2], after: u32) -> Result<u64, i64> {
     if slot.inflight != 0 && after == AFTER_RESET {
         return Err(0);
     }
+    // Positions are kept in DRAINED without WRITE_USER, and after a drain that held.
     let mut from = slot.start;
-    if WRITE_USER.load() == 0
-        && let Some(pos) = delivered_up_to(key, slot)
-    {
+    if let Some(pos) = delivered_up_to(key, slot) {
         from = pos;
         stat_add(
             STAT_RECORDS_SKIPPED,
@@ -339,6 +378,9 @@ fn finish_trace(
             DRAINED.insert(key, [slot.cur, stamp], 0)
         };
         return if r.is_err() { E_DRAINED_MAP } else { delivered };
+    }
+    if DRAINED.get_ptr(key).is_some() {
+        let _ = DRAINED.remove(key);
     }
     if after == AFTER_EXIT {
         return delivered;

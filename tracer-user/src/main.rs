@@ -24,7 +24,7 @@ use tracer_common::ebpf::DEFAULT_RING_BYTES;
 
 use crate::{
     record::filters::FilterSpec,
-    record::{RecordOptions, Target},
+    record::{OnFull, RecordOptions, Target},
 };
 
 #[derive(Parser)]
@@ -114,6 +114,11 @@ struct RecordArgs {
     /// Size of the kernel ring buffer (power of two; suffixes K, M, G).
     #[arg(long, value_parser = parse_size, default_value_t = DEFAULT_RING_BYTES)]
     ring_bytes: u32,
+    /// When the ring buffer has no room for a full buffer: `wait` (the thread waits
+    /// until the tracer has caught up, at most about 5 s per buffer; nothing is lost)
+    /// or `drop` (the records are dropped and counted; the program never waits).
+    #[arg(long, value_enum, default_value_t = OnFull::Wait)]
+    on_full: OnFull,
     /// Attach to this running process instead of running a command.
     #[arg(short, long, conflicts_with = "command")]
     pid: Option<u32>,
@@ -177,6 +182,7 @@ fn run_record(args: RecordArgs) -> Result<i32> {
     let RecordArgs {
         output,
         ring_bytes,
+        on_full,
         pid,
         system_wide,
         duration,
@@ -216,6 +222,7 @@ fn run_record(args: RecordArgs) -> Result<i32> {
         let opts = RecordOptions {
             output,
             ring_bytes,
+            on_full,
             target: Target::Exec(command.clone()),
             binaries,
             filter,
@@ -232,6 +239,7 @@ fn run_record(args: RecordArgs) -> Result<i32> {
     record::record(RecordOptions {
         output,
         ring_bytes,
+        on_full,
         target,
         binaries,
         filter,

@@ -1,16 +1,28 @@
 //! `flush` and `flush_s`: the uprobe on the injected flush function drains a full
 //! buffer (and learns the process's RW area on the registration call, `cur == start`).
+//!
+//! Under `--on-full wait` (`ON_FULL`) an armed flush (`FLUSH_ARMED` in the flush
+//! register) whose drain finds no room is held: the buffer stays as it is, from where
+//! the drain stopped, and `HOLD_SIGNAL` tells the flush function to wait and flush
+//! again. A registration's flush (`FLUSH_HELLO`) gets the same signal as the answer
+//! that this tracer waits. If the signal cannot be sent, the held records are counted
+//! dropped: the flush function resets the buffer.
 
-use aya_ebpf::{helpers::bpf_get_current_pid_tgid, programs::ProbeContext};
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, generated::bpf_send_signal_thread},
+    programs::ProbeContext,
+};
 use tracer_common::{
-    CAUSE_FULL, CAUSE_REGISTER, RWH_USER_STATE, STAT_READ_ERRORS, STAT_TABLE_FULL, Slot, USER_ON,
+    CAUSE_FULL, CAUSE_REGISTER, FLUSH_ARMED, FLUSH_HELLO, HOLD_SIGNAL, RWH_USER_STATE, STAT_HOLDS,
+    STAT_READ_ERRORS, STAT_RECORDS_DROPPED, STAT_RECORDS_PRODUCED, STAT_TABLE_FULL, Slot, USER_ON,
 };
 
 use super::is_target;
 use crate::{
     arch,
     books::stat_add,
-    slots::{AFTER_RESET, drain_slot},
+    maps::ON_FULL,
+    slots::{AFTER_RESET, HOLD, drain_slot, held},
     tables::{E_BAD_RW, remember_rw_base},
     user::read_user,
 };
@@ -55,9 +67,33 @@ pub fn flush<const S: bool>(ctx: &ProbeContext) -> u32 {
     } else {
         CAUSE_FULL
     };
-    let r = drain_slot::<S>(slot_addr, slot.rw_base, pid_tid, cause, AFTER_RESET);
-    if r < 0 {
+    let waits = ON_FULL.load() != 0;
+    let mode = arch::flush_mode(ctx);
+    if waits && mode == FLUSH_HELLO {
+        let _ = hold_signal();
+    }
+    let after = if waits && mode == FLUSH_ARMED {
+        AFTER_RESET | HOLD
+    } else {
+        AFTER_RESET
+    };
+    let r = drain_slot::<S>(slot_addr, slot.rw_base, pid_tid, cause, after);
+    if let Some(left) = held(r) {
+        if hold_signal() {
+            stat_add(STAT_HOLDS, 1);
+        } else {
+            stat_add(STAT_RECORDS_PRODUCED, left);
+            stat_add(STAT_RECORDS_DROPPED, left);
+        }
+    } else if r < 0 {
         log_error!(ctx, "flush: drain of slot {:x} failed: {}", slot_addr, r);
     }
     0
+}
+
+/// Send `HOLD_SIGNAL` to the flushing thread (which has it blocked).
+#[inline(always)]
+fn hold_signal() -> bool {
+    // SAFETY: no pointers; the kernel checks the target (the current thread).
+    unsafe { bpf_send_signal_thread(HOLD_SIGNAL) == 0 }
 }

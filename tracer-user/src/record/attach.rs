@@ -15,7 +15,7 @@ use aya::{
 };
 use tracer_common::{
     ebpf::{
-        GLOBAL_EXIT_GROUP_DEAD_OFF, GLOBAL_FORK_CHILD_PID_OFF, GLOBAL_SYSTEM_WIDE,
+        GLOBAL_EXIT_GROUP_DEAD_OFF, GLOBAL_FORK_CHILD_PID_OFF, GLOBAL_ON_FULL, GLOBAL_SYSTEM_WIDE,
         GLOBAL_TP_OFFSET, GLOBAL_WRITE_USER, MAP_BINARIES, MAP_EVENTS, MAP_EXIT_STEPS,
         MAP_OPERANDS, MAP_TARGETS, MAX_BINARIES, PROG_EXEC, PROG_EXIT_STEP, PROG_FLUSH,
         PROG_FLUSH_SLEEPABLE, PROG_FORK, PROG_GROUP_EXIT, PROG_KILLED, PROG_MMAP, PROG_SITE,
@@ -35,6 +35,7 @@ use crate::{
         host::{btf, kernel},
         live::Live,
         semaphores::Raised,
+        target::OnFull,
     },
     tracefile::encode_binary,
 };
@@ -75,7 +76,12 @@ pub(super) const SPARE_OPERAND_SETS: usize = 4096;
 
 impl Live {
     /// Load the object and its programs (attached per binary by `add_binary`).
-    pub(super) fn load(ring_bytes: u32, system_wide: bool, initial: &[Traced]) -> Result<Self> {
+    pub(super) fn load(
+        ring_bytes: u32,
+        on_full: OnFull,
+        system_wide: bool,
+        initial: &[Traced],
+    ) -> Result<Self> {
         let write_user = kernel::probe_write_user_allowed();
         if !write_user {
             log::info!(
@@ -87,7 +93,13 @@ impl Live {
             .map(|t| operand_sets(&[&t.binary], 0).len())
             .sum::<usize>()
             + SPARE_OPERAND_SETS;
-        let mut ebpf = load(ring_bytes, write_user, system_wide, sets)?;
+        let globals = Globals {
+            ring_bytes,
+            write_user,
+            wait: on_full == OnFull::Wait,
+            system_wide,
+        };
+        let mut ebpf = load(&globals, sets)?;
         // The sleepable flush where the kernel has sleepable uprobes, else the plain one.
         let sleepable = {
             let p: &mut UProbe = ebpf
@@ -123,6 +135,7 @@ impl Live {
         Ok(Live {
             ebpf,
             write_user,
+            wait: globals.wait,
             flush,
             binaries: Vec::new(),
             raised: Raised::default(),
@@ -327,14 +340,18 @@ pub(super) fn operand_sets(list: &[&Instrumented], first_ordinal: u32) -> Vec<(u
     out
 }
 
+/// The session's settings the eBPF object is loaded with.
+pub(super) struct Globals {
+    pub ring_bytes: u32,
+    pub write_user: bool,
+    /// `--on-full wait`.
+    pub wait: bool,
+    pub system_wide: bool,
+}
+
 /// Load the eBPF object with this machine's globals; `OPERANDS` gets room for
 /// `operand_sets` entries (at least one: a map cannot be empty).
-pub(super) fn load(
-    ring_bytes: u32,
-    write_user: bool,
-    system_wide: bool,
-    operand_sets: usize,
-) -> Result<Ebpf> {
+pub(super) fn load(g: &Globals, operand_sets: usize) -> Result<Ebpf> {
     let operand_entries = u32::try_from(operand_sets.max(1))
         .context("too many uprobe sites with operands for one session")?;
     let tp_offset =
@@ -348,11 +365,12 @@ pub(super) fn load(
     );
     EbpfLoader::new()
         .override_global(GLOBAL_TP_OFFSET, &tp_offset, true)
-        .override_global(GLOBAL_SYSTEM_WIDE, &u8::from(system_wide), true)
-        .override_global(GLOBAL_WRITE_USER, &u8::from(write_user), true)
+        .override_global(GLOBAL_SYSTEM_WIDE, &u8::from(g.system_wide), true)
+        .override_global(GLOBAL_WRITE_USER, &u8::from(g.write_user), true)
+        .override_global(GLOBAL_ON_FULL, &u8::from(g.wait), true)
         .override_global(GLOBAL_FORK_CHILD_PID_OFF, &fork_child, true)
         .override_global(GLOBAL_EXIT_GROUP_DEAD_OFF, &group_dead, true)
-        .map_max_entries(MAP_EVENTS, ring_bytes)
+        .map_max_entries(MAP_EVENTS, g.ring_bytes)
         .map_max_entries(MAP_OPERANDS, operand_entries)
         .load(EBPF_OBJECT)
         .context("cannot load the eBPF object")

@@ -20,6 +20,8 @@ use crate::record::{
 pub(super) struct Live {
     pub(super) ebpf: Ebpf,
     pub(super) write_user: bool,
+    /// `--on-full wait`.
+    pub(super) wait: bool,
     /// The flush program in use (sleepable or not).
     pub(super) flush: &'static str,
     /// Ordinal = index.

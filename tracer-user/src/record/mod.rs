@@ -31,7 +31,7 @@ use tracer_common::{RECORD_VERSION, ebpf::MAP_EVENTS};
 
 use discover::{Traced, binary_infos};
 use summary::print_summary;
-pub use target::{RecordOptions, Target, Untouched, default_output};
+pub use target::{OnFull, RecordOptions, Target, Untouched, default_output};
 
 use crate::{
     record::{
@@ -54,7 +54,7 @@ pub fn record(opts: RecordOptions) -> Result<i32> {
 
     let system_wide = matches!(opts.target, Target::SystemWide { .. });
     let (initial, exe) = initial_binaries(&opts)?;
-    let mut live = Live::load(opts.ring_bytes, system_wide, &initial)?;
+    let mut live = Live::load(opts.ring_bytes, opts.on_full, system_wide, &initial)?;
     let mut seen = live.add_initial(&initial)?;
     live.attach_tracepoints()?;
     live.set_initial_filter(&opts)?;

@@ -6,7 +6,7 @@ use std::{collections::HashMap as StdHashMap, fs::File, os::unix::fs::FileExt, p
 use anyhow::{Context, Result, bail};
 use aya::maps::HashMap;
 use tracer_common::{
-    RW_MAGIC,
+    ON_FULL_WAIT, RW_MAGIC, RWH_ON_FULL,
     ebpf::{MAP_TABLES, TABLE_BINARIES},
 };
 
@@ -31,6 +31,19 @@ pub(super) fn all_pids() -> Vec<u32> {
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&p| p != me)
         .collect()
+}
+
+/// `--on-full wait` for threads that registered before the session: their flush
+/// function looks at `RwHeader::on_full` (new threads are told at registration).
+/// Best effort: they drop instead of waiting if this fails.
+fn arm(mem_path: &str, rw_base: u64) {
+    let r = std::fs::OpenOptions::new()
+        .write(true)
+        .open(mem_path)
+        .and_then(|f| f.write_all_at(&ON_FULL_WAIT.to_le_bytes(), rw_base + RWH_ON_FULL));
+    if let Err(e) = r {
+        log::info!("cannot arm the RW area at {rw_base:#x} in {mem_path}: {e}");
+    }
 }
 
 impl Live {
@@ -59,6 +72,9 @@ impl Live {
             .with_context(|| format!("cannot read the RW area at {rw_base:#x}"))?;
         if u64::from_le_bytes(magic) != RW_MAGIC {
             bail!("no RW area at {rw_base:#x}");
+        }
+        if self.wait {
+            arm(&mem_path, rw_base);
         }
         let mut tables: HashMap<_, u32, [u64; TABLE_BINARIES]> = HashMap::try_from(
             self.ebpf

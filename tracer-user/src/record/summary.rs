@@ -9,8 +9,9 @@ use aya::{
     maps::{Array, PerCpuArray},
 };
 use tracer_common::{
-    STAT_CHUNKS, STAT_COUNT, STAT_READ_ERRORS, STAT_RECORDS_DELIVERED, STAT_RECORDS_DROPPED,
-    STAT_RECORDS_FILTERED, STAT_RECORDS_PRODUCED, STAT_RECORDS_SKIPPED, STAT_TABLE_FULL,
+    STAT_CHUNKS, STAT_COUNT, STAT_HOLDS, STAT_READ_ERRORS, STAT_RECORDS_DELIVERED,
+    STAT_RECORDS_DROPPED, STAT_RECORDS_FILTERED, STAT_RECORDS_PRODUCED, STAT_RECORDS_SKIPPED,
+    STAT_TABLE_FULL,
     ebpf::{MAP_SEQ, MAP_STATS, TABLE_BINARIES},
 };
 
@@ -88,6 +89,7 @@ pub(super) fn final_stats(
         read_errors: stat(STAT_READ_ERRORS),
         records_skipped: stat(STAT_RECORDS_SKIPPED),
         table_full: stat(STAT_TABLE_FULL),
+        holds: stat(STAT_HOLDS),
         seq_issued: seq.get(&0, 0)?,
         records_received: consumed.records,
         chunks_received: consumed.chunks,

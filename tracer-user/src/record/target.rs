@@ -27,6 +27,7 @@ pub enum Target {
 pub struct RecordOptions {
     pub output: PathBuf,
     pub ring_bytes: u32,
+    pub on_full: OnFull,
     pub target: Target,
     /// `--binary`: instrumented binaries to trace besides those found from the target
     /// (e.g. the program run by an uninstrumented loader such as qemu-user).
@@ -35,6 +36,15 @@ pub struct RecordOptions {
     pub filter: FilterSpec,
     /// Untouched binaries traced by uprobes only.
     pub untouched: Vec<Untouched>,
+}
+
+/// `record --on-full`: what a full buffer does when the ring buffer has no room.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnFull {
+    /// The thread waits (bounded) and flushes again: back-pressure, nothing lost.
+    Wait,
+    /// The records are dropped and counted.
+    Drop,
 }
 
 /// `record --uprobe PATH[:GLOB,...]` / `--usdt PATH`.

@@ -121,6 +121,10 @@ pub struct FinalStats {
     /// Flushes of processes with more instrumented binaries than the eBPF side tracks.
     #[serde(default)]
     pub table_full: u64,
+    /// Flushes held back for want of room in the ring buffer (`--on-full wait`): each
+    /// time the thread waited and flushed again.
+    #[serde(default)]
+    pub holds: u64,
     /// Sequence numbers the kernel handed out (one per chunk it tried to emit).
     pub seq_issued: u64,
     /// What the consumer wrote into this file.

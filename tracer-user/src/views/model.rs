@@ -116,6 +116,8 @@ pub struct Books {
     pub balanced: bool,
     pub filter: String,
     pub filter_changes: u64,
+    /// Flushes that waited for room in the ring buffer (`--on-full wait`).
+    pub holds: u64,
 }
 
 #[derive(Serialize)]
@@ -523,6 +525,7 @@ fn books(st: &FinalStats) -> Books {
             && st.records_received == st.records_delivered,
         filter: st.filter.clone(),
         filter_changes: st.filter_changes,
+        holds: st.holds,
     }
 }
 

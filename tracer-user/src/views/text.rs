@@ -78,6 +78,13 @@ fn write_books(out: &mut impl Write, b: &Books) -> Result<()> {
             "NOT balanced"
         }
     )?;
+    if b.holds > 0 {
+        writeln!(
+            out,
+            "back-pressure: {} flushes waited for room in the ring buffer",
+            b.holds
+        )?;
+    }
     if b.dropped > 0 {
         let per = nonzero(&b.dropped_per_cpu, |cpu, n| format!("cpu{cpu} {n}"));
         writeln!(out, "dropped per CPU: {}", per.join(", "))?;

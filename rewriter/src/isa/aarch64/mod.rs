@@ -17,6 +17,7 @@ mod reloc;
 mod runtime;
 mod stub;
 mod usdt;
+mod wait;
 
 use super::{
     Branch, Candidate, FunctionPlan, InsnFacts, Isa, Layout, Runtime, SiteReq, Span, Targets,

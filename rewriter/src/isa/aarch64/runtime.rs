@@ -3,6 +3,7 @@
 //! as the x86-64 runtime; see that module and ARCHITECTURE.md.
 
 use super::enc::*;
+use super::wait;
 use crate::isa::{Layout, Runtime};
 use tracer_common::*;
 
@@ -53,15 +54,28 @@ pub(super) fn emit(
     let mut a = Asm::new(at);
     let (flush, register, shim) = (a.label(), a.label(), a.label());
 
-    // flush(x9 = slot): the uprobe sits on the leading NOP; the eBPF program drains
-    // and resets the buffer. Then, with no tracer, discard the records: reset unless
-    // a record is still being written (`inflight`) or the buffer is no longer full.
-    // With the user-space drain on, send the records instead (user_drain saves what
-    // it uses). Clobbers x10, x11 only; flags untouched.
+    // flush(x9 = slot): the uprobe sits on the NOP; the eBPF program drains the
+    // buffer; x11 tells it what the flush may do (`FLUSH_*`, 0 = plain). Plain: then,
+    // with no tracer, discard the records: reset unless a record is still being
+    // written (`inflight`) or the buffer is no longer full. With the user-space drain
+    // on, send the records instead (user_drain saves what it uses). Armed
+    // (`RwHeader::on_full`, see `wait.rs`): signals held, and the flush repeats while
+    // the drain holds the buffer. Clobbers x10, x11 only; flags untouched.
     let (flush_done, flush_user) = (a.label(), a.label());
     let (user_drain, user_send) = (a.label(), a.label());
+    let (again, probe, hello, take_hold) = (a.label(), a.label(), a.label(), a.label());
+    let armed = wait::Labels::new(&mut a);
     a.bind(flush);
+    // This binary's own header, not the slot's `rw_base` (a program may scribble there).
+    a.addr(10, layout.rw_vaddr)?;
+    a.put(ldr_w(10, 10, RWH_ON_FULL as u32));
+    a.put(sub_imm(10, 10, ON_FULL_WAIT, false));
+    a.cbz_l(true, false, 10, armed.enter);
+    a.put(movz(11, 0, 0));
+    a.bind(again);
+    a.bind(probe);
     a.put(NOP);
+    a.cbz_l(true, true, 11, armed.after);
     a.put(ldr_x(10, 9, SLOT_INFLIGHT as u32));
     a.cbz_l(true, true, 10, flush_done);
     a.put(ldr_x(10, 9, SLOT_CUR as u32));
@@ -72,13 +86,7 @@ pub(super) fn emit(
     a.put(ldr_w(10, 10, RWH_USER_STATE as u32));
     a.put(sub_imm(10, 10, USER_ON, false));
     a.cbz_l(true, false, 10, flush_user);
-    a.put(ldr_x(10, 9, SLOT_START as u32));
-    a.put(str_x(10, 9, SLOT_CUR as u32));
-    // A new buffer epoch: coarse-timestamp records carry it (see the stub), so a
-    // drain position remembered from before the reset is no longer trusted.
-    a.put(ldr_w(10, 9, SLOT_GENERATION as u32));
-    a.put(add_imm(10, 10, 1, false));
-    a.put(str_w(10, 9, SLOT_GENERATION as u32));
+    reset_buffer(&mut a);
     a.bind(flush_done);
     a.put(RET);
     a.bind(flush_user);
@@ -88,11 +96,25 @@ pub(super) fn emit(
         chunk_kind_cause(CHUNK_KIND_RECORDS, CAUSE_FULL),
     ));
     a.b_l(user_drain);
+    // register's flush: the drain answers whether the tracer waits (signals are
+    // held in register).
+    a.bind(hello);
+    a.put_all(&mov_imm64(11, FLUSH_HELLO));
+    a.b_l(again);
+    wait::emit_armed(&mut a, &armed, again, flush_done, take_hold);
+    wait::emit_take_hold(&mut a, take_hold);
 
     emit_user_drain(&mut a, user_drain, user_send);
     emit_user_send(&mut a, user_send);
 
-    emit_register(&mut a, layout, register, flush, user_drain, user_send)?;
+    let calls = RegisterCalls {
+        flush,
+        hello,
+        take_hold,
+        user_drain,
+        user_send,
+    };
+    emit_register(&mut a, layout, register, &calls)?;
 
     if layout.pre_tls {
         // Process entry: x0 (rtld_fini) and sp must survive; x9 is scratch.
@@ -105,7 +127,7 @@ pub(super) fn emit(
 
     let rt = Runtime {
         flush: a.addr_of(flush).ok_or("flush unbound")?,
-        flush_probe: a.addr_of(flush).ok_or("flush unbound")?,
+        flush_probe: a.addr_of(probe).ok_or("flush probe unbound")?,
         register: a.addr_of(register).ok_or("register unbound")?,
         entry_shim: if layout.pre_tls {
             a.addr_of(shim)
@@ -120,13 +142,31 @@ pub(super) fn emit(
 ///
 /// Called from a stub that saved x9..x13 and x30; everything else, NZCV included, is
 /// preserved. Frame: x0..x8, x14, x30 and NZCV, then the new and old signal masks.
+/// The routines `register` calls.
+struct RegisterCalls {
+    flush: Label,
+    hello: Label,
+    take_hold: Label,
+    user_drain: Label,
+    user_send: Label,
+}
+
+/// `cur = start` and a new buffer epoch: coarse-timestamp records carry it (see the
+/// stub), so a drain position remembered from before the reset is no longer trusted.
+/// x9 = slot; clobbers x10.
+pub(super) fn reset_buffer(a: &mut Asm) {
+    a.put(ldr_x(10, 9, SLOT_START as u32));
+    a.put(str_x(10, 9, SLOT_CUR as u32));
+    a.put(ldr_w(10, 9, SLOT_GENERATION as u32));
+    a.put(add_imm(10, 10, 1, false));
+    a.put(str_w(10, 9, SLOT_GENERATION as u32));
+}
+
 fn emit_register(
     a: &mut Asm,
     l: &Layout,
     register: Label,
-    flush: Label,
-    user_drain: Label,
-    user_send: Label,
+    c: &RegisterCalls,
 ) -> Result<(), String> {
     let lb = RegisterLabels {
         scan: a.label(),
@@ -148,10 +188,16 @@ fn emit_register(
     register_reclaim(a, l, &lb);
     register_init(a, l, &lb);
     if l.pre_tls {
-        register_handover(a, &lb, flush, user_drain);
+        register_handover(a, &lb, c.flush, c.user_drain);
     }
-    emit_user_discovery(a, user_send);
-    a.bl_l(flush); // empty drain: tells the tracer about this slot
+    emit_user_discovery(a, c.user_send);
+    // An empty drain: tells the tracer about this slot; a tracer that waits for room
+    // answers with HOLD_SIGNAL (signals are held here).
+    a.bl_l(c.hello);
+    a.bl_l(c.take_hold);
+    a.cbz_l(true, false, 0, lb.found);
+    a.put(movz(0, ON_FULL_WAIT, 0));
+    a.put(str_w(0, 6, RWH_ON_FULL as u32));
     register_index(a, &lb);
     register_leave(a, &lb);
     Ok(())
@@ -556,7 +602,7 @@ fn emit_user_send(a: &mut Asm, label: Label) {
 
 /// Block every signal; the mask words live at `[sp + new_off]` and `[sp + old_off]`
 /// (the old mask is saved there). Clobbers x0-x3 and x8.
-fn block_signals(a: &mut Asm, new_off: u32, old_off: u32) {
+pub(super) fn block_signals(a: &mut Asm, new_off: u32, old_off: u32) {
     a.put_all(&mov_imm64(0, u64::MAX));
     a.put(str_x(0, SP, new_off));
     a.put(movz(0, SIG_BLOCK as u32, 0));
@@ -569,7 +615,7 @@ fn block_signals(a: &mut Asm, new_off: u32, old_off: u32) {
 
 /// Put back the mask that [`block_signals`] saved at `[sp + old_off]`. Clobbers x0-x3
 /// and x8.
-fn restore_signals(a: &mut Asm, old_off: u32) {
+pub(super) fn restore_signals(a: &mut Asm, old_off: u32) {
     a.put(movz(0, SIG_SETMASK as u32, 0));
     a.put(add_imm(1, SP, old_off, false));
     a.put(movz(2, 0, 0));

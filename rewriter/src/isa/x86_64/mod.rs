@@ -11,6 +11,7 @@ mod flow;
 mod runtime;
 mod stub;
 mod usdt;
+mod wait;
 
 use iced_x86::{
     Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register,

@@ -7,16 +7,17 @@ use iced_x86::{BlockEncoderOptions, Register};
 
 use super::super::{Layout, Runtime};
 use super::stub::lea_rip;
+use super::wait;
 use tracer_common::*;
 
-const SYS_GETPID: u32 = 39;
-const SYS_GETTID: u32 = 186;
+pub(super) const SYS_GETPID: u32 = 39;
+pub(super) const SYS_GETTID: u32 = 186;
 const SYS_TGKILL: u32 = 234;
 const SYS_ARCH_PRCTL: u32 = 158;
 const ARCH_SET_FS: u32 = 0x1002;
-const SYS_RT_SIGPROCMASK: u32 = 14;
-const SIG_BLOCK: u32 = 0;
-const SIG_SETMASK: u32 = 2;
+pub(super) const SYS_RT_SIGPROCMASK: u32 = 14;
+pub(super) const SIG_BLOCK: u32 = 0;
+pub(super) const SIG_SETMASK: u32 = 2;
 const ESRCH: i32 = 3;
 const EINTR: i32 = 4;
 const SYS_SENDMSG: u32 = 46;
@@ -37,28 +38,42 @@ pub(super) fn emit(
     let mut register = a.create_label();
     let mut shim = a.create_label();
 
-    // flush(%rsi = slot): the uprobe sits on the leading 4-byte NOP. Not a 5-byte one:
+    // flush(%rsi = slot): the uprobe sits on the 4-byte NOP. Not a 5-byte one:
     // Linux 6.18 optimises a uprobe on nop5 into a call to a per-process trampoline
     // that a fork()ed child does not inherit, so the child's first flush jumps into
     // nothing (SIGSEGV; tests/fixtures/callers.c). A NOP uprobe is emulated, without a
     // single-step: ~3 ns/event more than nop5 under `tracer record` (xtask bench).
-    // The tracer's eBPF program drains the
-    // buffer and resets it. Then, with no tracer, discard the records: reset unless a
-    // record is still being written (`inflight`, a signal handler interrupted a stub)
-    // or the buffer is no longer full (the tracer reset it). With the user-space drain
-    // on, send the records instead. A signal handler that records between the drain and
-    // the reset (a signal pending during the uprobe is delivered right after it) moved
-    // `cur` on: no reset then, its records stay for the next flush (the tracer drains
-    // from where it stopped; they stay in the slack after `end`). Clobbers %rax %rcx
-    // and flags (the stub saved them; `register` keeps %rdx across its call).
+    // The tracer's eBPF program drains the buffer; %rdx tells it what the flush may do
+    // (`FLUSH_*`, 0 = plain). Plain: then, with no tracer, discard the records: reset
+    // unless a record is still being written (`inflight`, a signal handler interrupted
+    // a stub) or the buffer is no longer full (the tracer reset it). With the
+    // user-space drain on, send the records instead. A signal handler that records
+    // between the drain and the reset (a signal pending during the uprobe is delivered
+    // right after it) moved `cur` on: no reset then, its records stay for the next
+    // flush (the tracer drains from where it stopped; they stay in the slack after
+    // `end`). Armed (`RwHeader::on_full`, see `wait.rs`): signals held, and the flush
+    // repeats while the drain holds the buffer. Clobbers %rax %rcx and flags.
     let mut flush_done = a.create_label();
     let mut flush_user = a.create_label();
     let mut user_drain = a.create_label();
     let mut user_send = a.create_label();
+    let mut again = a.create_label();
+    let mut hello = a.create_label();
+    let mut take_hold = a.create_label();
+    let mut armed = wait::Labels::new(&mut a);
     a.set_label(&mut flush)?;
+    a.push(rdx)?;
+    // This binary's own header, not the slot's `rw_base` (a program may scribble there).
+    lea_rip(&mut a, Register::RCX, layout.rw_vaddr)?;
+    a.cmp(dword_ptr(rcx + RWH_ON_FULL as i32), ON_FULL_WAIT)?;
+    a.je(armed.enter)?;
+    a.xor(edx, edx)?;
+    a.set_label(&mut again)?;
     a.mov(rax, qword_ptr(rsi + SLOT_CUR as i32))?;
     a.set_label(&mut probe)?;
     a.db(&[0x0f, 0x1f, 0x40, 0x00])?;
+    a.test(rdx, rdx)?;
+    a.jne(armed.after)?;
     a.cmp(qword_ptr(rsi + SLOT_INFLIGHT as i32), 0)?;
     a.jne(flush_done)?;
     a.mov(rcx, qword_ptr(rsi + SLOT_CUR as i32))?;
@@ -76,23 +91,36 @@ pub(super) fn emit(
     a.cmp(qword_ptr(rsi + SLOT_CUR as i32), rcx)?;
     a.jb(flush_done)?;
     a.set_label(&mut reset)?;
-    a.mov(rcx, qword_ptr(rsi + SLOT_START as i32))?;
-    a.mov(qword_ptr(rsi + SLOT_CUR as i32), rcx)?;
-    // A new buffer epoch: coarse-timestamp records carry it (see the stub), so a
-    // drain position remembered from before the reset is no longer trusted.
-    a.inc(dword_ptr(rsi + SLOT_GENERATION as i32))?;
+    reset_buffer(&mut a)?;
     a.set_label(&mut flush_done)?;
+    a.pop(rdx)?;
     a.ret()?;
     a.set_label(&mut flush_user)?;
     a.mov(r10, chunk_kind_cause(CHUNK_KIND_RECORDS, CAUSE_FULL))?;
     a.call(user_drain)?;
+    a.pop(rdx)?;
     a.ret()?;
+    // register's flush: the drain answers whether the tracer waits (signals are
+    // held in register).
+    a.set_label(&mut hello)?;
+    a.push(rdx)?;
+    a.mov(rdx, FLUSH_HELLO)?;
+    a.jmp(again)?;
+    wait::emit_armed(&mut a, &mut armed, again, flush_done, take_hold)?;
+    wait::emit_take_hold(&mut a, &mut take_hold)?;
     a.int3()?;
 
     emit_user_drain(&mut a, &mut user_drain, user_send)?;
     emit_user_send(&mut a, &mut user_send)?;
 
-    emit_register(&mut a, layout, &mut register, flush, user_drain, user_send)?;
+    let calls = RegisterCalls {
+        flush,
+        hello,
+        take_hold,
+        user_drain,
+        user_send,
+    };
+    emit_register(&mut a, layout, &mut register, &calls)?;
 
     if layout.pre_tls {
         // Process entry: %rdx (rtld_fini) and %rsp must survive; the rest is scratch.
@@ -119,6 +147,15 @@ pub(super) fn emit(
     Ok((res.inner.code_buffer, rt))
 }
 
+/// `cur = start` and a new buffer epoch: coarse-timestamp records carry it (see the
+/// stub), so a drain position remembered from before the reset is no longer trusted.
+/// %rsi = slot; clobbers %rcx.
+pub(super) fn reset_buffer(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    a.mov(rcx, qword_ptr(rsi + SLOT_START as i32))?;
+    a.mov(qword_ptr(rsi + SLOT_CUR as i32), rcx)?;
+    a.inc(dword_ptr(rsi + SLOT_GENERATION as i32))
+}
+
 /// register(%r11 = thread pointer) → %rcx != 0 when the thread now owns a slot.
 ///
 /// Called from a stub that saved %rax %rcx %rdx %rsi %r11; everything else, flags
@@ -129,13 +166,20 @@ pub(super) fn emit(
 /// tid, 0)` = -ESRCH); (4) else count a dropped record and fail. A claimed slot is
 /// initialised, the index entry installed, and the flush function called once on the
 /// empty buffer so that a tracer learns about the slot.
+/// The routines `register` calls.
+struct RegisterCalls {
+    flush: CodeLabel,
+    hello: CodeLabel,
+    take_hold: CodeLabel,
+    user_drain: CodeLabel,
+    user_send: CodeLabel,
+}
+
 fn emit_register(
     a: &mut CodeAssembler,
     l: &Layout,
     register: &mut CodeLabel,
-    flush: CodeLabel,
-    user_drain: CodeLabel,
-    user_send: CodeLabel,
+    c: &RegisterCalls,
 ) -> Result<(), IcedError> {
     let mut lb = RegisterLabels {
         scan: a.create_label(),
@@ -155,10 +199,16 @@ fn emit_register(
     register_reclaim(a, l, &mut lb)?;
     register_init(a, l, &mut lb)?;
     if l.pre_tls {
-        register_handover(a, &mut lb, flush, user_drain)?;
+        register_handover(a, &mut lb, c.flush, c.user_drain)?;
     }
-    emit_user_discovery(a, user_send)?;
-    a.call(flush)?; // empty drain: tells the tracer about this slot
+    emit_user_discovery(a, c.user_send)?;
+    // An empty drain: tells the tracer about this slot; a tracer that waits for room
+    // answers with HOLD_SIGNAL (signals are held here).
+    a.call(c.hello)?;
+    a.call(c.take_hold)?;
+    a.test(eax, eax)?;
+    a.je(lb.found)?; // register_index follows
+    a.mov(dword_ptr(rdx + RWH_ON_FULL as i32), ON_FULL_WAIT)?;
     register_index(a, &mut lb)?;
     register_leave(a, &mut lb)
 }
