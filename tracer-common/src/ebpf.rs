@@ -50,6 +50,9 @@ pub const MAP_STATS: &str = "STATS";
 pub const MAP_TABLES: &str = "TABLES";
 /// `HashMap<u32 tgid, u8>`: the traced processes (ignored when `SYSTEM_WIDE` != 0).
 pub const MAP_TARGETS: &str = "TARGETS";
+/// The `TARGETS` key (no process has pid 0) that ends a session: once it is there,
+/// every program returns at once (the tracer then takes them down in the background).
+pub const TARGETS_ENDED: u32 = 0;
 /// `Array<u64>`: binary ordinal (the high half of a site cookie) → binary_id.
 pub const MAP_BINARIES: &str = "BINARIES";
 

@@ -7,7 +7,7 @@
 use aya_ebpf::{helpers::bpf_get_current_pid_tgid, programs::TracePointContext};
 use tracer_common::{CAUSE_CRASH, CAUSE_TASK_EXIT, CAUSE_THREAD_EXIT};
 
-use super::is_target;
+use super::{ended, is_target};
 use crate::{
     maps::{EXIT_DRAINED, EXIT_GROUP_DEAD_OFF, TABLES, TARGETS},
     slots::{AFTER_EXIT, AFTER_RELEASE, AFTER_SIGNAL},
@@ -92,7 +92,7 @@ pub fn task_exit(ctx: &TracePointContext) -> u32 {
     let pid_tid = bpf_get_current_pid_tgid();
     let tgid = (pid_tid >> 32) as u32;
     let tid = pid_tid as u32;
-    if !is_target(tgid) && TARGETS.get_ptr(tid).is_none() {
+    if !is_target(tgid) && (ended() || TARGETS.get_ptr(tid).is_none()) {
         return 0;
     }
     // The task is PF_EXITING: user memory is still readable, not writable. The walk

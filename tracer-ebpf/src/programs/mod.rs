@@ -15,10 +15,19 @@ pub mod flush;
 pub mod process;
 pub mod site;
 
+use tracer_common::ebpf::TARGETS_ENDED;
+
 use crate::maps::{SYSTEM_WIDE, TARGETS};
 
-/// Whether process `tgid` is traced (every process in a system-wide session).
+/// Whether process `tgid` is traced (every process in a system-wide session), until
+/// the session ends.
 #[inline(always)]
 pub fn is_target(tgid: u32) -> bool {
-    SYSTEM_WIDE.load() != 0 || TARGETS.get_ptr(tgid).is_some()
+    !ended() && (SYSTEM_WIDE.load() != 0 || TARGETS.get_ptr(tgid).is_some())
+}
+
+/// The session is over (`TARGETS_ENDED`).
+#[inline(always)]
+pub fn ended() -> bool {
+    TARGETS.get_ptr(TARGETS_ENDED).is_some()
 }

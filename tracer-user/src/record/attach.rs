@@ -9,7 +9,7 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, ProgramArray},
     programs::{
-        TracePoint, UProbe,
+        Program, ProgramError, TracePoint, UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
     },
 };
@@ -101,21 +101,13 @@ impl Live {
         };
         let mut ebpf = load(&globals, sets)?;
         // The sleepable flush where the kernel has sleepable uprobes, else the plain one.
-        let sleepable = {
-            let p: &mut UProbe = ebpf
-                .program_mut(PROG_FLUSH_SLEEPABLE)
-                .with_context(|| format!("no program {PROG_FLUSH_SLEEPABLE}"))?
-                .try_into()?;
-            let t = Instant::now();
-            let r = p.load();
-            log::debug!("{PROG_FLUSH_SLEEPABLE} verified in {:?}", t.elapsed());
-            match r {
-                Ok(()) => true,
-                Err(e) => {
-                    log::info!("no sleepable flush program ({e}); using the plain one");
-                    false
-                }
+        let sleepable = match preload(&mut ebpf).remove(PROG_FLUSH_SLEEPABLE) {
+            Some(Ok(())) => true,
+            Some(Err(e)) => {
+                log::info!("no sleepable flush program ({e}); using the plain one");
+                false
             }
+            None => bail!("no program {PROG_FLUSH_SLEEPABLE}"),
         };
         let flush = if sleepable {
             PROG_FLUSH_SLEEPABLE
@@ -282,7 +274,9 @@ impl Live {
                 .program_mut(PROG_EXIT_STEP)
                 .with_context(|| format!("no program {PROG_EXIT_STEP} in the eBPF object"))?
                 .try_into()?;
-            verified(PROG_EXIT_STEP, || step.load())?;
+            if step.fd().is_err() {
+                verified(PROG_EXIT_STEP, || step.load())?;
+            }
             let fd = step.fd()?.try_clone()?;
             let mut steps = ProgramArray::try_from(
                 self.ebpf
@@ -439,6 +433,38 @@ fn untouched_semaphores(b: &Instrumented) -> Vec<tracer_common::meta::Semaphore>
             semaphore_file_off: s.semaphore_file_off,
         })
         .collect()
+}
+
+/// The programs that take the verifier longest (about 0.5 to 1 s each here).
+const SLOW_TO_VERIFY: [&str; 3] = [PROG_FLUSH_SLEEPABLE, PROG_SITE, PROG_EXIT_STEP];
+
+/// Load the programs of `SLOW_TO_VERIFY` at the same time, a thread each: the
+/// verifier runs on every core, and the session starts that much sooner. Returns
+/// each one's result; a failure is only reported by the caller that needs the program
+/// (loading it again gives the error).
+fn preload(ebpf: &mut Ebpf) -> std::collections::HashMap<String, Result<(), ProgramError>> {
+    let slow: Vec<(&str, &mut Program)> = ebpf
+        .programs_mut()
+        .filter(|(name, _)| SLOW_TO_VERIFY.contains(name))
+        .collect();
+    std::thread::scope(|s| {
+        let loads: Vec<_> = slow
+            .into_iter()
+            .map(|(name, p)| {
+                s.spawn(move || {
+                    let t = Instant::now();
+                    let r = match p {
+                        Program::UProbe(p) => p.load(),
+                        Program::TracePoint(p) => p.load(),
+                        _ => Ok(()),
+                    };
+                    log::debug!("{name} verified in {:?} (in parallel)", t.elapsed());
+                    (name.to_string(), r)
+                })
+            })
+            .collect();
+        loads.into_iter().filter_map(|h| h.join().ok()).collect()
+    })
 }
 
 /// Load a program into the kernel (`load`), saying how long the verifier took.

@@ -15,6 +15,7 @@ mod seed;
 pub mod semaphores;
 mod summary;
 mod target;
+mod teardown;
 pub mod userdrain;
 
 use std::{
@@ -334,7 +335,7 @@ fn serve(
     }
 }
 
-/// Nothing new after detaching, so the last drain of the ring buffer is complete and
+/// Nothing new once the session is stopped, so the last drain of the ring buffer is complete and
 /// the kernel counters match the file: stats, the summary, the debug cache.
 fn finish(
     mut live: Live,
@@ -342,7 +343,10 @@ fn finish(
     exit_code: Option<i32>,
     initial: usize,
 ) -> Result<()> {
-    attach::detach(&mut live.ebpf);
+    if let Err(e) = teardown::stop(&mut live.ebpf) {
+        log::warn!("{e:#}; taking every probe down now");
+        attach::detach(&mut live.ebpf);
+    }
     let (consumed, writer) = pipeline.finish()?;
     let mut stats = summary::final_stats(&live.ebpf, &consumed, clock::anchor(), exit_code)?;
     stats.filter = live.filters.spec().describe();
@@ -353,6 +357,7 @@ fn finish(
     for b in &live.binaries {
         summary::cache_debug_info(b);
     }
+    teardown::release(live.ebpf);
     Ok(())
 }
 

@@ -53,6 +53,7 @@
 //! section, is reported as truncated and read up to its last complete section.
 
 pub mod clock;
+mod direct;
 mod pack;
 mod read;
 mod write;

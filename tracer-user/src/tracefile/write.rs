@@ -2,8 +2,7 @@
 //! atomic rename at the end (a crash leaves no half file under the final name).
 
 use std::{
-    fs::File,
-    io::{BufWriter, Write},
+    io::Write,
     path::{Path, PathBuf},
 };
 
@@ -13,6 +12,7 @@ use tracer_common::{
     RECORD_SIZE, Record,
 };
 
+use super::direct::DirectWriter;
 use super::{
     BinaryInfo, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, MAGIC, SECTION_BINARY,
     SECTION_CHUNK_PACKED, SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SESSION,
@@ -133,7 +133,7 @@ fn remove_stale_temporaries(dest: &Path, name: &std::ffi::OsStr) {
 /// Writes a trace to `<dir>/.<name>.<pid>.tmp` and renames it to the destination in
 /// [`Writer::finish`]; dropped unfinished, it removes the temporary file.
 pub struct Writer {
-    out: BufWriter<File>,
+    out: DirectWriter,
     tmp: PathBuf,
     dest: PathBuf,
     done: bool,
@@ -147,17 +147,23 @@ impl Writer {
         }
         // 0600: a trace holds arguments, return values and memory addresses of the
         // traced programs. create_new: never write through a planted file or link.
-        let file = {
+        let open = |flags: i32| {
             use std::os::unix::fs::OpenOptionsExt;
             std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .mode(0o600)
+                .custom_flags(flags)
                 .open(&tmp)
-        }
-        .with_context(|| format!("cannot create {}", tmp.display()))?;
+        };
+        // O_DIRECT where the file system takes it (not tmpfs: EINVAL).
+        let (file, direct) = match open(libc::O_DIRECT) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (open(0), false),
+            r => (r, true),
+        };
+        let file = file.with_context(|| format!("cannot create {}", tmp.display()))?;
         let mut w = Writer {
-            out: BufWriter::with_capacity(1 << 20, file),
+            out: DirectWriter::new(file, direct),
             tmp,
             dest: dest.to_path_buf(),
             done: false,
@@ -196,8 +202,7 @@ impl Writer {
     pub fn finish(mut self, stats: &FinalStats) -> Result<PathBuf> {
         self.section(SECTION_STATS, &serde_json::to_vec(stats)?)?;
         self.out
-            .flush()
-            .and_then(|()| self.out.get_ref().sync_all())
+            .finish()
             .with_context(|| format!("cannot write {}", self.tmp.display()))?;
         std::fs::rename(&self.tmp, &self.dest).with_context(|| {
             format!(

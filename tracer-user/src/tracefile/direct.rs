@@ -1,0 +1,143 @@
+//! The trace file's output stream: appends through `O_DIRECT` in aligned blocks, so a
+//! session's gigabytes go from our buffer to the disk without a page-cache copy.
+//!
+//! Measured on this project's VMs: a buffered write of 1.5 GB into fresh page cache
+//! costs the writer thread 3 to 5 s of CPU (`copy_folio_from_iter_atomic`: every new
+//! page-cache page is guest memory the host backs on first touch), direct writes of
+//! 2 MiB blocks 1 s of waiting at 1.6 GB/s. The tail that does not fill a block is
+//! written with `O_DIRECT` turned off. Where the file system refuses `O_DIRECT`
+//! (tmpfs), everything is written the ordinary way.
+
+use std::{
+    fs::File,
+    io::{self, Write},
+    os::fd::AsRawFd,
+};
+
+/// Alignment of direct I/O (address, length and file offset): the largest logical
+/// block size in use.
+const ALIGN: usize = 4096;
+/// Bytes per direct write.
+const BLOCK: usize = 2 << 20;
+
+pub struct DirectWriter {
+    file: File,
+    /// `BLOCK + ALIGN` bytes; the block is `buf[off..off + BLOCK]`, `ALIGN`-aligned.
+    buf: Vec<u8>,
+    off: usize,
+    len: usize,
+    direct: bool,
+}
+
+impl DirectWriter {
+    /// `file` as opened; `direct`: with `O_DIRECT`.
+    pub fn new(file: File, direct: bool) -> Self {
+        let buf = vec![0u8; BLOCK + ALIGN];
+        let off = buf.as_ptr().align_offset(ALIGN);
+        DirectWriter {
+            file,
+            buf,
+            off,
+            len: 0,
+            direct,
+        }
+    }
+
+    /// Write out the block (all `BLOCK` bytes of it).
+    fn write_block(&mut self) -> io::Result<()> {
+        let range = self.off..self.off + BLOCK;
+        match self.file.write_all(&self.buf[range.clone()]) {
+            Err(e) if self.direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                // A file system that takes O_DIRECT at open but not at write.
+                self.buffered()?;
+                self.file.write_all(&self.buf[range])
+            }
+            r => r,
+        }
+    }
+
+    /// Turn `O_DIRECT` off for the rest of the file.
+    fn buffered(&mut self) -> io::Result<()> {
+        if !self.direct {
+            return Ok(());
+        }
+        let fd = self.file.as_raw_fd();
+        // SAFETY: fcntl on a descriptor we own; F_GETFL/F_SETFL take and return ints.
+        let r = unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags < 0 {
+                flags
+            } else {
+                libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_DIRECT)
+            }
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.direct = false;
+        Ok(())
+    }
+
+    /// Write what is left and make it durable (the last call).
+    pub fn finish(&mut self) -> io::Result<()> {
+        self.buffered()?;
+        let tail = &self.buf[self.off..self.off + self.len];
+        self.file.write_all(tail)?;
+        self.len = 0;
+        self.file.sync_all()
+    }
+}
+
+impl Write for DirectWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let n = data.len().min(BLOCK - self.len);
+        let at = self.off + self.len;
+        self.buf[at..at + n].copy_from_slice(&data[..n]);
+        self.len += n;
+        if self.len == BLOCK {
+            self.write_block()?;
+            self.len = 0;
+        }
+        Ok(n)
+    }
+
+    /// Nothing: only whole blocks can be written before [`DirectWriter::finish`].
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_and_tail_arrive_in_order() {
+        let dir = std::env::temp_dir().join(format!("utrace-direct-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("out");
+        let data: Vec<u8> = (0..BLOCK * 2 + 12345)
+            .map(|i| (i * 7 % 251) as u8)
+            .collect();
+        for direct in [true, false] {
+            let _ = std::fs::remove_file(&path);
+            let mut o = std::fs::OpenOptions::new();
+            o.write(true).create_new(true);
+            if direct {
+                use std::os::unix::fs::OpenOptionsExt;
+                o.custom_flags(libc::O_DIRECT);
+            }
+            let (file, direct) = match o.open(&path) {
+                Ok(f) => (f, direct),
+                Err(_) => (std::fs::File::create(&path).unwrap(), false),
+            };
+            let mut w = DirectWriter::new(file, direct);
+            for piece in data.chunks(777_777) {
+                w.write_all(piece).unwrap();
+            }
+            w.finish().unwrap();
+            assert_eq!(std::fs::read(&path).unwrap(), data, "direct={direct}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
