@@ -34,8 +34,12 @@ pub const APT_PACKAGES: &[&str] = &[
     "bzip2",
     // tests/tests/tracer_kill.rs: what a killed tracer left in the kernel.
     "bpftool",
-    // `cargo xtask bench --only real`: the peer it is measured against.
+    // `cargo xtask bench --only real`: the peers it is measured against (LTTng-UST's
+    // function tracing, its trace counted by babeltrace2).
     "uftrace",
+    "lttng-tools",
+    "liblttng-ust-dev",
+    "babeltrace2",
 ];
 
 /// The Rust target of the aarch64 tracer run in the arm64 VM (linked with rust-lld).

@@ -30,10 +30,11 @@ pub struct DirectWriter {
 }
 
 impl DirectWriter {
-    /// `file` as opened; `direct`: with `O_DIRECT`.
-    pub fn new(file: File, direct: bool) -> Self {
+    /// Append to `file` (just created), with `O_DIRECT` where its file system takes it.
+    pub fn new(file: File) -> Self {
         let buf = vec![0u8; BLOCK + ALIGN];
         let off = buf.as_ptr().align_offset(ALIGN);
+        let direct = set_flags(&file, |f| f | libc::O_DIRECT).is_ok();
         DirectWriter {
             file,
             buf,
@@ -61,19 +62,7 @@ impl DirectWriter {
         if !self.direct {
             return Ok(());
         }
-        let fd = self.file.as_raw_fd();
-        // SAFETY: fcntl on a descriptor we own; F_GETFL/F_SETFL take and return ints.
-        let r = unsafe {
-            let flags = libc::fcntl(fd, libc::F_GETFL);
-            if flags < 0 {
-                flags
-            } else {
-                libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_DIRECT)
-            }
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        set_flags(&self.file, |f| f & !libc::O_DIRECT)?;
         self.direct = false;
         Ok(())
     }
@@ -86,6 +75,25 @@ impl DirectWriter {
         self.len = 0;
         self.file.sync_all()
     }
+}
+
+/// The file's status flags changed by `change` (F_SETFL; EINVAL: `O_DIRECT` is not
+/// supported there).
+fn set_flags(file: &File, change: impl Fn(i32) -> i32) -> io::Result<()> {
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl on a descriptor we own; F_GETFL/F_SETFL take and return ints.
+    let r = unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 {
+            flags
+        } else {
+            libc::fcntl(fd, libc::F_SETFL, change(flags))
+        }
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 impl Write for DirectWriter {
@@ -121,17 +129,10 @@ mod tests {
             .collect();
         for direct in [true, false] {
             let _ = std::fs::remove_file(&path);
-            let mut o = std::fs::OpenOptions::new();
-            o.write(true).create_new(true);
-            if direct {
-                use std::os::unix::fs::OpenOptionsExt;
-                o.custom_flags(libc::O_DIRECT);
+            let mut w = DirectWriter::new(std::fs::File::create_new(&path).unwrap());
+            if !direct {
+                w.buffered().unwrap();
             }
-            let (file, direct) = match o.open(&path) {
-                Ok(f) => (f, direct),
-                Err(_) => (std::fs::File::create(&path).unwrap(), false),
-            };
-            let mut w = DirectWriter::new(file, direct);
             for piece in data.chunks(777_777) {
                 w.write_all(piece).unwrap();
             }

@@ -147,23 +147,17 @@ impl Writer {
         }
         // 0600: a trace holds arguments, return values and memory addresses of the
         // traced programs. create_new: never write through a planted file or link.
-        let open = |flags: i32| {
+        let file = {
             use std::os::unix::fs::OpenOptionsExt;
             std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .mode(0o600)
-                .custom_flags(flags)
                 .open(&tmp)
-        };
-        // O_DIRECT where the file system takes it (not tmpfs: EINVAL).
-        let (file, direct) = match open(libc::O_DIRECT) {
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (open(0), false),
-            r => (r, true),
-        };
-        let file = file.with_context(|| format!("cannot create {}", tmp.display()))?;
+        }
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
         let mut w = Writer {
-            out: DirectWriter::new(file, direct),
+            out: DirectWriter::new(file),
             tmp,
             dest: dest.to_path_buf(),
             done: false,

@@ -90,7 +90,7 @@ fn reap(pid: i32) -> Result<Option<(i32, libc::rusage)>> {
 }
 
 /// utime + stime of `pid`'s own threads, seconds (`/proc/PID/stat` fields 14 and 15).
-fn own_cpu(pid: i32) -> Option<f64> {
+pub fn own_cpu(pid: i32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &stat[stat.rfind(')')? + 1..];
     let f: Vec<&str> = rest.split_whitespace().collect();

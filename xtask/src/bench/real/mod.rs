@@ -2,12 +2,14 @@
 //! end to end, side by side with uftrace in one run. The program is the sqlite3 CLI
 //! (`sqlite.rs`) running `--real-rows` single-row INSERTs and queries on `:memory:`;
 //! rows: untraced, `tracer record` (entries and exits; entries only), `uftrace record`
-//! of a `-pg` build (entries and exits, its default lossless mode). Per row: wall time,
+//! of a `-pg` build (entries and exits, its default lossless mode), LTTng-UST's
+//! cyg-profile-fast where it is installed (`lttng.rs`). Per row: wall time,
 //! slowdown, records, records lost, trace bytes per record, the tracer's own CPU
 //! seconds (its threads, not the program's), and the program's output checked against
 //! the untraced run's. `--real-baseline DIR` adds the `tracer record` rows of another
 //! build (its `target/release`), so a change is measured against its base in one run.
 
+mod lttng;
 mod sqlite;
 
 use std::path::{Path, PathBuf};
@@ -81,12 +83,17 @@ pub fn real(rows: u64, baseline: Option<&Path>) -> Result<()> {
     if let Some(d) = baseline {
         builds.push(Tools::of(d, " (baseline)")?);
     }
-    for (name, sites) in [
-        ("tracer record, entry+exit", "entry,exit"),
-        ("tracer record, entries only", "entry"),
+    for (name, sites, time) in [
+        ("tracer record, entry+exit", "entry,exit", "record"),
+        (
+            "tracer record, entry+exit, coarse time",
+            "entry,exit",
+            "coarse",
+        ),
+        ("tracer record, entries only", "entry", "record"),
     ] {
         for t in &builds {
-            let row = utrace(&dir, t, &b.plain, sites, args)?;
+            let row = utrace(&dir, t, &b.plain, (sites, time), args)?;
             table.push(Row {
                 name: format!("{name}{}", t.label),
                 ..row
@@ -97,6 +104,7 @@ pub fn real(rows: u64, baseline: Option<&Path>) -> Result<()> {
         Some(_) => table.push(uftrace(&dir, &b.pg, args)?),
         None => println!("uftrace: not installed (cargo xtask setup installs it)"),
     }
+    table.extend(lttng::row(&dir, &b.fi, args)?);
     check_outputs(&table)?;
     print(&table);
     Ok(())
@@ -108,21 +116,21 @@ fn program(bin: &Path, args: impl Fn(&mut Command)) -> Result<Run> {
     measured(&mut c)
 }
 
-/// Rewrite with `sites` and run under `tracer record`.
+/// Rewrite with `sites` and timestamps `time` and run under `tracer record`.
 fn utrace(
     dir: &Path,
     tools: &Tools,
     plain: &Path,
-    sites: &str,
+    (sites, time): (&str, &str),
     args: impl Fn(&mut Command),
 ) -> Result<Row> {
-    let traced = dir.join(format!("sqlite3.{}", sites.replace(',', "-")));
+    let traced = dir.join(format!("sqlite3.{}.{time}", sites.replace(',', "-")));
     util::run(
         cmd(&tools.rewriter)
             .arg(plain)
             .arg("-o")
             .arg(&traced)
-            .args(["--sites", sites]),
+            .args(["--sites", sites, "--time", time]),
     )?;
     let trace = dir.join("sqlite3.utrace");
     let _ = std::fs::remove_file(&trace);
