@@ -299,7 +299,7 @@ fn emit<const S: bool, const RECORDS: usize>(c: &DrainCtx, src: u64, count: u64)
         entry.discard(0);
         return Emit::ReadFailed;
     }
-    entry.submit(wakeup());
+    entry.submit(wakeup(bytes as u64, true));
     Emit::Done {
         kept: count,
         lost: 0,
@@ -315,14 +315,22 @@ fn room_to_spare(bytes: u64) -> bool {
     avail + bytes + size / 4 <= size
 }
 
-/// How a drain's chunk wakes the consumer: only once the ring holds an eighth of its
-/// size (the consumer also looks every `POLL_MS`), not at every chunk: a wakeup is an
-/// IPI, a VM exit on virtual machines, and full buffers come by the thousand a second.
+/// How a drain's chunk of `bytes` (`reserved`: already counted in the ring) wakes the
+/// consumer: only the chunk that fills the ring past an eighth of its size (the
+/// consumer also looks every `POLL_MS`, and reads on while it finds entries), not
+/// every chunk while it is past that: a wakeup is an irq_work self-IPI and an IPI, VM
+/// exits on virtual machines (forced at every chunk they cost a traced loop 12 ns per
+/// record), and full buffers come by the thousand a second.
 #[inline(always)]
-fn wakeup() -> u64 {
+fn wakeup(bytes: u64, reserved: bool) -> u64 {
     let avail = EVENTS.query(BPF_RB_AVAIL_DATA as u64);
     let size = EVENTS.query(BPF_RB_RING_SIZE as u64);
-    if avail > size / 8 {
+    let before = if reserved {
+        avail.saturating_sub(bytes)
+    } else {
+        avail
+    };
+    if before <= size / 8 && before + bytes > size / 8 {
         BPF_RB_FORCE_WAKEUP as u64
     } else {
         BPF_RB_NO_WAKEUP as u64
@@ -424,7 +432,10 @@ extern "C" fn filter_one<const S: bool>(index: u64, ctx: *mut c_void) -> i64 {
             let size =
                 CHUNK_HEADER_BYTES + (bounded(kept, CHUNK_RECORDS as u64) as usize) * RECORD_SIZE;
             let bytes = core::slice::from_raw_parts((&raw const (*s).header).cast::<u8>(), size);
-            if EVENTS.output::<[u8]>(bytes, wakeup()).is_ok() {
+            if EVENTS
+                .output::<[u8]>(bytes, wakeup(size as u64, false))
+                .is_ok()
+            {
                 c.delivered += kept;
                 c.chunks += 1;
             } else {

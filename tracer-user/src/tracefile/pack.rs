@@ -348,6 +348,47 @@ mod tests {
         assert!(n <= 4 * recs.len(), "{n} bytes");
     }
 
+    /// `cargo test --release -p tracer-user pack_speed -- --ignored --nocapture`: ns per
+    /// record on a call-like stream (300 sites in runs, small time steps).
+    #[test]
+    #[ignore]
+    fn pack_speed() {
+        let mut s = 42u64;
+        let mut site = 0u32;
+        let recs: Vec<Record> = (0..(1u64 << 22))
+            .map(|i| {
+                let r = splitmix(&mut s);
+                if !r.is_multiple_of(4) {
+                    site = (site + 1 + (r >> 8) as u32 % 3) % 300;
+                }
+                Record {
+                    site,
+                    flags: (site % 2) * 2,
+                    time: i * 40 + (r >> 20) % 64,
+                    value: if r.is_multiple_of(3) {
+                        r >> 30
+                    } else {
+                        u64::from(site) * 8
+                    },
+                    aux: 0x5555_0000 + u64::from(site) * 16,
+                }
+            })
+            .collect();
+        let mut out = Vec::with_capacity(recs.len() * 8);
+        let t = std::time::Instant::now();
+        for _ in 0..5 {
+            out.clear();
+            for chunk in recs.chunks(128) {
+                pack(chunk.iter().copied(), &mut out);
+            }
+        }
+        let ns = t.elapsed().as_nanos() as f64 / (5 * recs.len()) as f64;
+        eprintln!(
+            "pack: {ns:.2} ns/record, {:.2} B/record",
+            out.len() as f64 / recs.len() as f64
+        );
+    }
+
     #[test]
     fn damaged_bytes_are_errors() {
         let recs: Vec<Record> = (0..10)

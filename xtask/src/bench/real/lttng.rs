@@ -92,7 +92,7 @@ fn tree_bytes(dir: &Path) -> Result<u64> {
     Ok(n)
 }
 
-/// Events in the trace (babeltrace2's counter sink: its "Total" line), if it ran.
+/// Events in the trace (babeltrace2's counter sink: "N Event messages"), if it ran.
 fn count_events(trace: &Path) -> Option<u64> {
     let out = util::output(
         cmd("babeltrace2")
@@ -102,7 +102,7 @@ fn count_events(trace: &Path) -> Option<u64> {
     .ok()?;
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .find(|l| l.contains("Total"))
+        .find(|l| l.trim_end().ends_with(" Event messages"))
         .and_then(|l| l.split_whitespace().next()?.replace(',', "").parse().ok())
 }
 

@@ -256,7 +256,7 @@ fn print(table: &[Row]) {
             (Some(b), Some(n)) if n > 0 => format!("{:.1}", b as f64 / n as f64),
             _ => "-".into(),
         };
-        let tracer_cpu = if r.records.is_some() {
+        let tracer_cpu = if r.trace_bytes.is_some() {
             format!("{:.2}", r.run.own_cpu_s)
         } else {
             "-".into()
