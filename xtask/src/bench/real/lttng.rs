@@ -92,16 +92,19 @@ fn tree_bytes(dir: &Path) -> Result<u64> {
     Ok(n)
 }
 
-/// Events in the trace (babeltrace2's counter sink: "N Event messages"), if it ran.
+/// Events in the trace (babeltrace2's counter sink, which prints its counts every
+/// 10,000 messages and at the end: the last "N Event messages"), if it ran.
 fn count_events(trace: &Path) -> Option<u64> {
     let out = util::output(
         cmd("babeltrace2")
             .arg(trace)
             .args(["--component", "sink.utils.counter"]),
     )
-    .ok()?;
+    .ok()
+    .filter(|o| o.status.success())?;
     String::from_utf8_lossy(&out.stdout)
         .lines()
+        .rev()
         .find(|l| l.trim_end().ends_with(" Event messages"))
         .and_then(|l| l.split_whitespace().next()?.replace(',', "").parse().ok())
 }
