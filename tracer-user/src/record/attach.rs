@@ -372,23 +372,23 @@ pub(super) fn load(g: &Globals, operand_sets: usize) -> Result<Ebpf> {
 
 /// Detach (unload) all programs; best effort, errors only logged.
 pub(super) fn detach(ebpf: &mut Ebpf) {
-    for name in [PROG_FLUSH, PROG_FLUSH_SLEEPABLE, PROG_SITE] {
-        if let Some(Ok(p)) = ebpf.program_mut(name).map(<&mut UProbe>::try_from)
-            && p.fd().is_ok()
-            && let Err(e) = p.unload()
-        {
-            log::warn!("cannot detach {name}: {e}");
-        }
-    }
+    unload(ebpf, &[PROG_FLUSH, PROG_FLUSH_SLEEPABLE, PROG_SITE]);
     // One program may sit on several tracepoints: unload each once.
     let mut names: Vec<&str> = TRACEPOINTS.iter().map(|t| t.0).collect();
     names.dedup();
     names.push(PROG_EXIT_STEP);
-    for name in names {
-        if let Some(Ok(p)) = ebpf.program_mut(name).map(<&mut TracePoint>::try_from)
-            && p.fd().is_ok()
-            && let Err(e) = p.unload()
-        {
+    unload(ebpf, &names);
+}
+
+/// Unload (detach) the loaded programs among `names`; errors only logged.
+pub(super) fn unload(ebpf: &mut Ebpf, names: &[&str]) {
+    for &name in names {
+        let r = match ebpf.program_mut(name) {
+            Some(Program::UProbe(p)) if p.fd().is_ok() => p.unload(),
+            Some(Program::TracePoint(p)) if p.fd().is_ok() => p.unload(),
+            _ => Ok(()),
+        };
+        if let Err(e) = r {
             log::warn!("cannot detach {name}: {e}");
         }
     }

@@ -13,14 +13,12 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use aya::{
-    Ebpf,
-    maps::HashMap,
-    programs::{TracePoint, UProbe},
-};
+use aya::{Ebpf, maps::HashMap};
 use tracer_common::ebpf::{
     MAP_TARGETS, PROG_FLUSH, PROG_FLUSH_SLEEPABLE, PROG_TASK_EXIT, PROG_THREAD_EXIT, TARGETS_ENDED,
 };
+
+use super::attach;
 
 /// How long the child waits for the tracer to exit before it lets go anyway.
 const WAIT_FOR_TRACER: Duration = Duration::from_secs(30);
@@ -37,22 +35,15 @@ pub(super) fn stop(ebpf: &mut Ebpf) -> Result<()> {
         .context("cannot end the session in the TARGETS map")?;
     // The flush uprobe's grace period covers every uprobe handler (flush and sites);
     // a syscall and a sched tracepoint cover the exit, fork and exec programs.
-    for name in [PROG_FLUSH, PROG_FLUSH_SLEEPABLE] {
-        if let Some(Ok(p)) = ebpf.program_mut(name).map(<&mut UProbe>::try_from)
-            && p.fd().is_ok()
-            && let Err(e) = p.unload()
-        {
-            log::warn!("cannot detach {name}: {e}");
-        }
-    }
-    for name in [PROG_THREAD_EXIT, PROG_TASK_EXIT] {
-        if let Some(Ok(p)) = ebpf.program_mut(name).map(<&mut TracePoint>::try_from)
-            && p.fd().is_ok()
-            && let Err(e) = p.unload()
-        {
-            log::warn!("cannot detach {name}: {e}");
-        }
-    }
+    attach::unload(
+        ebpf,
+        &[
+            PROG_FLUSH,
+            PROG_FLUSH_SLEEPABLE,
+            PROG_THREAD_EXIT,
+            PROG_TASK_EXIT,
+        ],
+    );
     log::debug!("session stopped in {:?}", t.elapsed());
     Ok(())
 }
