@@ -1,6 +1,8 @@
 //! Fails early, with a clear message, when `bpf-linker` (needed to link the eBPF object)
 //! is missing, and relinks when it changes.
 fn main() {
+    // BPF global functions (see src/slots.rs): bpf-linker internalizes the rest.
+    println!("cargo::rustc-link-arg=--export=drain_slot_sleepable,drain_slot_atomic");
     // aya-build passes --cfg bpf_target_arch="<host arch>" when it builds us.
     println!("cargo::rustc-check-cfg=cfg(bpf_target_arch, values(\"x86_64\", \"aarch64\"))");
     match which::which("bpf-linker") {

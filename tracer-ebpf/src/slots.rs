@@ -241,8 +241,55 @@ fn ring_spans(slot: &Slot, key: [u64; 2], after: u32) -> Result<Option<RingDrain
 /// stopped, then do what `after` says (`AFTER_*`). Returns records taken or a
 /// negative error (or, with [`HOLD`] in `after`, that it held: see [`held`]). `S`:
 /// the caller is a sleepable program (see `drain`).
-#[inline(never)]
+#[inline(always)]
 pub fn drain_slot<const S: bool>(
+    slot_addr: u64,
+    rw: u64,
+    pid_tid: u64,
+    cause: u32,
+    after: u32,
+) -> i64 {
+    if S {
+        drain_slot_sleepable(slot_addr, rw, pid_tid, cause, after)
+    } else {
+        drain_slot_atomic(slot_addr, rw, pid_tid, cause, after)
+    }
+}
+
+// The drain as two BPF global functions (exported by build.rs): the verifier checks a
+// global function once, for any arguments, where it walks a static one again for
+// every state its callers reach it in (flush_s: 412,000 instructions, 1.1 s, before;
+// 69,000, 0.13 s, after). Scalars only: a global function's pointer arguments are
+// only known to be null or not.
+
+/// [`drain_slot`] for sleepable programs.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn drain_slot_sleepable(
+    slot_addr: u64,
+    rw: u64,
+    pid_tid: u64,
+    cause: u32,
+    after: u32,
+) -> i64 {
+    drain_slot_in::<true>(slot_addr, rw, pid_tid, cause, after)
+}
+
+/// [`drain_slot`] for the others.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn drain_slot_atomic(
+    slot_addr: u64,
+    rw: u64,
+    pid_tid: u64,
+    cause: u32,
+    after: u32,
+) -> i64 {
+    drain_slot_in::<false>(slot_addr, rw, pid_tid, cause, after)
+}
+
+#[inline(always)]
+fn drain_slot_in<const S: bool>(
     slot_addr: u64,
     rw: u64,
     pid_tid: u64,
