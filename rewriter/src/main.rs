@@ -41,7 +41,7 @@ struct Args {
     /// Per-thread buffer slots: threads that can trace at once (default: 1024).
     #[arg(long)]
     slots: Option<u32>,
-    /// Records per thread buffer (default: 1024; fast-circular: 2048).
+    /// Records per thread buffer (default: 4096; fast-circular: 2048).
     #[arg(long)]
     buffer_records: Option<u32>,
     /// What a full buffer does: `trace` (flushed to the tracer), `circular` (wraps:

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use tests::own_slot::{build_rec_only, tag_value, values_in};
 use tests::*;
+use tracer_common::CHUNK_RECORDS;
 
 // Value ranges and tags of tests/fixtures/hostile.c.
 const GOOD_BASE: u64 = 0x60_0d00_0000;
@@ -158,7 +159,8 @@ fn hostile_process() {
             tagged.entry((r.value >> 32) & 0xffff).or_default().push(r);
         }
     }
-    let expect: HashMap<u64, u64> = [(8, 128), (9, 2), (10, 2), (11, 2), (13, 3)].into();
+    let expect: HashMap<u64, u64> =
+        [(8, CHUNK_RECORDS as u64), (9, 2), (10, 2), (11, 2), (13, 3)].into();
     let mut got: Vec<(u64, u64)> = tagged.iter().map(|(t, v)| (*t, v.len() as u64)).collect();
     got.sort();
     let mut want_tags: Vec<(u64, u64)> = expect.iter().map(|(t, n)| (*t, *n)).collect();
@@ -187,7 +189,7 @@ fn hostile_process() {
     assert_eq!(garbage, garbage_records(), "garbage records");
     assert_eq!(
         recs.len() as u64,
-        GOOD_N + AFTER_N + 1 + THREAD_N + 137 + GARBAGE_N as u64,
+        GOOD_N + AFTER_N + 1 + THREAD_N + CHUNK_RECORDS as u64 + 9 + GARBAGE_N as u64,
         "total records"
     );
     // The report lists unknown sites as such.

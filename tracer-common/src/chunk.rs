@@ -4,11 +4,16 @@
 
 use crate::record::{le_u32, le_u64};
 
-/// Records per ring-buffer entry at most. 128 × 32 B = 4 KiB per entry.
-pub const CHUNK_RECORDS: usize = 128;
+/// Records per ring-buffer entry at most: 512 × 32 B = 16 KiB per entry. Fewer
+/// chunks per buffer mean fewer ring operations in the drain, and fewer headers and
+/// packing models restarted in the trace file (sqlite, every entry and exit: 7.2 B
+/// per record with chunks of 128, 6.5 with chunks of 512).
+pub const CHUNK_RECORDS: usize = 512;
+/// Records per chunk in rings smaller than 16 full chunks (`--ring-bytes` under 256K).
+pub const SMALL_CHUNK_RECORDS: usize = 128;
 /// Bytes of the largest ring-buffer entry (header + full payload). The drain reserves
-/// entries of a few fixed sizes (room for 4, 16 or 128 records, whichever fits) so that
-/// small drains do not waste ring space; `count` says how many records are valid.
+/// entries of a few fixed sizes (room for 4, 16, 128 or 512 records, whichever fits) so
+/// that small drains do not waste ring space; `count` says how many records are valid.
 pub const CHUNK_BYTES: usize =
     core::mem::size_of::<ChunkHeader>() + CHUNK_RECORDS * crate::RECORD_SIZE;
 

@@ -103,6 +103,11 @@ pub const GLOBAL_TP_OFFSET: &str = "FSBASE_OFFSET";
 pub const GLOBAL_WRITE_USER: &str = "WRITE_USER";
 /// `ON_FULL` (u8): 1 = full buffers wait for room in the ring buffer (`--on-full wait`).
 pub const GLOBAL_ON_FULL: &str = "ON_FULL";
+/// Global (u8): 1 = the ring buffer is smaller than [`SMALL_RING_BYTES`].
+pub const GLOBAL_SMALL_CHUNKS: &str = "SMALL_CHUNKS";
+/// Rings smaller than 16 full chunks get chunks of `SMALL_CHUNK_RECORDS`: a holding
+/// drain keeps a quarter of the ring free, and a 16 KiB ring could take no full chunk.
+pub const SMALL_RING_BYTES: u32 = (16 * crate::CHUNK_RECORDS * crate::RECORD_SIZE) as u32;
 /// Global (u8): 1 = trace every process that runs an instrumented binary.
 pub const GLOBAL_SYSTEM_WIDE: &str = "SYSTEM_WIDE";
 /// Global (u32): offset of `child_pid` in the `sched_process_fork` record.

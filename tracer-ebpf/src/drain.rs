@@ -2,9 +2,11 @@
 //!
 //! A buffer holds up to thousands of records, more than the verifier accepts in a
 //! plain loop, so the copy runs under `bpf_loop`, one ring-buffer entry of up to
-//! CHUNK_RECORDS records per iteration. Unfiltered, a chunk is read with
-//! `bpf_probe_read_user` straight into the reservation; entries are reserved in three
-//! sizes (room for 4, 16 or CHUNK_RECORDS records; `count` says how many are valid),
+//! CHUNK_RECORDS records per iteration (SMALL_CHUNK_RECORDS in small rings, see
+//! `tracer_common::SMALL_RING_BYTES`).
+//! Unfiltered, a chunk is read with `bpf_probe_read_user` straight into the
+//! reservation; entries are reserved in four sizes (room for 4, 16,
+//! SMALL_CHUNK_RECORDS or CHUNK_RECORDS records; `count` says how many are valid),
 //! so that the many small drains do not take 4 KiB of ring buffer each. With
 //! per-record filters a chunk is read into a per-CPU scratch entry, compacted there
 //! (one `bpf_loop` step per record) and written with `bpf_ringbuf_output` at its
@@ -34,7 +36,7 @@ use aya_ebpf::helpers::generated::{
 };
 use tracer_common::{
     CHUNK_HEADER_BYTES, CHUNK_KIND_RECORDS, CHUNK_RECORDS, ChunkHeader, RECORD_SIZE,
-    STAT_READ_ERRORS, STAT_RECORDS_FILTERED, STAT_RECORDS_PRODUCED,
+    SMALL_CHUNK_RECORDS, STAT_READ_ERRORS, STAT_RECORDS_FILTERED, STAT_RECORDS_PRODUCED,
     ebpf::MAX_DRAIN_BYTES,
     filter::{F_PER_RECORD, FilterConfig},
 };
@@ -43,7 +45,7 @@ use crate::{
     atomic,
     books::{next_seq, settle, stat_add},
     filter::{active, announce_comm, record_passes, thread_passes},
-    maps::{EVENTS, SCRATCH},
+    maps::{EVENTS, FILTER_BLOCK, SCRATCH, SMALL_CHUNKS},
 };
 
 /// `drain` error: `[start, cur)` is not a valid span of records.
@@ -94,6 +96,18 @@ pub struct DrainReq {
     pub taken: u64,
 }
 
+/// Records per chunk: CHUNK_RECORDS, or SMALL_CHUNK_RECORDS in a small ring. A
+/// constant to the verifier (a frozen global), read where it is used: it walks one
+/// chunk size only.
+#[inline(always)]
+fn per_chunk() -> u64 {
+    if SMALL_CHUNKS.load() != 0 {
+        SMALL_CHUNK_RECORDS as u64
+    } else {
+        CHUNK_RECORDS as u64
+    }
+}
+
 /// Records in `[from, to)`, or None if that is not a valid span.
 #[inline(always)]
 fn span_records(from: u64, to: u64) -> Option<u64> {
@@ -135,8 +149,9 @@ pub fn drain<const S: bool>(req: &mut DrainReq) -> i64 {
     // SAFETY: no preconditions.
     let time = unsafe { bpf_ktime_get_ns() };
     announce_comm(pid_tid, binary_id, time);
-    let chunks1 = n1.div_ceil(CHUNK_RECORDS as u64);
-    let chunks = chunks1 + n2.div_ceil(CHUNK_RECORDS as u64);
+    let per_chunk = per_chunk();
+    let chunks1 = n1.div_ceil(per_chunk);
+    let chunks = chunks1 + n2.div_ceil(per_chunk);
     let mut c = DrainCtx {
         a: a0,
         b: b0,
@@ -188,21 +203,18 @@ extern "C" fn drain_chunk<const S: bool>(index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: bpf_loop hands back the DrainCtx pointer that drain() passed in.
     let c = unsafe { &mut *ctx.cast::<DrainCtx>() };
     // Computed, not kept: the context lives on a stack the verifier limits.
-    let chunks1 = c.n1.div_ceil(CHUNK_RECORDS as u64);
+    let per_chunk = per_chunk();
+    let chunks1 = c.n1.div_ceil(per_chunk);
     let (base, span_n, first) = if index < chunks1 {
-        (c.a, c.n1, index * CHUNK_RECORDS as u64)
+        (c.a, c.n1, index * per_chunk)
     } else {
-        (c.b, c.n - c.n1, (index - chunks1) * CHUNK_RECORDS as u64)
+        (c.b, c.n - c.n1, (index - chunks1) * per_chunk)
     };
     if first >= span_n {
         return 1;
     }
     let left = span_n - first;
-    let count = if left > CHUNK_RECORDS as u64 {
-        CHUNK_RECORDS as u64
-    } else {
-        left
-    };
+    let count = if left > per_chunk { per_chunk } else { left };
     // Small drains (uprobe sites, thread exits) get a smaller ring-buffer entry: the
     // reservation size must be a constant, hence a few size classes.
     let src = base + first * RECORD_SIZE as u64;
@@ -210,6 +222,8 @@ extern "C" fn drain_chunk<const S: bool>(index: u64, ctx: *mut c_void) -> i64 {
         emit::<S, 4>(c, src, count)
     } else if count <= 16 {
         emit::<S, 16>(c, src, count)
+    } else if count <= SMALL_CHUNK_RECORDS as u64 {
+        emit::<S, SMALL_CHUNK_RECORDS>(c, src, count)
     } else {
         emit::<S, CHUNK_RECORDS>(c, src, count)
     };
@@ -392,7 +406,7 @@ extern "C" fn filter_one<const S: bool>(index: u64, ctx: *mut c_void) -> i64 {
     let Some(s) = SCRATCH.get_ptr_mut(0) else {
         return 1;
     };
-    let mask = CHUNK_RECORDS as u64 - 1;
+    let mask = FILTER_BLOCK as u64 - 1;
     // SAFETY: s is this CPU's scratch entry, held by this drain (busy); indices masked.
     unsafe {
         // Position in its span: blocks are read per span.
@@ -403,12 +417,12 @@ extern "C" fn filter_one<const S: bool>(index: u64, ctx: *mut c_void) -> i64 {
         };
         if j & mask == 0 {
             let left = span_n - j;
-            let count = if left > CHUNK_RECORDS as u64 {
-                CHUNK_RECORDS as u64
+            let count = if left > FILTER_BLOCK as u64 {
+                FILTER_BLOCK as u64
             } else {
                 left
             };
-            let len = bounded(count, CHUNK_RECORDS as u64) * RECORD_SIZE as u64;
+            let len = bounded(count, FILTER_BLOCK as u64) * RECORD_SIZE as u64;
             let src = base + j * RECORD_SIZE as u64;
             if !read_records::<S>((&raw mut (*s).input).cast(), len as u32, src) {
                 // This block and the ones after it are not delivered, nor the
@@ -426,11 +440,11 @@ extern "C" fn filter_one<const S: bool>(index: u64, ctx: *mut c_void) -> i64 {
             (*s).kept = k + 1;
         }
         let kept = (*s).kept;
-        if kept == CHUNK_RECORDS as u64 || (index + 1 == c.n && kept != 0) {
+        if kept == FILTER_BLOCK as u64 || (index + 1 == c.n && kept != 0) {
             (*s).kept = 0;
             (*s).header = header(c, kept, next_seq());
             let size =
-                CHUNK_HEADER_BYTES + (bounded(kept, CHUNK_RECORDS as u64) as usize) * RECORD_SIZE;
+                CHUNK_HEADER_BYTES + (bounded(kept, FILTER_BLOCK as u64) as usize) * RECORD_SIZE;
             let bytes = core::slice::from_raw_parts((&raw const (*s).header).cast::<u8>(), size);
             if EVENTS
                 .output::<[u8]>(bytes, wakeup(size as u64, false))

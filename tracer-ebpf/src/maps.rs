@@ -103,6 +103,11 @@ pub static WRITE_USER: Global<u8> = Global::new(0);
 #[unsafe(no_mangle)]
 pub static ON_FULL: Global<u8> = Global::new(0);
 
+/// 1 = the ring buffer is small (`tracer_common::SMALL_RING_BYTES`): drains cut
+/// buffers into chunks of SMALL_CHUNK_RECORDS, not CHUNK_RECORDS.
+#[unsafe(no_mangle)]
+pub static SMALL_CHUNKS: Global<u8> = Global::new(0);
+
 /// Offset of the thread pointer in `task_struct` (x86-64 `thread.fsbase`, AArch64
 /// `thread.uw.tp_value`), from BTF by the loader. 0 = unknown: no slot lookups by
 /// thread pointer (flush still works, it gets the slot in a register).
@@ -141,6 +146,10 @@ pub struct ExitWork {
     pub slot: u64,
 }
 
+/// Records per block of a filtered drain (read, and written as a chunk): fewer than
+/// `CHUNK_RECORDS`, as two blocks must fit a per-CPU map value (32 KiB at most).
+pub const FILTER_BLOCK: usize = 128;
+
 /// Per-CPU scratch of filtered drains (`SCRATCH`): a chunk (header and records
 /// contiguous, as `bpf_ringbuf_output` takes them), the filter state, and a busy flag
 /// (a sleepable program may be preempted while it holds the scratch).
@@ -148,9 +157,9 @@ pub struct ExitWork {
 pub struct Scratch {
     pub header: ChunkHeader,
     /// The chunk being built from the records that pass.
-    pub records: [Record; CHUNK_RECORDS],
-    /// The records read from the buffer, CHUNK_RECORDS at a time.
-    pub input: [Record; CHUNK_RECORDS],
+    pub records: [Record; FILTER_BLOCK],
+    /// The records read from the buffer, FILTER_BLOCK at a time.
+    pub input: [Record; FILTER_BLOCK],
     pub filter: RecordFilter,
     pub kept: u64,
     pub busy: u64,

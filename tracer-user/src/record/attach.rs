@@ -15,12 +15,12 @@ use aya::{
 };
 use tracer_common::{
     ebpf::{
-        GLOBAL_EXIT_GROUP_DEAD_OFF, GLOBAL_FORK_CHILD_PID_OFF, GLOBAL_ON_FULL, GLOBAL_SYSTEM_WIDE,
-        GLOBAL_TP_OFFSET, GLOBAL_WRITE_USER, MAP_BINARIES, MAP_EVENTS, MAP_EXIT_STEPS,
-        MAP_OPERANDS, MAP_TARGETS, MAX_BINARIES, PROG_EXEC, PROG_EXIT_STEP, PROG_FLUSH,
-        PROG_FLUSH_SLEEPABLE, PROG_FORK, PROG_GROUP_EXIT, PROG_KILLED, PROG_MMAP, PROG_SITE,
-        PROG_TASK_EXIT, PROG_THREAD_EXIT, SEL_BLOCK, SEL_CALL, SEL_ENTRY, SEL_EXIT, SEL_MEMORY,
-        SEL_USDT, operand_key, site_cookie,
+        GLOBAL_EXIT_GROUP_DEAD_OFF, GLOBAL_FORK_CHILD_PID_OFF, GLOBAL_ON_FULL, GLOBAL_SMALL_CHUNKS,
+        GLOBAL_SYSTEM_WIDE, GLOBAL_TP_OFFSET, GLOBAL_WRITE_USER, MAP_BINARIES, MAP_EVENTS,
+        MAP_EXIT_STEPS, MAP_OPERANDS, MAP_TARGETS, MAX_BINARIES, PROG_EXEC, PROG_EXIT_STEP,
+        PROG_FLUSH, PROG_FLUSH_SLEEPABLE, PROG_FORK, PROG_GROUP_EXIT, PROG_KILLED, PROG_MMAP,
+        PROG_SITE, PROG_TASK_EXIT, PROG_THREAD_EXIT, SEL_BLOCK, SEL_CALL, SEL_ENTRY, SEL_EXIT,
+        SEL_MEMORY, SEL_USDT, SMALL_RING_BYTES, operand_key, site_cookie,
     },
     meta::{SiteKind, SiteMode},
     operand::OperandSet,
@@ -362,6 +362,11 @@ pub(super) fn load(g: &Globals, operand_sets: usize) -> Result<Ebpf> {
         .override_global(GLOBAL_SYSTEM_WIDE, &u8::from(g.system_wide), true)
         .override_global(GLOBAL_WRITE_USER, &u8::from(g.write_user), true)
         .override_global(GLOBAL_ON_FULL, &u8::from(g.wait), true)
+        .override_global(
+            GLOBAL_SMALL_CHUNKS,
+            &u8::from(g.ring_bytes < SMALL_RING_BYTES),
+            true,
+        )
         .override_global(GLOBAL_FORK_CHILD_PID_OFF, &fork_child, true)
         .override_global(GLOBAL_EXIT_GROUP_DEAD_OFF, &group_dead, true)
         .map_max_entries(MAP_EVENTS, g.ring_bytes)

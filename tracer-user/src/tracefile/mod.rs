@@ -87,7 +87,7 @@ pub const SECTION_COMM: u32 = 5;
 pub const SECTION_LOAD: u32 = 6;
 pub const SECTION_CHUNK_PACKED: u32 = 7;
 
-/// Largest section a reader accepts (a JSON blob or a note; chunks are at most ~4 KiB).
+/// Largest section a reader accepts (a JSON blob or a note; chunks are at most ~16 KiB).
 const MAX_SECTION: u64 = 1 << 30;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -389,6 +389,40 @@ mod tests {
         );
     }
 
+    /// `UTRACE_REPACK=trace.utrace cargo test --release -p tracer-user repack_speed --
+    /// --ignored --nocapture`: ns per record re-packing the chunks of a real trace.
+    #[test]
+    #[ignore]
+    fn repack_speed() {
+        use crate::tracefile::read::{Reader, Section};
+        let path = std::env::var("UTRACE_REPACK").expect("UTRACE_REPACK=trace file");
+        let mut rd = Reader::open(std::path::Path::new(&path)).unwrap();
+        let mut chunks = Vec::new();
+        let mut n = 0;
+        while let Some(sec) = rd.next_section().unwrap() {
+            if let Section::Chunk(c) = sec {
+                n += c.records.len();
+                chunks.push(c.records);
+                if n > 8 << 20 {
+                    break;
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(n * 8);
+        let t = std::time::Instant::now();
+        for _ in 0..3 {
+            out.clear();
+            for c in &chunks {
+                pack(c.iter().copied(), &mut out);
+            }
+        }
+        let ns = t.elapsed().as_nanos() as f64 / (3 * n) as f64;
+        eprintln!(
+            "repack: {ns:.2} ns/record, {:.2} B/record",
+            out.len() as f64 / n as f64
+        );
+    }
+
     #[test]
     fn damaged_bytes_are_errors() {
         let recs: Vec<Record> = (0..10)
