@@ -27,6 +27,9 @@ use crate::tracefile::{Writer, encode_chunk, encode_comm};
 
 /// Batches handed to the writer at once (bytes, soft limit).
 const BATCH_BYTES: usize = 1 << 20;
+/// A batch's allocation: the soft limit and room for one more packed chunk (512
+/// records of at most 51 bytes).
+const BATCH_CAPACITY: usize = BATCH_BYTES + (32 << 10);
 /// Batches in flight between consumer and writer.
 const CHANNEL_BATCHES: usize = 64;
 /// How long the consumer sleeps at most: drains wake it only when the ring fills up
@@ -137,7 +140,7 @@ fn consume_loop(
     let mut seen = Consumed::default();
     let mut fds = vec![ring.as_raw_fd()];
     fds.extend(logger.as_ref().map(|l| l.as_raw_fd()));
-    let mut batch = Vec::with_capacity(BATCH_BYTES + 8192);
+    let mut batch = Vec::with_capacity(BATCH_CAPACITY);
     // Processes whose records arrived: the first chunk of each is announced like a
     // mapping, so the session looks at the process (where its binaries are loaded:
     // return addresses of forked children and static programs become readable).
@@ -184,13 +187,13 @@ fn consume_loop(
             }
             drop(item);
             if batch.len() >= BATCH_BYTES {
-                let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH_BYTES + 8192));
+                let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH_CAPACITY));
                 tx.send(full)
                     .map_err(|_| anyhow!("the writer thread stopped"))?;
             }
         }
         if !batch.is_empty() {
-            let b = std::mem::replace(&mut batch, Vec::with_capacity(BATCH_BYTES + 8192));
+            let b = std::mem::replace(&mut batch, Vec::with_capacity(BATCH_CAPACITY));
             tx.send(b)
                 .map_err(|_| anyhow!("the writer thread stopped"))?;
         }

@@ -68,6 +68,9 @@ struct Seen {
 struct Model {
     table: [Seen; TABLE],
     prev: Record,
+    /// A record came before: `prev` is real, and its table entry is its own (the
+    /// update wrote it last), so it needs no lookup.
+    started: bool,
 }
 
 impl Model {
@@ -75,6 +78,7 @@ impl Model {
         Model {
             table: [Seen::default(); TABLE],
             prev: Record::default(),
+            started: false,
         }
     }
 
@@ -84,19 +88,27 @@ impl Model {
     }
 
     fn successor(&self) -> Option<u32> {
-        self.at(self.prev.site).and_then(|s| s.next)
+        if !self.started {
+            return None;
+        }
+        self.table[self.prev.site as usize % TABLE].next
     }
 
-    fn update(&mut self, r: &Record) {
+    /// After record `r`, whose site's entry was `seen` (default if none).
+    fn update(&mut self, r: &Record, seen: &Seen) {
         let prev = self.prev.site;
-        if let Some(p) = self
-            .table
-            .get_mut(prev as usize % TABLE)
-            .filter(|p| p.valid && p.site == prev)
-        {
-            p.next = Some(r.site);
-        }
-        let next = self.at(r.site).and_then(|s| s.next);
+        let next = if self.started {
+            self.table[prev as usize % TABLE].next = Some(r.site);
+            // The same site again: its entry is the one just given a successor.
+            if r.site == prev {
+                Some(r.site)
+            } else {
+                seen.next
+            }
+        } else {
+            seen.next
+        };
+        self.started = true;
         self.table[r.site as usize % TABLE] = Seen {
             valid: true,
             site: r.site,
@@ -137,6 +149,7 @@ impl Out {
 }
 
 /// How one value or aux is stored (a `DELTA_*`/`SAME_*` mode); puts its varint.
+#[inline(always)]
 fn field_mode(seen: bool, now: u64, site: u64, prev: u64, out: &mut Out) -> u8 {
     if seen && now == site {
         return SAME_SITE;
@@ -181,7 +194,7 @@ pub fn pack(records: impl IntoIterator<Item = Record>, out: &mut Vec<u8>) {
         o.put_varint(zigzag(r.time.wrapping_sub(m.prev.time)));
         o.b[0] = tag;
         out.extend_from_slice(&o.b[..o.n]);
-        m.update(&r);
+        m.update(&r, &seen);
     }
 }
 
@@ -272,7 +285,7 @@ pub fn unpack(bytes: &[u8], count: usize) -> Result<Vec<Record>, PackError> {
             value,
             aux,
         };
-        m.update(&r);
+        m.update(&r, &seen);
         out.push(r);
     }
     match bytes.len() - c.at {
@@ -417,8 +430,11 @@ mod tests {
             }
         }
         let ns = t.elapsed().as_nanos() as f64 / (3 * n) as f64;
+        let h = out
+            .iter()
+            .fold(0u64, |h, &b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
         eprintln!(
-            "repack: {ns:.2} ns/record, {:.2} B/record",
+            "repack: {ns:.2} ns/record, {:.2} B/record, hash {h:x}",
             out.len() as f64 / n as f64
         );
     }
