@@ -8,7 +8,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 use tracer_common::{
-    CHUNK_RECORDS, ChunkHeader, Record, STAT_COUNT,
+    ChunkHeader, Record, STAT_COUNT,
     ebpf::{
         DEFAULT_FILTER_SITE_WORDS, DEFAULT_RING_BYTES, MAX_BINARIES, MAX_DRAINED, MAX_EXIT_WORK,
         MAX_FILTER_IDS, MAX_PROCESSES, MAX_TARGETS, TABLE_BINARIES,
