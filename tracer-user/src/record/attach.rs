@@ -387,16 +387,29 @@ pub(super) fn detach(ebpf: &mut Ebpf) {
 
 /// Unload (detach) the loaded programs among `names`; errors only logged.
 pub(super) fn unload(ebpf: &mut Ebpf, names: &[&str]) {
-    for &name in names {
-        let r = match ebpf.program_mut(name) {
-            Some(Program::UProbe(p)) if p.fd().is_ok() => p.unload(),
-            Some(Program::TracePoint(p)) if p.fd().is_ok() => p.unload(),
-            _ => Ok(()),
-        };
-        if let Err(e) = r {
-            log::warn!("cannot detach {name}: {e}");
+    // A thread each: every detach waits for its own RCU grace period, and waited for
+    // one after another they were most of a session's end (flush_s, thread_exit and
+    // task_exit: 0.26 s).
+    let progs: Vec<(&str, &mut Program)> = ebpf
+        .programs_mut()
+        .filter(|(name, _)| names.contains(name))
+        .collect();
+    std::thread::scope(|s| {
+        for (name, p) in progs {
+            s.spawn(move || {
+                let t = Instant::now();
+                let r = match p {
+                    Program::UProbe(p) if p.fd().is_ok() => p.unload(),
+                    Program::TracePoint(p) if p.fd().is_ok() => p.unload(),
+                    _ => Ok(()),
+                };
+                if let Err(e) = r {
+                    log::warn!("cannot detach {name}: {e}");
+                }
+                log::debug!("{name} detached in {:?}", t.elapsed());
+            });
         }
-    }
+    });
 }
 
 /// The semaphores of an untouched binary, each with an anchor for its
