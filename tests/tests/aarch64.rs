@@ -1,7 +1,7 @@
 //! AArch64 under qemu-user: the fixtures of matrix.rs, shared_lib.rs and stress.rs built
 //! with aarch64-linux-gnu-gcc and clang --target=aarch64-linux-gnu × {PIE, -no-pie,
-//! -static, -static-pie, -mbranch-protection=standard} × {-O0, -O2}, rewritten with the
-//! default buffer geometry, and traced with the user-space drain:
+//! -static, -static-pie, -mbranch-protection=standard} × {-O0, -O2}, rewritten with
+//! 1024-record buffers, and traced with the user-space drain:
 //! `tracer record --user --binary PROG.traced -- qemu-aarch64 -L SYSROOT PROG.traced`
 //! (binfmt is off, so qemu is named; qemu itself is not instrumented). Full buffers go
 //! over the socket from the injected AArch64 code; what is left at a thread's exit is
@@ -98,7 +98,7 @@ fn trace_qemu(
     (out, recs)
 }
 
-/// Rewrite with the default buffers (1024 records: runs flush many times).
+/// Rewrite with 1024-record buffers (a quarter of the default: runs flush many times).
 fn rewrite_a64_default(
     input: &Path,
     output: &Path,
@@ -569,7 +569,7 @@ fn signals_under_qemu() {
 
 // ---- stress.c (see stress.rs) under the tracer
 
-/// stress.c built with gcc -O2 -pthread, only `hit` instrumented, default buffers.
+/// stress.c built with gcc -O2 -pthread, only `hit` instrumented, 1024-record buffers.
 fn stress_build(tag: &str, slots: &str) -> Option<(TempDir, PathBuf, PathBuf)> {
     let tmp = TempDir::new(tag);
     toolchain(GCC, tmp.path(), &[])?;

@@ -204,7 +204,7 @@ fn hostile_process() {
 // Damaged trace files
 
 /// (offset, kind, payload length) of each section of a trace file.
-/// The section kind of record chunks (packed, format version 3).
+/// The section kind of record chunks (packed, format versions 3 and 4).
 const CHUNK: u32 = 7;
 
 /// The record count in the header of the chunk section at `off`.
@@ -475,8 +475,8 @@ fn damaged_trace_files() {
     b.extend_from_slice(&random);
     check(&b, "header then random bytes");
     let mut b = full.clone();
-    b[8] = 4;
-    assert_eq!(check(&b, "format version 4").codes, [1, 1, 1]);
+    b[8] = 5;
+    assert_eq!(check(&b, "format version 5").codes, [1, 1, 1]);
     let mut b = full.clone();
     b[8] = 1;
     assert_eq!(check(&b, "format version 1").codes, [1, 1, 1]);

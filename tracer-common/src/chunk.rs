@@ -9,7 +9,7 @@ use crate::record::{le_u32, le_u64};
 /// packing models restarted in the trace file (sqlite, every entry and exit: 7.2 B
 /// per record with chunks of 128, 6.5 with chunks of 512).
 pub const CHUNK_RECORDS: usize = 512;
-/// Records per chunk in rings smaller than 16 full chunks (`--ring-bytes` under 256K).
+/// Records per chunk in rings under `ebpf::SMALL_RING_BYTES` (`--ring-bytes` under 256K).
 pub const SMALL_CHUNK_RECORDS: usize = 128;
 /// Bytes of the largest ring-buffer entry (header + full payload). The drain reserves
 /// entries of a few fixed sizes (room for 4, 16, 128 or 512 records, whichever fits) so

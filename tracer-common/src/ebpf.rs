@@ -105,7 +105,7 @@ pub const GLOBAL_WRITE_USER: &str = "WRITE_USER";
 pub const GLOBAL_ON_FULL: &str = "ON_FULL";
 /// Global (u8): 1 = the ring buffer is smaller than [`SMALL_RING_BYTES`].
 pub const GLOBAL_SMALL_CHUNKS: &str = "SMALL_CHUNKS";
-/// Rings smaller than 16 full chunks get chunks of `SMALL_CHUNK_RECORDS`: a holding
+/// Rings under 256 KiB (16 × CHUNK_RECORDS records) get chunks of `SMALL_CHUNK_RECORDS`: a holding
 /// drain keeps a quarter of the ring free, and a 16 KiB ring could take no full chunk.
 pub const SMALL_RING_BYTES: u32 = (16 * crate::CHUNK_RECORDS * crate::RECORD_SIZE) as u32;
 /// Global (u8): 1 = trace every process that runs an instrumented binary.

@@ -7,7 +7,7 @@
 //! Unfiltered, a chunk is read with `bpf_probe_read_user` straight into the
 //! reservation; entries are reserved in four sizes (room for 4, 16,
 //! SMALL_CHUNK_RECORDS or CHUNK_RECORDS records; `count` says how many are valid),
-//! so that the many small drains do not take 4 KiB of ring buffer each. With
+//! so that the many small drains do not take 16 KiB of ring buffer each. With
 //! per-record filters a chunk is read into a per-CPU scratch entry, compacted there
 //! (one `bpf_loop` step per record) and written with `bpf_ringbuf_output` at its
 //! exact size.
@@ -359,7 +359,7 @@ fn header(c: &DrainCtx, count: u64, seq: u64) -> ChunkHeader {
 }
 
 /// The filtered drain: one `bpf_loop` step per record (not nested in the chunk loop:
-/// nested callbacks multiply the verifier's work), reading the buffer CHUNK_RECORDS
+/// nested callbacks multiply the verifier's work), reading the buffer FILTER_BLOCK
 /// records at a time into the per-CPU scratch and writing the records that pass as
 /// chunks of their exact size with `bpf_ringbuf_output`. Inlined: one frame less for
 /// the verifier's 512-byte combined stack limit (Linux 6.1 counts callbacks too).

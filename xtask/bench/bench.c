@@ -21,7 +21,7 @@ typedef struct {
     uint32_t site, flags;
     uint64_t time, value, aux;
 } rec_t;
-#define NREC 1024 /* records per buffer, as the rewriter's default */
+#define NREC 4096 /* records per buffer, as the rewriter's default */
 static __thread rec_t buf[NREC] __attribute__((aligned(64)));
 static __thread rec_t *cur;
 

@@ -163,7 +163,7 @@ functions = ["main", "work_*"]
 sites = ["entry", "exit"]
 time = "coarse"
 [buffer]
-records = 4096
+records = 2048
 slots = 32
 "#,
             &mut o,
@@ -172,7 +172,7 @@ slots = 32
         assert_eq!(o.functions, ["main", "work_*"]);
         assert_eq!(o.kinds, [SiteKind::FunctionEntry, SiteKind::FunctionExit]);
         assert_eq!(o.time_mode, TimeMode::Coarse);
-        assert_eq!((o.buf_records, o.nslots), (4096, 32));
+        assert_eq!((o.buf_records, o.nslots), (2048, 32));
         let mut o = Options::default();
         apply(
             "v.toml",

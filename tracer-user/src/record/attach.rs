@@ -394,22 +394,36 @@ pub(super) fn unload(ebpf: &mut Ebpf, names: &[&str]) {
         .programs_mut()
         .filter(|(name, _)| names.contains(name))
         .collect();
-    std::thread::scope(|s| {
-        for (name, p) in progs {
-            s.spawn(move || {
-                let t = Instant::now();
-                let r = match p {
-                    Program::UProbe(p) if p.fd().is_ok() => p.unload(),
-                    Program::TracePoint(p) if p.fd().is_ok() => p.unload(),
-                    _ => Ok(()),
-                };
-                if let Err(e) = r {
-                    log::warn!("cannot detach {name}: {e}");
-                }
-                log::debug!("{name} detached in {:?}", t.elapsed());
-            });
+    let n = progs.len();
+    let queue = std::sync::Mutex::new(progs);
+    let work = || {
+        while let Some((name, p)) = queue.lock().ok().and_then(|mut q| q.pop()) {
+            detach_one(name, p);
         }
+    };
+    std::thread::scope(|s| {
+        // Where no thread can be started, this one detaches what is left.
+        for _ in 1..n {
+            if std::thread::Builder::new().spawn_scoped(s, work).is_err() {
+                break;
+            }
+        }
+        work();
     });
+}
+
+/// Unload one program, saying how long its grace period took; errors only logged.
+fn detach_one(name: &str, p: &mut Program) {
+    let t = Instant::now();
+    let r = match p {
+        Program::UProbe(p) if p.fd().is_ok() => p.unload(),
+        Program::TracePoint(p) if p.fd().is_ok() => p.unload(),
+        _ => Ok(()),
+    };
+    if let Err(e) = r {
+        log::warn!("cannot detach {name}: {e}");
+    }
+    log::debug!("{name} detached in {:?}", t.elapsed());
 }
 
 /// The semaphores of an untouched binary, each with an anchor for its

@@ -326,7 +326,9 @@ impl State {
 
     /// Write records as chunk sections of at most CHUNK_RECORDS (what readers expect).
     fn records_out(&mut self, h: ChunkHeader, records: &[u8]) -> Result<()> {
-        let mut out = Vec::with_capacity(records.len() + 64 * (records.len() / 4096 + 1));
+        let mut out = Vec::with_capacity(
+            records.len() + 64 * (records.len() / (CHUNK_RECORDS * RECORD_SIZE) + 1),
+        );
         for piece in records.chunks(CHUNK_RECORDS * RECORD_SIZE) {
             let mut hh = h;
             hh.kind = CHUNK_KIND_RECORDS;

@@ -8,7 +8,7 @@
 //! ```text
 //! file header (16 bytes)
 //!   0   [u8; 8]  magic "UTRCTRAC"
-//!   8   u32      format version (FORMAT_VERSION = 3; readers take 2 and 3)
+//!   8   u32      format version (FORMAT_VERSION = 4; readers take 2 to 4)
 //!   12  u32      reserved, 0
 //! section (16-byte header + payload), repeated
 //!   0   u32      kind (SECTION_*)
@@ -72,8 +72,10 @@ use clock::{Anchor, Calibration};
 
 pub const MAGIC: [u8; 8] = *b"UTRCTRAC";
 /// 2: chunk headers carry the drain's clock sample (48 bytes). 3: chunks are written
-/// packed (`SECTION_CHUNK_PACKED`); version 2 files still read.
-pub const FORMAT_VERSION: u32 = 3;
+/// packed (`SECTION_CHUNK_PACKED`); version 2 files still read. 4: chunks of up to
+/// 512 records, not 128 (the same sections: readers of version 3 would refuse them
+/// as damaged, so the version says it).
+pub const FORMAT_VERSION: u32 = 4;
 /// The oldest version readers accept (older ones are refused, naming both).
 pub const OLDEST_READABLE: u32 = 2;
 const FILE_HEADER_LEN: usize = 16;
@@ -264,7 +266,7 @@ mod tests {
     }
 
     /// A version 2 file (records as they are, `SECTION_CHUNK`) still reads, with the
-    /// same records as the packed chunk of a version 3 file; version 1 is refused.
+    /// same records as the packed chunk of a version 3 or 4 file; version 1 is refused.
     #[test]
     fn version_2_chunks_read() {
         let dir = std::env::temp_dir().join(format!("utrace-v2-{}", std::process::id()));
@@ -292,6 +294,7 @@ mod tests {
         let old = read(2, &v2).unwrap();
         assert_eq!(old.iter().map(|r| r.site).collect::<Vec<_>>(), [0, 1, 2]);
         assert_eq!(read(3, &packed).unwrap(), old);
+        assert_eq!(read(4, &packed).unwrap(), old);
         let e = read(1, &v2).unwrap_err().to_string();
         assert!(e.contains("version 1 is not supported"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
