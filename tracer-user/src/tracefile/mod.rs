@@ -73,8 +73,8 @@ use clock::{Anchor, Calibration};
 pub const MAGIC: [u8; 8] = *b"UTRCTRAC";
 /// 2: chunk headers carry the drain's clock sample (48 bytes). 3: chunks are written
 /// packed (`SECTION_CHUNK_PACKED`); version 2 files still read. 4: chunks of up to
-/// 512 records, not 128 (the same sections: readers of version 3 would refuse them
-/// as damaged, so the version says it).
+/// 512 records, not 128, packed against a 256-entry site table, not 64 (`pack.rs`);
+/// versions 2 and 3 still read.
 pub const FORMAT_VERSION: u32 = 4;
 /// The oldest version readers accept (older ones are refused, naming both).
 pub const OLDEST_READABLE: u32 = 2;

@@ -16,8 +16,8 @@ use tracer_common::{
 use super::{
     BinaryInfo, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, MAGIC, MAX_SECTION, OLDEST_READABLE,
     SECTION_BINARY, SECTION_CHUNK, SECTION_CHUNK_PACKED, SECTION_COMM, SECTION_HEADER_LEN,
-    SECTION_LOAD, SECTION_SESSION, SECTION_STATS, SessionInfo, chunk_header, pack::unpack, u32_at,
-    u64_at,
+    SECTION_LOAD, SECTION_SESSION, SECTION_STATS, SessionInfo, chunk_header, pack::unpack_version,
+    u32_at, u64_at,
 };
 
 /// One chunk as stored: header and its valid records.
@@ -52,6 +52,8 @@ pub struct Reader {
     path: PathBuf,
     offset: u64,
     truncated: Option<Truncation>,
+    /// The file's format version (packed chunks differ between 3 and 4).
+    version: u32,
 }
 
 /// Read exactly `buf.len()` bytes; Ok(false) on a clean or partial end of file.
@@ -99,6 +101,7 @@ impl Reader {
             path: path.to_path_buf(),
             offset: FILE_HEADER_LEN as u64,
             truncated: None,
+            version,
         })
     }
 
@@ -158,7 +161,8 @@ impl Reader {
                     .with_context(|| format!("{at}: bad binary section"))?,
             ),
             SECTION_CHUNK | SECTION_CHUNK_PACKED => Section::Chunk(
-                chunk(kind, &payload).with_context(|| format!("{at}: bad chunk section"))?,
+                chunk(kind, &payload, self.version)
+                    .with_context(|| format!("{at}: bad chunk section"))?,
             ),
             SECTION_COMM => {
                 ensure!(
@@ -196,8 +200,8 @@ impl Reader {
 }
 
 /// A chunk section: the header, then its records as they are (`SECTION_CHUNK`,
-/// format version 2) or packed (`SECTION_CHUNK_PACKED`).
-fn chunk(kind: u32, payload: &[u8]) -> Result<Chunk> {
+/// format version 2) or packed (`SECTION_CHUNK_PACKED`) as format `version` packs.
+fn chunk(kind: u32, payload: &[u8], version: u32) -> Result<Chunk> {
     let header = chunk_header(payload).context("shorter than a chunk header")?;
     let body = &payload[CHUNK_HEADER_BYTES..];
     let count = header.count as usize;
@@ -206,7 +210,7 @@ fn chunk(kind: u32, payload: &[u8]) -> Result<Chunk> {
         "chunk of {count} records"
     );
     let records = if kind == SECTION_CHUNK_PACKED {
-        unpack(body, count)?
+        unpack_version(body, count, version)?
     } else {
         ensure!(
             body.len() == count * RECORD_SIZE,
