@@ -252,12 +252,14 @@ impl Bytes<'_> {
     }
 }
 
-/// Exactly `count` records from `bytes` (all of them, nothing after).
-pub fn unpack(bytes: &[u8], count: usize) -> Result<Vec<Record>, PackError> {
+/// [`unpack_version`] for this version's files (tests).
+#[cfg(test)]
+fn unpack(bytes: &[u8], count: usize) -> Result<Vec<Record>, PackError> {
     unpack_with::<TABLE>(bytes, count)
 }
 
-/// [`unpack`] for a file of format `version` (3: a 64-entry table).
+/// Exactly `count` records from `bytes` (all of them, nothing after), packed as format
+/// `version` packs them (3: a 64-entry table).
 pub fn unpack_version(bytes: &[u8], count: usize, version: u32) -> Result<Vec<Record>, PackError> {
     if version <= 3 {
         unpack_with::<TABLE_V3>(bytes, count)
