@@ -28,7 +28,7 @@
 use thiserror::Error;
 use tracer_common::Record;
 
-/// Entries of the per-site table: format version 4 (sqlite: 6.3 bytes a record where
+/// Entries of the per-site table: format version 4 (sqlite: 6.2 bytes a record where
 /// version 3's 64 entries, whose collisions hid half the sites, gave 6.8).
 const TABLE: usize = 256;
 /// Version 3's table.
@@ -102,14 +102,12 @@ impl<const T: usize> Model<T> {
     /// After record `r`, whose site's entry was `seen` (default if none).
     fn update(&mut self, r: &Record, seen: &Seen) {
         let prev = self.prev.site;
-        let next = if self.started {
+        if self.started {
             self.table[prev as usize % T].next = Some(r.site);
-            // The same site again: its entry is the one just given a successor.
-            if r.site == prev {
-                Some(r.site)
-            } else {
-                seen.next
-            }
+        }
+        // The same site again: its entry is the one just given a successor.
+        let next = if self.started && r.site == prev {
+            Some(r.site)
         } else {
             seen.next
         };
