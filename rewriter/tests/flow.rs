@@ -499,7 +499,8 @@ fn indirect_jumps(objdump: &str, bin: &Path, ranges: &[(u64, u64)]) -> BTreeSet<
         .collect()
 }
 
-/// Every indirect jump of the `tc_*` functions is a tail call, none is unresolved.
+/// Every indirect jump of the `tc_*` functions is a tail call or (`tc_switch`) a
+/// jump-table dispatch, none is unresolved.
 fn check_tail_calls(cc: &str, tag: &str, cflags: &[&str], ldflags: &[&str], min: usize) {
     let b = build(cc, "tailcall.c", tag, cflags, ldflags);
     let c = recover_checked(&b);
@@ -518,7 +519,13 @@ fn check_tail_calls(cc: &str, tag: &str, cflags: &[&str], ldflags: &[&str], min:
         jumps.len()
     );
     let tails: BTreeSet<u64> = c.flow.tail_calls.iter().copied().collect();
-    for j in &jumps {
+    let dispatches: BTreeSet<u64> = c.flow.tables.iter().map(|t| t.dispatch).collect();
+    let switch = syms.funcs["tc_switch"];
+    assert!(
+        dispatches.iter().any(|d| (switch.0..switch.1).contains(d)),
+        "{tag}: no jump table in tc_switch"
+    );
+    for j in jumps.iter().filter(|j| !dispatches.contains(j)) {
         assert!(
             tails.contains(j),
             "{tag}: indirect jump {j:#x} is not classified as a tail call"

@@ -1,10 +1,10 @@
 //! Windows that hold branch targets (tests/fixtures/windows.c): a loop label inside a
 //! function's first 5 bytes, a `ret` at a branch target with a target right after it,
 //! a `ret` that a jump from behind a call reaches (a landing in the displaced bytes),
-//! a `ret` with no room at all that a jump in the entry's window reaches (the
-//! trampoline's own copy of it), and exits after a jump table indexed by a table byte
-//! bounded in memory. Every entry and exit but that last `ret` must now be inline and
-//! every record come inline, the program must behave as the original, and the trace
+//! a `ret` with no room at all that a jump over a call reaches (one window holds the
+//! jump, the call and the `ret`; the call's return address is a landing), and exits
+//! after a jump table indexed by a table byte bounded in memory. Every entry and exit
+//! must be inline and every record come inline, the program must behave as the original, and the trace
 //! must hold exactly the entries kernel uprobes see on the original, each paired with
 //! its exit and the function's return value.
 
@@ -85,12 +85,7 @@ fn windows_hold_branch_targets() {
         .iter()
         .filter(|s| s.mode == SiteMode::Uprobe)
         .collect();
-    assert!(
-        uprobes.len() == 1
-            && uprobes[0].name == "fx_tail"
-            && uprobes[0].kind == SiteKind::FunctionExit,
-        "uprobe sites {uprobes:?}\n{line}"
-    );
+    assert!(uprobes.is_empty(), "uprobe sites {uprobes:?}\n{line}");
     // Entries, and exits: one each but fx_class's five and fx_tail's two.
     assert_eq!(meta.sites.len(), 6 + 4 + 5 + 2, "sites: {line}");
 

@@ -592,7 +592,9 @@ fn analyse(insns: &[Instruction], from: u64, to: u64, entry: bool, cx: &mut Cx, 
                 None => flow_into(&mut ins_of, &mut queue, s, ip, &st),
             }
         }
-        if is_indirect_jmp(last) {
+        // A tail call's state does not reach the table's targets: it would make the
+        // stack height unknown there (and so at every tail call after them).
+        if is_indirect_jmp(last) && !leaves(&st, last, &p) {
             let changed = match &mut hub {
                 Some(h) => h.meet(&st, from),
                 h @ None => {
@@ -620,10 +622,7 @@ fn analyse(insns: &[Instruction], from: u64, to: u64, entry: bool, cx: &mut Cx, 
             step(&mut st, ins, &mut cx.factory, &mut p);
         }
         let v = jump_value(&st, last, &p);
-        let tail = match last.op0_kind() {
-            OpKind::Register => matches!(v, Val::Unknown | Val::Loaded),
-            _ => v == Val::Loaded,
-        };
+        let tail = is_pointer(v, last);
         // A dispatch by either pass is a candidate (`resolve` checks it): the data
         // flow is more precise, address order sometimes luckier.
         let early = linear.next().flatten();
@@ -635,6 +634,21 @@ fn analyse(insns: &[Instruction], from: u64, to: u64, entry: bool, cx: &mut Cx, 
             out.unresolved.push(last.ip());
         }
     }
+}
+
+/// Whether an indirect jump to `v` goes through a pointer the function received or
+/// loaded (a tail call's target), not a table entry.
+fn is_pointer(v: Val, ins: &Instruction) -> bool {
+    match ins.op0_kind() {
+        OpKind::Register => matches!(v, Val::Unknown | Val::Loaded),
+        _ => v == Val::Loaded,
+    }
+}
+
+/// Whether the indirect jump `ins` in state `st` looks like a tail call: a pointer
+/// target, the stack at its height at entry.
+fn leaves(st: &State, ins: &Instruction, p: &Piece) -> bool {
+    st.regs[RSP] == Val::Stack(0) && is_pointer(jump_value(st, ins, p), ins)
 }
 
 /// The value an indirect jump goes to.

@@ -196,6 +196,13 @@ fn unmovable(ins: &Instruction, last: bool) -> Option<String> {
     }
 }
 
+fn is_call(ins: &Instruction) -> bool {
+    matches!(
+        ins.flow_control(),
+        FlowControl::Call | FlowControl::IndirectCall
+    )
+}
+
 /// `jmp rel32` at `from` to `to`.
 fn jmp_rel32(from: u64, to: u64) -> Result<[u8; JMP_LEN], String> {
     let rel = to.wrapping_sub(from + JMP_LEN as u64) as i64;
@@ -249,6 +256,8 @@ fn place_landings(start: u64, end: u64, outside: &[u64]) -> Option<Vec<Landing>>
 const CLOSED_MAX: u64 = 512;
 /// How many instructions before its site a window grown over jumps may start.
 const CLOSED_BACK: usize = 8;
+/// How many instructions past its shortest end a window grown over jumps may run.
+const CLOSED_FORWARD: usize = 8;
 
 /// The jumps of `insns` that a window can re-point, by target.
 fn jumps_by_target(insns: &[Instruction]) -> HashMap<u64, Vec<usize>> {
@@ -389,7 +398,7 @@ impl PlanCx<'_> {
         // enough.
         let lowest = s.saturating_sub(CLOSED_BACK).max(self.first);
         (lowest..=s)
-            .map(|i| {
+            .flat_map(|i| {
                 let mut j = s;
                 while bytes(i, j) < JMP_LEN && j + 1 < insns.len() {
                     j += 1;
@@ -398,7 +407,8 @@ impl PlanCx<'_> {
                 while j + 1 < insns.len() && self.dead_after(j) {
                     j += 1;
                 }
-                (i, j)
+                // Or a few instructions more: room for a landing on the last target.
+                (j..insns.len().min(j + 1 + CLOSED_FORWARD)).map(move |j| (i, j))
             })
             .filter_map(|(i, j)| self.close(i, j))
             .min_by_key(|&(i, j)| bytes(i, j))
@@ -467,17 +477,25 @@ impl PlanCx<'_> {
     }
 
     /// The branch targets inside `[i, j]` that code outside it jumps to.
+    /// And the return address of every call inside it but the last instruction: the
+    /// callee returns there (the trampoline pushes the original address, see
+    /// `stub::emit_window`).
     fn outside(&self, i: usize, j: usize) -> Vec<u64> {
         self.insns[i + 1..=j]
             .iter()
-            .map(Instruction::ip)
-            .filter(|&ip| is_target(&self.targets.all, ip) && !self.closed_inside(ip, i, j))
+            .zip(&self.insns[i..j])
+            .filter(|(ins, before)| {
+                let ip = ins.ip();
+                is_call(before) || is_target(&self.targets.all, ip) && !self.closed_inside(ip, i, j)
+            })
+            .map(|(ins, _)| ins.ip())
             .collect()
     }
 
+    /// Whether `[i, j]` can move into a trampoline with landings (a call anywhere: its
+    /// return address gets one).
     fn movable(&self, i: usize, j: usize) -> bool {
-        (i..j).all(|k| unmovable(&self.insns[k], false).is_none())
-            && unmovable(&self.insns[j], true).is_none()
+        (i..=j).all(|k| unmovable(&self.insns[k], true).is_none())
     }
 
     /// The returns outside `w` that its jumps go to, each with the sites at it.
@@ -512,7 +530,7 @@ impl PlanCx<'_> {
             .insns
             .partition_point(|x| x.ip() < w.start + w.code_len as u64);
         let j = end.checked_sub(1).filter(|&j| j >= i)?;
-        if let Some(why) = (i..j).find_map(|k| unmovable(&self.insns[k], false)) {
+        if let Some(why) = (i..=j).find_map(|k| unmovable(&self.insns[k], true)) {
             return Some(why);
         }
         let outside = self.outside(i, j);
