@@ -579,3 +579,37 @@ fn switch_dispatch_is_never_a_tail_call() {
         }
     }
 }
+
+/// Computed gotos over one 256-entry label table (cgoto.c, the shape of CPython's
+/// ceval): the dispatches indexed by a byte are bounded by it, the one indexed by a
+/// wider value takes their table's size; every one is a table whose targets are the
+/// five labels, none is unresolved. Non-PIE only: a PIE's table holds its addresses in
+/// relocations, not in the file.
+#[test]
+fn computed_gotos_x86_64() {
+    for cc in ["gcc", "clang"] {
+        if !have(cc) {
+            eprintln!("skipping {cc}: not installed");
+            continue;
+        }
+        let tag = format!("cgoto-{cc}");
+        let b = build(cc, "cgoto.c", &tag, &["-O2", "-fno-pie"], &["-no-pie"]);
+        let data = std::fs::read(&b.bin).unwrap();
+        let input = Input::parse(&b.bin.display().to_string(), &data).unwrap();
+        let flow = recover(&input).unwrap();
+        let run = symbols(&data).funcs["cg_run"];
+        let jumps = indirect_jumps(b.objdump, &b.bin, &[run]);
+        assert!(jumps.len() >= 2, "{tag}: indirect jumps {jumps:x?}");
+        for j in &jumps {
+            let t = flow.tables.iter().find(|t| t.dispatch == *j);
+            let t = t.unwrap_or_else(|| panic!("{tag}: jump {j:#x} is not a table dispatch"));
+            assert!(t.bounded, "{tag}: {j:#x} unbounded");
+            assert!(
+                t.targets.len() == 5 && t.targets.iter().all(|a| (run.0..run.1).contains(a)),
+                "{tag}: {j:#x} targets {:x?}",
+                t.targets
+            );
+            assert!(!flow.unresolved_indirect_jumps.contains(j), "{tag}: {j:#x}");
+        }
+    }
+}

@@ -11,6 +11,8 @@
 
 mod eh;
 
+use std::collections::HashMap;
+
 use object::elf;
 
 use crate::elf::read::Input;
@@ -500,11 +502,31 @@ const MAX_BOUND: u64 = 1 << 16;
 
 /// Read the entries of each dispatch's table and keep the tables whose entries are all
 /// instruction starts of the dispatching function.
+/// A table as its dispatches read it: address, entry size, and the base and shift of a
+/// relative table.
+type TableKey = (u64, u8, Option<(u64, u8)>);
+
 fn resolve(input: &Input, code: &Code, funcs: &Functions, mut ds: Vec<Dispatch>, flow: &mut Flow) {
     ds.sort_by_key(|d| (d.elem.table, d.at));
     // Unbounded reads stop at the next table: its entries are not ours.
     let table_starts: Vec<u64> = ds.iter().map(|d| d.elem.table).collect();
-    for d in ds {
+    // A table that a bounded dispatch indexes has that many entries for its other
+    // dispatches too (CPython's opcode_targets: one dispatch indexes it by a byte,
+    // others by a wider opcode value); the bounded ones go first.
+    ds.sort_by_key(|d| d.elem.bound.is_none());
+    let mut sizes: HashMap<TableKey, u64> = HashMap::new();
+    for mut d in ds {
+        let key = (
+            d.elem.table,
+            d.elem.size,
+            match d.kind {
+                Kind::Abs => None,
+                Kind::Rel { base, shift } => Some((base, shift)),
+            },
+        );
+        if d.elem.bound.is_none() {
+            d.elem.bound = sizes.get(&key).copied();
+        }
         let owner = funcs.containing(d.at);
         let next_table = table_starts[table_starts.partition_point(|&t| t <= d.elem.table)..]
             .first()
@@ -512,6 +534,9 @@ fn resolve(input: &Input, code: &Code, funcs: &Functions, mut ds: Vec<Dispatch>,
             .unwrap_or(u64::MAX);
         match read_table(input, code, owner, &d, next_table) {
             Ok((targets, bounded)) => {
+                if bounded {
+                    sizes.entry(key).or_insert(targets.len() as u64);
+                }
                 let mut targets = targets;
                 targets.sort_unstable();
                 targets.dedup();

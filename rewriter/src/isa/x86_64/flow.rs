@@ -5,7 +5,9 @@
 //! - PIC: `lea T(%rip),%rB; movslq (%rB,%rI,4),%rE; add %rB,%rE; (notrack) jmp *%rE`
 //!   (`-O0`: `lea 0(,%rI,4)`, `mov (%rX,%rY),%eE`, `cdqe`);
 //! - non-PIC: `jmp *T(,%rI,8)` or `mov T(,%rI,8),%rE; jmp *%rE`;
-//! - the bound: `cmp $N,%rI` (or `cmpl $N,-d(%rbp)` at `-O0`) + `ja`/`jbe`/`jae`/`jb`.
+//! - the bound: `cmp $N,%rI` (or `cmpl $N,-d(%rbp)` at `-O0`) + `ja`/`jbe`/`jae`/`jb`,
+//!   or a zero-extended byte index (`movzbl`: 256 entries, computed gotos), or the size
+//!   another dispatch of the same table proved (`flow::resolve`).
 //!
 //! Each sweep piece (code between two function starts) is decoded once, marking
 //! instruction starts; a piece with an indirect jump is split into basic blocks and
@@ -840,6 +842,9 @@ fn movsxd(st: &mut State, ins: &Instruction, o: Op, p: &mut Piece) {
     st.set(ip, op0, v);
 }
 
+/// How many values a byte holds.
+const BYTE_VALUES: u64 = 256;
+
 /// `movzx`/`movsx`: an extended register or load.
 fn movx(st: &mut State, ins: &Instruction, o: Op, p: &mut Piece) {
     let Op { ip, m, op0, .. } = o;
@@ -851,6 +856,11 @@ fn movx(st: &mut State, ins: &Instruction, o: Op, p: &mut Piece) {
                 Val::Unknown => Val::Tainted,
                 v => v,
             };
+            let v = if signed || src.size() != 1 {
+                v
+            } else {
+                byte_index(v)
+            };
             match (v, gpr(src)) {
                 // `movzbl %dl,%ebx`: the same number as far as a compare of
                 // either says (the compare decides the width that counts).
@@ -861,10 +871,31 @@ fn movx(st: &mut State, ins: &Instruction, o: Op, p: &mut Piece) {
             }
         }
         OpKind::Memory => {
-            let v = st.load(ins, ins.memory_size().size() as u8, signed, p);
+            let size = ins.memory_size().size() as u8;
+            let v = match st.load(ins, size, signed, p) {
+                v if signed || size != 1 => v,
+                v => byte_index(v),
+            };
             st.set(ip, op0, v);
         }
         _ => st.set(ip, op0, Val::Tainted),
+    }
+}
+
+/// A zero-extended byte is below 256 whatever it held: the bound of a table it
+/// indexes (CPython's computed gotos: `movzbl %sil,%eax`, or a byte of the bytecode,
+/// then `jmp *T(,%rax,8)` over its 256 opcode labels). A byte table's entry stays one.
+fn byte_index(v: Val) -> Val {
+    match v {
+        Val::Tainted | Val::Unknown => Val::Index {
+            bound: Some(BYTE_VALUES),
+            scale: 1,
+        },
+        Val::Index { bound, scale: 1 } => Val::Index {
+            bound: Some(bound.map_or(BYTE_VALUES, |b| b.min(BYTE_VALUES))),
+            scale: 1,
+        },
+        v => v,
     }
 }
 
