@@ -25,6 +25,8 @@
 //! previous record's, arguments are passed down call chains, timestamps grow by
 //! little, sites follow each other in patterns: most records take 4 to 8 bytes.
 
+use std::mem::MaybeUninit;
+
 use thiserror::Error;
 use tracer_common::Record;
 
@@ -133,21 +135,28 @@ fn unzigzag(z: u64) -> u64 {
     (z >> 1) ^ (z & 1).wrapping_neg()
 }
 
-/// One record's packed bytes, built on the stack: at most a tag and five varints.
-struct Out {
-    b: [u8; 1 + 5 * 10],
+/// The most bytes one record packs into: a tag and five varints.
+const MAX_PACKED: usize = 1 + 5 * 10;
+
+/// Packed bytes written straight into a `Vec`'s reserved spare room: no capacity
+/// check or copy per record.
+struct Out<'a> {
+    b: &'a mut [MaybeUninit<u8>],
     n: usize,
 }
 
-impl Out {
+impl Out<'_> {
+    fn put(&mut self, v: u8) {
+        self.b[self.n].write(v);
+        self.n += 1;
+    }
+
     fn put_varint(&mut self, mut v: u64) {
         while v >= 0x80 {
-            self.b[self.n] = v as u8 | 0x80;
-            self.n += 1;
+            self.put(v as u8 | 0x80);
             v >>= 7;
         }
-        self.b[self.n] = v as u8;
-        self.n += 1;
+        self.put(v as u8);
     }
 }
 
@@ -174,15 +183,21 @@ fn field_mode(seen: bool, now: u64, site: u64, prev: u64, out: &mut Out) -> u8 {
 }
 
 /// Append `records`, packed, to `out`.
-pub fn pack(records: impl IntoIterator<Item = Record>, out: &mut Vec<u8>) {
+pub fn pack(records: impl ExactSizeIterator<Item = Record>, out: &mut Vec<u8>) {
     pack_with::<TABLE>(records, out)
 }
 
 /// [`pack`] against a table of `T` entries.
-fn pack_with<const T: usize>(records: impl IntoIterator<Item = Record>, out: &mut Vec<u8>) {
+fn pack_with<const T: usize>(records: impl ExactSizeIterator<Item = Record>, out: &mut Vec<u8>) {
+    out.reserve(records.len() * MAX_PACKED);
+    let mut o = Out {
+        b: out.spare_capacity_mut(),
+        n: 0,
+    };
     let mut m = Model::<T>::new();
-    for r in records {
-        let mut o = Out { b: [0; 51], n: 1 };
+    for r in records.take(o.b.len() / MAX_PACKED) {
+        let at = o.n;
+        o.n += 1;
         let mut tag = 0;
         if m.successor() == Some(r.site) {
             tag |= SITE;
@@ -200,10 +215,13 @@ fn pack_with<const T: usize>(records: impl IntoIterator<Item = Record>, out: &mu
         tag |= field_mode(seen.valid, r.value, seen.value, m.prev.value, &mut o) << VALUE_SHIFT;
         tag |= field_mode(seen.valid, r.aux, seen.aux, m.prev.aux, &mut o) << AUX_SHIFT;
         o.put_varint(zigzag(r.time.wrapping_sub(m.prev.time)));
-        o.b[0] = tag;
-        out.extend_from_slice(&o.b[..o.n]);
+        o.b[at].write(tag);
         m.update(&r, &seen);
     }
+    let n = o.n;
+    // SAFETY: `Out` wrote every one of the first `n` bytes of the spare capacity (a
+    // tag and the varints after it, in order, for each record).
+    unsafe { out.set_len(out.len() + n) };
 }
 
 /// A cursor over packed bytes; errors name the record being read.
