@@ -65,7 +65,9 @@ pub const fn mem_size(flags: u32) -> u32 {
 }
 
 impl Record {
-    /// Decode a record from its 32 little-endian bytes.
+    /// Decode a record from its 32 little-endian bytes. Inline: the consumer decodes
+    /// every record of the ring (a call across crates cost a tenth of its time).
+    #[inline]
     pub fn from_bytes(b: &[u8; RECORD_SIZE]) -> Self {
         Record {
             site: le_u32(b, 0),
@@ -78,11 +80,13 @@ impl Record {
 }
 
 /// The little-endian u32 at `b[o..o + 4]`.
+#[inline]
 pub(crate) fn le_u32(b: &[u8], o: usize) -> u32 {
     u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
 }
 
 /// The little-endian u64 at `b[o..o + 8]`.
+#[inline]
 pub(crate) fn le_u64(b: &[u8], o: usize) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[o..o + 8]);
