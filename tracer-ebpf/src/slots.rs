@@ -205,6 +205,27 @@ fn delivered_up_to(key: [u64; 2], slot: &Slot) -> Option<u64> {
     valid.then_some(pos)
 }
 
+/// A forked child (process `child`) starts with a copy of the slot at `slot_addr` (in
+/// the RW area at `rw`) that the forking thread was using: the records in it are the
+/// parent's, which delivers them itself. The child's drains of the slot start after
+/// them (its `DRAINED` position), so each record is delivered once, under its own
+/// process (they count as skipped there, never as produced). Trace buffers only: a
+/// circular buffer is delivered whole at its thread's end.
+#[inline(always)]
+pub fn inherit(slot_addr: u64, rw: u64, child: u32) {
+    if read_user::<u32>(rw + RWH_BUF_KIND) != Ok(BUF_TRACE) {
+        return;
+    }
+    let Ok(slot) = read_user::<Slot>(slot_addr) else {
+        return;
+    };
+    if slot.cur <= slot.start || slot.cur > slot.end {
+        return;
+    }
+    let stamp = read_user::<u64>(slot.cur - RECORD_SIZE as u64 + RECORD_TIME_OFF).unwrap_or(0);
+    let _ = DRAINED.insert([child as u64, slot_addr], [slot.cur, stamp], 0);
+}
+
 /// A ring's drain: its spans (as `DrainReq::spans`) and the `DRAINED` entry to store
 /// once they are delivered.
 type RingDrain = ([u64; 4], [u64; 2]);

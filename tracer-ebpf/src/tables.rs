@@ -1,5 +1,5 @@
 //! A process's RW areas (its `TABLES` entry): learning them at flushes, and the walks
-//! over them (exit drains, uprobe sites). One `bpf_loop` callback per walk rather
+//! over them (exit drains, uprobe sites, forks). One `bpf_loop` callback per walk rather
 //! than an unrolled loop: the verifier then checks the body once instead of once per
 //! table entry.
 
@@ -18,7 +18,7 @@ use crate::{
     arch::{THREAD_POINTER_MAY_BE_STALE, thread_pointer},
     atomic,
     maps::{EXIT_DRAINED, EXIT_STEPS, EXIT_WORK, ExitWork, TABLES},
-    slots::{AFTER_RELEASE, drain_slot, find_slot, find_slot_by_tid, pre_tls_slot},
+    slots::{AFTER_RELEASE, drain_slot, find_slot, find_slot_by_tid, inherit, pre_tls_slot},
     user::read_user,
 };
 
@@ -179,6 +179,53 @@ pub fn exit_step<C: EbpfContext>(ctx: &C) -> i64 {
     // Out of tail calls (cannot happen: 2 * TABLE_BINARIES < 33 steps).
     let _ = EXIT_WORK.remove(pid_tid);
     r
+}
+
+#[repr(C)]
+struct ForkCtx {
+    table: [u64; TABLE_BINARIES],
+    tp: u64,
+    tid: u32,
+    child: u32,
+}
+
+/// A thread of a process whose RW areas are `table` forked process `child`: its slot
+/// in each area holds records the child must not deliver again (`slots::inherit`).
+#[inline(never)]
+pub fn inherit_at_fork(table: [u64; TABLE_BINARIES], child: u32) {
+    let mut c = ForkCtx {
+        table,
+        tp: thread_pointer(),
+        tid: bpf_get_current_pid_tgid() as u32,
+        child,
+    };
+    // SAFETY: callback and context as bpf_loop expects; `c` outlives the call.
+    unsafe {
+        bpf_loop(
+            TABLE_BINARIES as u32,
+            inherit_one as *const () as *mut c_void,
+            (&raw mut c).cast(),
+            0,
+        );
+    }
+}
+
+#[inline(never)]
+extern "C" fn inherit_one(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: bpf_loop hands back the ForkCtx pointer that inherit_at_fork() passed in.
+    let c = unsafe { &mut *ctx.cast::<ForkCtx>() };
+    let rw = c.table[(index & INDEX_MASK) as usize];
+    if rw == 0 {
+        return 1;
+    }
+    let mut slot = find_slot(rw, c.tp);
+    if THREAD_POINTER_MAY_BE_STALE && slot == 0 {
+        slot = find_slot_by_tid(rw, c.tid);
+    }
+    if slot != 0 {
+        inherit(slot, rw, c.child);
+    }
+    0
 }
 
 #[repr(C)]

@@ -11,6 +11,7 @@ use tracer_common::{CAUSE_EXEC, CHUNK_KIND_MAPPED, ChunkHeader};
 
 use super::is_target;
 use crate::maps::{EVENTS, FORK_CHILD_PID_OFF, SYSTEM_WIDE, TABLES, TARGETS};
+use crate::tables::inherit_at_fork;
 
 /// A traced process forked: the child is traced too, and starts with its parent's RW
 /// areas.
@@ -34,11 +35,13 @@ pub fn fork(ctx: &TracePointContext) -> u32 {
     if !system_wide && let Err(e) = TARGETS.insert(child, 1u8, 0) {
         log_error!(ctx, "fork: cannot add pid {} to TARGETS: {}", child, e);
     }
-    // The child starts with a copy of the parent's memory, RW areas included.
+    // The child starts with a copy of the parent's memory, RW areas included, and the
+    // forking thread's undelivered records in it.
     if let Some(p) = TABLES.get_ptr(tgid) {
         // SAFETY: p points at a live TABLES value; copied to the stack at once.
         let table = unsafe { *p };
         let _ = TABLES.insert(child, table, 0);
+        inherit_at_fork(table, child);
     }
     0
 }
