@@ -217,3 +217,15 @@ mod unit {
         check_times_monotonic(&refs, "times");
     }
 }
+
+/// How many of `pids` each process has, sorted: per-process counts to compare across
+/// runs, whose pids differ.
+pub fn counts_per_process(pids: impl Iterator<Item = u32>) -> Vec<u64> {
+    let mut n: HashMap<u32, u64> = HashMap::new();
+    for p in pids {
+        *n.entry(p).or_default() += 1;
+    }
+    let mut v: Vec<u64> = n.into_values().collect();
+    v.sort_unstable();
+    v
+}

@@ -4,21 +4,9 @@
 //! count in that process of the original program (110, 55, 20, 30, 40), and the
 //! books balance.
 
-use std::collections::HashMap;
 use std::process::Command;
 
 use tests::*;
-
-/// Calls per process, sorted (pids differ from run to run).
-fn per_process(pids: impl Iterator<Item = u32>) -> Vec<u64> {
-    let mut n: HashMap<u32, u64> = HashMap::new();
-    for p in pids {
-        *n.entry(p).or_default() += 1;
-    }
-    let mut v: Vec<u64> = n.into_values().collect();
-    v.sort_unstable();
-    v
-}
 
 #[test]
 fn each_process_delivers_its_own_records_once() {
@@ -35,7 +23,7 @@ fn each_process_delivers_its_own_records_once() {
         RUN_TIMEOUT,
     );
     // Each process is single-threaded: tid = pid.
-    let oracle = per_process(events.iter().map(|e| e.tid));
+    let oracle = counts_per_process(events.iter().map(|e| e.tid));
     assert_eq!(
         oracle,
         [20, 30, 40, 55, 110],
@@ -51,7 +39,7 @@ fn each_process_delivers_its_own_records_once() {
         "only fk_call"
     );
     assert_eq!(
-        per_process(recs.iter().map(|r| r.pid)),
+        counts_per_process(recs.iter().map(|r| r.pid)),
         oracle,
         "records per process"
     );

@@ -79,8 +79,9 @@ pub struct RwHeader {
     pub registrations: u64,
     /// 1 when the binary is a static executable and the pre-TLS TCB is in use.
     pub pre_tls: u64,
-    /// User-space drain (`tracer record --user`): `USER_*`, decided once per process at
-    /// the first registration by looking at descriptor [`USER_DRAIN_FD`].
+    /// User-space drain (`tracer record --user`) or a session that started the process
+    /// (`USER_*`), decided once per process at the first registration by looking at
+    /// descriptor [`USER_DRAIN_FD`].
     pub user_state: u32,
     pub user_fd: u32,
     /// Sequence number of the next chunk sent by the user-space drain.
@@ -112,9 +113,22 @@ pub const USER_UNKNOWN: u32 = 0;
 pub const USER_OFF: u32 = 1;
 /// Full buffers are sent to [`USER_DRAIN_FD`] with `sendmsg`.
 pub const USER_ON: u32 = 2;
-/// Where `tracer record --user` puts its end of a `SOCK_SEQPACKET` socket pair in the
-/// traced process. The injected code uses it only if it is such a socket.
+/// A session started this process (`tracer record -- CMD`: descriptor
+/// [`USER_DRAIN_FD`] is a `SOCK_STREAM` socket, the tracer holds the other end) and
+/// drains it through the kernel: `register` waits, bounded, until the tracer has
+/// attached the flush uprobe (the probed instruction is a breakpoint), so that a
+/// program that starts and ends before the tracer has looked at it still delivers
+/// its records. Flushes behave as with [`USER_OFF`].
+pub const USER_SESSION: u32 = 3;
+/// Where `tracer record` puts its end of a socket pair in the command it starts
+/// (`SOCK_SEQPACKET` for the user-space drain, `SOCK_STREAM` otherwise: see
+/// [`USER_SESSION`]). The injected code uses it only if it is such a socket.
 pub const USER_DRAIN_FD: u32 = 1021;
+/// How long `register` waits for the tracer to attach in a [`USER_SESSION`]: this many
+/// polls of [`USER_DRAIN_FD`] of [`ATTACH_POLL_NS`] each (2 s), cut short when the
+/// tracer's end closes.
+pub const ATTACH_POLLS: u32 = 2000;
+pub const ATTACH_POLL_NS: u32 = 1_000_000;
 /// Records per message of the user-space drain (32 KiB, well under the socket's
 /// send buffer).
 pub const USER_MSG_RECORDS: u64 = 1024;

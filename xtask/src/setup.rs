@@ -34,6 +34,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "bzip2",
     // tests/tests/tracer_kill.rs: what a killed tracer left in the kernel.
     "bpftool",
+    // tests/tests/short_lived.rs: the system calls of a program started without a tracer.
+    "strace",
     // `cargo xtask bench --only real`: the peers it is measured against (LTTng-UST's
     // function tracing, its trace counted by babeltrace2).
     "uftrace",

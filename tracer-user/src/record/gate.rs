@@ -46,21 +46,48 @@ fn pipe_cloexec() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
+/// A connected pair of Unix sockets of type `kind`, close-on-exec.
+pub fn socket_pair(kind: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: fds is a valid out-array of two descriptors.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            kind | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: socketpair just returned these two descriptors; nothing else owns them.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
 /// A forked child that waits at a gate (blocked reading a pipe) before it execs the
 /// command, so the tracer can make it a target first. Stdio is inherited untouched.
 pub struct GatedChild {
     pub pid: u32,
     go: Option<OwnedFd>,
     exec_error: OwnedFd,
+    /// The session's end of the stream socket the command has as USER_DRAIN_FD: while
+    /// it is open, a rewritten program the command starts waits at its first record
+    /// until the tracer has attached its binary (`tracer_common::USER_SESSION`).
+    session: Option<OwnedFd>,
 }
 
 impl GatedChild {
+    /// Spawn `exe` for a session that drains through the kernel.
     pub fn spawn(exe: &Path, argv: &[OsString]) -> Result<Self> {
-        Self::spawn_with_drain(exe, argv, None)
+        let (ours, theirs) = socket_pair(libc::SOCK_STREAM).context("socketpair")?;
+        let mut c = Self::spawn_with_drain(exe, argv, Some(theirs.as_raw_fd()))?;
+        c.session = Some(ours);
+        Ok(c)
     }
 
     /// Like `spawn`; `drain_fd`, if given, becomes descriptor USER_DRAIN_FD of the
-    /// command (the user-space drain's socket).
+    /// command (the user-space drain's socket, or the session's: see `spawn`).
     pub fn spawn_with_drain(
         exe: &Path,
         argv: &[OsString],
@@ -103,6 +130,7 @@ impl GatedChild {
             pid: pid as u32,
             go: Some(gate_w),
             exec_error: err_r,
+            session: None,
         })
     }
 

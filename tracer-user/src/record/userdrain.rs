@@ -17,7 +17,7 @@ use std::{
     collections::{HashMap, HashSet},
     ffi::OsString,
     io,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+    os::fd::{AsRawFd, OwnedFd},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -130,21 +130,7 @@ pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
 }
 
 fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: fds is a valid out-array of two descriptors.
-    let r = unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error()).context("socketpair");
-    }
-    // SAFETY: both descriptors were just created and are owned by nobody else.
-    let pair = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let pair = super::gate::socket_pair(libc::SOCK_SEQPACKET).context("socketpair")?;
     let big: libc::c_int = 8 << 20;
     for (fd, opt) in [(&pair.0, libc::SO_RCVBUF), (&pair.1, libc::SO_SNDBUF)] {
         // SAFETY: a valid int option value of the right size. Best effort (capped by

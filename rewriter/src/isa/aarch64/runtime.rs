@@ -20,6 +20,11 @@ const SYS_GETSOCKOPT: u32 = 209;
 const SOL_SOCKET: u32 = 1;
 const SO_TYPE: u32 = 3;
 const SOCK_SEQPACKET: u32 = 5;
+const SOCK_STREAM: u32 = 1;
+const SYS_PPOLL: u32 = 73;
+const POLLIN: u32 = 1;
+/// The breakpoint a uprobe writes over the probed instruction (`brk #5`).
+const BRK_UPROBE: u64 = 0xd420_00a0;
 const MSG_NOSIGNAL: u32 = 0x4000;
 
 /// `add rd, rn, #v` for any v < 2^24 (one or two instructions).
@@ -109,6 +114,7 @@ pub(super) fn emit(
 
     let calls = RegisterCalls {
         flush,
+        probe: a.addr_of(probe).ok_or("flush probe unbound")?,
         hello,
         take_hold,
         user_drain,
@@ -145,6 +151,8 @@ pub(super) fn emit(
 /// The routines `register` calls.
 struct RegisterCalls {
     flush: Label,
+    /// The flush uprobe's instruction (read: is a tracer attached?).
+    probe: u64,
     hello: Label,
     take_hold: Label,
     user_drain: Label,
@@ -191,6 +199,7 @@ fn emit_register(
         register_handover(a, &lb, c.flush, c.user_drain);
     }
     emit_user_discovery(a, c.user_send);
+    emit_attach_wait(a, c.probe)?;
     // An empty drain: tells the tracer about this slot; a tracer that waits for room
     // answers with HOLD_SIGNAL (signals are held here).
     a.bl_l(c.hello);
@@ -435,8 +444,9 @@ const fn chunk_kind_cause(kind: u32, cause: u32) -> u64 {
 
 /// In `register` after a slot was claimed (x9 = slot, x6 = rw_base, x7 = tp): decide
 /// once per process whether the user-space drain is on (descriptor USER_DRAIN_FD is a
-/// SOCK_SEQPACKET socket), and if so tell the tracer about the slot. Clobbers x0..x4,
-/// x8, x10, x11 (register saved them); keeps x5..x7, x9. Flag-free.
+/// SOCK_SEQPACKET socket; a SOCK_STREAM one: `USER_SESSION`), and if so tell the tracer
+/// about the slot. Clobbers x0..x4, x8, x10, x11 (register saved them); keeps x5..x7,
+/// x9. Flag-free.
 fn emit_user_discovery(a: &mut Asm, user_send: Label) {
     let (known, not_socket, off) = (a.label(), a.label(), a.label());
     a.put(ldr_w(0, 6, RWH_USER_STATE as u32));
@@ -455,10 +465,15 @@ fn emit_user_discovery(a: &mut Asm, user_send: Label) {
     a.put(movz(1, USER_OFF, 0));
     a.cbz_l(true, true, 0, not_socket); // error: not a socket, or no such descriptor
     a.put(ldr_w(2, SP, 0));
-    a.put(movz(3, SOCK_SEQPACKET, 0));
-    a.put(sub_w_reg(2, 2, 3));
-    a.cbz_l(false, true, 2, not_socket);
     a.put(movz(1, USER_ON, 0));
+    a.put(movz(3, SOCK_SEQPACKET, 0));
+    a.put(sub_w_reg(3, 2, 3));
+    a.cbz_l(false, false, 3, not_socket);
+    a.put(movz(1, USER_SESSION, 0));
+    a.put(movz(3, SOCK_STREAM, 0));
+    a.put(sub_w_reg(3, 2, 3));
+    a.cbz_l(false, false, 3, not_socket);
+    a.put(movz(1, USER_OFF, 0));
     a.bind(not_socket);
     a.put(add_imm(SP, SP, 16, false));
     a.put(movz(2, USER_DRAIN_FD, 0));
@@ -481,6 +496,60 @@ fn emit_user_discovery(a: &mut Asm, user_send: Label) {
     a.bl_l(user_send);
     a.put(add_imm(SP, SP, 16, false));
     a.bind(off);
+}
+
+/// In `register`, a process that a session started (`USER_SESSION`): wait until the
+/// tracer has attached the flush uprobe (the instruction at `probe` is its `brk`),
+/// polling the session's descriptor (`ATTACH_POLLS` × `ATTACH_POLL_NS`); its end
+/// closing or the time running out turn the wait off for the process (`USER_OFF`). No
+/// system call once attached. Clobbers x0..x4, x8, x10, x11; keeps x5..x7, x9.
+fn emit_attach_wait(a: &mut Asm, probe: u64) -> Result<(), String> {
+    let (poll, gone, attached, done) = (a.label(), a.label(), a.label(), a.label());
+    // x0 = 0 when the probe is a breakpoint (x11 = its address, x1 = the breakpoint).
+    let is_attached = |a: &mut Asm| {
+        a.put(ldr_w(0, 11, 0));
+        a.put_all(&mov_imm64(1, BRK_UPROBE));
+        a.put(sub_w_reg(0, 0, 1));
+    };
+    a.put(ldr_w(0, 6, RWH_USER_STATE as u32));
+    a.put(sub_imm(0, 0, USER_SESSION, false));
+    a.cbz_l(true, true, 0, done);
+    a.addr(11, probe)?;
+    is_attached(a);
+    a.cbz_l(false, false, 0, done);
+    a.put(sub_imm(SP, SP, 32, false)); // [sp] = struct pollfd, [sp+8] = struct timespec
+    a.put(movz(10, ATTACH_POLLS, 0));
+    a.bind(poll);
+    a.put(movz(0, USER_DRAIN_FD, 0));
+    a.put(str_w(0, SP, 0));
+    a.put(movz(0, POLLIN, 0)); // events; revents = 0
+    a.put(str_w(0, SP, 4));
+    a.put(movz(0, 0, 0));
+    a.put(str_x(0, SP, 8));
+    a.put_all(&mov_imm64(0, u64::from(ATTACH_POLL_NS)));
+    a.put(str_x(0, SP, 16));
+    a.put(add_imm(0, SP, 0, false));
+    a.put(movz(1, 1, 0));
+    a.put(add_imm(2, SP, 8, false));
+    a.put(movz(3, 0, 0));
+    a.put(movz(4, 0, 0));
+    a.put(movz(8, SYS_PPOLL, 0));
+    a.put(SVC0);
+    // The tracer never writes: ready means its end closed (or an error).
+    a.cbz_l(true, true, 0, gone);
+    is_attached(a);
+    a.cbz_l(false, false, 0, attached);
+    a.put(sub_imm(10, 10, 1, false));
+    a.cbz_l(true, true, 10, poll);
+    a.bind(gone);
+    a.put(add_imm(SP, SP, 32, false));
+    a.put(movz(0, USER_OFF, 0));
+    a.put(str_w(0, 6, RWH_USER_STATE as u32));
+    a.b_l(done);
+    a.bind(attached);
+    a.put(add_imm(SP, SP, 32, false));
+    a.bind(done);
+    Ok(())
 }
 
 /// user_drain(x9 = slot, x10 = kind | cause << 32): send `[start, cur)` in messages of at

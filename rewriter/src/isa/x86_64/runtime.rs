@@ -25,6 +25,11 @@ const SYS_GETSOCKOPT: u32 = 55;
 const SOL_SOCKET: u32 = 1;
 const SO_TYPE: u32 = 3;
 const SOCK_SEQPACKET: i32 = 5;
+const SOCK_STREAM: i32 = 1;
+const SYS_PPOLL: u32 = 271;
+const POLLIN: u32 = 1;
+/// The breakpoint a uprobe writes over the probed instruction's first byte.
+const INT3: u32 = 0xcc;
 const MSG_NOSIGNAL: u32 = 0x4000;
 
 pub(super) fn emit(
@@ -115,6 +120,7 @@ pub(super) fn emit(
 
     let calls = RegisterCalls {
         flush,
+        probe,
         hello,
         take_hold,
         user_drain,
@@ -169,6 +175,8 @@ pub(super) fn reset_buffer(a: &mut CodeAssembler) -> Result<(), IcedError> {
 /// The routines `register` calls.
 struct RegisterCalls {
     flush: CodeLabel,
+    /// The flush uprobe's instruction (read: is a tracer attached?).
+    probe: CodeLabel,
     hello: CodeLabel,
     take_hold: CodeLabel,
     user_drain: CodeLabel,
@@ -202,6 +210,7 @@ fn emit_register(
         register_handover(a, &mut lb, c.flush, c.user_drain)?;
     }
     emit_user_discovery(a, c.user_send)?;
+    emit_attach_wait(a, c.probe)?;
     // An empty drain: tells the tracer about this slot; a tracer that waits for room
     // answers with HOLD_SIGNAL (signals are held here).
     a.call(c.hello)?;
@@ -471,7 +480,8 @@ const fn chunk_kind_cause(kind: u32, cause: u32) -> u64 {
 
 /// In `register` after a slot was claimed (%rsi = slot, %rdx = rw_base, %r8 = tp):
 /// decide once per process whether the user-space drain is on (descriptor
-/// USER_DRAIN_FD is a SOCK_SEQPACKET socket), and if so tell the tracer about the slot.
+/// USER_DRAIN_FD is a SOCK_SEQPACKET socket; a SOCK_STREAM one: `USER_SESSION`), and
+/// if so tell the tracer about the slot.
 /// Clobbers %rax %rcx %rdi %r9 %r10 %r11.
 fn emit_user_discovery(a: &mut CodeAssembler, user_send: CodeLabel) -> Result<(), IcedError> {
     let mut known = a.create_label();
@@ -494,9 +504,13 @@ fn emit_user_discovery(a: &mut CodeAssembler, user_send: CodeLabel) -> Result<()
     a.mov(ecx, USER_OFF)?;
     a.test(rax, rax)?;
     a.jne(not_socket)?;
-    a.cmp(dword_ptr(rsp), SOCK_SEQPACKET)?;
-    a.jne(not_socket)?;
     a.mov(ecx, USER_ON)?;
+    a.cmp(dword_ptr(rsp), SOCK_SEQPACKET)?;
+    a.je(not_socket)?;
+    a.mov(ecx, USER_SESSION)?;
+    a.cmp(dword_ptr(rsp), SOCK_STREAM)?;
+    a.je(not_socket)?;
+    a.mov(ecx, USER_OFF)?;
     a.set_label(&mut not_socket)?;
     a.add(rsp, 16)?;
     for r in [r8, rsi, rdx] {
@@ -520,6 +534,62 @@ fn emit_user_discovery(a: &mut CodeAssembler, user_send: CodeLabel) -> Result<()
     a.pop(rdx)?;
     a.pop(r8)?;
     a.set_label(&mut off)?;
+    Ok(())
+}
+
+/// In `register`, a process that a session started (`USER_SESSION`): wait until the
+/// tracer has attached the flush uprobe (`probe` holds an `int3`), polling the
+/// session's descriptor (`ATTACH_POLLS` × `ATTACH_POLL_NS`); its end closing or the
+/// time running out turn the wait off for the process (`USER_OFF`). No system call
+/// once attached. Keeps %rdx %rsi %r8; clobbers %rax %rcx %rdi %r9 %r10 %r11.
+fn emit_attach_wait(a: &mut CodeAssembler, probe: CodeLabel) -> Result<(), IcedError> {
+    let (mut poll, mut gone, mut attached, mut done) = (
+        a.create_label(),
+        a.create_label(),
+        a.create_label(),
+        a.create_label(),
+    );
+    a.cmp(dword_ptr(rdx + RWH_USER_STATE as i32), USER_SESSION)?;
+    a.jne(done)?;
+    a.cmp(byte_ptr(probe), INT3)?;
+    a.je(done)?;
+    for r in [rdx, rsi, r8] {
+        a.push(r)?;
+    }
+    a.sub(rsp, 32)?; // [rsp] = struct pollfd, [rsp+8] = struct timespec
+    a.mov(r9d, ATTACH_POLLS)?;
+    a.set_label(&mut poll)?;
+    a.mov(dword_ptr(rsp), USER_DRAIN_FD)?;
+    a.mov(dword_ptr(rsp + 4), POLLIN)?; // events; revents = 0
+    a.mov(qword_ptr(rsp + 8), 0)?;
+    a.mov(qword_ptr(rsp + 16), ATTACH_POLL_NS as i32)?;
+    a.mov(rdi, rsp)?;
+    a.mov(esi, 1)?;
+    a.lea(rdx, ptr(rsp + 8))?;
+    a.xor(r10d, r10d)?;
+    a.xor(r8d, r8d)?;
+    a.mov(eax, SYS_PPOLL)?;
+    a.syscall()?;
+    // The tracer never writes: ready means its end closed (or an error).
+    a.test(rax, rax)?;
+    a.jne(gone)?;
+    a.cmp(byte_ptr(probe), INT3)?;
+    a.je(attached)?;
+    a.dec(r9d)?;
+    a.jne(poll)?;
+    a.set_label(&mut gone)?;
+    a.add(rsp, 32)?;
+    for r in [r8, rsi, rdx] {
+        a.pop(r)?;
+    }
+    a.mov(dword_ptr(rdx + RWH_USER_STATE as i32), USER_OFF)?;
+    a.jmp(done)?;
+    a.set_label(&mut attached)?;
+    a.add(rsp, 32)?;
+    for r in [r8, rsi, rdx] {
+        a.pop(r)?;
+    }
+    a.set_label(&mut done)?;
     Ok(())
 }
 
