@@ -161,6 +161,18 @@ pub fn check_times_monotonic(recs: &[&Rec], what: &str) {
     }
 }
 
+/// How many of `pids` each process has, sorted: per-process counts to compare across
+/// runs, whose pids differ.
+pub fn counts_per_process(pids: impl Iterator<Item = u32>) -> Vec<u64> {
+    let mut n: HashMap<u32, u64> = HashMap::new();
+    for p in pids {
+        *n.entry(p).or_default() += 1;
+    }
+    let mut v: Vec<u64> = n.into_values().collect();
+    v.sort_unstable();
+    v
+}
+
 #[cfg(test)]
 mod unit {
     use super::*;
@@ -216,16 +228,4 @@ mod unit {
         let refs: Vec<&Rec> = recs.iter().collect();
         check_times_monotonic(&refs, "times");
     }
-}
-
-/// How many of `pids` each process has, sorted: per-process counts to compare across
-/// runs, whose pids differ.
-pub fn counts_per_process(pids: impl Iterator<Item = u32>) -> Vec<u64> {
-    let mut n: HashMap<u32, u64> = HashMap::new();
-    for p in pids {
-        *n.entry(p).or_default() += 1;
-    }
-    let mut v: Vec<u64> = n.into_values().collect();
-    v.sort_unstable();
-    v
 }

@@ -12,6 +12,11 @@
 //!
 //! Everything runs on one thread: the socket is always emptied before an exit is
 //! handled, so a thread's last records follow its earlier ones in the file.
+//!
+//! A slot of a binary the command line did not name (qemu-user's guest program, a
+//! `dlopen`ed library) makes the tracer look at the process's mappings and describe
+//! the instrumented binaries it finds there, so `--binary` is only needed where the
+//! mapping cannot be found.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -32,11 +37,12 @@ use crate::{
     record::gate::{self, GatedChild},
     record::host::clock,
     record::{
-        discover::{binary_infos, discover_command},
+        binaries,
+        discover::{binary_info, binary_infos, discover_command},
         summary::print_summary,
         target::RecordOptions,
     },
-    tracefile::{FinalStats, SessionInfo, Writer, chunk_header, encode_chunk},
+    tracefile::{FinalStats, SessionInfo, Writer, chunk_header, encode_chunk, encode_load},
 };
 
 /// Largest message: header + USER_MSG_RECORDS records (bigger means a bad sender).
@@ -47,6 +53,10 @@ type SlotRef = (u32, u64);
 
 struct State {
     writer: Writer,
+    /// Binaries the file describes (`binary_id`), in ordinal order: those the command
+    /// names, then those found mapped when a slot of an unknown one registers (the
+    /// guest program of qemu-user).
+    binaries: Vec<u64>,
     /// tid → the slots it registered.
     slots: HashMap<u32, Vec<SlotRef>>,
     records: u64,
@@ -86,6 +96,7 @@ pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
     }
     let mut st = State {
         writer,
+        binaries: binaries.iter().map(|t| t.binary.meta.binary_id).collect(),
         slots: HashMap::new(),
         records: 0,
         chunks: 0,
@@ -107,7 +118,10 @@ pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
         );
     }
 
+    // Every record taken out of a buffer (sent, or read at a thread's exit) is
+    // delivered: this drain neither filters nor drops.
     let stats = FinalStats {
+        records_produced: st.records,
         records_delivered: st.records,
         chunks: st.chunks,
         records_received: st.records,
@@ -296,6 +310,9 @@ impl State {
                 if !list.contains(&(h.pid, slot)) {
                     list.push((h.pid, slot));
                 }
+                if !self.binaries.contains(&h.binary_id) {
+                    self.find_mapped(h.pid)?;
+                }
                 Ok(())
             }
             CHUNK_KIND_RECORDS
@@ -308,6 +325,28 @@ impl State {
                 Ok(())
             }
         }
+    }
+
+    /// A slot of a binary the file does not describe yet registered in process `pid`:
+    /// describe the instrumented binaries it maps (qemu-user maps its guest program
+    /// like any file), each with its load bias.
+    fn find_mapped(&mut self, pid: u32) -> Result<()> {
+        let found = binaries::for_process(pid).unwrap_or_else(|e| {
+            log::warn!("{e:#}");
+            Vec::new()
+        });
+        for (b, bias) in found {
+            let id = b.meta.binary_id;
+            if self.binaries.contains(&id) {
+                continue;
+            }
+            log::info!("found {} mapped in process {pid}", b.path.display());
+            let info = binary_info(self.binaries.len() as u32, &b);
+            self.writer.write_binary(&info)?;
+            self.writer.write_raw(&encode_load(pid, id, bias))?;
+            self.binaries.push(id);
+        }
+        Ok(())
     }
 
     /// Write records as chunk sections of at most CHUNK_RECORDS (what readers expect).
