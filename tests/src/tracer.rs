@@ -2,10 +2,10 @@
 //! within a test binary.
 
 use std::ffi::OsStr;
-use std::path::Path;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::command::{Out, run};
 use crate::paths::tracer_bin;
@@ -91,4 +91,38 @@ pub fn tracer_record_with(
         out.describe()
     );
     out
+}
+
+/// A running `tracer record` with extra flags (a system-wide one, say); ready once its
+/// control socket exists. The caller holds [`tracing_lock`].
+pub fn start_session(flags: &[&str], trace: &Path) -> Child {
+    let child = Command::new(tracer_bin())
+        .arg("record")
+        .args(flags)
+        .arg("-o")
+        .arg(trace)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sock = PathBuf::from(format!("/run/utrace/{}.sock", child.id()));
+    let t0 = Instant::now();
+    while !sock.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "session did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// Wait for a session from [`start_session`]; it must succeed.
+pub fn finish_session(child: Child, what: &str) {
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tests::*;
@@ -281,38 +281,6 @@ fn books_balance_under_a_flood() {
     }
 }
 
-/// A running `tracer record` with extra flags; ready once its control socket exists.
-fn start_session(flags: &[&str], trace: &Path) -> Child {
-    let child = Command::new(tracer_bin())
-        .arg("record")
-        .args(flags)
-        .arg("-o")
-        .arg(trace)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let sock = PathBuf::from(format!("/run/utrace/{}.sock", child.id()));
-    let t0 = Instant::now();
-    while !sock.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "session did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child
-}
-
-fn finish(child: Child, what: &str) {
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{what}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn system_wide_and_a_second_session_at_once() {
     let tmp = TempDir::new("systemwide");
@@ -356,7 +324,7 @@ fn system_wide_and_a_second_session_at_once() {
     for (mut p, what) in [(a, "A"), (b, "B")] {
         assert!(p.wait().unwrap().success(), "{what}");
     }
-    finish(sw_session, "system-wide session");
+    finish_session(sw_session, "system-wide session");
 
     // The single-command session has its command's records and nothing else.
     let recs_one = dump(&one);
@@ -450,7 +418,7 @@ fn untouched_binaries_by_uprobe_next_to_rewritten_ones() {
     );
     std::fs::write(&go, "").unwrap();
     assert!(a.wait().unwrap().success() && b.wait().unwrap().success());
-    finish(session, "session");
+    finish_session(session, "session");
     let recs = dump(&trace);
     for sym in ["hot", "cold"] {
         assert_seq_eq(

@@ -1,27 +1,31 @@
-//! Programs a session's command starts that may end before the tracer has attached
-//! their binary (tests/fixtures/short.c): through `sh -c` and through `xargs -P2`. A
-//! rewritten program started by `tracer record -- CMD` waits at its first record
-//! until the flush uprobe is in place (`tracer_common::USER_SESSION`), so every
-//! process delivers exactly the calls kernel uprobes count in it on the original; one
-//! started without a session does not wait at all (strace: no `ppoll`).
+//! Programs that may end before the tracer has attached their binary
+//! (tests/fixtures/short.c): started by a session's command through `sh -c` and
+//! `xargs -P2`, and by a shell script during a system-wide session. A rewritten
+//! program waits at its first record until the flush uprobe is in place
+//! (`tracer_common::USER_SESSION`), so every process delivers exactly the calls kernel
+//! uprobes count in it on the original; one started without a session does not wait
+//! at all (strace: no `ppoll`).
 
 use std::path::Path;
 use std::process::Command;
 
 use tests::*;
 
+/// short.c built and rewritten (`sh_call` traced) in a new directory.
+fn build(tag: &str) -> (TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let tmp = TempDir::new(tag);
+    let (orig, traced) = (tmp.join("short"), tmp.join("short.traced"));
+    compile("gcc", &[fixture("short.c")], &["-O2"], &orig);
+    rewrite(&orig, Some(&traced), &["sh_call"]);
+    (tmp, orig, traced)
+}
+
 /// `script` run by `sh -c` with `$P` the program: the original under kernel uprobes,
 /// then the rewritten one under `tracer record`; the calls per process must agree and
 /// equal `want` (sorted).
 fn check(tag: &str, script: &str, want: &[u64]) {
-    let tmp = TempDir::new(tag);
-    let (orig, traced, trace) = (
-        tmp.join("short"),
-        tmp.join("short.traced"),
-        tmp.join("t.utrace"),
-    );
-    compile("gcc", &[fixture("short.c")], &["-O2"], &orig);
-    rewrite(&orig, Some(&traced), &["sh_call"]);
+    let (tmp, orig, traced) = build(tag);
+    let trace = tmp.join("t.utrace");
     let sh = |prog: &Path| {
         let mut c = Command::new("sh");
         c.arg("-c").arg(script).env("P", prog);
@@ -80,15 +84,53 @@ fn a_process_tree_through_xargs() {
 }
 
 #[test]
-fn a_program_without_a_session_does_not_wait() {
-    let tmp = TempDir::new("short-nowait");
-    let (orig, traced, log) = (
-        tmp.join("short"),
-        tmp.join("short.traced"),
-        tmp.join("strace"),
+fn a_system_wide_session_catches_programs_a_script_starts() {
+    let (tmp, orig, traced) = build("short-sw");
+    let trace = tmp.join("t.utrace");
+    const COUNTS: [u64; 8] = [3, 5, 7, 11, 13, 17, 19, 23];
+    let sh = |script: &str, prog: &Path| {
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(script).env("P", prog);
+        c
+    };
+    let (want, events) = oracle::run_with_probes(
+        &[(orig.as_path(), "sh_call")],
+        &mut sh(r#"for n in 3 5 7 11 13 17 19 23; do "$P" $n; done"#, &orig),
+        RUN_TIMEOUT,
     );
-    compile("gcc", &[fixture("short.c")], &["-O2"], &orig);
-    rewrite(&orig, Some(&traced), &["sh_call"]);
+    let oracle = counts_per_process(events.iter().map(|e| e.tid));
+    assert_eq!(oracle, COUNTS, "kernel uprobes");
+    // A copy of the rewritten program per run: each is a binary the session has not
+    // attached yet when it starts.
+    for n in COUNTS {
+        std::fs::copy(&traced, tmp.join(format!("short.traced.{n}"))).unwrap();
+    }
+    let _g = tracing_lock();
+    let session = start_session(&["--system-wide", "--duration", "4"], &trace);
+    let out = run(
+        &mut sh(
+            r#"for n in 3 5 7 11 13 17 19 23; do "$P.$n" $n || exit 1; done"#,
+            &traced,
+        ),
+        RUN_TIMEOUT,
+    );
+    assert_same_behaviour("during a system-wide session", &out, &want);
+    finish_session(session, "system-wide session");
+    let recs = dump(&trace);
+    let ours: Vec<&Rec> = recs.iter().filter(|r| &*r.symbol == "sh_call").collect();
+    assert_eq!(
+        counts_per_process(ours.iter().map(|r| r.pid)),
+        oracle,
+        "records per process"
+    );
+    let v = report_json(&trace);
+    assert_eq!(v["books"]["balanced"], true, "{}", v["books"]);
+}
+
+#[test]
+fn a_program_without_a_session_does_not_wait() {
+    let (tmp, orig, traced) = build("short-nowait");
+    let log = tmp.join("strace");
     let want = run(Command::new(&orig).arg("5000"), RUN_TIMEOUT);
     // Alone: not one poll or sleep. With descriptor USER_DRAIN_FD a stream socket
     // whose other end is closed (a session that ended): one poll, which returns at

@@ -124,6 +124,11 @@ pub const USER_SESSION: u32 = 3;
 /// (`SOCK_SEQPACKET` for the user-space drain, `SOCK_STREAM` otherwise: see
 /// [`USER_SESSION`]). The injected code uses it only if it is such a socket.
 pub const USER_DRAIN_FD: u32 = 1021;
+/// The abstract Unix socket name a system-wide session listens under
+/// (`tracer-user/src/record/announce.rs`): a rewritten program that finds no session
+/// descriptor connects there at its first record and, connected, waits like a
+/// [`USER_SESSION`] process (the connection becomes its [`USER_DRAIN_FD`]).
+pub const SESSION_SOCKET: &[u8; 15] = b"\0utrace-session";
 /// How long `register` waits for the tracer to attach in a [`USER_SESSION`]: this many
 /// polls of [`USER_DRAIN_FD`] of [`ATTACH_POLL_NS`] each (2 s), cut short when the
 /// tracer's end closes.

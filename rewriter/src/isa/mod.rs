@@ -8,6 +8,7 @@ use tracer_common::meta::{FallbackReason, SiteKind, TimeMode};
 
 pub mod aarch64;
 pub mod arg;
+pub mod linux;
 pub mod machine;
 pub mod operands;
 pub mod x86_64;

@@ -2,6 +2,7 @@
 //! eBPF programs, start or attach to the target, serve until it ends, finish the file.
 //! May use `tracefile` and `debuginfo`; never `read` or `views`.
 
+mod announce;
 mod attach;
 pub mod binaries;
 pub mod consumer;
@@ -82,6 +83,7 @@ pub fn record(opts: RecordOptions) -> Result<i32> {
         WaitEnd::Timeout => log::info!("duration over; ending the session"),
     }
     drop(started.child);
+    drop(started.announcement);
     drop(control);
     finish(live, started.pipeline, exit_code, initial.len())?;
     Ok(exit_code.unwrap_or(0))
@@ -174,6 +176,8 @@ fn outputs(opts: &RecordOptions, live: &mut Live) -> Result<(Outputs, SessionInf
 struct Started {
     /// The command run by `record -- CMD` (dropped before release: it exits unexecuted).
     child: Option<GatedChild>,
+    /// A system-wide session's listening socket (`announce`).
+    announcement: Option<announce::Announcement>,
     ending: Ending,
     deadline: Option<Instant>,
     pipeline: Pipeline,
@@ -206,6 +210,7 @@ fn start_exec(
     Ok(Started {
         ending: Ending::Child(c.pid),
         child: Some(c),
+        announcement: None,
         deadline: None,
         pipeline,
     })
@@ -238,6 +243,7 @@ fn start_attach(
     }
     Ok(Started {
         child: None,
+        announcement: None,
         ending: Ending::Process(gate::PidWatch::open(pid)?),
         deadline: duration.map(|d| Instant::now() + d),
         pipeline,
@@ -254,6 +260,14 @@ fn start_system_wide(
 ) -> Result<Started> {
     session.mode = "system-wide".into();
     gate::catch_stop_signals();
+    // Before the scan: a program started from now on waits for the tracer.
+    let announcement = announce::Announcement::start()
+        .map_err(|e| {
+            log::warn!(
+                "programs that start and end quickly may be missed: cannot listen as a session: {e}"
+            )
+        })
+        .ok();
     let pipeline = outputs.start(session)?;
     // Processes already running: their RW areas, so exits drain them.
     for pid in all_pids() {
@@ -270,6 +284,7 @@ fn start_system_wide(
     );
     Ok(Started {
         child: None,
+        announcement,
         ending: Ending::Never,
         deadline: duration.map(|d| Instant::now() + d),
         pipeline,

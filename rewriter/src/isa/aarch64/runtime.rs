@@ -4,6 +4,7 @@
 
 use super::enc::*;
 use super::wait;
+use crate::isa::linux::*;
 use crate::isa::{Layout, Runtime};
 use tracer_common::*;
 
@@ -13,19 +14,15 @@ const SYS_TGKILL: u64 = 131;
 const SYS_RT_SIGPROCMASK: u64 = 135;
 const SIG_BLOCK: u64 = 0;
 const SIG_SETMASK: u64 = 2;
-const ESRCH: u32 = 3;
-const EINTR: u32 = 4;
 const SYS_SENDMSG: u32 = 211;
 const SYS_GETSOCKOPT: u32 = 209;
-const SOL_SOCKET: u32 = 1;
-const SO_TYPE: u32 = 3;
-const SOCK_SEQPACKET: u32 = 5;
-const SOCK_STREAM: u32 = 1;
+const SYS_SOCKET: u32 = 198;
+const SYS_CONNECT: u32 = 203;
+const SYS_DUP3: u32 = 24;
+const SYS_CLOSE: u32 = 57;
 const SYS_PPOLL: u32 = 73;
-const POLLIN: u32 = 1;
 /// The breakpoint a uprobe writes over the probed instruction (`brk #5`).
 const BRK_UPROBE: u64 = 0xd420_00a0;
-const MSG_NOSIGNAL: u32 = 0x4000;
 
 /// `add rd, rn, #v` for any v < 2^24 (one or two instructions).
 fn add_big(a: &mut Asm, rd: u32, rn: u32, v: u64) {
@@ -463,7 +460,14 @@ fn emit_user_discovery(a: &mut Asm, user_send: Label) {
     a.put(movz(8, SYS_GETSOCKOPT, 0));
     a.put(SVC0);
     a.put(movz(1, USER_OFF, 0));
-    a.cbz_l(true, true, 0, not_socket); // error: not a socket, or no such descriptor
+    let is_socket = a.label();
+    a.cbz_l(true, false, 0, is_socket);
+    // No such descriptor: a system-wide session's socket, if one listens.
+    a.put(add_imm(2, 0, EBADF, false));
+    a.cbz_l(true, true, 2, not_socket); // not a socket
+    emit_session_connect(a);
+    a.b_l(not_socket);
+    a.bind(is_socket);
     a.put(ldr_w(2, SP, 0));
     a.put(movz(1, USER_ON, 0));
     a.put(movz(3, SOCK_SEQPACKET, 0));
@@ -496,6 +500,60 @@ fn emit_user_discovery(a: &mut Asm, user_send: Label) {
     a.bl_l(user_send);
     a.put(add_imm(SP, SP, 16, false));
     a.bind(off);
+}
+
+/// No descriptor USER_DRAIN_FD: connect to a system-wide session's socket
+/// (`SESSION_SOCKET`, abstract); connected, the socket becomes USER_DRAIN_FD
+/// (close-on-exec) and x1 = `USER_SESSION`, else `USER_OFF`. Three system calls when no
+/// session listens. Clobbers x0..x4, x8, x10, x11.
+fn emit_session_connect(a: &mut Asm) {
+    let (close, off, done) = (a.label(), a.label(), a.label());
+    a.put(movz(0, AF_UNIX, 0));
+    a.put_all(&mov_imm64(
+        1,
+        u64::from(SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC),
+    ));
+    a.put(movz(2, 0, 0));
+    a.put(movz(8, SYS_SOCKET, 0));
+    a.put(SVC0);
+    a.tbz_l(true, 0, 63, off);
+    a.put(mov_reg(10, 0));
+    // struct sockaddr_un: the family, then the abstract name.
+    let mut addr = [0u8; 24];
+    addr[..2].copy_from_slice(&(AF_UNIX as u16).to_le_bytes());
+    addr[2..2 + SESSION_SOCKET.len()].copy_from_slice(SESSION_SOCKET);
+    a.put(sub_imm(SP, SP, 32, false));
+    for (i, w) in addr.chunks(8).enumerate() {
+        let v = u64::from_le_bytes(w.try_into().unwrap_or_default());
+        a.put_all(&mov_imm64(0, v));
+        a.put(str_x(0, SP, 8 * i as u32));
+    }
+    a.put(mov_reg(0, 10));
+    a.put(add_imm(1, SP, 0, false));
+    a.put(movz(2, (2 + SESSION_SOCKET.len()) as u32, 0));
+    a.put(movz(8, SYS_CONNECT, 0));
+    a.put(SVC0);
+    a.put(add_imm(SP, SP, 32, false));
+    a.cbz_l(true, true, 0, close);
+    a.put(mov_reg(0, 10));
+    a.put(movz(1, USER_DRAIN_FD, 0));
+    a.put_all(&mov_imm64(2, u64::from(O_CLOEXEC)));
+    a.put(movz(8, SYS_DUP3, 0));
+    a.put(SVC0);
+    a.put(mov_reg(11, 0));
+    a.put(mov_reg(0, 10));
+    a.put(movz(8, SYS_CLOSE, 0));
+    a.put(SVC0);
+    a.tbz_l(true, 11, 63, off);
+    a.put(movz(1, USER_SESSION, 0));
+    a.b_l(done);
+    a.bind(close);
+    a.put(mov_reg(0, 10));
+    a.put(movz(8, SYS_CLOSE, 0));
+    a.put(SVC0);
+    a.bind(off);
+    a.put(movz(1, USER_OFF, 0));
+    a.bind(done);
 }
 
 /// In `register`, a process that a session started (`USER_SESSION`): wait until the

@@ -8,6 +8,7 @@ use iced_x86::{BlockEncoderOptions, Register};
 use super::super::{Layout, Runtime};
 use super::stub::lea_rip;
 use super::wait;
+use crate::isa::linux::*;
 use tracer_common::*;
 
 pub(super) const SYS_GETPID: u32 = 39;
@@ -18,19 +19,15 @@ const ARCH_SET_FS: u32 = 0x1002;
 pub(super) const SYS_RT_SIGPROCMASK: u32 = 14;
 pub(super) const SIG_BLOCK: u32 = 0;
 pub(super) const SIG_SETMASK: u32 = 2;
-const ESRCH: i32 = 3;
-const EINTR: i32 = 4;
 const SYS_SENDMSG: u32 = 46;
 const SYS_GETSOCKOPT: u32 = 55;
-const SOL_SOCKET: u32 = 1;
-const SO_TYPE: u32 = 3;
-const SOCK_SEQPACKET: i32 = 5;
-const SOCK_STREAM: i32 = 1;
+const SYS_SOCKET: u32 = 41;
+const SYS_CONNECT: u32 = 42;
+const SYS_CLOSE: u32 = 3;
+const SYS_DUP3: u32 = 292;
 const SYS_PPOLL: u32 = 271;
-const POLLIN: u32 = 1;
 /// The breakpoint a uprobe writes over the probed instruction's first byte.
 const INT3: u32 = 0xcc;
-const MSG_NOSIGNAL: u32 = 0x4000;
 
 pub(super) fn emit(
     layout: &Layout,
@@ -336,7 +333,7 @@ fn register_reclaim(
     a.syscall()?;
     a.pop(rsi)?;
     a.pop(rdx)?;
-    a.cmp(eax, -ESRCH)?;
+    a.cmp(eax, -(ESRCH as i32))?;
     a.jne(lb.reclaim_next)?;
     a.mov(rax, qword_ptr(rsi))?;
     a.cmp(rax, KEY_CLAIMING as i32)?;
@@ -502,8 +499,14 @@ fn emit_user_discovery(a: &mut CodeAssembler, user_send: CodeLabel) -> Result<()
     a.mov(eax, SYS_GETSOCKOPT)?;
     a.syscall()?;
     a.mov(ecx, USER_OFF)?;
+    let mut is_socket = a.create_label();
     a.test(rax, rax)?;
+    a.je(is_socket)?;
+    a.cmp(rax, -(EBADF as i32))?;
     a.jne(not_socket)?;
+    emit_session_connect(a)?;
+    a.jmp(not_socket)?;
+    a.set_label(&mut is_socket)?;
     a.mov(ecx, USER_ON)?;
     a.cmp(dword_ptr(rsp), SOCK_SEQPACKET)?;
     a.je(not_socket)?;
@@ -534,6 +537,66 @@ fn emit_user_discovery(a: &mut CodeAssembler, user_send: CodeLabel) -> Result<()
     a.pop(rdx)?;
     a.pop(r8)?;
     a.set_label(&mut off)?;
+    Ok(())
+}
+
+/// No descriptor USER_DRAIN_FD: connect to a system-wide session's socket
+/// (`SESSION_SOCKET`, abstract); connected, the socket becomes USER_DRAIN_FD
+/// (close-on-exec) and %ecx = `USER_SESSION`, else `USER_OFF`. Three system calls when
+/// no session listens. Clobbers %rax %rcx %rdx %rsi %rdi %r9 %r10 %r11 (the caller
+/// saved %rdx %rsi %r8).
+fn emit_session_connect(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    let (mut close, mut off, mut done) = (a.create_label(), a.create_label(), a.create_label());
+    a.mov(edi, AF_UNIX)?;
+    a.mov(esi, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC)?;
+    a.xor(edx, edx)?;
+    a.mov(eax, SYS_SOCKET)?;
+    a.syscall()?;
+    a.test(rax, rax)?;
+    a.js(off)?;
+    a.mov(r9, rax)?;
+    // struct sockaddr_un: the family, then the abstract name.
+    a.sub(rsp, 32)?;
+    a.mov(word_ptr(rsp), AF_UNIX)?;
+    let name = |from: usize| {
+        let mut b = [0u8; 8];
+        for (d, s) in b.iter_mut().zip(&SESSION_SOCKET[from..]) {
+            *d = *s;
+        }
+        u64::from_le_bytes(b)
+    };
+    a.mov(rax, name(0))?;
+    a.mov(qword_ptr(rsp + 2), rax)?;
+    a.mov(rax, name(8))?;
+    a.mov(qword_ptr(rsp + 10), rax)?;
+    a.mov(edi, r9d)?;
+    a.mov(rsi, rsp)?;
+    a.mov(edx, (2 + SESSION_SOCKET.len()) as u32)?;
+    a.mov(eax, SYS_CONNECT)?;
+    a.syscall()?;
+    a.add(rsp, 32)?;
+    a.test(rax, rax)?;
+    a.jne(close)?;
+    a.mov(edi, r9d)?;
+    a.mov(esi, USER_DRAIN_FD)?;
+    a.mov(edx, O_CLOEXEC)?;
+    a.mov(eax, SYS_DUP3)?;
+    a.syscall()?;
+    a.mov(r10, rax)?;
+    a.mov(edi, r9d)?;
+    a.mov(eax, SYS_CLOSE)?;
+    a.syscall()?;
+    a.test(r10, r10)?;
+    a.js(off)?;
+    a.mov(ecx, USER_SESSION)?;
+    a.jmp(done)?;
+    a.set_label(&mut close)?;
+    a.mov(edi, r9d)?;
+    a.mov(eax, SYS_CLOSE)?;
+    a.syscall()?;
+    a.set_label(&mut off)?;
+    a.mov(ecx, USER_OFF)?;
+    a.set_label(&mut done)?;
     Ok(())
 }
 
@@ -710,7 +773,7 @@ fn emit_user_send(a: &mut CodeAssembler, label: &mut CodeLabel) -> Result<(), Ic
     a.mov(edx, MSG_NOSIGNAL)?;
     a.mov(eax, SYS_SENDMSG)?;
     a.syscall()?;
-    a.cmp(rax, -EINTR)?;
+    a.cmp(rax, -(EINTR as i32))?;
     a.je(retry)?;
     a.test(rax, rax)?;
     a.jns(sent)?;

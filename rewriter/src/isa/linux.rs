@@ -1,0 +1,17 @@
+//! Linux user ABI constants that are the same on x86-64 and AArch64 (the injected
+//! runtimes' system calls; the syscall numbers themselves differ and stay with each
+//! backend).
+
+pub const ESRCH: u32 = 3;
+pub const EINTR: u32 = 4;
+pub const EBADF: u32 = 9;
+pub const AF_UNIX: u32 = 1;
+pub const SOCK_STREAM: u32 = 1;
+pub const SOCK_SEQPACKET: u32 = 5;
+pub const SOCK_NONBLOCK: u32 = 0o4000;
+pub const SOCK_CLOEXEC: u32 = 0o2000000;
+pub const O_CLOEXEC: u32 = 0o2000000;
+pub const SOL_SOCKET: u32 = 1;
+pub const SO_TYPE: u32 = 3;
+pub const MSG_NOSIGNAL: u32 = 0x4000;
+pub const POLLIN: u32 = 1;
