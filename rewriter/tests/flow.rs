@@ -613,3 +613,32 @@ fn computed_gotos_x86_64() {
         }
     }
 }
+
+/// A table with no bound whose entries reach the function's `.cold` part before its
+/// last ones (coldtable.c): every label is a target, the one after the `.cold` entry
+/// included.
+#[test]
+fn unbounded_table_through_a_cold_part() {
+    if !have("gcc") {
+        eprintln!("skipping: gcc not installed");
+        return;
+    }
+    let b = build("gcc", "coldtable.c", "coldtable", &["-O2"], &[]);
+    let data = std::fs::read(&b.bin).unwrap();
+    let input = Input::parse(&b.bin.display().to_string(), &data).unwrap();
+    let flow = recover(&input).unwrap();
+    let syms = symbols(&data);
+    let label = |l: &str| syms.get(l);
+    let t = flow
+        .tables
+        .iter()
+        .find(|t| t.table == label(".Lct_table"))
+        .unwrap_or_else(|| panic!("no table at .Lct_table: {:x?}", flow.tables));
+    for l in [".Lct_0", ".Lct_1", ".Lct_2"] {
+        assert!(
+            t.targets.contains(&label(l)),
+            "{l} missing: {:x?}",
+            t.targets
+        );
+    }
+}

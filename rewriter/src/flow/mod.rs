@@ -6,7 +6,9 @@
 //! scan (each ISA's `isa/*/flow.rs`, behind [`FlowArch`]) that tracks a few abstract register values (table
 //! address, bounded index, loaded entry, entry added to a base) up to each indirect
 //! jump. A table is only accepted when every entry read lands on an instruction
-//! boundary of its function; every indirect jump not explained so is reported in
+//! boundary (the first in its function); a table with no bound is read until an entry
+//! does not, or the next table starts: reading too far only adds targets, stopping too
+//! early would lose some. Every indirect jump not explained so is reported in
 //! [`Flow::unresolved_indirect_jumps`], because a missed table makes patching unsafe.
 
 mod eh;
@@ -596,8 +598,12 @@ fn read_table(
             if i > 0 && e.table + i * size >= next_table {
                 break;
             }
+            // Any instruction start, not only the function's own: a table may reach a
+            // split-off part (`.cold`) before its last entry, and stopping there would
+            // miss the entries after it. Reading on past the table's end only adds
+            // targets (more care), never loses one.
             match target_of(i) {
-                Some(t) if in_owner(t) && code.is_insn_start(t) => targets.push(t),
+                Some(t) if (i > 0 || in_owner(t)) && code.is_insn_start(t) => targets.push(t),
                 _ => break,
             }
         }

@@ -115,8 +115,10 @@ fn make_private(s: &Sysroots) -> Result<()> {
     for e in std::fs::read_dir(s.original.join("lib"))? {
         let p = e?.path();
         let n = p.file_name().unwrap();
-        if n != s.driver_name {
-            std::os::unix::fs::symlink(&p, s.private.join("lib").join(n))?;
+        let link = s.private.join("lib").join(n);
+        // Made once per run: the second check (exits too) finds them.
+        if n != s.driver_name && std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(&p, link)?;
         }
     }
     Ok(())
