@@ -1,10 +1,12 @@
 //! Programs that may end before the tracer has attached their binary
 //! (tests/fixtures/short.c): started by a session's command through `sh -c` and
-//! `xargs -P2`, and by a shell script during a system-wide session. A rewritten
+//! `xargs -P2`, through Python's subprocess (which closes the session descriptor), and
+//! by a shell script during a system-wide session. A rewritten
 //! program waits at its first record until the flush uprobe is in place
 //! (`tracer_common::USER_SESSION`), so every process delivers exactly the calls kernel
-//! uprobes count in it on the original; one started without a session does not wait
-//! at all (strace: no `ppoll`).
+//! uprobes count in it on the original; one the tracer cannot attach (an AArch64 guest
+//! of qemu-user) is counted "lost before attach"; one started without a session does
+//! not wait at all (strace: no `ppoll`).
 
 use std::path::Path;
 use std::process::Command;
@@ -65,6 +67,7 @@ fn check(tag: &str, script: &str, want: &[u64]) {
     let books = &v["books"];
     assert_eq!(books["dropped"], 0, "{tag}: {books}");
     assert_eq!(books["balanced"], true, "{tag}: {books}");
+    assert_eq!(books["unattached"], 0, "{tag}: {books}");
 }
 
 #[test]
@@ -81,6 +84,102 @@ fn a_process_tree_through_xargs() {
     // 30 programs, two at a time, each with its own count of calls.
     let want: Vec<u64> = (1..=30).collect();
     check("short-xargs", r#"seq 1 30 | xargs -P2 -n1 "$P""#, &want);
+}
+
+#[test]
+fn programs_that_lost_the_session_descriptor_still_wait() {
+    // Python's subprocess closes every descriptor above 2 (close_fds): the programs
+    // find the session by its socket name instead, as the command's descendants.
+    let py = r#"import os, subprocess
+for n in range(1, 11): subprocess.run([os.environ["P"], str(n)], check=True)"#;
+    let want: Vec<u64> = (1..=10).collect();
+    check("short-closefds", &format!("python3 -c '{py}'"), &want);
+}
+
+/// short.c for AArch64, rewritten: a program a native session cannot attach (qemu-user
+/// runs it; the kernel's uprobes do not reach the guest), or None (skip).
+fn build_aarch64(tmp: &TempDir) -> Option<std::path::PathBuf> {
+    if !have_qemu_aarch64("lost before attach") {
+        return None;
+    }
+    let (orig, traced) = (tmp.join("short.a64"), tmp.join("short.a64.traced"));
+    compile(
+        "aarch64-linux-gnu-gcc",
+        &[fixture("short.c")],
+        &["-O2"],
+        &orig,
+    );
+    rewrite(&orig, Some(&traced), &["sh_call"]);
+    Some(traced)
+}
+
+#[test]
+fn programs_that_wait_in_vain_are_counted_lost_before_attach() {
+    let tmp = TempDir::new("short-unattached");
+    let Some(guest) = build_aarch64(&tmp) else {
+        return;
+    };
+    let (_native_dir, _, native) = build("short-unattached-native");
+    let qemu = |prog: &Path| {
+        let mut c = Command::new("qemu-aarch64");
+        c.args(["-L", A64_SYSROOT]).arg(prog).arg("20");
+        c
+    };
+    let want = run(&mut qemu(&guest), RUN_TIMEOUT);
+    // Under record -- CMD: the guest waits its 2 s, gives up, runs on untraced.
+    let trace = tmp.join("cmd.utrace");
+    let g = guest.to_str().unwrap();
+    let out = tracer_record_with(
+        &[],
+        &trace,
+        Path::new("qemu-aarch64"),
+        &["-L", A64_SYSROOT, g, "20"],
+        &[],
+    );
+    // (Its stderr holds the tracer's warnings that it cannot attach the guest.)
+    assert_eq!(out.stdout_str(), want.stdout_str(), "{}", out.describe());
+    assert_eq!(out.code, want.code, "{}", out.describe());
+    assert!(
+        out.stderr_str().contains("1 program waited in vain"),
+        "{}",
+        out.describe()
+    );
+    let books = &report_json(&trace)["books"];
+    assert_eq!(books["unattached"], 1, "{books}");
+    assert_eq!(books["produced"], 0, "{books}");
+    let text = run(
+        Command::new(tracer_bin()).arg("report").arg(&trace),
+        RUN_TIMEOUT,
+    )
+    .ok();
+    assert!(
+        text.stdout_str()
+            .contains("lost before attach: 1 program waited in vain"),
+        "{}",
+        text.describe()
+    );
+    // System-wide: the guest is let go after the hold; a native program in the same
+    // session is attached and delivers every call.
+    let trace = tmp.join("sw.utrace");
+    let _g = tracing_lock();
+    let session = start_session(&["--system-wide", "--duration", "3"], &trace);
+    assert_same_behaviour(
+        "guest in a system-wide session",
+        &run(&mut qemu(&guest), RUN_TIMEOUT),
+        &want,
+    );
+    let _ = run(Command::new(&native).arg("7"), RUN_TIMEOUT).ok();
+    finish_session(session, "system-wide session");
+    let recs = dump(&trace);
+    let ours: Vec<&Rec> = recs.iter().filter(|r| &*r.symbol == "sh_call").collect();
+    assert_eq!(
+        counts_per_process(ours.iter().map(|r| r.pid)),
+        [7],
+        "native records"
+    );
+    let books = &report_json(&trace)["books"];
+    assert_eq!(books["unattached"], 1, "{books}");
+    assert_eq!(books["balanced"], true, "{books}");
 }
 
 #[test]
@@ -130,6 +229,9 @@ fn a_system_wide_session_catches_programs_a_script_starts() {
 #[test]
 fn a_program_without_a_session_does_not_wait() {
     let (tmp, orig, traced) = build("short-nowait");
+    // No session may be listening (a command's session would let the program go at
+    // once, but with a poll).
+    let _g = tracing_lock();
     let log = tmp.join("strace");
     let want = run(Command::new(&orig).arg("5000"), RUN_TIMEOUT);
     // Alone: not one poll or sleep. With descriptor USER_DRAIN_FD a stream socket

@@ -134,6 +134,13 @@ pub const SESSION_SOCKET: &[u8; 15] = b"\0utrace-session";
 /// tracer's end closes.
 pub const ATTACH_POLLS: u32 = 2000;
 pub const ATTACH_POLL_NS: u32 = 1_000_000;
+/// What `register` of a [`USER_SESSION`] process sends the session (one byte on
+/// [`USER_DRAIN_FD`], once per binary and process) when its binary is attached, with or
+/// without waiting. The wait ending by the session's end closing sends nothing.
+pub const ATTACH_DONE: u8 = b'A';
+/// ... when the wait ran out before the tracer attached the binary: the process runs
+/// on untraced in that binary (`FinalStats::unattached` counts such processes).
+pub const ATTACH_GAVE_UP: u8 = b'L';
 /// Records per message of the user-space drain (32 KiB, well under the socket's
 /// send buffer).
 pub const USER_MSG_RECORDS: u64 = 1024;

@@ -14,4 +14,5 @@ pub const O_CLOEXEC: u32 = 0o2000000;
 pub const SOL_SOCKET: u32 = 1;
 pub const SO_TYPE: u32 = 3;
 pub const MSG_NOSIGNAL: u32 = 0x4000;
+pub const MSG_DONTWAIT: u32 = 0x40;
 pub const POLLIN: u32 = 1;

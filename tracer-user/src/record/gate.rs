@@ -134,6 +134,12 @@ impl GatedChild {
         })
     }
 
+    /// The session's end of the command's USER_DRAIN_FD (`spawn`), to be read and,
+    /// closed, to end the waits.
+    pub fn take_session(&mut self) -> Option<OwnedFd> {
+        self.session.take()
+    }
+
     /// Open the gate; returns once the child has exec'd (or reports why it could not).
     pub fn release(&mut self) -> Result<()> {
         let go = self.go.take().context("child already released")?;

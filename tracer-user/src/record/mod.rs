@@ -83,9 +83,11 @@ pub fn record(opts: RecordOptions) -> Result<i32> {
         WaitEnd::Timeout => log::info!("duration over; ending the session"),
     }
     drop(started.child);
-    drop(started.announcement);
+    let unattached = started
+        .announcement
+        .map_or(0, announce::Announcement::finish);
     drop(control);
-    finish(live, started.pipeline, exit_code, initial.len())?;
+    finish(live, started.pipeline, exit_code, initial.len(), unattached)?;
     Ok(exit_code.unwrap_or(0))
 }
 
@@ -176,7 +178,8 @@ fn outputs(opts: &RecordOptions, live: &mut Live) -> Result<(Outputs, SessionInf
 struct Started {
     /// The command run by `record -- CMD` (dropped before release: it exits unexecuted).
     child: Option<GatedChild>,
-    /// A system-wide session's listening socket (`announce`).
+    /// The programs' waits for the tracer (`announce`): the command's session socket,
+    /// the system-wide listening socket.
     announcement: Option<announce::Announcement>,
     ending: Ending,
     deadline: Option<Instant>,
@@ -200,6 +203,11 @@ fn start_exec(
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
+    let announcement = c
+        .take_session()
+        .map(|s| announce::Announcement::command(s, c.pid))
+        .transpose()
+        .context("session socket")?;
     let pipeline = outputs.start(session)?;
     gate::ignore_terminal_signals();
     if let Err(e) = c.release() {
@@ -210,7 +218,7 @@ fn start_exec(
     Ok(Started {
         ending: Ending::Child(c.pid),
         child: Some(c),
-        announcement: None,
+        announcement,
         deadline: None,
         pipeline,
     })
@@ -261,7 +269,7 @@ fn start_system_wide(
     session.mode = "system-wide".into();
     gate::catch_stop_signals();
     // Before the scan: a program started from now on waits for the tracer.
-    let announcement = announce::Announcement::start()
+    let announcement = announce::Announcement::system_wide()
         .map_err(|e| {
             log::warn!(
                 "programs that start and end quickly may be missed: cannot listen as a session: {e}"
@@ -357,6 +365,7 @@ fn finish(
     pipeline: Pipeline,
     exit_code: Option<i32>,
     initial: usize,
+    unattached: u64,
 ) -> Result<()> {
     if let Err(e) = teardown::stop(&mut live.ebpf) {
         log::warn!("{e:#}; taking every probe down now");
@@ -367,6 +376,7 @@ fn finish(
     stats.filter = live.filters.spec().describe();
     stats.filter_changes = live.filter_changes;
     stats.binaries_added = live.binaries.len().saturating_sub(initial) as u64;
+    stats.unattached = unattached;
     let path = writer.finish(&stats)?;
     print_summary(&consumed, &stats, &path);
     for b in &live.binaries {

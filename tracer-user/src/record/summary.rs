@@ -43,6 +43,13 @@ pub fn print_summary(consumed: &Consumed, stats: &FinalStats, path: &Path) {
             stats.read_errors
         );
     }
+    if stats.unattached > 0 {
+        eprintln!(
+            "utrace: warning: {} waited in vain for the tracer to attach; \
+             their records are lost (not in the books)",
+            crate::views::text::programs(stats.unattached)
+        );
+    }
     if stats.table_full > 0 {
         eprintln!(
             "utrace: warning: a process has more than {TABLE_BINARIES} instrumented binaries; \
@@ -83,6 +90,7 @@ pub(super) fn final_stats(
         filter: String::new(),
         filter_changes: 0,
         binaries_added: 0,
+        unattached: 0,
         records_delivered: stat(STAT_RECORDS_DELIVERED),
         records_dropped: stat(STAT_RECORDS_DROPPED),
         chunks: stat(STAT_CHUNKS),

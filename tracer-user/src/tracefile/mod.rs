@@ -151,6 +151,11 @@ pub struct FinalStats {
     /// Filter changes made while the session ran (`tracer filter`).
     #[serde(default)]
     pub filter_changes: u64,
+    /// Programs that waited in vain for the tracer to attach their binary ("lost before
+    /// attach"): the wait ran out, or the session let them go first, so their records
+    /// never reached a drain and are in none of the other counters.
+    #[serde(default)]
+    pub unattached: u64,
     /// Instrumented binaries that joined the running session.
     #[serde(default)]
     pub binaries_added: u64,

@@ -78,6 +78,14 @@ fn write_books(out: &mut impl Write, b: &Books) -> Result<()> {
             "NOT balanced"
         }
     )?;
+    if b.unattached > 0 {
+        writeln!(
+            out,
+            "lost before attach: {} waited in vain for the tracer to attach their binary; \
+             their records are not in the books",
+            programs(b.unattached)
+        )?;
+    }
     if b.holds > 0 {
         writeln!(
             out,
@@ -300,4 +308,13 @@ fn write_calls(out: &mut impl Write, c: &CallTimes) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// "1 program", "2 programs".
+pub fn programs(n: u64) -> String {
+    if n == 1 {
+        "1 program".into()
+    } else {
+        format!("{n} programs")
+    }
 }

@@ -15,6 +15,7 @@ const SYS_RT_SIGPROCMASK: u64 = 135;
 const SIG_BLOCK: u64 = 0;
 const SIG_SETMASK: u64 = 2;
 const SYS_SENDMSG: u32 = 211;
+const SYS_SENDTO: u32 = 206;
 const SYS_GETSOCKOPT: u32 = 209;
 const SYS_SOCKET: u32 = 198;
 const SYS_CONNECT: u32 = 203;
@@ -558,11 +559,12 @@ fn emit_session_connect(a: &mut Asm) {
 
 /// In `register`, a process that a session started (`USER_SESSION`): wait until the
 /// tracer has attached the flush uprobe (the instruction at `probe` is its `brk`),
-/// polling the session's descriptor (`ATTACH_POLLS` × `ATTACH_POLL_NS`); its end
-/// closing or the time running out turn the wait off for the process (`USER_OFF`). No
-/// system call once attached. Clobbers x0..x4, x8, x10, x11; keeps x5..x7, x9.
+/// polling the session's descriptor (`ATTACH_POLLS` × `ATTACH_POLL_NS`), then tell the
+/// session how it went (`ATTACH_DONE`, or `ATTACH_GAVE_UP` when the time ran out;
+/// nothing when its end closed) and stop looking (`USER_OFF`): one such system call
+/// per binary and process. Clobbers x0..x4, x8, x10, x11; keeps x5..x7, x9.
 fn emit_attach_wait(a: &mut Asm, probe: u64) -> Result<(), String> {
-    let (poll, gone, attached, done) = (a.label(), a.label(), a.label(), a.label());
+    let (poll, tell, attached, off, done) = (a.label(), a.label(), a.label(), a.label(), a.label());
     // x0 = 0 when the probe is a breakpoint (x11 = its address, x1 = the breakpoint).
     let is_attached = |a: &mut Asm| {
         a.put(ldr_w(0, 11, 0));
@@ -572,10 +574,11 @@ fn emit_attach_wait(a: &mut Asm, probe: u64) -> Result<(), String> {
     a.put(ldr_w(0, 6, RWH_USER_STATE as u32));
     a.put(sub_imm(0, 0, USER_SESSION, false));
     a.cbz_l(true, true, 0, done);
+    // [sp] = struct pollfd, [sp+8] = struct timespec, [sp+24] = the outcome byte
+    a.put(sub_imm(SP, SP, 32, false));
     a.addr(11, probe)?;
     is_attached(a);
-    a.cbz_l(false, false, 0, done);
-    a.put(sub_imm(SP, SP, 32, false)); // [sp] = struct pollfd, [sp+8] = struct timespec
+    a.cbz_l(false, false, 0, attached);
     a.put(movz(10, ATTACH_POLLS, 0));
     a.bind(poll);
     a.put(movz(0, USER_DRAIN_FD, 0));
@@ -594,18 +597,28 @@ fn emit_attach_wait(a: &mut Asm, probe: u64) -> Result<(), String> {
     a.put(movz(8, SYS_PPOLL, 0));
     a.put(SVC0);
     // The tracer never writes: ready means its end closed (or an error).
-    a.cbz_l(true, true, 0, gone);
+    a.cbz_l(true, true, 0, off);
     is_attached(a);
     a.cbz_l(false, false, 0, attached);
     a.put(sub_imm(10, 10, 1, false));
     a.cbz_l(true, true, 10, poll);
-    a.bind(gone);
+    a.put(movz(0, u32::from(ATTACH_GAVE_UP), 0));
+    a.b_l(tell);
+    a.bind(attached);
+    a.put(movz(0, u32::from(ATTACH_DONE), 0));
+    a.bind(tell);
+    a.put(str_w(0, SP, 24));
+    a.put(movz(0, USER_DRAIN_FD, 0));
+    a.put(add_imm(1, SP, 24, false));
+    a.put(movz(2, 1, 0));
+    a.put(movz(3, MSG_NOSIGNAL | MSG_DONTWAIT, 0));
+    a.put(movz(4, 0, 0)); // no address: the kernel ignores x5, the length
+    a.put(movz(8, SYS_SENDTO, 0));
+    a.put(SVC0);
+    a.bind(off);
     a.put(add_imm(SP, SP, 32, false));
     a.put(movz(0, USER_OFF, 0));
     a.put(str_w(0, 6, RWH_USER_STATE as u32));
-    a.b_l(done);
-    a.bind(attached);
-    a.put(add_imm(SP, SP, 32, false));
     a.bind(done);
     Ok(())
 }

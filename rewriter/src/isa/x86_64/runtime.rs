@@ -20,6 +20,7 @@ pub(super) const SYS_RT_SIGPROCMASK: u32 = 14;
 pub(super) const SIG_BLOCK: u32 = 0;
 pub(super) const SIG_SETMASK: u32 = 2;
 const SYS_SENDMSG: u32 = 46;
+const SYS_SENDTO: u32 = 44;
 const SYS_GETSOCKOPT: u32 = 55;
 const SYS_SOCKET: u32 = 41;
 const SYS_CONNECT: u32 = 42;
@@ -602,11 +603,13 @@ fn emit_session_connect(a: &mut CodeAssembler) -> Result<(), IcedError> {
 
 /// In `register`, a process that a session started (`USER_SESSION`): wait until the
 /// tracer has attached the flush uprobe (`probe` holds an `int3`), polling the
-/// session's descriptor (`ATTACH_POLLS` × `ATTACH_POLL_NS`); its end closing or the
-/// time running out turn the wait off for the process (`USER_OFF`). No system call
-/// once attached. Keeps %rdx %rsi %r8; clobbers %rax %rcx %rdi %r9 %r10 %r11.
+/// session's descriptor (`ATTACH_POLLS` × `ATTACH_POLL_NS`), then tell the session how
+/// it went (`ATTACH_DONE`, or `ATTACH_GAVE_UP` when the time ran out; nothing when its
+/// end closed) and stop looking (`USER_OFF`): one such system call per binary and
+/// process. Keeps %rdx %rsi %r8; clobbers %rax %rcx %rdi %r9 %r10 %r11.
 fn emit_attach_wait(a: &mut CodeAssembler, probe: CodeLabel) -> Result<(), IcedError> {
-    let (mut poll, mut gone, mut attached, mut done) = (
+    let (mut poll, mut tell, mut attached, mut off, mut done) = (
+        a.create_label(),
         a.create_label(),
         a.create_label(),
         a.create_label(),
@@ -614,12 +617,13 @@ fn emit_attach_wait(a: &mut CodeAssembler, probe: CodeLabel) -> Result<(), IcedE
     );
     a.cmp(dword_ptr(rdx + RWH_USER_STATE as i32), USER_SESSION)?;
     a.jne(done)?;
-    a.cmp(byte_ptr(probe), INT3)?;
-    a.je(done)?;
     for r in [rdx, rsi, r8] {
         a.push(r)?;
     }
-    a.sub(rsp, 32)?; // [rsp] = struct pollfd, [rsp+8] = struct timespec
+    // [rsp] = struct pollfd, [rsp+8] = struct timespec, [rsp+24] = the outcome byte
+    a.sub(rsp, 32)?;
+    a.cmp(byte_ptr(probe), INT3)?;
+    a.je(attached)?;
     a.mov(r9d, ATTACH_POLLS)?;
     a.set_label(&mut poll)?;
     a.mov(dword_ptr(rsp), USER_DRAIN_FD)?;
@@ -635,23 +639,30 @@ fn emit_attach_wait(a: &mut CodeAssembler, probe: CodeLabel) -> Result<(), IcedE
     a.syscall()?;
     // The tracer never writes: ready means its end closed (or an error).
     a.test(rax, rax)?;
-    a.jne(gone)?;
+    a.jne(off)?;
     a.cmp(byte_ptr(probe), INT3)?;
     a.je(attached)?;
     a.dec(r9d)?;
     a.jne(poll)?;
-    a.set_label(&mut gone)?;
+    a.mov(byte_ptr(rsp + 24), ATTACH_GAVE_UP as u32)?;
+    a.jmp(tell)?;
+    a.set_label(&mut attached)?;
+    a.mov(byte_ptr(rsp + 24), ATTACH_DONE as u32)?;
+    a.set_label(&mut tell)?;
+    a.mov(edi, USER_DRAIN_FD)?;
+    a.lea(rsi, ptr(rsp + 24))?;
+    a.mov(edx, 1)?;
+    a.mov(r10d, MSG_NOSIGNAL | MSG_DONTWAIT)?;
+    a.xor(r8d, r8d)?;
+    a.xor(r9d, r9d)?;
+    a.mov(eax, SYS_SENDTO)?;
+    a.syscall()?;
+    a.set_label(&mut off)?;
     a.add(rsp, 32)?;
     for r in [r8, rsi, rdx] {
         a.pop(r)?;
     }
     a.mov(dword_ptr(rdx + RWH_USER_STATE as i32), USER_OFF)?;
-    a.jmp(done)?;
-    a.set_label(&mut attached)?;
-    a.add(rsp, 32)?;
-    for r in [r8, rsi, rdx] {
-        a.pop(r)?;
-    }
     a.set_label(&mut done)?;
     Ok(())
 }
