@@ -84,10 +84,11 @@ pub(crate) fn check(name: &str, opts: &Options) -> Result<()> {
             1 << 20
         )));
     }
-    if opts.buf_records < 2 || opts.buf_records > 1 << 24 {
-        return Err(layout_err(
-            "--buffer-records must be between 2 and 16777216".into(),
-        ));
+    if opts.buf_records < 2 || opts.buf_records > tracer_common::MAX_BUF_RECORDS {
+        return Err(layout_err(format!(
+            "--buffer-records must be between 2 and {}",
+            tracer_common::MAX_BUF_RECORDS
+        )));
     }
     if opts.buf_kind == BUF_FAST_CIRCULAR
         && u64::from(opts.buf_records) * RECORD_SIZE as u64 != FAST_RING_BYTES

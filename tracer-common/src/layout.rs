@@ -58,6 +58,8 @@ pub const DEFAULT_SLOTS: u32 = 1024;
 /// trap, of 1024-record buffers (sqlite, every entry and exit: 4.4 s -> 3.9 s under
 /// `tracer record`); 8192 and more were slower (the buffer leaves L2).
 pub const DEFAULT_BUF_RECORDS: u32 = 4096;
+/// The largest per-thread buffer a rewriter makes (records; 512 MiB).
+pub const MAX_BUF_RECORDS: u32 = 1 << 24;
 
 /// Start of the RW area; the only part with file contents.
 #[repr(C)]

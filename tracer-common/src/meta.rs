@@ -86,6 +86,18 @@ pub enum SiteKind {
     Call = 6,
 }
 
+impl SiteKind {
+    /// Every kind, in code order.
+    pub const ALL: [SiteKind; 6] = [
+        SiteKind::FunctionEntry,
+        SiteKind::FunctionExit,
+        SiteKind::Block,
+        SiteKind::Memory,
+        SiteKind::Usdt,
+        SiteKind::Call,
+    ];
+}
+
 /// How records get their `time`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[repr(u32)]

@@ -1,15 +1,6 @@
 //! `tracer`: records traces of instrumented binaries (see the `record`, `report` and
-//! `dump` commands) with the eBPF programs of crate `tracer-ebpf`.
-//!
-//! Stages in the order a record travels: `record` → `tracefile` → `read` → `views`;
-//! `tracefile` and `debuginfo` are the layers both ends share. A module uses only its
-//! own stage and the layers below it; this CLI uses them all.
-
-mod debuginfo;
-mod read;
-mod record;
-mod tracefile;
-mod views;
+//! `dump` commands) with the eBPF programs of crate `tracer-ebpf`; the stages are the
+//! library's (`tracer_user`), this CLI uses them all.
 
 use std::{
     ffi::OsString,
@@ -22,9 +13,11 @@ use anyhow::{Result, bail};
 use clap::{Parser, Subcommand};
 use tracer_common::ebpf::DEFAULT_RING_BYTES;
 
-use crate::{
+use tracer_user::{
+    record,
     record::filters::FilterSpec,
     record::{OnFull, RecordOptions, Target},
+    views,
 };
 
 #[derive(Parser)]

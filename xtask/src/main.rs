@@ -4,6 +4,7 @@
 
 mod arm64_vm;
 mod bench;
+mod fuzz;
 mod setup;
 mod util;
 
@@ -61,6 +62,8 @@ enum Task {
     /// Compare ns/event: untraced, inline stub, under the tracer, hand-written store, uprobe;
     /// drain throughput (records/s through eBPF, ring buffer, tracer); the large binary.
     Bench(bench::Args),
+    /// Run the libFuzzer targets of fuzz/ (cargo-fuzz, nightly).
+    Fuzz(fuzz::Args),
 }
 
 fn main() {
@@ -77,6 +80,7 @@ fn main() {
         Task::Test { no_arm64_vm, args } => test(&args, !no_arm64_vm),
         Task::TestArm64Vm(args) => build().and_then(|()| arm64_vm::test_arm64_vm(&args)),
         Task::Bench(args) => bench::bench(&args),
+        Task::Fuzz(args) => setup::setup().and_then(|()| fuzz::fuzz(&args)),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");
@@ -214,6 +218,12 @@ fn test(args: &[String], arm64_vm: bool) -> Result<()> {
     if st.success() {
         println!("== host tests passed");
     }
+    // Every fuzz target over its seeds and past findings (deterministic).
+    let fuzz = fuzz::fuzz(&fuzz::Args {
+        seconds: 0,
+        replay: true,
+        targets: Vec::new(),
+    });
     // The VM test runs even after a host failure: its result is independent.
     let vm = if arm64_vm {
         arm64_vm::test_arm64_vm(&arm64_vm::Args::default())
@@ -221,12 +231,16 @@ fn test(args: &[String], arm64_vm: bool) -> Result<()> {
         Ok(())
     };
     if !st.success() {
-        if let Err(e) = &vm {
+        for e in [&fuzz, &vm].into_iter().filter_map(|r| r.as_ref().err()) {
             println!("== {e:#}");
         }
         bail!("tests failed ({})", util::describe(st));
     }
+    if let (Err(e), Err(_)) = (&fuzz, &vm) {
+        println!("== {e:#}");
+    }
     vm?;
+    fuzz?;
     println!("== all tests passed");
     Ok(())
 }

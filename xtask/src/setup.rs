@@ -44,6 +44,9 @@ pub const APT_PACKAGES: &[&str] = &[
     "babeltrace2",
 ];
 
+/// `cargo xtask fuzz` drives libFuzzer through cargo-fuzz (crates.io), on nightly.
+pub const CARGO_FUZZ_VERSION: &str = "0.13.2";
+
 /// The Rust target of the aarch64 tracer run in the arm64 VM (linked with rust-lld).
 pub const RUST_CROSS_TARGETS: &[&str] = &[crate::arm64_vm::MUSL_TARGET];
 
@@ -77,10 +80,34 @@ pub fn setup() -> Result<()> {
     bpf_linker(&mut log, &nightly_llvm)?;
     rust_targets(&mut log)?;
     python_packages(&mut log)?;
+    cargo_fuzz(&mut log)?;
     println!("== setup summary");
     for l in &log.0 {
         println!("   {l}");
     }
+    Ok(())
+}
+
+fn cargo_fuzz(log: &mut Log) -> Result<()> {
+    let have = cmd("cargo")
+        .args(["fuzz", "--version"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    if have.contains(CARGO_FUZZ_VERSION) {
+        log.skipped(format!("cargo-fuzz {CARGO_FUZZ_VERSION} already installed"));
+        return Ok(());
+    }
+    util::run(cmd("cargo").args([
+        "install",
+        "--locked",
+        "cargo-fuzz",
+        "--version",
+        CARGO_FUZZ_VERSION,
+    ]))?;
+    log.did(format!("installed cargo-fuzz {CARGO_FUZZ_VERSION}"));
     Ok(())
 }
 

@@ -238,22 +238,40 @@ fn program_headers(name: &str, fh: &Fh, data: &[u8]) -> Result<Vec<Phdr>> {
             align: p.p_align(e),
         })
         .collect();
-    for p in &phdrs {
-        if p.p_type == elf::PT_LOAD
-            && p.offset
-                .checked_add(p.filesz)
-                .is_none_or(|end| end > data.len() as u64)
-        {
-            return Err(malformed(
-                name,
-                "a PT_LOAD segment extends past the end of the file",
-            ));
+    for p in phdrs.iter().filter(|p| p.p_type == elf::PT_LOAD) {
+        if let Some(why) = bad_load(p, data.len() as u64) {
+            return Err(malformed(name, why));
         }
     }
     if !phdrs.iter().any(|p| p.p_type == elf::PT_LOAD) {
         return Err(malformed(name, "no PT_LOAD segment"));
     }
     Ok(phdrs)
+}
+
+/// What no loader maps: a PT_LOAD past the file's end, below its own file offset
+/// (the image would start below address 0), larger in the file than in memory, or
+/// outside a 48-bit user address space.
+fn bad_load(p: &Phdr, file_len: u64) -> Option<&'static str> {
+    const USER_END: u64 = 1 << 48;
+    if p.offset
+        .checked_add(p.filesz)
+        .is_none_or(|end| end > file_len)
+    {
+        Some("a PT_LOAD segment extends past the end of the file")
+    } else if p.vaddr < p.offset {
+        Some("a PT_LOAD segment's address is below its file offset")
+    } else if p.filesz > p.memsz {
+        Some("a PT_LOAD segment is larger in the file than in memory")
+    } else if p
+        .vaddr
+        .checked_add(p.memsz)
+        .is_none_or(|end| end > USER_END)
+    {
+        Some("a PT_LOAD segment ends outside the user address space")
+    } else {
+        None
+    }
 }
 
 /// The section headers, each inside the file.

@@ -92,12 +92,9 @@ impl Control {
     pub fn serve(&self, mut handle: impl FnMut(Request) -> Reply) {
         while let Ok((stream, _)) = self.listener.accept() {
             let reply = match read_request(&stream) {
-                Ok(line) => match serde_json::from_str::<Request>(&line) {
+                Ok(line) => match parse_request(&line) {
                     Ok(req) => handle(req),
-                    Err(e) => Reply {
-                        ok: false,
-                        message: format!("bad request: {e}"),
-                    },
+                    Err(message) => Reply { ok: false, message },
                 },
                 Err(e) => Reply {
                     ok: false,
@@ -113,8 +110,21 @@ impl Control {
     }
 }
 
+/// A request as a client sent it: one UTF-8 JSON line (the newline and anything after
+/// it are ignored), whose filter must be valid without the binaries. The reason is
+/// the reply's message.
+pub fn parse_request(bytes: &[u8]) -> Result<Request, String> {
+    let line = bytes.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = std::str::from_utf8(line).map_err(|_| "request is not UTF-8".to_string())?;
+    let req: Request = serde_json::from_str(line).map_err(|e| format!("bad request: {e}"))?;
+    if let Some(f) = &req.filter {
+        f.validate().map_err(|e| format!("{e:#}"))?;
+    }
+    Ok(req)
+}
+
 /// One request line, read within a deadline (the session loop waits meanwhile).
-fn read_request(stream: &UnixStream) -> std::io::Result<String> {
+fn read_request(stream: &UnixStream) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     const MAX: usize = 64 << 10;
     let deadline = std::time::Instant::now() + Duration::from_secs(1);
@@ -135,7 +145,7 @@ fn read_request(stream: &UnixStream) -> std::io::Result<String> {
         }
         buf.extend_from_slice(&chunk[..n]);
     }
-    String::from_utf8(buf).map_err(|_| std::io::Error::other("request is not UTF-8"))
+    Ok(buf)
 }
 
 impl Drop for Control {
@@ -192,4 +202,25 @@ pub fn request(pid: Option<u32>, req: &Request) -> Result<Reply> {
         .read_line(&mut reply)
         .with_context(|| format!("session {pid} did not answer"))?;
     serde_json::from_str(&reply).with_context(|| format!("session {pid}: bad reply {reply:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_checked_before_they_reach_the_session() {
+        let req = parse_request(b"{\"filter\": {\"pids\": [3]}}\ntrailing").unwrap();
+        assert_eq!(req.filter.unwrap().pids, [3]);
+        assert!(parse_request(b"{\"show\": true}").unwrap().show);
+        for (bad, why) in [
+            (&b"\xff{}"[..], "not UTF-8"),
+            (b"{\"filter\": 3}", "bad request"),
+            (b"{\"filter\": {\"sample\": 0}}", "--sample 0"),
+            (b"{\"filter\": {\"functions\": [\"[\"]}}", "--functions"),
+        ] {
+            let e = parse_request(bad).unwrap_err();
+            assert!(e.contains(why), "{e}");
+        }
+    }
 }

@@ -16,6 +16,7 @@ mod seed;
 pub mod semaphores;
 mod summary;
 mod target;
+pub mod target_data;
 mod teardown;
 pub mod userdrain;
 

@@ -28,9 +28,9 @@ use std::{
 
 use anyhow::{Context, Result};
 use tracer_common::{
-    BUF_TRACE, CAUSE_THREAD_EXIT, CHUNK_HEADER_BYTES, CHUNK_KIND_RECORDS, CHUNK_KIND_SLOT,
-    CHUNK_RECORDS, ChunkHeader, KEY_TOMBSTONE, RECORD_SIZE, RECORD_VERSION, RWH_BUF_KIND,
-    SLOT_SIZE, Slot, USER_MSG_RECORDS,
+    BUF_TRACE, CAUSE_THREAD_EXIT, CHUNK_HEADER_BYTES, CHUNK_KIND_RECORDS, CHUNK_RECORDS,
+    ChunkHeader, KEY_TOMBSTONE, RECORD_SIZE, RECORD_VERSION, RWH_BUF_KIND, SLOT_SIZE, Slot,
+    USER_MSG_RECORDS,
 };
 
 use crate::{
@@ -41,8 +41,9 @@ use crate::{
         discover::{binary_info, binary_infos, discover_command},
         summary::print_summary,
         target::RecordOptions,
+        target_data::{Message, SlotSpan, parse_message, slot_span},
     },
-    tracefile::{FinalStats, SessionInfo, Writer, chunk_header, encode_chunk, encode_load},
+    tracefile::{FinalStats, SessionInfo, Writer, encode_chunk, encode_load},
 };
 
 /// Largest message: header + USER_MSG_RECORDS records (bigger means a bad sender).
@@ -293,19 +294,8 @@ impl State {
     }
 
     fn message(&mut self, msg: &[u8]) -> Result<()> {
-        let Some(mut h) = chunk_header(msg) else {
-            self.bad += 1;
-            return Ok(());
-        };
-        // The drain's clock sample (see ChunkHeader::time): the moment it arrived.
-        h.time = clock::monotonic_ns();
-        match h.kind {
-            CHUNK_KIND_SLOT if msg.len() >= CHUNK_HEADER_BYTES + 16 => {
-                let slot = u64::from_le_bytes(
-                    msg[CHUNK_HEADER_BYTES..CHUNK_HEADER_BYTES + 8]
-                        .try_into()
-                        .unwrap(),
-                );
+        match parse_message(msg) {
+            Message::Slot(h, slot) => {
                 let list = self.slots.entry(h.tid).or_default();
                 if !list.contains(&(h.pid, slot)) {
                     list.push((h.pid, slot));
@@ -315,12 +305,12 @@ impl State {
                 }
                 Ok(())
             }
-            CHUNK_KIND_RECORDS
-                if msg.len() == CHUNK_HEADER_BYTES + h.count as usize * RECORD_SIZE =>
-            {
-                self.records_out(h, &msg[CHUNK_HEADER_BYTES..])
+            Message::Records(mut h, records) => {
+                // The drain's clock sample (see ChunkHeader::time): the moment it arrived.
+                h.time = clock::monotonic_ns();
+                self.records_out(h, records)
             }
-            _ => {
+            Message::Bad => {
                 self.bad += 1;
                 Ok(())
             }
@@ -426,33 +416,28 @@ impl State {
             };
             // SAFETY: Slot is repr(C) plain data of exactly SLOT_SIZE bytes.
             let slot: Slot = unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) };
-            if slot.owner_tid != tid || slot.cur < slot.start {
-                log::debug!(
-                    "thread {tid}: slot {addr:#x} now owned by {}",
-                    slot.owner_tid
-                );
-                continue; // claimed by another thread since
-            }
             // A circular buffer is collected whole, oldest record first.
             let mut kind = [0u8; 4];
             let ring = read_mem(through, slot.rw_base + RWH_BUF_KIND, &mut kind).is_ok()
                 && u32::from_le_bytes(kind) != BUF_TRACE;
-            let bytes = if ring {
-                slot.end.saturating_sub(slot.start)
-            } else {
-                slot.cur - slot.start
+            let (bytes, rotate) = match slot_span(&slot, tid, ring) {
+                SlotSpan::NotOwned => {
+                    log::debug!(
+                        "thread {tid}: slot {addr:#x} now owned by {}",
+                        slot.owner_tid
+                    );
+                    continue; // claimed by another thread since
+                }
+                SlotSpan::Bad => {
+                    self.bad += 1;
+                    continue;
+                }
+                SlotSpan::Collect { bytes, rotate } => (bytes, rotate),
             };
             log::debug!(
                 "thread {tid}: slot {addr:#x} holds {} records (read through {through})",
                 bytes / RECORD_SIZE as u64
             );
-            if !bytes.is_multiple_of(RECORD_SIZE as u64)
-                || bytes > slot.end.saturating_sub(slot.start) + 4096
-                || (ring && slot.cur >= slot.end)
-            {
-                self.bad += 1;
-                continue;
-            }
             if bytes > 0 {
                 let mut records = vec![0u8; bytes as usize];
                 if let Err(e) = read_mem(through, slot.start, &mut records) {
@@ -460,9 +445,7 @@ impl State {
                     unread.push((pid, addr));
                     continue;
                 }
-                if ring {
-                    records.rotate_left((slot.cur - slot.start) as usize);
-                }
+                records.rotate_left(rotate as usize);
                 let h = ChunkHeader::new(
                     CHUNK_KIND_RECORDS,
                     (u64::from(pid) << 32) | u64::from(tid),

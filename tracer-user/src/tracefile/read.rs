@@ -3,7 +3,7 @@
 
 use std::{
     fs::File,
-    io::{BufReader, ErrorKind, Read},
+    io::{BufReader, Cursor, ErrorKind, Read},
     path::{Path, PathBuf},
 };
 
@@ -47,8 +47,8 @@ pub struct Truncation {
 }
 
 /// Streaming reader: sections one at a time, so huge traces need no memory.
-pub struct Reader {
-    r: BufReader<File>,
+pub struct Reader<R = BufReader<File>> {
+    r: R,
     path: PathBuf,
     offset: u64,
     truncated: Option<Truncation>,
@@ -73,7 +73,19 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
 impl Reader {
     pub fn open(path: &Path) -> Result<Self> {
         let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-        let mut r = BufReader::with_capacity(1 << 20, file);
+        Self::from_reader(path, BufReader::with_capacity(1 << 20, file))
+    }
+}
+
+impl Reader<Cursor<Vec<u8>>> {
+    /// A trace held in memory (`name` is used in messages).
+    pub fn from_bytes(name: &str, bytes: Vec<u8>) -> Result<Self> {
+        Self::from_reader(Path::new(name), Cursor::new(bytes))
+    }
+}
+
+impl<R: Read> Reader<R> {
+    fn from_reader(path: &Path, mut r: R) -> Result<Self> {
         let mut h = [0u8; FILE_HEADER_LEN];
         let n =
             read_full(&mut r, &mut h).with_context(|| format!("cannot read {}", path.display()))?;
@@ -128,7 +140,7 @@ impl Reader {
         if self.truncated.is_some() {
             return Ok(None);
         }
-        let ctx = |r: &Reader| format!("{} at byte {}", r.path.display(), r.offset);
+        let ctx = |r: &Self| format!("{} at byte {}", r.path.display(), r.offset);
         let mut h = [0u8; SECTION_HEADER_LEN];
         let n = read_full(&mut self.r, &mut h).with_context(|| ctx(self))?;
         if n == 0 {
@@ -144,9 +156,13 @@ impl Reader {
             "{}: section of {len} bytes is implausible (corrupt file)",
             ctx(self)
         );
-        let mut payload = vec![0u8; len as usize];
-        let n = read_full(&mut self.r, &mut payload).with_context(|| ctx(self))?;
-        if n < payload.len() {
+        // Grown as bytes arrive: a corrupt length costs no memory the file lacks.
+        let mut payload = Vec::with_capacity((len as usize).min(1 << 20));
+        (&mut self.r)
+            .take(len)
+            .read_to_end(&mut payload)
+            .with_context(|| ctx(self))?;
+        if payload.len() as u64 != len {
             return self.stop("section payload");
         }
         let at = ctx(self);

@@ -1,0 +1,122 @@
+//! What a traced program hands the user-space drain, checked before it is believed: the
+//! messages it sends on the drain socket and the slots read from its memory. Both are
+//! written by the program (possibly a broken or hostile one); nothing here trusts a
+//! length, an address or an owner it has not checked.
+
+use tracer_common::{
+    CHUNK_HEADER_BYTES, CHUNK_KIND_RECORDS, CHUNK_KIND_SLOT, ChunkHeader, MAX_BUF_RECORDS,
+    RECORD_SIZE, Slot,
+};
+
+use crate::tracefile::chunk_header;
+
+/// One message of the drain socket.
+#[derive(Debug)]
+pub enum Message<'a> {
+    /// A thread claimed the slot at this address.
+    Slot(ChunkHeader, u64),
+    /// A full buffer: exactly `header.count` records.
+    Records(ChunkHeader, &'a [u8]),
+    /// Anything else (counted as bad, skipped).
+    Bad,
+}
+
+/// What `msg` is; its length must be exactly what its header says.
+pub fn parse_message(msg: &[u8]) -> Message<'_> {
+    let Some(h) = chunk_header(msg) else {
+        return Message::Bad;
+    };
+    let body = &msg[CHUNK_HEADER_BYTES..];
+    match h.kind {
+        CHUNK_KIND_SLOT if body.len() >= 16 => {
+            let mut addr = [0u8; 8];
+            addr.copy_from_slice(&body[..8]);
+            Message::Slot(h, u64::from_le_bytes(addr))
+        }
+        CHUNK_KIND_RECORDS if (h.count as usize).checked_mul(RECORD_SIZE) == Some(body.len()) => {
+            Message::Records(h, body)
+        }
+        _ => Message::Bad,
+    }
+}
+
+/// What to collect from a slot read out of thread `tid`'s process.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SlotSpan {
+    /// Another thread owns it now (or it was released): leave it.
+    NotOwned,
+    /// Its cursor and bounds contradict each other: count it bad, leave it.
+    Bad,
+    /// `bytes` from `slot.start`, to be rotated left by `rotate` bytes (a circular
+    /// buffer is collected whole, oldest record first).
+    Collect { bytes: u64, rotate: u64 },
+}
+
+/// The records `slot` holds for `tid`; `ring` when its buffer is circular. A trace
+/// buffer's cursor may run past its end by one stub's reservation (at most a page);
+/// no buffer is larger than a rewriter makes them.
+pub fn slot_span(slot: &Slot, tid: u32, ring: bool) -> SlotSpan {
+    if slot.owner_tid != tid || slot.cur < slot.start {
+        return SlotSpan::NotOwned;
+    }
+    let size = slot.end.saturating_sub(slot.start);
+    let used = slot.cur - slot.start;
+    let bytes = if ring { size } else { used };
+    let aligned = |n: u64| n.is_multiple_of(RECORD_SIZE as u64);
+    if !aligned(bytes)
+        || !aligned(used)
+        || size > u64::from(MAX_BUF_RECORDS) * RECORD_SIZE as u64
+        || bytes > size + 4096
+        || (ring && slot.cur >= slot.end)
+    {
+        return SlotSpan::Bad;
+    }
+    let rotate = if ring { used } else { 0 };
+    SlotSpan::Collect { bytes, rotate }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(start: u64, cur: u64, end: u64) -> Slot {
+        Slot {
+            start,
+            cur,
+            end,
+            owner_tid: 7,
+            ..Slot::default()
+        }
+    }
+
+    #[test]
+    fn a_slot_gives_what_its_cursor_says() {
+        let s = slot(0x1000, 0x1000 + 5 * 32, 0x1000 + 16 * 32);
+        assert_eq!(
+            slot_span(&s, 7, false),
+            SlotSpan::Collect {
+                bytes: 5 * 32,
+                rotate: 0
+            }
+        );
+        assert_eq!(
+            slot_span(&s, 7, true),
+            SlotSpan::Collect {
+                bytes: 16 * 32,
+                rotate: 5 * 32
+            }
+        );
+        assert_eq!(slot_span(&s, 8, false), SlotSpan::NotOwned);
+    }
+
+    #[test]
+    fn a_hostile_slot_is_bad_not_an_allocation() {
+        // A terabyte "buffer": before, the drain allocated what the cursor said.
+        let huge = slot(0, 1 << 40, 1 << 62);
+        assert_eq!(slot_span(&huge, 7, false), SlotSpan::Bad);
+        // A circular cursor between records would rotate records apart.
+        let torn = slot(0x1000, 0x1000 + 40, 0x1000 + 16 * 32);
+        assert_eq!(slot_span(&torn, 7, true), SlotSpan::Bad);
+        assert!(matches!(parse_message(&[0u8; 3]), Message::Bad));
+    }
+}
