@@ -61,6 +61,10 @@ pub const DEFAULT_BUF_RECORDS: u32 = 4096;
 /// The largest per-thread buffer a rewriter makes (records; 512 MiB).
 pub const MAX_BUF_RECORDS: u32 = 1 << 24;
 
+/// End of a 48-bit user address space (x86-64 four-level paging, AArch64 48-bit VA):
+/// no binary loads, and no site lies, at or above it.
+pub const USER_END: u64 = 1 << 48;
+
 /// Start of the RW area; the only part with file contents.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

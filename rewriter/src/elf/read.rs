@@ -249,11 +249,18 @@ fn program_headers(name: &str, fh: &Fh, data: &[u8]) -> Result<Vec<Phdr>> {
     Ok(phdrs)
 }
 
+/// Whether `addr..addr + size` ends inside the user address space: every range the
+/// reader hands out (segments, allocated sections, function symbols, FDEs) does, so
+/// `addr + size` never overflows downstream.
+pub fn in_user_space(addr: u64, size: u64) -> bool {
+    addr.checked_add(size)
+        .is_some_and(|end| end <= tracer_common::USER_END)
+}
+
 /// What no loader maps: a PT_LOAD past the file's end, below its own file offset
 /// (the image would start below address 0), larger in the file than in memory, or
 /// outside a 48-bit user address space.
 fn bad_load(p: &Phdr, file_len: u64) -> Option<&'static str> {
-    const USER_END: u64 = 1 << 48;
     if p.offset
         .checked_add(p.filesz)
         .is_none_or(|end| end > file_len)
@@ -263,11 +270,7 @@ fn bad_load(p: &Phdr, file_len: u64) -> Option<&'static str> {
         Some("a PT_LOAD segment's address is below its file offset")
     } else if p.filesz > p.memsz {
         Some("a PT_LOAD segment is larger in the file than in memory")
-    } else if p
-        .vaddr
-        .checked_add(p.memsz)
-        .is_none_or(|end| end > USER_END)
-    {
+    } else if !in_user_space(p.vaddr, p.memsz) {
         Some("a PT_LOAD segment ends outside the user address space")
     } else {
         None
@@ -300,6 +303,12 @@ fn sections(name: &str, sections_tab: &SectionTable, data: &[u8]) -> Result<Vec<
             return Err(malformed(
                 name,
                 format!("section {} extends past the end of the file", sec.name),
+            ));
+        }
+        if sec.flags & u64::from(elf::SHF_ALLOC) != 0 && !in_user_space(sec.addr, sec.size) {
+            return Err(malformed(
+                name,
+                format!("section {} ends outside the user address space", sec.name),
             ));
         }
         sections.push(sec);
@@ -362,6 +371,15 @@ fn function_symbols(
         };
         if n.is_empty() {
             continue;
+        }
+        if !in_user_space(sym.st_value(e), sym.st_size(e)) {
+            return Err(malformed(
+                name,
+                format!(
+                    "function {} ends outside the user address space",
+                    String::from_utf8_lossy(n)
+                ),
+            ));
         }
         raw.push((
             sym.st_value(e),

@@ -15,7 +15,7 @@ use gimli::{
 use object::elf;
 
 use super::FlowError;
-use crate::elf::read::Input;
+use crate::elf::read::{Input, in_user_space};
 
 // DW_EH_PE_* pointer encodings (format in the low nibble, application in bits 4..6).
 const PE_OMIT: u8 = 0xff;
@@ -132,6 +132,12 @@ pub(crate) fn read(input: &Input) -> Result<Eh, FlowError> {
             .map_err(|e| err(format!("FDE at offset {:#x}: {e}", partial.offset())))?;
         let start = fde.initial_address();
         let size = fde.len();
+        if !in_user_space(start, size) {
+            return Err(err(format!(
+                "FDE at offset {:#x} ends outside the user address space",
+                partial.offset()
+            )));
+        }
         if size != 0 {
             eh.fdes.push((start, size));
             eh.fde_offsets

@@ -197,6 +197,8 @@ impl Symbolizer {
             return f.clone();
         }
         let frames: Rc<[Frame]> = match self.loaded(binary_id) {
+            // No code lies there (a corrupt site table); addr2line would overflow.
+            _ if vaddr >= tracer_common::USER_END => Rc::from([]),
             Some(l) => resolve(&l.loader, &l.layout, vaddr).into(),
             None => Rc::from([]),
         };
