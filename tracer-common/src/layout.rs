@@ -22,7 +22,7 @@ use core::mem::offset_of;
 
 /// `RwHeader::magic`.
 pub const RW_MAGIC: u64 = u64::from_le_bytes(*b"UTRCRW01");
-pub const RW_VERSION: u32 = 1;
+pub const RW_VERSION: u32 = 2;
 
 pub const PRE_TLS_OFF: u64 = 0x1000;
 pub const INDEX_OFF: u64 = 0x2000;
@@ -99,6 +99,12 @@ pub struct RwHeader {
     /// holds signals around the flush uprobe and waits while the drain holds the
     /// buffer (see [`HOLD_SIGNAL`]). 0 otherwise.
     pub on_full: u32,
+    /// [`ATTACHED`] once a tracer has attached this binary (its flush uprobe carries
+    /// the drain): written by the tracer through `/proc/PID/mem`, awaited by
+    /// `register` in a [`USER_SESSION`]. (The probed instruction turning into a
+    /// breakpoint is no such sign: the kernel writes it tens of milliseconds before
+    /// the program is linked to the probe.)
+    pub attached: u32,
 }
 
 /// Buffer kinds (`RwHeader::buf_kind`). Trace: a full buffer is flushed (drained
@@ -122,7 +128,7 @@ pub const USER_ON: u32 = 2;
 /// A session started this process (`tracer record -- CMD`: descriptor
 /// [`USER_DRAIN_FD`] is a `SOCK_STREAM` socket, the tracer holds the other end) and
 /// drains it through the kernel: `register` waits, bounded, until the tracer has
-/// attached the flush uprobe (the probed instruction is a breakpoint), so that a
+/// attached the flush uprobe ([`RwHeader::attached`]), so that a
 /// program that starts and ends before the tracer has looked at it still delivers
 /// its records. Flushes behave as with [`USER_OFF`].
 pub const USER_SESSION: u32 = 3;
@@ -136,10 +142,14 @@ pub const USER_DRAIN_FD: u32 = 1021;
 /// [`USER_SESSION`] process (the connection becomes its [`USER_DRAIN_FD`]).
 pub const SESSION_SOCKET: &[u8; 15] = b"\0utrace-session";
 /// How long `register` waits for the tracer to attach in a [`USER_SESSION`]: this many
-/// polls of [`USER_DRAIN_FD`] of [`ATTACH_POLL_NS`] each (2 s), cut short when the
-/// tracer's end closes.
-pub const ATTACH_POLLS: u32 = 2000;
+/// polls of [`USER_DRAIN_FD`] of [`ATTACH_POLL_NS`] each (10 s), cut short when the
+/// tracer's end closes. Not less: a uprobe attached to a file that a live process maps
+/// takes ~0.3 s on the test VM, so a binary with a few uprobe sites that joins a
+/// session takes seconds (2 s lost csmith programs with 9).
+pub const ATTACH_POLLS: u32 = 10_000;
 pub const ATTACH_POLL_NS: u32 = 1_000_000;
+/// [`RwHeader::attached`] of a binary a tracer has attached.
+pub const ATTACHED: u32 = 1;
 /// What `register` of a [`USER_SESSION`] process sends the session (one byte on
 /// [`USER_DRAIN_FD`], once per binary and process) when its binary is attached, with or
 /// without waiting. The wait ending by the session's end closing sends nothing.
@@ -190,6 +200,7 @@ pub const RWH_USER_FD: u64 = offset_of!(RwHeader, user_fd) as u64;
 pub const RWH_USER_SEQ: u64 = offset_of!(RwHeader, user_seq) as u64;
 pub const RWH_BUF_KIND: u64 = offset_of!(RwHeader, buf_kind) as u64;
 pub const RWH_ON_FULL: u64 = offset_of!(RwHeader, on_full) as u64;
+pub const RWH_ATTACHED: u64 = offset_of!(RwHeader, attached) as u64;
 
 /// One thread's buffer descriptor. 64 bytes, one cache line.
 #[repr(C)]
@@ -245,6 +256,7 @@ const _: () = assert!(RWH_USER_FD == 68);
 const _: () = assert!(RWH_USER_SEQ == 72);
 const _: () = assert!(RWH_BUF_KIND == 80);
 const _: () = assert!(RWH_ON_FULL == 84);
+const _: () = assert!(RWH_ATTACHED == 88);
 const _: () = assert!(SLOT_KEY == 0);
 const _: () = assert!(SLOT_CUR == 8);
 const _: () = assert!(SLOT_END == 16);

@@ -82,9 +82,11 @@ pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGETS, 0)
 pub static BINARIES: Array<u64> = Array::with_max_entries(MAX_BINARIES, 0);
 
 /// operand_key(binary ordinal, site id) → where a uprobe memory or USDT site's values
-/// are; filled by the loader, which also sizes the map (one entry per such site).
+/// are; filled by the loader, which also sizes the map (one entry per such site, and
+/// room for binaries that join). Not preallocated: that room costs nothing unused.
 #[map]
-pub static OPERANDS: HashMap<u64, OperandSet> = HashMap::with_max_entries(1, 0);
+pub static OPERANDS: HashMap<u64, OperandSet> =
+    HashMap::with_max_entries(1, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
 
 /// [tgid, slot address] → [position, stamp]: how far the slot's buffer has been
 /// delivered, for kernels where the programs cannot write user memory (see

@@ -4,6 +4,7 @@
 
 mod arm64_vm;
 mod bench;
+mod difftest;
 mod fuzz;
 mod setup;
 mod util;
@@ -45,7 +46,8 @@ enum Task {
     },
     /// build, then compile xtask/demo/demo.c, rewrite it, trace it and report.
     Demo,
-    /// build, then `cargo test --release` (the integration tests need root), then
+    /// build, then `cargo test --release` (the integration tests need root), the fuzz
+    /// targets (replay, then 20 s each), difftest of csmith seeds 1 and 2, and
     /// test-arm64-vm. Arguments after `--` go to cargo test, e.g.
     /// `cargo xtask test -- --test matrix`.
     Test {
@@ -64,6 +66,10 @@ enum Task {
     Bench(bench::Args),
     /// Run the libFuzzer targets of fuzz/ (cargo-fuzz, nightly).
     Fuzz(fuzz::Args),
+    /// build, then differential testing of the rewriter on random C programs (csmith):
+    /// same output and exit code rewritten, untraced and traced; exact pairing, and
+    /// entry counts equal to kernel uprobes on the originals.
+    Difftest(difftest::Args),
 }
 
 fn main() {
@@ -81,6 +87,7 @@ fn main() {
         Task::TestArm64Vm(args) => build().and_then(|()| arm64_vm::test_arm64_vm(&args)),
         Task::Bench(args) => bench::bench(&args),
         Task::Fuzz(args) => setup::setup().and_then(|()| fuzz::fuzz(&args)),
+        Task::Difftest(args) => build().and_then(|()| difftest::difftest(&args)),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");
@@ -218,11 +225,27 @@ fn test(args: &[String], arm64_vm: bool) -> Result<()> {
     if st.success() {
         println!("== host tests passed");
     }
-    // Every fuzz target over its seeds and past findings (deterministic).
+    // Every fuzz target over its seeds and past findings (deterministic), then 20 s of
+    // fuzzing each from its corpus; the rewriter on random programs (fixed seeds).
     let fuzz = fuzz::fuzz(&fuzz::Args {
         seconds: 0,
         replay: true,
         targets: Vec::new(),
+    })
+    .and_then(|()| {
+        fuzz::fuzz(&fuzz::Args {
+            seconds: 20,
+            replay: false,
+            targets: Vec::new(),
+        })
+    })
+    .and_then(|()| {
+        difftest::difftest(&difftest::Args {
+            programs: 2,
+            seed: 1,
+            arch: Vec::new(),
+            batch: 2,
+        })
     });
     // The VM test runs even after a host failure: its result is independent.
     let vm = if arm64_vm {

@@ -42,6 +42,9 @@ pub const APT_PACKAGES: &[&str] = &[
     "lttng-tools",
     "liblttng-ust-dev",
     "babeltrace2",
+    // `cargo xtask difftest`: random C programs (generator and its headers).
+    "csmith",
+    "libcsmith-dev",
 ];
 
 /// `cargo xtask fuzz` drives libFuzzer through cargo-fuzz (crates.io), on nightly.

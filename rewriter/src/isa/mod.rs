@@ -342,13 +342,16 @@ pub struct InsnFacts {
     pub call: bool,
     /// A landing pad (`endbr64`, `bti c`, `paciasp`): not a block of its own when first.
     pub landing_pad: bool,
+    /// A NOP or trap (`nop`, `int3`): after a return or jump, alignment padding that
+    /// never runs unless something branches there.
+    pub padding: bool,
 }
 
 /// Addresses of `f`'s sites of one kind. Entries: the function's address. Exits:
 /// returns, direct jumps to another function's start (tail calls; `fn_starts`: every
 /// function address, sorted) and indirect jumps that `flow` found to be tail calls.
 /// Blocks: the first instruction (after a landing pad), branch targets inside, and
-/// instructions after a control transfer. Memory: instructions with an explicit memory
+/// instructions after a control transfer (but not padding after a return or jump). Memory: instructions with an explicit memory
 /// operand that they read or write. Calls: every call. (USDT sites come from the probe
 /// notes, not from here.)
 pub fn sites_of(
@@ -381,15 +384,22 @@ pub fn sites_of(
         }),
         SiteKind::Block => {
             let mut out = Vec::new();
-            let mut after_transfer = true;
+            let (mut after_transfer, mut after_stop) = (true, false);
             for (k, i) in isa.insn_facts(input, f, false).iter().enumerate() {
                 if k == 0 && i.landing_pad {
                     continue;
                 }
-                if after_transfer || is(flow.targets, i.addr) {
+                let target = is(flow.targets, i.addr);
+                // Padding is no block: a uprobe site there is refused by the kernel
+                // when it has a segment prefix (`cs nopw`), and could never fire.
+                if after_stop && i.padding && !target {
+                    continue;
+                }
+                if after_transfer || target {
                     out.push(i.addr);
                 }
                 after_transfer = i.transfers;
+                after_stop = i.is_return || i.direct_jump.is_some() || i.indirect_jump;
             }
             out
         }

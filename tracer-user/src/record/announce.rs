@@ -5,9 +5,9 @@
 //! so that a program which starts and ends between two looks of the tracer still
 //! delivers its records. `record -- CMD` listens there too when the name is free,
 //! holding only the command's descendants (a program whose descriptor a `close_fds`
-//! took away). A connection is held for at most `HOLD` (attaching takes milliseconds; a
-//! program the tracer cannot attach, such as a guest of qemu-user, waits no longer than
-//! that); ending the session closes them all, and an abstract name leaves nothing behind
+//! took away). A connection is held for at most `HOLD` (attaching takes milliseconds to
+//! seconds; a program the tracer cannot attach, such as a guest of qemu-user, waits no
+//! longer than that); ending the session closes them all, and an abstract name leaves nothing behind
 //! when the tracer dies. Each wait ends with one byte from the program (attached, or
 //! gave up): the programs that waited in vain are the books' "lost before attach".
 
@@ -26,8 +26,8 @@ use tracer_common::{ATTACH_DONE, ATTACH_GAVE_UP, SESSION_SOCKET};
 
 /// How often the holder looks for new connections and closed ones.
 const POLL_MS: i32 = 20;
-/// How long a connection is held.
-const HOLD: Duration = Duration::from_millis(500);
+/// How long a connection is held: as long as a program waits (`ATTACH_POLLS`).
+const HOLD: Duration = Duration::from_secs(10);
 /// How far up the parent chain a connecting process is looked for in a command's family.
 const MAX_DEPTH: usize = 64;
 

@@ -251,8 +251,7 @@ pub struct Mapping {
     pub start: u64,
     pub offset: u64,
     pub path: PathBuf,
-    /// `start-end` as in the maps file (the name in `/proc/PID/map_files`).
-    pub range: String,
+    pub end: u64,
     pub inode: u64,
 }
 
@@ -274,10 +273,13 @@ pub fn process_mappings(pid: u32) -> Result<Vec<Mapping>> {
         if !path.starts_with('/') || path.ends_with(" (deleted)") {
             continue;
         }
-        let (Some(start), Ok(offset)) = (
-            range
-                .split_once('-')
-                .and_then(|(s, _)| u64::from_str_radix(s, 16).ok()),
+        let (Some((start, end)), Ok(offset)) = (
+            range.split_once('-').and_then(|(s, e)| {
+                Some((
+                    u64::from_str_radix(s, 16).ok()?,
+                    u64::from_str_radix(e, 16).ok()?,
+                ))
+            }),
             u64::from_str_radix(offset, 16),
         ) else {
             continue;
@@ -286,7 +288,7 @@ pub fn process_mappings(pid: u32) -> Result<Vec<Mapping>> {
             start,
             offset,
             path: PathBuf::from(path),
-            range: range.to_string(),
+            end,
             inode: inode.parse().unwrap_or(0),
         });
     }
@@ -316,14 +318,18 @@ pub fn for_process_cached(
         }
         let b = match seen.get(&key) {
             Some(b) => b.clone(),
-            None => {
-                let b = open_mapped(pid, m).unwrap_or_else(|e| {
+            // Only what the file says is remembered: a mapping that changed under us
+            // (exec still settling) is looked at again next time.
+            None => match open_mapped(pid, m) {
+                Ok(b) => {
+                    seen.insert(key, b.clone());
+                    b
+                }
+                Err(e) => {
                     log::debug!("{e:#}");
                     None
-                });
-                seen.insert(key, b.clone());
-                b
-            }
+                }
+            },
         };
         if let Some(b) = b {
             match load_bias(&b.attach, &b.path, &maps) {
@@ -340,7 +346,8 @@ pub fn for_process_cached(
 /// other mount namespaces), if it is instrumented.
 fn open_mapped(pid: u32, m: &Mapping) -> Result<Option<Instrumented>> {
     use std::os::unix::{fs::MetadataExt, io::AsRawFd};
-    let link = format!("/proc/{pid}/map_files/{}", m.range);
+    // Named without the zero padding of the maps file (`400000-401000`).
+    let link = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
     let f = std::fs::File::open(&link).with_context(|| format!("cannot open {link}"))?;
     if f.metadata()?.ino() != m.inode {
         bail!("{link} is not inode {} any more", m.inode);

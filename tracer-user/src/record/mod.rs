@@ -30,7 +30,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use aya::maps::{MapData, RingBuf};
 use aya_log::EbpfLogger;
-use tracer_common::{RECORD_VERSION, ebpf::MAP_EVENTS};
+use tracer_common::{CAUSE_EXEC, RECORD_VERSION, ebpf::MAP_EVENTS};
 
 use discover::{Traced, binary_infos};
 use summary::print_summary;
@@ -333,9 +333,12 @@ fn serve(
         }
         // Waiting on the notices themselves: a process that just exec'd or mapped code
         // is looked at within a millisecond or so, before it has run far.
-        if let Ok((pid, _cause)) = mapped_rx.recv_timeout(Duration::from_millis(5)) {
-            pending.insert(pid);
-            while let Ok((pid, _)) = mapped_rx.try_recv() {
+        if let Ok(first) = mapped_rx.recv_timeout(Duration::from_millis(5)) {
+            for (pid, cause) in std::iter::once(first).chain(mapped_rx.try_iter()) {
+                if cause == CAUSE_EXEC {
+                    // A new image: its RW areas are new, even at the old addresses.
+                    live.seeded.retain(|&(p, _)| p != pid);
+                }
                 pending.insert(pid);
             }
         }

@@ -6,7 +6,7 @@ use std::{collections::HashMap as StdHashMap, fs::File, os::unix::fs::FileExt, p
 use anyhow::{Context, Result, bail};
 use aya::maps::HashMap;
 use tracer_common::{
-    ON_FULL_WAIT, RW_MAGIC, RWH_ON_FULL,
+    ATTACHED, ON_FULL_WAIT, RW_MAGIC, RWH_ATTACHED, RWH_ON_FULL,
     ebpf::{MAP_TABLES, TABLE_BINARIES},
 };
 
@@ -33,16 +33,23 @@ pub(super) fn all_pids() -> Vec<u32> {
         .collect()
 }
 
-/// `--on-full wait` for threads that registered before the session: their flush
-/// function looks at `RwHeader::on_full` (new threads are told at registration).
-/// Best effort: they drop instead of waiting if this fails.
-fn arm(mem_path: &str, rw_base: u64) {
+/// Tell the RW area at `rw_base` that its binary is attached (`RwHeader::attached`: a
+/// program waiting in `register` goes on) and, with `wait`, arm `--on-full wait` for
+/// threads that registered before the session (their flush function looks at
+/// `RwHeader::on_full`; new threads are told at registration). A program that is not
+/// told waits until it gives up, and is counted lost before attach.
+fn tell(mem_path: &str, rw_base: u64, wait: bool) {
     let r = std::fs::OpenOptions::new()
         .write(true)
         .open(mem_path)
-        .and_then(|f| f.write_all_at(&ON_FULL_WAIT.to_le_bytes(), rw_base + RWH_ON_FULL));
+        .and_then(|f| {
+            if wait {
+                f.write_all_at(&ON_FULL_WAIT.to_le_bytes(), rw_base + RWH_ON_FULL)?;
+            }
+            f.write_all_at(&ATTACHED.to_le_bytes(), rw_base + RWH_ATTACHED)
+        });
     if let Err(e) = r {
-        log::info!("cannot arm the RW area at {rw_base:#x} in {mem_path}: {e}");
+        log::info!("cannot write the RW area at {rw_base:#x} in {mem_path}: {e}");
     }
 }
 
@@ -73,9 +80,7 @@ impl Live {
         if u64::from_le_bytes(magic) != RW_MAGIC {
             bail!("no RW area at {rw_base:#x}");
         }
-        if self.wait {
-            arm(&mem_path, rw_base);
-        }
+        tell(&mem_path, rw_base, self.wait);
         let mut tables: HashMap<_, u32, [u64; TABLE_BINARIES]> = HashMap::try_from(
             self.ebpf
                 .map_mut(MAP_TABLES)

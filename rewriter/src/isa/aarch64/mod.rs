@@ -134,6 +134,7 @@ impl Isa for Aarch64 {
                     memory: memory && mem::classify(w, pc).is_some(),
                     call: matches!(class, Class::Bl { .. } | Class::Blr { .. }),
                     landing_pad: enc::LANDING_PADS.contains(&w),
+                    padding: w == enc::NOP,
                 }
             })
             .collect()

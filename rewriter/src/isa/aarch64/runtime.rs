@@ -22,8 +22,6 @@ const SYS_CONNECT: u32 = 203;
 const SYS_DUP3: u32 = 24;
 const SYS_CLOSE: u32 = 57;
 const SYS_PPOLL: u32 = 73;
-/// The breakpoint a uprobe writes over the probed instruction (`brk #5`).
-const BRK_UPROBE: u64 = 0xd420_00a0;
 
 /// `add rd, rn, #v` for any v < 2^24 (one or two instructions).
 fn add_big(a: &mut Asm, rd: u32, rn: u32, v: u64) {
@@ -112,7 +110,6 @@ pub(super) fn emit(
 
     let calls = RegisterCalls {
         flush,
-        probe: a.addr_of(probe).ok_or("flush probe unbound")?,
         hello,
         take_hold,
         user_drain,
@@ -149,8 +146,6 @@ pub(super) fn emit(
 /// The routines `register` calls.
 struct RegisterCalls {
     flush: Label,
-    /// The flush uprobe's instruction (read: is a tracer attached?).
-    probe: u64,
     hello: Label,
     take_hold: Label,
     user_drain: Label,
@@ -197,7 +192,7 @@ fn emit_register(
         register_handover(a, &lb, c.flush, c.user_drain);
     }
     emit_user_discovery(a, c.user_send);
-    emit_attach_wait(a, c.probe)?;
+    emit_attach_wait(a)?;
     // An empty drain: tells the tracer about this slot; a tracer that waits for room
     // answers with HOLD_SIGNAL (signals are held here).
     a.bl_l(c.hello);
@@ -563,20 +558,18 @@ fn emit_session_connect(a: &mut Asm) {
 /// session how it went (`ATTACH_DONE`, or `ATTACH_GAVE_UP` when the time ran out;
 /// nothing when its end closed) and stop looking (`USER_OFF`): one such system call
 /// per binary and process. Clobbers x0..x4, x8, x10, x11; keeps x5..x7, x9.
-fn emit_attach_wait(a: &mut Asm, probe: u64) -> Result<(), String> {
+fn emit_attach_wait(a: &mut Asm) -> Result<(), String> {
     let (poll, tell, attached, off, done) = (a.label(), a.label(), a.label(), a.label(), a.label());
-    // x0 = 0 when the probe is a breakpoint (x11 = its address, x1 = the breakpoint).
+    // x0 = 0 when the tracer has attached the binary (x6 = rw_base).
     let is_attached = |a: &mut Asm| {
-        a.put(ldr_w(0, 11, 0));
-        a.put_all(&mov_imm64(1, BRK_UPROBE));
-        a.put(sub_w_reg(0, 0, 1));
+        a.put(ldr_w(0, 6, RWH_ATTACHED as u32));
+        a.put(sub_imm(0, 0, ATTACHED, false));
     };
     a.put(ldr_w(0, 6, RWH_USER_STATE as u32));
     a.put(sub_imm(0, 0, USER_SESSION, false));
     a.cbz_l(true, true, 0, done);
     // [sp] = struct pollfd, [sp+8] = struct timespec, [sp+24] = the outcome byte
     a.put(sub_imm(SP, SP, 32, false));
-    a.addr(11, probe)?;
     is_attached(a);
     a.cbz_l(false, false, 0, attached);
     a.put(movz(10, ATTACH_POLLS, 0));

@@ -676,6 +676,7 @@ impl Isa for X86_64 {
                     memory: memory && mem_flags(i).is_some(),
                     call: matches!(fc, FlowControl::Call | FlowControl::IndirectCall),
                     landing_pad: i.code() == Code::Endbr64,
+                    padding: matches!(i.mnemonic(), Mnemonic::Nop | Mnemonic::Int3),
                 }
             })
             .collect()

@@ -27,8 +27,6 @@ const SYS_CONNECT: u32 = 42;
 const SYS_CLOSE: u32 = 3;
 const SYS_DUP3: u32 = 292;
 const SYS_PPOLL: u32 = 271;
-/// The breakpoint a uprobe writes over the probed instruction's first byte.
-const INT3: u32 = 0xcc;
 
 pub(super) fn emit(
     layout: &Layout,
@@ -118,7 +116,6 @@ pub(super) fn emit(
 
     let calls = RegisterCalls {
         flush,
-        probe,
         hello,
         take_hold,
         user_drain,
@@ -173,8 +170,6 @@ pub(super) fn reset_buffer(a: &mut CodeAssembler) -> Result<(), IcedError> {
 /// The routines `register` calls.
 struct RegisterCalls {
     flush: CodeLabel,
-    /// The flush uprobe's instruction (read: is a tracer attached?).
-    probe: CodeLabel,
     hello: CodeLabel,
     take_hold: CodeLabel,
     user_drain: CodeLabel,
@@ -208,7 +203,7 @@ fn emit_register(
         register_handover(a, &mut lb, c.flush, c.user_drain)?;
     }
     emit_user_discovery(a, c.user_send)?;
-    emit_attach_wait(a, c.probe)?;
+    emit_attach_wait(a)?;
     // An empty drain: tells the tracer about this slot; a tracer that waits for room
     // answers with HOLD_SIGNAL (signals are held here).
     a.call(c.hello)?;
@@ -602,12 +597,12 @@ fn emit_session_connect(a: &mut CodeAssembler) -> Result<(), IcedError> {
 }
 
 /// In `register`, a process that a session started (`USER_SESSION`): wait until the
-/// tracer has attached the flush uprobe (`probe` holds an `int3`), polling the
+/// tracer has attached this binary (`RwHeader::attached`), polling the
 /// session's descriptor (`ATTACH_POLLS` × `ATTACH_POLL_NS`), then tell the session how
 /// it went (`ATTACH_DONE`, or `ATTACH_GAVE_UP` when the time ran out; nothing when its
 /// end closed) and stop looking (`USER_OFF`): one such system call per binary and
 /// process. Keeps %rdx %rsi %r8; clobbers %rax %rcx %rdi %r9 %r10 %r11.
-fn emit_attach_wait(a: &mut CodeAssembler, probe: CodeLabel) -> Result<(), IcedError> {
+fn emit_attach_wait(a: &mut CodeAssembler) -> Result<(), IcedError> {
     let (mut poll, mut tell, mut attached, mut off, mut done) = (
         a.create_label(),
         a.create_label(),
@@ -622,7 +617,7 @@ fn emit_attach_wait(a: &mut CodeAssembler, probe: CodeLabel) -> Result<(), IcedE
     }
     // [rsp] = struct pollfd, [rsp+8] = struct timespec, [rsp+24] = the outcome byte
     a.sub(rsp, 32)?;
-    a.cmp(byte_ptr(probe), INT3)?;
+    a.cmp(dword_ptr(rdx + RWH_ATTACHED as i32), ATTACHED)?;
     a.je(attached)?;
     a.mov(r9d, ATTACH_POLLS)?;
     a.set_label(&mut poll)?;
@@ -640,7 +635,8 @@ fn emit_attach_wait(a: &mut CodeAssembler, probe: CodeLabel) -> Result<(), IcedE
     // The tracer never writes: ready means its end closed (or an error).
     a.test(rax, rax)?;
     a.jne(off)?;
-    a.cmp(byte_ptr(probe), INT3)?;
+    a.mov(rax, qword_ptr(rsp + 48))?; // rw_base, pushed first
+    a.cmp(dword_ptr(rax + RWH_ATTACHED as i32), ATTACHED)?;
     a.je(attached)?;
     a.dec(r9d)?;
     a.jne(poll)?;

@@ -1,0 +1,77 @@
+//! Running a batch of programs from one shell script (so that one tracer session, or
+//! one oracle, covers them all): each one's stdout and exit code land in files.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+/// What a run of a program printed and how it ended (137: killed at its time limit).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub stdout: Vec<u8>,
+    pub code: i32,
+}
+
+impl Outcome {
+    pub fn describe(&self) -> String {
+        let out = String::from_utf8_lossy(&self.stdout);
+        let last = out.lines().last().unwrap_or("");
+        format!("exit {} after {:?}", self.code, last)
+    }
+}
+
+/// A shell script running `exes` one after another (under `runner`, e.g. qemu-user),
+/// each for at most `timeout_s`, its outcome kept as `EXE.STAGE.out` / `.rc`.
+pub struct Script {
+    pub path: PathBuf,
+    runs: Vec<PathBuf>,
+    stage: String,
+}
+
+impl Script {
+    pub fn new(
+        dir: &Path,
+        stage: &str,
+        runner: &[&str],
+        exes: &[PathBuf],
+        timeout_s: u32,
+    ) -> Result<Script> {
+        let mut text = String::from("#!/bin/sh\n");
+        for exe in exes {
+            let e = exe.display();
+            text.push_str(&format!(
+                "timeout -s KILL {timeout_s} {} {e} > {e}.{stage}.out 2>/dev/null; echo $? > {e}.{stage}.rc\n",
+                runner.join(" ")
+            ));
+        }
+        let path = dir.join(format!("{stage}.sh"));
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(Script {
+            path,
+            runs: exes.to_vec(),
+            stage: stage.to_string(),
+        })
+    }
+
+    /// The command line that runs it.
+    pub fn argv(&self) -> Vec<String> {
+        vec!["/bin/sh".into(), self.path.display().to_string()]
+    }
+
+    /// Each program's outcome, in order (none when it did not run at all).
+    pub fn outcomes(&self) -> Vec<Option<Outcome>> {
+        self.runs
+            .iter()
+            .map(|exe| {
+                let f = |ext: &str| {
+                    std::fs::read(format!("{}.{}.{ext}", exe.display(), self.stage)).ok()
+                };
+                let code = String::from_utf8_lossy(&f("rc")?).trim().parse().ok()?;
+                Some(Outcome {
+                    stdout: f("out")?,
+                    code,
+                })
+            })
+            .collect()
+    }
+}
