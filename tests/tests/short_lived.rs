@@ -159,7 +159,7 @@ fn programs_that_wait_in_vain_are_counted_lost_before_attach() {
         c
     };
     let want = run(&mut qemu(&guest), RUN_TIMEOUT);
-    // Under record -- CMD: the guest waits its 2 s, gives up, runs on untraced.
+    // Under record -- CMD: the guest waits its 10 s, gives up, runs on untraced.
     let trace = tmp.join("cmd.utrace");
     let g = guest.to_str().unwrap();
     let out = tracer_record_with(
@@ -191,17 +191,17 @@ fn programs_that_wait_in_vain_are_counted_lost_before_attach() {
         "{}",
         text.describe()
     );
-    // System-wide: the guest is let go after the hold; a native program in the same
-    // session is attached and delivers every call.
+    // System-wide: a native program in the session is attached and delivers every
+    // call; the guest after it is held until the session ends (before the 10 s hold).
     let trace = tmp.join("sw.utrace");
     let _g = tracing_lock();
     let session = start_session(&["--system-wide", "--duration", "3"], &trace);
+    let _ = run(Command::new(&native).arg("7"), RUN_TIMEOUT).ok();
     assert_same_behaviour(
         "guest in a system-wide session",
         &run(&mut qemu(&guest), RUN_TIMEOUT),
         &want,
     );
-    let _ = run(Command::new(&native).arg("7"), RUN_TIMEOUT).ok();
     finish_session(session, "system-wide session");
     let recs = dump(&trace);
     let ours: Vec<&Rec> = recs.iter().filter(|r| &*r.symbol == "sh_call").collect();

@@ -455,10 +455,12 @@ fn tracer_killed_target_runs_on_and_nothing_stays_attached() {
         let st = s.wait(Duration::from_secs(60));
         assert_eq!(st.signal(), Some(libc::SIGKILL), "tracer: {st:?}");
         let killed_at = Instant::now();
-        assert!(alive(target), "target {target} died with its tracer");
 
         // The target is now ours (subreaper): its exit status and, through the
-        // inherited pipe, its stdout.
+        // inherited pipe, its stdout. It printed nothing before the kill, so exiting
+        // 0 with the original's output is running on. (It may have finished already:
+        // a killed tracer takes ~2 s to die here, one RCU tasks-trace grace period per
+        // eBPF link it releases.)
         let st = reap(target, RUN_TIMEOUT);
         eprintln!(
             "target ran {:?} after the tracer was killed",
