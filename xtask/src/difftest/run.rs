@@ -6,13 +6,19 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 /// What a run of a program printed and how it ended (137: killed at its time limit).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Outcome {
     pub stdout: Vec<u8>,
     pub code: i32,
+    pub millis: u64,
 }
 
 impl Outcome {
+    /// Same output and exit code (the time is not compared).
+    pub fn same(&self, other: &Outcome) -> bool {
+        (self.code, &self.stdout) == (other.code, &other.stdout)
+    }
+
     pub fn describe(&self) -> String {
         let out = String::from_utf8_lossy(&self.stdout);
         let last = out.lines().last().unwrap_or("");
@@ -21,7 +27,8 @@ impl Outcome {
 }
 
 /// A shell script running `exes` one after another (under `runner`, e.g. qemu-user),
-/// each for at most `timeout_s`, its outcome kept as `EXE.STAGE.out` / `.rc`.
+/// each for at most `timeout_s`, its outcome kept as `EXE.STAGE.out` / `.rc` (exit
+/// code and milliseconds).
 pub struct Script {
     pub path: PathBuf,
     runs: Vec<PathBuf>,
@@ -40,7 +47,8 @@ impl Script {
         for exe in exes {
             let e = exe.display();
             text.push_str(&format!(
-                "timeout -s KILL {timeout_s} {} {e} > {e}.{stage}.out 2>/dev/null; echo $? > {e}.{stage}.rc\n",
+                "t=$(date +%s%N); timeout -s KILL {timeout_s} {} {e} > {e}.{stage}.out 2>/dev/null; \
+                 echo $? $((($(date +%s%N) - t) / 1000000)) > {e}.{stage}.rc\n",
                 runner.join(" ")
             ));
         }
@@ -66,10 +74,15 @@ impl Script {
                 let f = |ext: &str| {
                     std::fs::read(format!("{}.{}.{ext}", exe.display(), self.stage)).ok()
                 };
-                let code = String::from_utf8_lossy(&f("rc")?).trim().parse().ok()?;
+                let rc = String::from_utf8_lossy(&f("rc")?).into_owned();
+                let mut w = rc.split_whitespace().map(str::parse::<u64>);
+                let (Some(Ok(code)), Some(Ok(millis))) = (w.next(), w.next()) else {
+                    return None;
+                };
                 Some(Outcome {
                     stdout: f("out")?,
-                    code,
+                    code: code as i32,
+                    millis,
                 })
             })
             .collect()

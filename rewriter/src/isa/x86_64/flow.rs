@@ -58,7 +58,8 @@ fn scan(code: &mut Code, funcs: &Functions, slots: &Slots, out: &mut Scan) {
     for sec in &mut code.secs {
         let end = sec.addr + sec.bytes.len() as u64;
         let lo = funcs.starts.partition_point(|&s| s <= sec.addr);
-        let hi = funcs.starts.partition_point(|&s| s < end);
+        // An empty section starting at a function: no piece (lo would pass hi).
+        let hi = funcs.starts.partition_point(|&s| s < end).max(lo);
         let mut from = sec.addr;
         for &to in funcs.starts[lo..hi].iter().chain(std::iter::once(&end)) {
             if from < to {
