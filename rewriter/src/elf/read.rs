@@ -114,6 +114,7 @@ impl<'a> Input<'a> {
         let phdrs = program_headers(name, fh, data)?;
         let sections_tab = fh.sections(e, data).map_err(|e| malformed(name, e))?;
         let sections = sections(name, &sections_tab, data)?;
+        check_code_mapping(name, &phdrs, &sections)?;
         if sections.iter().any(|s| s.name == META_SECTION) {
             return Err(Error::AlreadyRewritten(name.into(), META_SECTION));
         }
@@ -247,6 +248,30 @@ fn program_headers(name: &str, fh: &Fh, data: &[u8]) -> Result<Vec<Phdr>> {
         return Err(malformed(name, "no PT_LOAD segment"));
     }
     Ok(phdrs)
+}
+
+/// Every code section lies in its segment's file image where the segment maps it: the
+/// rewriter decodes a section's bytes but patches through the segment, so a mismatch
+/// would have it write over other bytes (a fuzzed one: the ELF header).
+fn check_code_mapping(name: &str, phdrs: &[Phdr], sections: &[Section]) -> Result<()> {
+    let code = sections
+        .iter()
+        .filter(|s| s.flags & u64::from(elf::SHF_EXECINSTR) != 0 && s.sh_type == elf::SHT_PROGBITS);
+    for s in code.filter(|s| s.size > 0) {
+        let in_load = phdrs
+            .iter()
+            .find(|p| p.p_type == elf::PT_LOAD && s.addr >= p.vaddr && s.addr - p.vaddr < p.filesz);
+        if let Some(p) = in_load
+            && (s.addr - p.vaddr != s.offset.wrapping_sub(p.offset)
+                || s.addr - p.vaddr + s.size > p.filesz)
+        {
+            return Err(malformed(
+                name,
+                format!("code section {} is not where its segment maps it", s.name),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Whether `addr..addr + size` ends inside the user address space: every range the
