@@ -185,8 +185,17 @@ fn old_sections(input: &Input, out: &[u8]) -> Result<Sections> {
         })?;
         shdrs.push(b.try_into().unwrap());
     }
-    let s = &input.sections[input.shstrndx as usize];
-    let strtab = input.data[s.offset as usize..(s.offset + s.size) as usize].to_vec();
+    let bad = || Error::Malformed(input.name.clone(), "no section name table".into());
+    let s = input
+        .sections
+        .get(input.shstrndx as usize)
+        .ok_or_else(bad)?;
+    let end = s.offset.checked_add(s.size).ok_or_else(bad)?;
+    let strtab = input
+        .data
+        .get(s.offset as usize..end as usize)
+        .ok_or_else(bad)?
+        .to_vec();
     Ok((shdrs, strtab, Some(input.shstrndx as usize)))
 }
 
