@@ -351,9 +351,9 @@ pub struct InsnFacts {
 /// returns, direct jumps to another function's start (tail calls; `fn_starts`: every
 /// function address, sorted) and indirect jumps that `flow` found to be tail calls.
 /// Blocks: the first instruction (after a landing pad), branch targets inside, and
-/// instructions after a control transfer (but not padding after a return or jump). Memory: instructions with an explicit memory
-/// operand that they read or write. Calls: every call. (USDT sites come from the probe
-/// notes, not from here.)
+/// instructions after a control transfer (but not padding after a return or jump).
+/// Memory: instructions with an explicit memory operand that they read or write.
+/// Calls: every call. (USDT sites come from the probe notes, not from here.)
 pub fn sites_of(
     isa: &dyn Isa,
     input: &Input,

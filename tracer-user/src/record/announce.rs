@@ -7,8 +7,8 @@
 //! holding only the command's descendants (a program whose descriptor a `close_fds`
 //! took away). A connection is held for at most `HOLD` (attaching takes milliseconds to
 //! seconds; a program the tracer cannot attach, such as a guest of qemu-user, waits no
-//! longer than that); ending the session closes them all, and an abstract name leaves nothing behind
-//! when the tracer dies. Each wait ends with one byte from the program (attached, or
+//! longer than that); ending the session closes them all, and an abstract name leaves
+//! nothing behind when the tracer dies. Each wait ends with one byte from the program (attached, or
 //! gave up): the programs that waited in vain are the books' "lost before attach".
 
 use std::{
