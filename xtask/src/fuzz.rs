@@ -57,6 +57,9 @@ pub fn fuzz(args: &Args) -> Result<()> {
         }
         args.targets.iter().map(String::as_str).collect()
     };
+    for t in &targets {
+        seeds(t)?;
+    }
     build()?;
     for t in targets {
         if args.replay {
@@ -66,6 +69,20 @@ pub fn fuzz(args: &Args) -> Result<()> {
         }
     }
     if args.replay { Ok(()) } else { totals() }
+}
+
+/// The committed seeds of `target`: a target without any would start from nothing
+/// (and libFuzzer refuses a corpus directory that does not exist).
+fn seeds(target: &str) -> Result<PathBuf> {
+    let dir = fuzz_dir().join("seeds").join(target);
+    let n = std::fs::read_dir(&dir).map_or(0, |d| d.count());
+    if n == 0 {
+        bail!(
+            "fuzz target {target} has no seeds in {} (commit some inputs there)",
+            dir.display()
+        );
+    }
+    Ok(dir)
 }
 
 fn exe(target: &str) -> PathBuf {
@@ -78,11 +95,10 @@ fn exe(target: &str) -> PathBuf {
 fn replay(target: &str) -> Result<()> {
     println!("== fuzz {target}: replay seeds and findings");
     let mut c = cmd(exe(target));
-    for d in ["seeds", "findings"] {
-        let dir = fuzz_dir().join(d).join(target);
-        if dir.is_dir() {
-            c.arg(dir);
-        }
+    c.arg(seeds(target)?);
+    let findings = fuzz_dir().join("findings").join(target);
+    if findings.is_dir() {
+        c.arg(findings);
     }
     util::run(c.args([
         "-runs=0",
@@ -112,7 +128,7 @@ fn run(target: &str, seconds: u64) -> Result<()> {
     println!("== fuzz {target} for {seconds} s");
     let out = cmd(&exe)
         .arg(&corpus)
-        .arg(fuzz_dir().join("seeds").join(target))
+        .arg(seeds(target)?)
         .args(Some(fuzz_dir().join("findings").join(target)).filter(|d| d.is_dir()))
         .arg(format!("-max_total_time={seconds}"))
         .args(["-timeout=10", "-rss_limit_mb=4096", "-max_len=262144"])
