@@ -1,5 +1,5 @@
-//! Every reader of a trace file (report as text and JSON, dump, Chrome and Perfetto
-//! exports, flame graph) on any bytes: an error or a result, never a panic or a hang.
+//! Every reader of a trace file (report as text and JSON, dump, Chrome, Perfetto and
+//! Parquet exports, flame graph) on any bytes: an error or a result, never a panic or a hang.
 #![no_main]
 
 use std::{io, path::PathBuf, sync::OnceLock};
@@ -35,6 +35,9 @@ fuzz_target!(|data: &[u8]| {
         let _ = views::export::export(&trace, format, &out, none);
         let _ = std::fs::remove_file(&out);
     }
+    let parquet = dir().join("out.parquet");
+    let _ = views::export::export(&trace, "parquet", &parquet, none);
+    let _ = std::fs::remove_dir_all(&parquet);
     let svg = dir().join("out.svg");
     let _ = views::flamegraph::flamegraph(&trace, &svg, None, none);
     let _ = std::fs::remove_file(&svg);

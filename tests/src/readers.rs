@@ -1,4 +1,4 @@
-//! Readers independent of the tracer: Perfetto's own protos, tagged fixture lines.
+//! Readers independent of the tracer: Perfetto's own protos, DuckDB, tagged fixture lines.
 
 use std::path::Path;
 use std::process::Command;
@@ -7,26 +7,35 @@ use crate::command::{RUN_TIMEOUT, run};
 use crate::paths::{fixture, workspace_root};
 
 /// What a Perfetto protobuf trace holds, read by Perfetto's own generated protos
-/// (`tests/tools/perfetto_summary.py`, PyPI package `perfetto` installed by `cargo
-/// xtask setup` into `target/xtask/python`).
+/// (`tests/tools/perfetto_summary.py`, PyPI package `perfetto`).
 pub fn perfetto_summary(trace: &Path) -> serde_json::Value {
+    python_tool("perfetto_summary.py", "perfetto", trace.as_os_str())
+}
+
+/// The rows of a DuckDB query (`tests/tools/duckdb_query.py`, PyPI package `duckdb`),
+/// each a list of strings, numbers, booleans and nulls.
+pub fn duckdb_rows(query: &str) -> Vec<Vec<serde_json::Value>> {
+    let rows = python_tool("duckdb_query.py", "duckdb", query.as_ref());
+    serde_json::from_value(rows.clone())
+        .unwrap_or_else(|e| panic!("duckdb_query.py printed no rows ({e}): {rows}"))
+}
+
+/// The JSON that `tests/tools/SCRIPT ARG` prints, with the PyPI packages that `cargo
+/// xtask setup` installs into `target/xtask/python` (`package` among them).
+fn python_tool(script: &str, package: &str, arg: &std::ffi::OsStr) -> serde_json::Value {
     let py = workspace_root().join("target/xtask/python");
     assert!(
-        py.join("perfetto").is_dir(),
-        "{} has no perfetto package: run `cargo xtask setup`",
+        py.join(package).is_dir(),
+        "{} has no {package} package: run `cargo xtask setup`",
         py.display()
     );
     let mut c = Command::new("python3");
-    c.arg(workspace_root().join("tests/tools/perfetto_summary.py"))
-        .arg(trace)
+    c.arg(workspace_root().join("tests/tools").join(script))
+        .arg(arg)
         .env("PYTHONPATH", &py);
     let out = run(&mut c, RUN_TIMEOUT).ok();
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "perfetto_summary.py printed no JSON ({e}): {}",
-            out.describe()
-        )
-    })
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{script} printed no JSON ({e}): {}", out.describe()))
 }
 
 /// The line of `fixture` whose text contains `// @tag` (1-based).

@@ -13,13 +13,22 @@ const FUNCTIONS: [&str; 5] = ["leaf", "multi", "tail", "tiny", "tiny2"];
 /// Calls of each function in `exits N` (tests/fixtures/exits.c): leaf directly, from
 /// multi when i % 3 == 2, and from tail (a tail call: its own entry and exit).
 fn expected_calls(f: &str) -> u64 {
+    calls_in(f, N)
+}
+
+/// Calls of `f` in `exits n`.
+fn calls_in(f: &str, n: u64) -> u64 {
     match f {
-        "leaf" => N + (0..N).filter(|i| i % 3 == 2).count() as u64 + N,
-        _ => N,
+        "leaf" => n + (0..n).filter(|i| i % 3 == 2).count() as u64 + n,
+        _ => n,
     }
 }
 
 fn traced_exits(tmp: &TempDir) -> std::path::PathBuf {
+    traced_exits_n(tmp, N)
+}
+
+fn traced_exits_n(tmp: &TempDir, n: u64) -> std::path::PathBuf {
     let (orig, traced, trace) = (
         tmp.join("exits"),
         tmp.join("exits.traced"),
@@ -37,7 +46,7 @@ fn traced_exits(tmp: &TempDir) -> std::path::PathBuf {
         args.extend(["--functions".as_ref(), std::ffi::OsStr::new(f)]);
     }
     rewriter(&args).ok();
-    let out = tracer_record(&trace, &traced, &[&N.to_string()], &[]);
+    let out = tracer_record(&trace, &traced, &[&n.to_string()], &[]);
     assert_eq!(out.status(), 0, "{}", out.describe());
     trace
 }
@@ -289,6 +298,112 @@ fn perfetto_export_read_by_perfettos_protos() {
         "{:?}",
         depth_of("leaf")
     );
+}
+
+/// `export --format parquet` read by DuckDB: per site the report's record counts, per
+/// function its calls and times, per function the calls the program makes; more rows
+/// than a row group holds; an output that is a file is refused and left alone.
+#[test]
+fn parquet_export_read_by_duckdb() {
+    let tmp = TempDir::new("parquet");
+    // About 150,000 records: several row groups.
+    let n = 20_000;
+    let trace = traced_exits_n(&tmp, n);
+    let dir = tmp.join("pq");
+    run(
+        Command::new(tracer_bin())
+            .args(["export", "--format", "parquet", "-o"])
+            .arg(&dir)
+            .arg(&trace),
+        TRACE_TIMEOUT,
+    )
+    .ok();
+    let (records, calls) = (dir.join("records.parquet"), dir.join("calls.parquet"));
+    let v = report_json(&trace);
+    let q = |sql: String| duckdb_rows(&sql);
+    let total = q(format!("select count(*) from '{}'", records.display()));
+    assert_eq!(total[0][0], v["records"], "records");
+    assert!(
+        v["records"].as_u64().unwrap() > 2 * 65536,
+        "{}",
+        v["records"]
+    );
+    // Per site: binary, site, kind, function, count, as the report counts them.
+    let mut by_site = q(format!(
+        "select \"binary\", site, kind, function, count(*) from '{}' group by all",
+        records.display()
+    ));
+    let mut want: Vec<Vec<serde_json::Value>> = v["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            ["binary", "site", "kind", "function", "count"]
+                .iter()
+                .map(|k| f[k].clone())
+                .collect()
+        })
+        .collect();
+    by_site.sort_by_key(|r| r[1].as_u64());
+    want.sort_by_key(|r| r[1].as_u64());
+    assert_eq!(by_site, want, "records per site");
+    // Per function: calls, total (outermost calls), self, min and max.
+    let mut by_function = q(format!(
+        "select \"binary\", function, count(*), \
+                sum(duration_ns) filter (where not reentrant), sum(self_ns), \
+                min(duration_ns), max(duration_ns) from '{}' group by all",
+        calls.display()
+    ));
+    let mut want: Vec<Vec<serde_json::Value>> = v["calls"]["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            [
+                "binary", "function", "calls", "total_ns", "self_ns", "min_ns", "max_ns",
+            ]
+            .iter()
+            .map(|k| f[k].clone())
+            .collect()
+        })
+        .collect();
+    by_function.sort_by(|a, b| a[1].as_str().cmp(&b[1].as_str()));
+    want.sort_by(|a, b| a[1].as_str().cmp(&b[1].as_str()));
+    assert_eq!(by_function, want, "calls per function");
+    for f in FUNCTIONS {
+        let row = by_function.iter().find(|r| r[1] == f);
+        assert_eq!(
+            row.map(|r| r[2].clone()),
+            Some(calls_in(f, n).into()),
+            "{f}"
+        );
+    }
+    // leaf's callers: multi for every third call (main and tail are not traced).
+    let from_multi = q(format!(
+        "select count(*) from '{}' where function = 'leaf' and caller = 'multi' and depth = 1",
+        calls.display()
+    ));
+    assert_eq!(
+        from_multi[0][0],
+        (0..n).filter(|i| i % 3 == 2).count() as u64
+    );
+    // An output that is a file is refused, untouched.
+    let file = tmp.join("not-a-dir");
+    std::fs::write(&file, b"keep").unwrap();
+    let out = run(
+        Command::new(tracer_bin())
+            .args(["export", "--format", "parquet", "-o"])
+            .arg(&file)
+            .arg(&trace),
+        TRACE_TIMEOUT,
+    );
+    assert_ne!(out.status(), 0, "{}", out.describe());
+    assert!(
+        out.stderr_str().contains("not a directory"),
+        "{}",
+        out.describe()
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep");
 }
 
 #[test]

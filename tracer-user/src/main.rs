@@ -53,12 +53,14 @@ enum Cmd {
     /// Write a trace in another tool's format: `perfetto` (Perfetto's protobuf trace,
     /// for ui.perfetto.dev, any size) or `chrome` (trace event JSON for chrome://tracing,
     /// small traces): a slice per function call, instants for other records, a track
-    /// per thread with its name, drops as counters.
+    /// per thread with its name, drops as counters; `parquet` (for SQL engines: a
+    /// directory of records.parquet, a row per record, and calls.parquet, a row per
+    /// completed call).
     Export {
         file: PathBuf,
         #[arg(long, default_value = "perfetto")]
         format: String,
-        /// Output file.
+        /// Output file (a directory for `parquet`).
         #[arg(short, long)]
         output: PathBuf,
         #[command(flatten)]

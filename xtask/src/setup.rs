@@ -115,8 +115,9 @@ fn cargo_fuzz(log: &mut Log) -> Result<()> {
 }
 
 /// Python packages of the tests (PyPI), installed into [`PYTHON_DIR`]: Perfetto's own
-/// generated protos (`perfetto_trace_pb2`) read the Perfetto exports independently.
-pub const PYTHON_PACKAGES: &[&str] = &["perfetto==0.59.1", "protobuf==7.36.2"];
+/// generated protos (`perfetto_trace_pb2`) read the Perfetto exports independently,
+/// DuckDB the Parquet exports.
+pub const PYTHON_PACKAGES: &[&str] = &["perfetto==0.59.1", "protobuf==7.36.2", "duckdb==2.0.1"];
 /// Where [`PYTHON_PACKAGES`] go (PYTHONPATH of the tests that use them).
 pub const PYTHON_DIR: &str = "target/xtask/python";
 
@@ -125,7 +126,7 @@ fn python_packages(log: &mut Log) -> Result<()> {
     let check = cmd("python3")
         .args([
             "-c",
-            "from perfetto.protos.perfetto.trace import perfetto_trace_pb2",
+            "from perfetto.protos.perfetto.trace import perfetto_trace_pb2; import duckdb",
         ])
         .env("PYTHONPATH", &dir)
         .stdout(std::process::Stdio::null())

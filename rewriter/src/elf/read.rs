@@ -250,9 +250,11 @@ fn program_headers(name: &str, fh: &Fh, data: &[u8]) -> Result<Vec<Phdr>> {
     Ok(phdrs)
 }
 
-/// Every code section lies in its segment's file image where the segment maps it: the
+/// Every code section lies in a segment's file image where the segment maps it: the
 /// rewriter decodes a section's bytes but patches through the segment, so a mismatch
-/// would have it write over other bytes (a fuzzed one: the ELF header).
+/// would have it write over other bytes (a fuzzed one: the ELF header); and code at
+/// an address no segment maps is no code a process runs (its new segments could
+/// even be placed over that address).
 fn check_code_mapping(name: &str, phdrs: &[Phdr], sections: &[Section]) -> Result<()> {
     let code = sections
         .iter()
@@ -261,9 +263,14 @@ fn check_code_mapping(name: &str, phdrs: &[Phdr], sections: &[Section]) -> Resul
         let in_load = phdrs
             .iter()
             .find(|p| p.p_type == elf::PT_LOAD && s.addr >= p.vaddr && s.addr - p.vaddr < p.filesz);
-        if let Some(p) = in_load
-            && (s.addr - p.vaddr != s.offset.wrapping_sub(p.offset)
-                || s.addr - p.vaddr + s.size > p.filesz)
+        let Some(p) = in_load else {
+            return Err(malformed(
+                name,
+                format!("code section {} lies in no PT_LOAD segment", s.name),
+            ));
+        };
+        if s.addr - p.vaddr != s.offset.wrapping_sub(p.offset)
+            || s.addr - p.vaddr + s.size > p.filesz
         {
             return Err(malformed(
                 name,

@@ -58,6 +58,13 @@ pub struct Slice {
     pub end_ns: u64,
     /// The call's time minus its children's.
     pub self_ns: u64,
+    /// Open calls below it on its thread's stack (0: a thread's outermost call).
+    pub depth: u32,
+    /// The function of the open call below it.
+    pub caller: Option<usize>,
+    /// An outer call of the same function is still open: this call's time is inside
+    /// that one's (the function's total time leaves it out).
+    pub reentrant: bool,
 }
 
 struct Frame {
@@ -234,6 +241,9 @@ impl Calls {
                 start_ns: frame.start_ns,
                 end_ns: ev.time_ns,
                 self_ns: own,
+                depth: stack.len() as u32,
+                caller: stack.last().map(|fr| fr.function),
+                reentrant: !outermost,
             }),
         }
     }
@@ -353,6 +363,32 @@ mod tests {
         let f = get(&fs, "f");
         assert_eq!((f.calls, f.total_ns, f.self_ns), (3, 100, 100));
         assert_eq!((f.min_ns, f.max_ns), (10, 100));
+    }
+
+    #[test]
+    fn slices_know_their_depth_caller_and_reentry() {
+        // f [0, 100) → g [10, 90) → f [20, 30).
+        let (_, steps) = run(&[
+            ("entry", 0, 0),
+            ("entry", 1, 10),
+            ("entry", 0, 20),
+            ("exit", 0, 30),
+            ("exit", 1, 90),
+            ("exit", 0, 100),
+        ]);
+        let s: Vec<&Slice> = steps.iter().filter_map(|s| s.completed.as_ref()).collect();
+        let got: Vec<(usize, u32, Option<usize>, bool)> = s
+            .iter()
+            .map(|s| (s.function, s.depth, s.caller, s.reentrant))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (0, 2, Some(1), true),
+                (1, 1, Some(0), false),
+                (0, 0, None, false)
+            ]
+        );
     }
 
     #[test]

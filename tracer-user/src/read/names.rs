@@ -38,6 +38,8 @@ pub struct Names {
     pub(super) time_modes: Vec<(String, TimeMode)>,
     /// Binaries with circular buffers: their never-written records are skipped.
     pub(super) rings: Vec<u64>,
+    /// Build-id per binary, in hex.
+    build_ids: HashMap<u64, String>,
     pub(super) symbols: RefCell<Symbolizer>,
     /// Load bias of a binary in a process, learned from records holding both a site's
     /// run-time address and its site (blocks, memory accesses).
@@ -50,6 +52,7 @@ impl Names {
             binaries: HashMap::new(),
             time_modes: Vec::new(),
             rings: Vec::new(),
+            build_ids: HashMap::new(),
             symbols: RefCell::new(Symbolizer::new(debug_dirs)),
             biases: RefCell::new(HashMap::new()),
         }
@@ -68,6 +71,8 @@ impl Names {
                 self.symbols
                     .borrow_mut()
                     .add_binary(b.binary_id, &b.path, &m.build_id);
+                let hex = m.build_id.iter().map(|b| format!("{b:02x}")).collect();
+                self.build_ids.insert(b.binary_id, hex);
                 // Site ids are indices into the site table (a bad one is not a site).
                 let mut table: Vec<Option<SiteName>> = Vec::new();
                 table.resize_with(m.sites.len(), || None);
@@ -114,6 +119,11 @@ impl Names {
 
     pub fn binary(&self, id: u64) -> &str {
         self.binaries.get(&id).map_or("?", |(n, _)| n)
+    }
+
+    /// The binary's build-id in hex ("" when unknown).
+    pub fn build_id(&self, id: u64) -> &str {
+        self.build_ids.get(&id).map_or("", String::as_str)
     }
 
     pub fn site(&self, id: u64, site: u32) -> Option<&SiteName> {

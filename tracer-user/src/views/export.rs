@@ -8,6 +8,8 @@
 //!   document).
 //! - `perfetto`: Perfetto's protobuf trace (see [`crate::views::perfetto`]), streamed, for
 //!   traces of any size.
+//! - `parquet`: two Parquet tables in a directory, records and calls, for SQL engines
+//!   (see [`crate::views::parquet`]), streamed.
 
 use std::{
     fs::File,
@@ -19,7 +21,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::{
     read::names::Names,
-    views::{chrome, perfetto},
+    views::{chrome, parquet, perfetto},
 };
 
 /// Write `out` atomically: `write` fills a temporary file next to it, which replaces
@@ -28,29 +30,70 @@ pub(super) fn write_atomically(
     out: &Path,
     write: impl FnOnce(&mut BufWriter<File>) -> Result<()>,
 ) -> Result<()> {
-    let tmp = crate::tracefile::temporary_for(out)?;
-    // 0600 like the trace: exports carry the records' values.
-    let file = std::os::unix::fs::OpenOptionsExt::mode(
-        std::fs::OpenOptions::new().write(true).create_new(true),
-        0o600,
-    )
-    .open(&tmp)
-    .with_context(|| format!("cannot create {}", tmp.display()))?;
-    let mut w = BufWriter::with_capacity(1 << 20, file);
-    let result = write(&mut w)
-        .and_then(|()| {
-            w.flush()?;
-            w.get_ref().sync_all()?;
-            Ok(())
-        })
-        .and_then(|()| {
-            std::fs::rename(&tmp, out)
-                .with_context(|| format!("cannot rename {} to {}", tmp.display(), out.display()))
-        });
+    write_all_atomically(&[out.to_path_buf()], |ws| match ws {
+        [w] => write(w),
+        _ => bail!("internal error: one output expected"),
+    })
+}
+
+/// Write every file of `outs` atomically: `write` fills a temporary file next to each,
+/// in order; they replace their outputs only when every one is complete and synced,
+/// and none does if any fails.
+pub(super) fn write_all_atomically(
+    outs: &[PathBuf],
+    write: impl FnOnce(&mut [BufWriter<File>]) -> Result<()>,
+) -> Result<()> {
+    let mut tmps: Vec<PathBuf> = Vec::new();
+    let result = stage(outs, &mut tmps, write);
     if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+        for t in &tmps {
+            let _ = std::fs::remove_file(t);
+        }
     }
     result
+}
+
+fn stage(
+    outs: &[PathBuf],
+    tmps: &mut Vec<PathBuf>,
+    write: impl FnOnce(&mut [BufWriter<File>]) -> Result<()>,
+) -> Result<()> {
+    let mut ws = Vec::new();
+    for out in outs {
+        let tmp = crate::tracefile::temporary_for(out)?;
+        // 0600 like the trace: exports carry the records' values.
+        let file = std::os::unix::fs::OpenOptionsExt::mode(
+            std::fs::OpenOptions::new().write(true).create_new(true),
+            0o600,
+        )
+        .open(&tmp)
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
+        tmps.push(tmp);
+        ws.push(BufWriter::with_capacity(1 << 20, file));
+    }
+    write(&mut ws)?;
+    for w in &mut ws {
+        w.flush()?;
+        w.get_ref().sync_all()?;
+    }
+    for (tmp, out) in tmps.iter().zip(outs) {
+        std::fs::rename(tmp, out)
+            .with_context(|| format!("cannot rename {} to {}", tmp.display(), out.display()))?;
+    }
+    Ok(())
+}
+
+/// `parquet`'s output: a directory (made if missing) of `records.parquet` and
+/// `calls.parquet`.
+fn parquet_files(out: &Path) -> Result<Vec<PathBuf>> {
+    if out.exists() && !out.is_dir() {
+        bail!(
+            "{} is not a directory (the Parquet export writes records.parquet and calls.parquet into one)",
+            out.display()
+        );
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    Ok(vec![out.join("records.parquet"), out.join("calls.parquet")])
 }
 
 /// Write `trace` as `format` to `out`.
@@ -59,6 +102,10 @@ pub fn export(trace: &Path, format: &str, out: &Path, debug_dirs: &[PathBuf]) ->
     match format {
         "chrome" => write_atomically(out, |w| chrome::write(trace, &mut names, w)),
         "perfetto" => write_atomically(out, |w| perfetto::write(trace, &mut names, w)),
-        _ => bail!("unknown export format {format:?} (supported: chrome, perfetto)"),
+        "parquet" => write_all_atomically(&parquet_files(out)?, |ws| match ws {
+            [records, calls] => parquet::write(trace, &mut names, records, calls),
+            _ => bail!("internal error: two outputs expected"),
+        }),
+        _ => bail!("unknown export format {format:?} (supported: chrome, perfetto, parquet)"),
     }
 }

@@ -1,5 +1,5 @@
 //! What a trace shows to a person or another tool: the report (a model, then text or
-//! JSON), the dump, exports (Chrome, Perfetto) and flame graphs. May use `read`,
+//! JSON), the dump, exports (Chrome, Perfetto, Parquet) and flame graphs. May use `read`,
 //! `tracefile` and `debuginfo`; nothing else uses it but `main`.
 
 pub mod chrome;
@@ -8,6 +8,7 @@ pub mod export;
 pub mod flamegraph;
 pub mod json;
 pub mod model;
+pub mod parquet;
 pub mod perfetto;
 pub mod text;
 

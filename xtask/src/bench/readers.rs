@@ -1,6 +1,6 @@
 //! `bench` readers section: how fast and in how much memory a big trace is read back —
-//! `tracer report`, `tracer export --format perfetto` (streamed: memory must stay flat
-//! whatever the trace's size) and `tracer flamegraph`, on one trace of
+//! `tracer report`, `tracer export --format perfetto` and `--format parquet` (streamed:
+//! memory must stay flat whatever the trace's size) and `tracer flamegraph`, on one trace of
 //! `--readers-records` records (xtask/bench/calls.c: nested calls, every entry and exit
 //! traced). Per reader: wall time, CPU time, peak RSS (the child's own `wait4` rusage),
 //! records per second and output bytes per record.
@@ -58,7 +58,8 @@ pub fn readers(records: u64) -> Result<()> {
     );
     let pftrace = dir.join("calls.pftrace");
     let svg = dir.join("calls.svg");
-    let rows: [(&str, Vec<&std::ffi::OsStr>, Option<&Path>); 3] = [
+    let parquet = dir.join("calls.parquet");
+    let rows: [(&str, Vec<&std::ffi::OsStr>, Option<&Path>); 4] = [
         ("report", vec!["report".as_ref(), trace.as_os_str()], None),
         (
             "export --format perfetto",
@@ -71,6 +72,18 @@ pub fn readers(records: u64) -> Result<()> {
                 pftrace.as_os_str(),
             ],
             Some(&pftrace),
+        ),
+        (
+            "export --format parquet",
+            vec![
+                "export".as_ref(),
+                trace.as_os_str(),
+                "--format".as_ref(),
+                "parquet".as_ref(),
+                "-o".as_ref(),
+                parquet.as_os_str(),
+            ],
+            Some(&parquet),
         ),
         (
             "flamegraph",
@@ -86,10 +99,7 @@ pub fn readers(records: u64) -> Result<()> {
     for (name, args, out) in rows {
         let u = measured(cmd(crate::tracer_bin()).args(&args))?;
         let out_per_rec = match out {
-            Some(p) => format!(
-                "{:.1}",
-                std::fs::metadata(p)?.len() as f64 / n.max(1) as f64
-            ),
+            Some(p) => format!("{:.1}", bytes_of(p)? as f64 / n.max(1) as f64),
             None => "-".into(),
         };
         println!(
@@ -105,5 +115,18 @@ pub fn readers(records: u64) -> Result<()> {
     for p in [&trace, &pftrace] {
         let _ = std::fs::remove_file(p);
     }
+    let _ = std::fs::remove_dir_all(&parquet);
     Ok(())
+}
+
+/// Bytes of a file, or of the files in a directory (the Parquet export).
+fn bytes_of(p: &Path) -> Result<u64> {
+    if !p.is_dir() {
+        return Ok(std::fs::metadata(p)?.len());
+    }
+    let mut n = 0;
+    for e in std::fs::read_dir(p)? {
+        n += e?.metadata()?.len();
+    }
+    Ok(n)
 }
