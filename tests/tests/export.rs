@@ -406,6 +406,79 @@ fn parquet_export_read_by_duckdb() {
     assert_eq!(std::fs::read(&file).unwrap(), b"keep");
 }
 
+/// `record --live` on a terminal (a pty from `script`): frames of the session, the
+/// last one (drawn when the file is complete) with every record of the trace and the
+/// calls the program makes; not on a terminal, nothing but the summary.
+#[test]
+fn live_view_on_a_terminal_only() {
+    let tmp = TempDir::new("live");
+    let n = 200_000;
+    let traced = traced_exits_n(&tmp, 10).with_file_name("exits.traced");
+    let trace = tmp.join("live.utrace");
+    let cmd = format!(
+        "{} record --live -o {} -- {} {n}",
+        tracer_bin().display(),
+        trace.display(),
+        traced.display()
+    );
+    let tty = run(
+        Command::new("script").args(["-qec", &cmd, "/dev/null"]),
+        TRACE_TIMEOUT,
+    )
+    .ok();
+    let shown = tty.stdout_str();
+    let last = shown
+        .rsplit("utrace live")
+        .next()
+        .filter(|_| shown.contains("utrace live"))
+        .unwrap_or_else(|| panic!("no frame: {}", tty.describe()));
+    assert!(last.contains("(session ended)"), "{last}");
+    let v = report_json(&trace);
+    let records = format!(" {} records ", v["records"]);
+    assert!(
+        last.contains(&records),
+        "{records:?} in the last frame: {last}"
+    );
+    // The calls table: calls, self, total, function (binary).
+    let calls_table: Vec<&str> = last
+        .split("self ms")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no calls table: {last}"))
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .collect();
+    for f in FUNCTIONS {
+        let row = calls_table
+            .iter()
+            .find(|l| l.trim_end().ends_with(&format!(" {f} (exits.traced)")))
+            .unwrap_or_else(|| panic!("no calls row of {f}: {last}"));
+        let calls: u64 = row.split_whitespace().next().unwrap().parse().unwrap();
+        assert_eq!(calls, calls_in(f, n), "{row}");
+    }
+    // Not on a terminal: the summary line only.
+    let quiet = run(
+        Command::new(tracer_bin())
+            .args(["record", "--live", "-o"])
+            .arg(tmp.join("quiet.utrace"))
+            .arg("--")
+            .arg(&traced)
+            .arg("10"),
+        TRACE_TIMEOUT,
+    )
+    .ok();
+    assert!(
+        !quiet.stderr_str().contains("utrace live"),
+        "{}",
+        quiet.describe()
+    );
+    assert!(
+        quiet.stderr_str().starts_with("utrace: "),
+        "{}",
+        quiet.describe()
+    );
+}
+
 #[test]
 fn flamegraph_svg_sums_self_time() {
     let tmp = TempDir::new("flamegraph");

@@ -138,6 +138,11 @@ struct RecordArgs {
     /// and leftovers at thread exit are read with ptrace.
     #[arg(long, conflicts_with = "pid")]
     user: bool,
+    /// A live view on the terminal while the session runs, redrawn every second:
+    /// records per second, drops, top functions by records and by self time, the
+    /// busiest threads (nothing when stderr is not a terminal).
+    #[arg(long, conflicts_with = "user")]
+    live: bool,
     /// Also trace this instrumented binary (repeatable): for a command that is not
     /// itself instrumented but runs one, e.g. `--user --binary ./prog.traced --
     /// qemu-aarch64 ./prog.traced`. Its metadata goes into the trace file.
@@ -185,6 +190,7 @@ fn run_record(args: RecordArgs) -> Result<i32> {
         uprobes,
         usdt,
         user,
+        live,
         binaries,
         command,
     } = args;
@@ -222,6 +228,7 @@ fn run_record(args: RecordArgs) -> Result<i32> {
             binaries,
             filter,
             untouched,
+            live: None,
         };
         return record::userdrain::record(opts, command);
     }
@@ -239,7 +246,22 @@ fn run_record(args: RecordArgs) -> Result<i32> {
         binaries,
         filter,
         untouched,
+        live: if live { live_view()? } else { None },
     })
+}
+
+/// `record --live`: the view on stderr, if stderr is a terminal.
+fn live_view() -> Result<Option<record::LiveFeed>> {
+    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        return Ok(None);
+    }
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (view, tee) = views::top::start(dropped.clone())?;
+    Ok(Some(record::LiveFeed {
+        tee,
+        dropped,
+        done: Box::new(move || view.finish()),
+    }))
 }
 
 fn run(cli: Cli) -> Result<i32> {

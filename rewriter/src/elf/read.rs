@@ -395,7 +395,13 @@ fn function_symbols(
         let Some(sec) = sections.get(shndx as usize) else {
             continue;
         };
-        if sec.flags & u64::from(elf::SHF_EXECINSTR) == 0 {
+        // A function in code, and where its section is: bytes elsewhere (a fuzzed
+        // one: the ELF header) are no code this binary runs.
+        let at = sym.st_value(e);
+        if sec.flags & u64::from(elf::SHF_EXECINSTR) == 0
+            || at < sec.addr
+            || at - sec.addr >= sec.size
+        {
             continue;
         }
         let Ok(n) = syms.symbol_name(e, sym) else {

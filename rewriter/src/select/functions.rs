@@ -15,8 +15,9 @@ pub fn is_fragment(name: &str) -> bool {
 }
 
 /// Every function of the binary: its symbols, plus the `.eh_frame` FDE ranges no
-/// symbol covers (a stripped binary's functions), named `sub_<address>`. PLT sections
-/// (FDEs for the whole PLT) are not functions. Sorted by address.
+/// symbol covers (a stripped binary's functions) and that start in code, named
+/// `sub_<address>`. PLT sections (FDEs for the whole PLT) are not functions. Sorted
+/// by address.
 pub fn functions(input: &Input, fdes: &[(u64, u64)]) -> Vec<Function> {
     let mut all = input.functions.clone();
     let plt: Vec<(u64, u64)> = input
@@ -31,7 +32,11 @@ pub fn functions(input: &Input, fdes: &[(u64, u64)]) -> Vec<Function> {
             i.checked_sub(1)
                 .is_some_and(|i| start < input.functions[i].addr + input.functions[i].size.max(1))
         };
-        if size == 0 || covered || plt.iter().any(|&(a, b)| (a..b).contains(&start)) {
+        // Only code: an FDE elsewhere (a corrupt one) names no function.
+        let in_code = input
+            .code_section_headers()
+            .any(|s| start >= s.addr && start - s.addr < s.size);
+        if size == 0 || covered || !in_code || plt.iter().any(|&(a, b)| (a..b).contains(&start)) {
             continue;
         }
         all.push(Function {

@@ -8,7 +8,7 @@ use tracer_common::{FLAG_KTIME, Record, meta::SiteKind};
 
 use crate::{
     read::{coarse::Timeline, names::Names},
-    tracefile::{self, FinalStats, Reader, Section, Truncation, clock::Calibration},
+    tracefile::{self, Chunk, FinalStats, Reader, Section, Truncation, clock::Calibration},
 };
 
 pub fn truncation_warning(path: &Path, t: Option<&Truncation>, stats: Option<&FinalStats>) {
@@ -77,37 +77,10 @@ pub fn each_record(
             Section::Chunk(mut c) => {
                 bar.set_position(r.offset());
                 timeline.apply(&mut c);
-                let h = c.header;
-                let comm = comms.get(&(h.pid, h.tid)).map_or("", String::as_str);
-                // One binary lookup per chunk, an index per record.
-                let bin = names.binaries.get(&h.binary_id);
-                let bin_name = bin.map_or("?", |(n, _)| n.as_str());
-                for rec in c.records.iter().filter(|r| names.is_record(h.binary_id, r)) {
-                    let site = bin
-                        .and_then(|(_, s)| s.get(rec.site as usize))
-                        .and_then(Option::as_ref);
-                    if let Some(s) = site
-                        && matches!(s.kind, SiteKind::Memory | SiteKind::Block)
-                    {
-                        names.learn_at(h.pid, h.binary_id, s, rec);
-                    }
-                    f(
-                        &Event {
-                            pid: h.pid,
-                            tid: h.tid,
-                            binary_id: h.binary_id,
-                            comm,
-                            binary: bin_name,
-                            symbol: site.map_or("?", |s| s.name.as_str()),
-                            raw_symbol: site.map_or("?", |s| s.raw.as_str()),
-                            paired: site.is_some_and(|s| s.paired),
-                            kind: site.map_or("?", |s| s.kind.name()),
-                            rec,
-                            time_ns: time_ns(rec, clock.as_ref()),
-                        },
-                        names,
-                    );
-                }
+                let comm = comms
+                    .get(&(c.header.pid, c.header.tid))
+                    .map_or("", String::as_str);
+                chunk_events(&c, comm, names, clock.as_ref(), &mut f);
             }
             Section::Stats(s) => stats = Some(s),
             Section::Unknown(kind) => log::debug!("skipping section of unknown kind {kind}"),
@@ -116,6 +89,46 @@ pub fn each_record(
     bar.finish();
     truncation_warning(path, r.truncated(), stats.as_ref());
     Ok(stats)
+}
+
+/// Every real record of chunk `c` (of thread `comm`) as an [`Event`], in order.
+pub fn chunk_events(
+    c: &Chunk,
+    comm: &str,
+    names: &Names,
+    clock: Option<&Calibration>,
+    f: &mut impl FnMut(&Event, &Names),
+) {
+    let h = c.header;
+    // One binary lookup per chunk, an index per record.
+    let bin = names.binaries.get(&h.binary_id);
+    let bin_name = bin.map_or("?", |(n, _)| n.as_str());
+    for rec in c.records.iter().filter(|r| names.is_record(h.binary_id, r)) {
+        let site = bin
+            .and_then(|(_, s)| s.get(rec.site as usize))
+            .and_then(Option::as_ref);
+        if let Some(s) = site
+            && matches!(s.kind, SiteKind::Memory | SiteKind::Block)
+        {
+            names.learn_at(h.pid, h.binary_id, s, rec);
+        }
+        f(
+            &Event {
+                pid: h.pid,
+                tid: h.tid,
+                binary_id: h.binary_id,
+                comm,
+                binary: bin_name,
+                symbol: site.map_or("?", |s| s.name.as_str()),
+                raw_symbol: site.map_or("?", |s| s.raw.as_str()),
+                paired: site.is_some_and(|s| s.paired),
+                kind: site.map_or("?", |s| s.kind.name()),
+                rec,
+                time_ns: time_ns(rec, clock),
+            },
+            names,
+        );
+    }
 }
 
 /// CLOCK_MONOTONIC ns of a record: uprobe records already are; inline records carry

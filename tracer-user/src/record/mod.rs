@@ -23,7 +23,10 @@ pub mod userdrain;
 use std::{
     collections::HashSet,
     path::{Path, PathBuf},
-    sync::mpsc,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        mpsc,
+    },
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -34,7 +37,7 @@ use tracer_common::{CAUSE_EXEC, RECORD_VERSION, ebpf::MAP_EVENTS};
 
 use discover::{Traced, binary_infos};
 use summary::print_summary;
-pub use target::{OnFull, RecordOptions, Target, Untouched, default_output};
+pub use target::{LiveFeed, OnFull, RecordOptions, Target, Untouched, default_output};
 
 use crate::{
     record::{
@@ -49,7 +52,7 @@ use crate::{
 };
 
 /// Record a trace; returns the exit code for the tracer (the command's, when it ran one).
-pub fn record(opts: RecordOptions) -> Result<i32> {
+pub fn record(mut opts: RecordOptions) -> Result<i32> {
     target::check_ring_bytes(opts.ring_bytes)?;
     opts.filter.validate()?;
     kernel::ensure_tracefs()?;
@@ -61,7 +64,13 @@ pub fn record(opts: RecordOptions) -> Result<i32> {
     let mut seen = live.add_initial(&initial)?;
     live.attach_tracepoints()?;
     live.set_initial_filter(&opts)?;
+    let live_feed = opts.live.take();
+    let (tee, live_dropped, live_done) = match live_feed {
+        Some(f) => (Some(f.tee), Some(f.dropped), Some(f.done)),
+        None => (None, None, None),
+    };
     let (mut outputs, mut session) = outputs(&opts, &mut live)?;
+    outputs.tee = tee;
     let (mapped_tx, mapped_rx) = mpsc::channel::<(u32, u32)>();
     outputs.mapped = Some(mapped_tx);
     let started = match (&opts.target, exe) {
@@ -77,7 +86,14 @@ pub fn record(opts: RecordOptions) -> Result<i32> {
         (Target::Exec(_), None) => bail!("no executable to run"),
     };
     let control = open_control();
-    let (end, exit_code) = serve(&mut live, &started, &mapped_rx, control.as_ref(), &mut seen)?;
+    let (end, exit_code) = serve(
+        &mut live,
+        &started,
+        &mapped_rx,
+        control.as_ref(),
+        &mut seen,
+        live_dropped.as_deref(),
+    )?;
     match end {
         WaitEnd::Exited => log::info!("the traced process exited"),
         WaitEnd::Interrupted => log::info!("interrupted; ending the session"),
@@ -88,7 +104,14 @@ pub fn record(opts: RecordOptions) -> Result<i32> {
         .announcement
         .map_or(0, announce::Announcement::finish);
     drop(control);
-    finish(live, started.pipeline, exit_code, initial.len(), unattached)?;
+    finish(
+        live,
+        started.pipeline,
+        exit_code,
+        initial.len(),
+        unattached,
+        live_done,
+    )?;
     Ok(exit_code.unwrap_or(0))
 }
 
@@ -124,12 +147,17 @@ struct Outputs {
     infos: Vec<BinaryInfo>,
     /// "New code mapped" notices to the session loop.
     mapped: Option<mpsc::Sender<(u32, u32)>>,
+    /// `--live`: the view's copy of the file.
+    tee: Option<crate::tracefile::Tee>,
 }
 
 impl Outputs {
     /// Create the file (session and binary sections) and start consuming.
     fn start(self, session: &SessionInfo) -> Result<Pipeline> {
         let mut w = Writer::create(&self.output)?;
+        if let Some(t) = self.tee {
+            w.tee_to(t);
+        }
         w.write_session(session)?;
         for b in &self.infos {
             w.write_binary(b)?;
@@ -171,6 +199,7 @@ fn outputs(opts: &RecordOptions, live: &mut Live) -> Result<(Outputs, SessionInf
         output: opts.output.clone(),
         infos: binary_infos(&live.binaries),
         mapped: None,
+        tee: None,
     };
     Ok((outputs, session))
 }
@@ -322,8 +351,10 @@ fn serve(
     mapped_rx: &mpsc::Receiver<(u32, u32)>,
     control: Option<&Control>,
     seen: &mut SeenFiles,
+    live_dropped: Option<&AtomicU64>,
 ) -> Result<(WaitEnd, Option<i32>)> {
     let mut pending: HashSet<u32> = HashSet::new();
+    let mut counted = Instant::now();
     // Each notice is looked at again a little later: `mmap` is announced on entry to
     // the system call, so the first look may come before the mapping exists.
     let mut again: Vec<(Instant, u32)> = Vec::new();
@@ -356,6 +387,12 @@ fn serve(
             }
             at > now
         });
+        if let Some(d) = live_dropped
+            && now.duration_since(counted) >= Duration::from_secs(1)
+        {
+            counted = now;
+            d.store(summary::dropped_so_far(&live.ebpf), Ordering::Relaxed);
+        }
         if let Some(c) = control {
             c.serve(|req| live.handle(req));
         }
@@ -370,6 +407,7 @@ fn finish(
     exit_code: Option<i32>,
     initial: usize,
     unattached: u64,
+    live_done: Option<Box<dyn FnOnce() + Send>>,
 ) -> Result<()> {
     if let Err(e) = teardown::stop(&mut live.ebpf) {
         log::warn!("{e:#}; taking every probe down now");
@@ -382,6 +420,11 @@ fn finish(
     stats.binaries_added = live.binaries.len().saturating_sub(initial) as u64;
     stats.unattached = unattached;
     let path = writer.finish(&stats)?;
+    // The live view has had the whole file (its copy ends with the file): its last
+    // frame goes before the summary.
+    if let Some(done) = live_done {
+        done();
+    }
     print_summary(&consumed, &stats, &path);
     for b in &live.binaries {
         summary::cache_debug_info(b);

@@ -58,6 +58,14 @@ pub fn print_summary(consumed: &Consumed, stats: &FinalStats, path: &Path) {
     }
 }
 
+/// Records dropped so far (for the live view); 0 if the counters cannot be read.
+pub(super) fn dropped_so_far(ebpf: &Ebpf) -> u64 {
+    ebpf.map(MAP_STATS)
+        .and_then(|m| PerCpuArray::<_, u64>::try_from(m).ok())
+        .and_then(|m| m.get(&STAT_RECORDS_DROPPED, 0).ok())
+        .map_or(0, |v| v.iter().sum())
+}
+
 pub(super) fn final_stats(
     ebpf: &Ebpf,
     consumed: &Consumed,

@@ -36,6 +36,17 @@ pub struct RecordOptions {
     pub filter: FilterSpec,
     /// Untouched binaries traced by uprobes only.
     pub untouched: Vec<Untouched>,
+    /// `--live`: a view of the session as it runs.
+    pub live: Option<LiveFeed>,
+}
+
+/// What a live view of the session (`record --live`) is fed: a copy of the trace as it
+/// is written, the records dropped so far (updated about once a second), and how to
+/// wait for the view to finish (before the session's summary is printed).
+pub struct LiveFeed {
+    pub tee: crate::tracefile::Tee,
+    pub dropped: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    pub done: Box<dyn FnOnce() + Send>,
 }
 
 /// `record --on-full`: what a full buffer does when the ring buffer has no room.

@@ -85,6 +85,12 @@ impl Reader<Cursor<Vec<u8>>> {
 }
 
 impl<R: Read> Reader<R> {
+    /// A trace arriving as a stream (`name` is used in messages): a section is
+    /// returned once all of it has arrived, and the end of the stream ends the trace.
+    pub fn from_stream(name: &str, r: R) -> Result<Self> {
+        Self::from_reader(Path::new(name), r)
+    }
+
     fn from_reader(path: &Path, mut r: R) -> Result<Self> {
         let mut h = [0u8; FILE_HEADER_LEN];
         let n =

@@ -137,6 +137,23 @@ pub struct Writer {
     tmp: PathBuf,
     dest: PathBuf,
     done: bool,
+    /// A copy of the file's bytes for a live view, whole sections at a time.
+    tee: Option<Tee>,
+}
+
+/// Where a live view (`record --live`) gets a copy of the trace as it is written:
+/// the file header, then whole sections, all of them (a view that missed some would
+/// pair calls wrongly), closed when the file is finished. The channel is bounded: a
+/// view that falls that far behind holds the writer back (and so the session).
+pub struct Tee {
+    pub bytes: std::sync::mpsc::SyncSender<Vec<u8>>,
+}
+
+impl Tee {
+    fn send(&mut self, bytes: &[u8]) {
+        // A view that stopped is no reason to stop writing the file.
+        let _ = self.bytes.send(bytes.to_vec());
+    }
 }
 
 impl Writer {
@@ -161,20 +178,35 @@ impl Writer {
             tmp,
             dest: dest.to_path_buf(),
             done: false,
+            tee: None,
         };
         let mut header = Vec::with_capacity(FILE_HEADER_LEN);
         header.extend_from_slice(&MAGIC);
         header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
         header.extend_from_slice(&0u32.to_le_bytes());
-        w.write_raw(&header)?;
+        w.put(&header)?;
         Ok(w)
     }
 
+    /// Copy everything from here on to `tee` (a live view), starting with the file
+    /// header; call before any section is written.
+    pub fn tee_to(&mut self, mut tee: Tee) {
+        let mut header = Vec::with_capacity(FILE_HEADER_LEN);
+        header.extend_from_slice(&MAGIC);
+        header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        header.extend_from_slice(&0u32.to_le_bytes());
+        tee.send(&header);
+        self.tee = Some(tee);
+    }
+
     fn section(&mut self, kind: u32, payload: &[u8]) -> Result<()> {
-        let mut h = Vec::with_capacity(SECTION_HEADER_LEN);
+        let mut h = Vec::with_capacity(SECTION_HEADER_LEN + payload.len());
         push_section_header(&mut h, kind, payload.len() as u64);
-        self.write_raw(&h)?;
-        self.write_raw(payload)
+        h.extend_from_slice(payload);
+        if let Some(t) = &mut self.tee {
+            t.send(&h);
+        }
+        self.put(&h)
     }
 
     pub fn write_session(&mut self, s: &SessionInfo) -> Result<()> {
@@ -187,6 +219,13 @@ impl Writer {
 
     /// Bytes that are already complete sections (from [`encode_chunk`]).
     pub fn write_raw(&mut self, bytes: &[u8]) -> Result<()> {
+        if let Some(t) = &mut self.tee {
+            t.send(bytes);
+        }
+        self.put(bytes)
+    }
+
+    fn put(&mut self, bytes: &[u8]) -> Result<()> {
         self.out
             .write_all(bytes)
             .with_context(|| format!("cannot write {}", self.tmp.display()))
@@ -195,6 +234,8 @@ impl Writer {
     /// Append the stats section and move the file into place.
     pub fn finish(mut self, stats: &FinalStats) -> Result<PathBuf> {
         self.section(SECTION_STATS, &serde_json::to_vec(stats)?)?;
+        // The view's copy ends with the file.
+        self.tee = None;
         self.out
             .finish()
             .with_context(|| format!("cannot write {}", self.tmp.display()))?;

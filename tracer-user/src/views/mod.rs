@@ -1,5 +1,5 @@
 //! What a trace shows to a person or another tool: the report (a model, then text or
-//! JSON), the dump, exports (Chrome, Perfetto, Parquet) and flame graphs. May use `read`,
+//! JSON), the dump, exports (Chrome, Perfetto, Parquet), flame graphs and the live view of a session. May use `read`,
 //! `tracefile` and `debuginfo`; nothing else uses it but `main`.
 
 pub mod chrome;
@@ -11,6 +11,7 @@ pub mod model;
 pub mod parquet;
 pub mod perfetto;
 pub mod text;
+pub mod top;
 
 use std::{io::Write, path::Path, path::PathBuf};
 
