@@ -28,6 +28,10 @@ pub enum Error {
     NoMatch { path: String, globs: String },
     #[error("bad glob {0:?}: {1}")]
     BadGlob(String, String),
+    #[error(
+        "{0}: no room for the new segments: the input's segments reach {1:#x}, too close to the end of the user address space"
+    )]
+    NoRoom(String, u64),
     #[error("{0}: cannot encode the trampolines: {1}")]
     Encode(String, String),
     #[error("{0}: {1}")]

@@ -6,11 +6,11 @@
 //! whenever the padding that needs stays small, because qemu-user computes AT_PHDR as
 //! load base + e_phoff.
 
-use crate::Options;
-use crate::elf::read::{Input, Phdr};
+use crate::elf::read::{Input, Phdr, in_user_space};
 use crate::isa::{FunctionPlan, Isa, Layout};
 use crate::plan::SiteInfo;
-use tracer_common::{BUF_ALIGN, BUF_FAST_CIRCULAR, FAST_RING_BYTES, RECORD_SIZE};
+use crate::{Error, Options, Result};
+use tracer_common::{BUF_ALIGN, BUF_FAST_CIRCULAR, FAST_RING_BYTES, RECORD_SIZE, rw_size};
 
 pub const PHDR_SIZE: u64 = 56;
 /// Upper bound of a trampoline without its stubs (relocated instructions, branch back,
@@ -49,7 +49,7 @@ pub fn place(
     opts: &Options,
     plans: &[FunctionPlan],
     sites: &[SiteInfo],
-) -> Segments {
+) -> Result<Segments> {
     let n_windows = plans.iter().map(|p| p.windows.len()).sum::<usize>() as u64;
     let n_inline = plans
         .iter()
@@ -82,14 +82,20 @@ pub fn place(
         time_mode: opts.time_mode,
         buf_kind: opts.buf_kind,
     };
-    Segments {
+    // The RW area past its 64 KiB-aligned start: everything must stay a user address.
+    let rw_end =
+        layout.rw_vaddr + rw_size(layout.buf_kind, layout.nslots, layout.buf_bytes) + BUF_ALIGN;
+    if !in_user_space(rw_end, 0) {
+        return Err(Error::NoRoom(input.name.clone(), max_vend));
+    }
+    Ok(Segments {
         layout,
         align: a,
         tx_off,
         tx_vaddr,
         code_at,
         new_phnum,
-    }
+    })
 }
 
 impl Segments {

@@ -39,7 +39,7 @@ pub fn rewrite(name: &str, data: &[u8], opts: &Options) -> Result<(Vec<u8>, Repo
     let sites = plan::sites(&input, isa, &flow, &targets, &sel, opts)?;
     let eh_problem = eh_problem.as_deref();
     let plans = plan::plan(&input, isa, &flow, eh_problem, &targets, &sel, &sites, opts);
-    let seg = layout::place(&input, isa, opts, &plans, &sites.info);
+    let seg = layout::place(&input, isa, opts, &plans, &sites.info)?;
     let mut code = emit::code(&input, isa, &seg, &sel, &sites, plans, opts)?;
     write(&input, isa, &seg, &sites, &mut code, opts)
 }

@@ -47,6 +47,9 @@ pub const CAUSE_REGISTER: u32 = 5;
 pub const CAUSE_CRASH: u32 = 6;
 /// `CHUNK_KIND_MAPPED`: the process exec'd (else: it mmap'ed an executable file).
 pub const CAUSE_EXEC: u32 = 7;
+/// A session on a running process (`record -p`) ended while the thread lived: what
+/// its buffer still held, collected by the tracer.
+pub const CAUSE_STOP: u32 = 8;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -12,8 +12,10 @@ pub mod filters;
 pub mod gate;
 pub mod host;
 mod live;
+mod remote;
 mod seed;
 pub mod semaphores;
+mod stop_drain;
 mod summary;
 mod target;
 pub mod target_data;
@@ -94,7 +96,7 @@ pub fn record(mut opts: RecordOptions) -> Result<i32> {
         &mut seen,
         live_dropped.as_deref(),
     )?;
-    match end {
+    match &end {
         WaitEnd::Exited => log::info!("the traced process exited"),
         WaitEnd::Interrupted => log::info!("interrupted; ending the session"),
         WaitEnd::Timeout => log::info!("duration over; ending the session"),
@@ -104,14 +106,19 @@ pub fn record(mut opts: RecordOptions) -> Result<i32> {
         .announcement
         .map_or(0, announce::Announcement::finish);
     drop(control);
-    finish(
-        live,
-        started.pipeline,
+    // A process still running when the session ends: its buffers are collected.
+    let stop_pid = match (&opts.target, end) {
+        (Target::Attach { pid, .. }, WaitEnd::Interrupted | WaitEnd::Timeout) => Some(*pid),
+        _ => None,
+    };
+    let close = Close {
         exit_code,
-        initial.len(),
+        initial: initial.len(),
         unattached,
+        stop_pid,
         live_done,
-    )?;
+    };
+    finish(live, started.pipeline, close)?;
     Ok(exit_code.unwrap_or(0))
 }
 
@@ -401,28 +408,43 @@ fn serve(
 
 /// Nothing new once the session is stopped, so the last drain of the ring buffer is complete and
 /// the kernel counters match the file: stats, the summary, the debug cache.
-fn finish(
-    mut live: Live,
-    pipeline: Pipeline,
+/// How a session ended, for [`finish`].
+struct Close {
     exit_code: Option<i32>,
     initial: usize,
     unattached: u64,
+    /// `-p PID` stopped before the process ended: collect what its buffers hold.
+    stop_pid: Option<u32>,
     live_done: Option<Box<dyn FnOnce() + Send>>,
-) -> Result<()> {
+}
+
+fn finish(mut live: Live, pipeline: Pipeline, end: Close) -> Result<()> {
+    let frozen = end.stop_pid.and_then(|pid| stop_drain_frozen(&live, pid));
     if let Err(e) = teardown::stop(&mut live.ebpf) {
         log::warn!("{e:#}; taking every probe down now");
         attach::detach(&mut live.ebpf);
     }
-    let (consumed, writer) = pipeline.finish()?;
-    let mut stats = summary::final_stats(&live.ebpf, &consumed, clock::anchor(), exit_code)?;
+    let at_stop = frozen.map(|(f, rw)| {
+        let c = f.collect(&rw, &live.ebpf, live.write_user);
+        drop(f);
+        c
+    });
+    if let Some(c) = &at_stop {
+        pipeline.write_sections(c.sections.clone())?;
+    }
+    let (mut consumed, writer) = pipeline.finish()?;
+    let mut stats = summary::final_stats(&live.ebpf, &consumed, clock::anchor(), end.exit_code)?;
+    if let Some(c) = at_stop {
+        summary::add_stop_drain(&mut stats, &mut consumed, &c);
+    }
     stats.filter = live.filters.spec().describe();
     stats.filter_changes = live.filter_changes;
-    stats.binaries_added = live.binaries.len().saturating_sub(initial) as u64;
-    stats.unattached = unattached;
+    stats.binaries_added = live.binaries.len().saturating_sub(end.initial) as u64;
+    stats.unattached = end.unattached;
     let path = writer.finish(&stats)?;
     // The live view has had the whole file (its copy ends with the file): its last
     // frame goes before the summary.
-    if let Some(done) = live_done {
+    if let Some(done) = end.live_done {
         done();
     }
     print_summary(&consumed, &stats, &path);
@@ -431,6 +453,25 @@ fn finish(
     }
     teardown::release(live.ebpf);
     Ok(())
+}
+
+/// The threads of `pid` frozen and its RW areas, unless a filter is in force (the
+/// records would have to be judged as the drain judges them: not done in user space).
+fn stop_drain_frozen(live: &Live, pid: u32) -> Option<(stop_drain::Frozen, Vec<u64>)> {
+    if !live.filters.spec().is_empty() {
+        eprintln!(
+            "utrace: warning: with a filter, the records still in process {pid}'s buffers \
+             are not collected"
+        );
+        return None;
+    }
+    let rw: Vec<u64> = live
+        .seeded
+        .iter()
+        .filter(|&&(p, _)| p == pid)
+        .map(|&(_, rw)| rw)
+        .collect();
+    stop_drain::Frozen::freeze(pid).map(|f| (f, rw))
 }
 
 /// What ends a session.

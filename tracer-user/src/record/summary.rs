@@ -58,6 +58,23 @@ pub fn print_summary(consumed: &Consumed, stats: &FinalStats, path: &Path) {
     }
 }
 
+/// The records the stop drain collected (`record -p` ended early): produced,
+/// delivered and received, in the books like any drain's.
+pub(super) fn add_stop_drain(
+    stats: &mut FinalStats,
+    consumed: &mut Consumed,
+    c: &super::stop_drain::Collected,
+) {
+    let n = c.encoded.records;
+    stats.records_at_stop = n;
+    stats.records_produced += n;
+    stats.records_delivered += n;
+    stats.records_received += n;
+    consumed.records += n;
+    consumed.threads.extend(c.threads.iter().copied());
+    stats.threads = consumed.threads.len() as u64;
+}
+
 /// Records dropped so far (for the live view); 0 if the counters cannot be read.
 pub(super) fn dropped_so_far(ebpf: &Ebpf) -> u64 {
     ebpf.map(MAP_STATS)
@@ -94,6 +111,7 @@ pub(super) fn final_stats(
     Ok(FinalStats {
         records_produced: stat(STAT_RECORDS_PRODUCED),
         records_filtered: stat(STAT_RECORDS_FILTERED),
+        records_at_stop: 0,
         dropped_per_cpu,
         filter: String::new(),
         filter_changes: 0,

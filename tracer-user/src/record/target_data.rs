@@ -1,11 +1,12 @@
-//! What a traced program hands the user-space drain, checked before it is believed: the
-//! messages it sends on the drain socket and the slots read from its memory. Both are
+//! What a traced program hands the user-space drain (and the stop drain), checked before
+//! it is believed: the messages it sends on the drain socket and the slots read from its
+//! memory; records read from it as trace chunks. Both are
 //! written by the program (possibly a broken or hostile one); nothing here trusts a
 //! length, an address or an owner it has not checked.
 
 use tracer_common::{
-    CHUNK_HEADER_BYTES, CHUNK_KIND_RECORDS, CHUNK_KIND_SLOT, ChunkHeader, MAX_BUF_RECORDS,
-    RECORD_SIZE, Slot,
+    CHUNK_HEADER_BYTES, CHUNK_KIND_RECORDS, CHUNK_KIND_SLOT, CHUNK_RECORDS, ChunkHeader,
+    MAX_BUF_RECORDS, RECORD_SIZE, Slot,
 };
 
 use crate::tracefile::chunk_header;
@@ -73,6 +74,47 @@ pub fn slot_span(slot: &Slot, tid: u32, ring: bool) -> SlotSpan {
     }
     let rotate = if ring { used } else { 0 };
     SlotSpan::Collect { bytes, rotate }
+}
+
+/// What [`encode_records`] made.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Encoded {
+    pub records: u64,
+    pub chunks: u64,
+    /// Pieces the trace encoder refused.
+    pub bad: u64,
+}
+
+/// Raw records read from a target (a multiple of `RECORD_SIZE` bytes) as chunk
+/// sections of the trace file under header `h`, appended to `out`.
+pub fn encode_records(h: ChunkHeader, records: &[u8], out: &mut Vec<u8>) -> Encoded {
+    let mut n = Encoded::default();
+    for piece in records.chunks(CHUNK_RECORDS * RECORD_SIZE) {
+        let mut hh = h;
+        hh.kind = CHUNK_KIND_RECORDS;
+        hh.count = (piece.len() / RECORD_SIZE) as u32;
+        let mut entry = Vec::with_capacity(CHUNK_HEADER_BYTES + piece.len());
+        push_header(&mut entry, &hh);
+        entry.extend_from_slice(piece);
+        if crate::tracefile::encode_chunk(&entry, out).is_none() {
+            n.bad += 1;
+            continue;
+        }
+        n.records += u64::from(hh.count);
+        n.chunks += 1;
+    }
+    n
+}
+
+fn push_header(out: &mut Vec<u8>, h: &ChunkHeader) {
+    for v in [h.kind, h.count, h.pid, h.tid] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&h.seq.to_le_bytes());
+    out.extend_from_slice(&h.binary_id.to_le_bytes());
+    out.extend_from_slice(&h.cause.to_le_bytes());
+    out.extend_from_slice(&h._pad.to_le_bytes());
+    out.extend_from_slice(&h.time.to_le_bytes());
 }
 
 #[cfg(test)]

@@ -28,22 +28,22 @@ use std::{
 
 use anyhow::{Context, Result};
 use tracer_common::{
-    BUF_TRACE, CAUSE_THREAD_EXIT, CHUNK_HEADER_BYTES, CHUNK_KIND_RECORDS, CHUNK_RECORDS,
-    ChunkHeader, KEY_TOMBSTONE, RECORD_SIZE, RECORD_VERSION, RWH_BUF_KIND, SLOT_SIZE, Slot,
-    USER_MSG_RECORDS,
+    BUF_TRACE, CAUSE_THREAD_EXIT, CHUNK_HEADER_BYTES, CHUNK_KIND_RECORDS, ChunkHeader,
+    KEY_TOMBSTONE, RECORD_SIZE, RECORD_VERSION, RWH_BUF_KIND, SLOT_SIZE, Slot, USER_MSG_RECORDS,
 };
 
 use crate::{
     record::gate::{self, GatedChild},
     record::host::clock,
+    record::remote::{ptrace, read_mem, write_mem},
     record::{
         binaries,
         discover::{binary_info, binary_infos, discover_command},
         summary::print_summary,
         target::RecordOptions,
-        target_data::{Message, SlotSpan, parse_message, slot_span},
+        target_data::{Message, SlotSpan, encode_records, parse_message, slot_span},
     },
-    tracefile::{FinalStats, SessionInfo, Writer, encode_chunk, encode_load},
+    tracefile::{FinalStats, SessionInfo, Writer, encode_load},
 };
 
 /// Largest message: header + USER_MSG_RECORDS records (bigger means a bad sender).
@@ -161,22 +161,6 @@ fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd)> {
         };
     }
     Ok(pair)
-}
-
-/// The type of ptrace requests: glibc declares them `c_uint`, musl `c_int`.
-#[cfg(target_env = "musl")]
-type PtraceRequest = libc::c_int;
-#[cfg(not(target_env = "musl"))]
-type PtraceRequest = libc::c_uint;
-
-fn ptrace(req: PtraceRequest, pid: u32, data: usize) -> io::Result<()> {
-    // SAFETY: the requests used here take an integer `data` and no address.
-    let r = unsafe { libc::ptrace(req, pid as libc::pid_t, 0usize, data) };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
 }
 
 fn seize(pid: u32) -> Result<()> {
@@ -341,23 +325,11 @@ impl State {
 
     /// Write records as chunk sections of at most CHUNK_RECORDS (what readers expect).
     fn records_out(&mut self, h: ChunkHeader, records: &[u8]) -> Result<()> {
-        let mut out = Vec::with_capacity(
-            records.len() + 64 * (records.len() / (CHUNK_RECORDS * RECORD_SIZE) + 1),
-        );
-        for piece in records.chunks(CHUNK_RECORDS * RECORD_SIZE) {
-            let mut hh = h;
-            hh.kind = CHUNK_KIND_RECORDS;
-            hh.count = (piece.len() / RECORD_SIZE) as u32;
-            let mut entry = Vec::with_capacity(CHUNK_HEADER_BYTES + piece.len());
-            push_header(&mut entry, &hh);
-            entry.extend_from_slice(piece);
-            if encode_chunk(&entry, &mut out).is_none() {
-                self.bad += 1;
-                continue;
-            }
-            self.records += u64::from(hh.count);
-            self.chunks += 1;
-        }
+        let mut out = Vec::new();
+        let n = encode_records(h, records, &mut out);
+        self.records += n.records;
+        self.chunks += n.chunks;
+        self.bad += n.bad;
         self.threads.insert((h.pid, h.tid));
         self.writer.write_raw(&out)
     }
@@ -488,70 +460,4 @@ fn tgid_of(tid: u32) -> Option<u32> {
     text.lines()
         .find_map(|l| l.strip_prefix("Tgid:"))
         .and_then(|v| v.trim().parse().ok())
-}
-
-fn push_header(out: &mut Vec<u8>, h: &ChunkHeader) {
-    for v in [h.kind, h.count, h.pid, h.tid] {
-        out.extend_from_slice(&v.to_le_bytes());
-    }
-    out.extend_from_slice(&h.seq.to_le_bytes());
-    out.extend_from_slice(&h.binary_id.to_le_bytes());
-    out.extend_from_slice(&h.cause.to_le_bytes());
-    out.extend_from_slice(&h._pad.to_le_bytes());
-    out.extend_from_slice(&h.time.to_le_bytes());
-}
-
-fn read_mem(pid: u32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
-    let local = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    // SAFETY: local covers our buffer; the kernel checks the remote range.
-    let n = unsafe {
-        libc::process_vm_readv(
-            pid as libc::pid_t,
-            &local,
-            1,
-            &remote(addr, buf.len()),
-            1,
-            0,
-        )
-    };
-    whole(n, buf.len(), "short read")
-}
-
-fn write_mem(pid: u32, addr: u64, buf: &[u8]) -> io::Result<()> {
-    let local = libc::iovec {
-        iov_base: buf.as_ptr() as *mut libc::c_void,
-        iov_len: buf.len(),
-    };
-    // SAFETY: local covers our buffer (only read); the kernel checks the remote range.
-    let n = unsafe {
-        libc::process_vm_writev(
-            pid as libc::pid_t,
-            &local,
-            1,
-            &remote(addr, buf.len()),
-            1,
-            0,
-        )
-    };
-    whole(n, buf.len(), "short write")
-}
-
-/// `len` bytes at `addr` in the other process.
-fn remote(addr: u64, len: usize) -> libc::iovec {
-    libc::iovec {
-        iov_base: addr as *mut libc::c_void,
-        iov_len: len,
-    }
-}
-
-/// A process_vm_* result: all `len` bytes moved, or why not.
-fn whole(n: isize, len: usize, short: &str) -> io::Result<()> {
-    match n {
-        n if n < 0 => Err(io::Error::last_os_error()),
-        n if n as usize != len => Err(io::Error::other(short.to_string())),
-        _ => Ok(()),
-    }
 }

@@ -142,6 +142,10 @@ pub struct FinalStats {
     /// Records the in-kernel filters did not keep.
     #[serde(default)]
     pub records_filtered: u64,
+    /// Of the produced and delivered records: those the tracer collected from the
+    /// buffers of a process still running when a `record -p` session ended.
+    #[serde(default)]
+    pub records_at_stop: u64,
     /// `records_dropped` per CPU (index = CPU).
     #[serde(default)]
     pub dropped_per_cpu: Vec<u64>,

@@ -118,6 +118,9 @@ pub struct Books {
     pub filter_changes: u64,
     /// Flushes that waited for room in the ring buffer (`--on-full wait`).
     pub holds: u64,
+    /// Of the delivered: collected from the buffers of a process still running when a
+    /// `record -p` session ended.
+    pub at_stop: u64,
     /// Lost before attach: programs that waited in vain for the tracer to attach their
     /// binary (their records are in none of the counters above).
     pub unattached: u64,
@@ -529,6 +532,7 @@ fn books(st: &FinalStats) -> Books {
         filter: st.filter.clone(),
         filter_changes: st.filter_changes,
         holds: st.holds,
+        at_stop: st.records_at_stop,
         unattached: st.unattached,
     }
 }

@@ -86,6 +86,13 @@ fn write_books(out: &mut impl Write, b: &Books) -> Result<()> {
             programs(b.unattached)
         )?;
     }
+    if b.at_stop > 0 {
+        writeln!(
+            out,
+            "collected at the stop: {} records still in the buffers of the running process",
+            b.at_stop
+        )?;
+    }
     if b.holds > 0 {
         writeln!(
             out,

@@ -1,0 +1,75 @@
+//! Another process's memory and threads: `process_vm_readv`/`writev` and the ptrace
+//! requests the user drain and the stop drain use.
+
+use std::io;
+
+/// The type of ptrace requests: glibc declares them `c_uint`, musl `c_int`.
+#[cfg(target_env = "musl")]
+pub(super) type PtraceRequest = libc::c_int;
+#[cfg(not(target_env = "musl"))]
+pub(super) type PtraceRequest = libc::c_uint;
+
+pub(super) fn ptrace(req: PtraceRequest, pid: u32, data: usize) -> io::Result<()> {
+    // SAFETY: the requests used here take an integer `data` and no address.
+    let r = unsafe { libc::ptrace(req, pid as libc::pid_t, 0usize, data) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+pub(super) fn read_mem(pid: u32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: local covers our buffer; the kernel checks the remote range.
+    let n = unsafe {
+        libc::process_vm_readv(
+            pid as libc::pid_t,
+            &local,
+            1,
+            &remote(addr, buf.len()),
+            1,
+            0,
+        )
+    };
+    whole(n, buf.len(), "short read")
+}
+
+pub(super) fn write_mem(pid: u32, addr: u64, buf: &[u8]) -> io::Result<()> {
+    let local = libc::iovec {
+        iov_base: buf.as_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: local covers our buffer (only read); the kernel checks the remote range.
+    let n = unsafe {
+        libc::process_vm_writev(
+            pid as libc::pid_t,
+            &local,
+            1,
+            &remote(addr, buf.len()),
+            1,
+            0,
+        )
+    };
+    whole(n, buf.len(), "short write")
+}
+
+/// `len` bytes at `addr` in the other process.
+fn remote(addr: u64, len: usize) -> libc::iovec {
+    libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: len,
+    }
+}
+
+/// A process_vm_* result: all `len` bytes moved, or why not.
+fn whole(n: isize, len: usize, short: &str) -> io::Result<()> {
+    match n {
+        n if n < 0 => Err(io::Error::last_os_error()),
+        n if n as usize != len => Err(io::Error::other(short.to_string())),
+        _ => Ok(()),
+    }
+}
