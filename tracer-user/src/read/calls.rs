@@ -212,10 +212,12 @@ impl Calls {
         };
         let total = ev.time_ns.saturating_sub(frame.start_ns);
         if let Some(tree) = &mut self.folded {
-            tree.nodes[frame.node].2 += total.saturating_sub(frame.child_ns);
+            let n = &mut tree.nodes[frame.node].2;
+            *n = n.saturating_add(total.saturating_sub(frame.child_ns));
         }
         if let Some(parent) = stack.last_mut() {
-            parent.child_ns += total;
+            // Saturating: a corrupt trace's times may sum past u64.
+            parent.child_ns = parent.child_ns.saturating_add(total);
         }
         // A recursive function's total counts its outermost calls only (the inner
         // ones are inside it already); each call still has its own latency.
@@ -223,10 +225,10 @@ impl Calls {
         let t = &mut self.functions[f];
         t.calls += 1;
         if outermost {
-            t.total_ns += total;
+            t.total_ns = t.total_ns.saturating_add(total);
         }
         let own = total.saturating_sub(frame.child_ns);
-        t.self_ns += own;
+        t.self_ns = t.self_ns.saturating_add(own);
         t.min_ns = t.min_ns.min(total);
         t.max_ns = t.max_ns.max(total);
         let bucket = (63 - total.max(1).leading_zeros() as usize).min(BUCKETS - 1);

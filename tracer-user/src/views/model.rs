@@ -234,7 +234,8 @@ impl ThreadTimes {
             t.last_ns = t.last_ns.max(ev.time_ns);
             if let Some(c) = calls.event(ev).completed {
                 t.calls += 1;
-                *t.self_by_function.entry(c.function).or_default() += c.self_ns;
+                let s = t.self_by_function.entry(c.function).or_default();
+                *s = s.saturating_add(c.self_ns);
             }
         })?;
         Ok(ThreadTimes { times, index })
