@@ -406,8 +406,6 @@ fn serve(
     }
 }
 
-/// Nothing new once the session is stopped, so the last drain of the ring buffer is complete and
-/// the kernel counters match the file: stats, the summary, the debug cache.
 /// How a session ended, for [`finish`].
 struct Close {
     exit_code: Option<i32>,
@@ -418,19 +416,18 @@ struct Close {
     live_done: Option<Box<dyn FnOnce() + Send>>,
 }
 
+/// Nothing new once the session is stopped, so the last drain of the ring buffer is complete and
+/// the kernel counters match the file: stats, the summary, the debug cache.
 fn finish(mut live: Live, pipeline: Pipeline, end: Close) -> Result<()> {
     let frozen = end.stop_pid.and_then(|pid| stop_drain_frozen(&live, pid));
     if let Err(e) = teardown::stop(&mut live.ebpf) {
         log::warn!("{e:#}; taking every probe down now");
         attach::detach(&mut live.ebpf);
     }
-    let at_stop = frozen.map(|(f, rw)| {
-        let c = f.collect(&rw, &live.ebpf, live.write_user);
-        drop(f);
-        c
-    });
-    if let Some(c) = &at_stop {
-        pipeline.write_sections(c.sections.clone())?;
+    // Collected while the threads are frozen; dropping `f` lets them run on.
+    let mut at_stop = frozen.map(|(f, rw)| f.collect(&rw, &live.ebpf, live.write_user));
+    if let Some(c) = &mut at_stop {
+        pipeline.write_sections(std::mem::take(&mut c.sections))?;
     }
     let (mut consumed, writer) = pipeline.finish()?;
     let mut stats = summary::final_stats(&live.ebpf, &consumed, clock::anchor(), end.exit_code)?;

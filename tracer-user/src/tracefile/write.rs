@@ -130,6 +130,15 @@ fn remove_stale_temporaries(dest: &Path, name: &std::ffi::OsStr) {
     }
 }
 
+/// The file header: magic, format version, reserved word.
+fn file_header() -> Vec<u8> {
+    let mut header = Vec::with_capacity(FILE_HEADER_LEN);
+    header.extend_from_slice(&MAGIC);
+    header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    header.extend_from_slice(&0u32.to_le_bytes());
+    header
+}
+
 /// Writes a trace to `<dir>/.<name>.<pid>.tmp` and renames it to the destination in
 /// [`Writer::finish`]; dropped unfinished, it removes the temporary file.
 pub struct Writer {
@@ -180,22 +189,14 @@ impl Writer {
             done: false,
             tee: None,
         };
-        let mut header = Vec::with_capacity(FILE_HEADER_LEN);
-        header.extend_from_slice(&MAGIC);
-        header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        header.extend_from_slice(&0u32.to_le_bytes());
-        w.put(&header)?;
+        w.put(&file_header())?;
         Ok(w)
     }
 
     /// Copy everything from here on to `tee` (a live view), starting with the file
     /// header; call before any section is written.
     pub fn tee_to(&mut self, mut tee: Tee) {
-        let mut header = Vec::with_capacity(FILE_HEADER_LEN);
-        header.extend_from_slice(&MAGIC);
-        header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        header.extend_from_slice(&0u32.to_le_bytes());
-        tee.send(&header);
+        tee.send(&file_header());
         self.tee = Some(tee);
     }
 

@@ -37,8 +37,8 @@ pub(super) fn write_atomically(
 }
 
 /// Write every file of `outs` atomically: `write` fills a temporary file next to each,
-/// in order; they replace their outputs only when every one is complete and synced,
-/// and none does if any fails.
+/// in order; they replace their outputs (one rename each) only once every one is
+/// complete and synced, and no output is touched if writing any of them fails.
 pub(super) fn write_all_atomically(
     outs: &[PathBuf],
     write: impl FnOnce(&mut [BufWriter<File>]) -> Result<()>,
