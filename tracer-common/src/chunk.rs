@@ -37,6 +37,41 @@ pub const CHUNK_KIND_COMM: u32 = 4;
 /// binaries it does not trace yet (system-wide sessions, `dlopen`).
 pub const CHUNK_KIND_MAPPED: u32 = 5;
 
+/// What a USDT string argument points at, read by a drain while the process lives: a
+/// [`StringChunk`] (`count` = 0). Sent before the chunk that holds the record, once
+/// per (process, pointer) until the bytes there change.
+pub const CHUNK_KIND_STRING: u32 = 6;
+
+/// Bytes of a string argument kept ([`StringChunk::bytes`], the NUL included).
+pub const STRING_BYTES: usize = 256;
+/// [`StringChunk::status`]: the string, NUL-terminated within [`STRING_BYTES`].
+pub const STRING_OK: u32 = 0;
+/// The string is longer than [`STRING_BYTES`] − 1: its first bytes.
+pub const STRING_TRUNCATED: u32 = 1;
+/// The pointer could not be read (unmapped, or a page that is not resident).
+pub const STRING_UNREADABLE: u32 = 2;
+/// Or'ed into the status: this process sent another string for the pointer before, so
+/// its memory changed while the records of this drain were being written: what they
+/// saw there is not known (readers call it stale for this drain's records).
+pub const STRING_CHANGED: u32 = 1 << 8;
+
+/// A `CHUNK_KIND_STRING` entry: in process `header.pid`, `ptr` held `bytes` (`len`
+/// of them, the NUL included) when the drain read it.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct StringChunk {
+    pub header: ChunkHeader,
+    pub ptr: u64,
+    pub len: u32,
+    /// `STRING_*`.
+    pub status: u32,
+    pub bytes: [u8; STRING_BYTES],
+}
+
+/// Bytes of a [`StringChunk`] before its `bytes`.
+pub const STRING_CHUNK_FIXED: usize = core::mem::offset_of!(StringChunk, bytes);
+const _: () = assert!(STRING_CHUNK_FIXED == CHUNK_HEADER_BYTES + 16);
+
 /// Why a drain happened (`ChunkHeader::cause`).
 pub const CAUSE_FULL: u32 = 1;
 pub const CAUSE_THREAD_EXIT: u32 = 2;

@@ -10,7 +10,8 @@
 //! so that the many small drains do not take 16 KiB of ring buffer each. With
 //! per-record filters a chunk is read into a per-CPU scratch entry, compacted there
 //! (one `bpf_loop` step per record) and written with `bpf_ringbuf_output` at its
-//! exact size.
+//! exact size. Drains of binaries whose USDT sites have string arguments take that
+//! path too: each kept record's strings are sent before its chunk (`strings`).
 //!
 //! Books: every record taken out of a buffer is counted produced, then delivered,
 //! filtered or dropped (no room in the ring buffer, or its chunk could not be read).
@@ -46,6 +47,7 @@ use crate::{
     books::{next_seq, settle, stat_add},
     filter::{active, announce_comm, record_passes, thread_passes},
     maps::{EVENTS, FILTER_BLOCK, SCRATCH, SMALL_CHUNKS},
+    strings,
 };
 
 /// `drain` error: `[start, cur)` is not a valid span of records.
@@ -146,6 +148,9 @@ pub fn drain<const S: bool>(req: &mut DrainReq) -> i64 {
         }
         per_record = cfg.flags & F_PER_RECORD != 0;
     }
+    // String arguments are read record by record, as filters judge them.
+    let with_strings = strings::binary_has_strings(binary_id);
+    per_record |= with_strings;
     // SAFETY: no preconditions.
     let time = unsafe { bpf_ktime_get_ns() };
     announce_comm(pid_tid, binary_id, time);
@@ -170,7 +175,7 @@ pub fn drain<const S: bool>(req: &mut DrainReq) -> i64 {
         chunks: 0,
     };
     if per_record {
-        filtered_drain::<S>(&mut c);
+        filtered_drain::<S>(&mut c, with_strings);
     } else {
         // SAFETY: the callback has the signature bpf_loop expects and receives `c`,
         // which outlives the call.
@@ -364,7 +369,7 @@ fn header(c: &DrainCtx, count: u64, seq: u64) -> ChunkHeader {
 /// chunks of their exact size with `bpf_ringbuf_output`. Inlined: one frame less for
 /// the verifier's 512-byte combined stack limit (Linux 6.1 counts callbacks too).
 #[inline(always)]
-fn filtered_drain<const S: bool>(c: &mut DrainCtx) {
+fn filtered_drain<const S: bool>(c: &mut DrainCtx, with_strings: bool) {
     let Some(s) = SCRATCH.get_ptr_mut(0) else {
         c.dropped += c.n;
         return;
@@ -386,6 +391,8 @@ fn filtered_drain<const S: bool>(c: &mut DrainCtx) {
         }
         (*s).filter.binary_id = c.binary_id;
         (*s).filter.word = 0;
+        (*s).strings.on = with_strings as u64;
+        strings::begin(&mut (*s).strings, c.pid_tid, c.binary_id);
         (*s).kept = 0;
         bpf_loop(
             c.n as u32,
@@ -435,6 +442,9 @@ extern "C" fn filter_one<const S: bool>(index: u64, ctx: *mut c_void) -> i64 {
         }
         let r = (*s).input[(j & mask) as usize];
         if record_passes(&mut (*s).filter, &r) {
+            if (*s).strings.on != 0 {
+                strings::name_strings(&mut (*s).strings, &r, c.time);
+            }
             let k = (*s).kept;
             (*s).records[(k & mask) as usize] = r;
             (*s).kept = k + 1;

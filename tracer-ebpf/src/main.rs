@@ -51,6 +51,7 @@ mod filter;
 mod maps;
 mod programs;
 mod slots;
+mod strings;
 mod tables;
 mod user;
 

@@ -11,7 +11,8 @@ use tracer_common::{
     ChunkHeader, Record, STAT_COUNT,
     ebpf::{
         DEFAULT_FILTER_SITE_WORDS, DEFAULT_RING_BYTES, MAX_BINARIES, MAX_DRAINED, MAX_EXIT_WORK,
-        MAX_FILTER_IDS, MAX_PROCESSES, MAX_TARGETS, TABLE_BINARIES,
+        MAX_FILTER_IDS, MAX_PROCESSES, MAX_STRING_SITES, MAX_STRINGS, MAX_TARGETS,
+        STRING_PROBE_BYTES, TABLE_BINARIES,
     },
     filter::{COMM_LEN, FilterConfig},
     operand::OperandSet,
@@ -42,6 +43,16 @@ pub static FILTER_IDS: HashMap<u64, u8> = HashMap::with_max_entries(MAX_FILTER_I
 #[map]
 pub static FILTER_SITES: HashMap<[u64; 2], u64> =
     HashMap::with_max_entries(DEFAULT_FILTER_SITE_WORDS, 0);
+
+/// `[binary_id, site]` → string arguments of a USDT site (bit i = argument i + 1);
+/// `[binary_id, STRING_SITES_ANY]` → 1 (filled by the loader).
+#[map]
+pub static STRING_SITES: HashMap<[u64; 2], u64> = HashMap::with_max_entries(MAX_STRING_SITES, 0);
+
+/// `[tgid, pointer]` → the first bytes of the string last sent for it.
+#[map]
+pub static STRINGS: LruHashMap<[u64; 2], [u64; STRING_PROBE_BYTES / 8]> =
+    LruHashMap::with_max_entries(MAX_STRINGS, 0);
 
 /// pid_tid → the thread name last announced (`CHUNK_KIND_COMM`).
 #[map]
@@ -163,6 +174,7 @@ pub struct Scratch {
     /// The records read from the buffer, FILTER_BLOCK at a time.
     pub input: [Record; FILTER_BLOCK],
     pub filter: RecordFilter,
+    pub strings: StringState,
     pub kept: u64,
     pub busy: u64,
 }
@@ -181,4 +193,23 @@ pub struct RecordFilter {
     pub last_keep: u64,
     /// Records seen on this CPU, for 1-in-N sampling.
     pub sampled: u64,
+}
+
+/// Per-record state of the string pass of a drain (`strings::name_strings`), in the
+/// per-CPU scratch: map keys and values must live in memory, and the stack has no room.
+#[repr(C)]
+pub struct StringState {
+    /// 1 = the drain's binary has string arguments (the pass runs).
+    pub on: u64,
+    /// The drain's thread (`bpf_get_current_pid_tgid`) and binary.
+    pub pid_tid: u64,
+    pub binary_id: u64,
+    /// The site last looked up, + 1 (0 = none), and its string arguments.
+    pub site: u64,
+    pub site_mask: u64,
+    /// String arguments of the probe whose records these are (its first record's).
+    pub mask: u64,
+    /// `STRINGS` key and the bytes just read at its pointer.
+    pub key: [u64; 2],
+    pub probe: [u64; STRING_PROBE_BYTES / 8],
 }

@@ -1,9 +1,10 @@
 //! The tracer's stages, in the order a record travels: `record` → `tracefile` → `read`
-//! → `views`; `tracefile` and `debuginfo` are the layers both ends share. A module uses
+//! → `views`; `tracefile`, `debuginfo` and `probes` are the layers both ends share. A module uses
 //! only its own stage and the layers below it. The `tracer` binary (`main.rs`) is the
 //! CLI over them; the fuzz targets (`fuzz/`) drive the parsers directly.
 
 pub mod debuginfo;
+pub mod probes;
 pub mod read;
 pub mod record;
 pub mod tracefile;

@@ -42,6 +42,9 @@ pub const APT_PACKAGES: &[&str] = &[
     "lttng-tools",
     "liblttng-ust-dev",
     "babeltrace2",
+    // tests/tests/python.rs: the oracle of Python's USDT probes, on the untouched
+    // interpreter (python3 itself is in every Debian install).
+    "bpftrace",
     // `cargo xtask difftest`: random C programs (generator and its headers).
     "csmith",
     "libcsmith-dev",

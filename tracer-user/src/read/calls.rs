@@ -7,12 +7,27 @@
 //! exit: longjmp, an exception, an untraced exit; they are dropped and counted). A
 //! call's self time is its total minus its children's totals; a recursive function's
 //! total time counts its outermost calls only, so no time is counted twice.
+//!
+//! Calls of an interpreted program (`lang`: Python's function__entry/return) share the
+//! stack with the interpreter's functions, but the two do not nest strictly: the probe
+//! that begins a Python call fires inside a C helper (CPython's
+//! `dtrace_function_entry`) that returns while the call goes on. So an exit gives up
+//! only open calls of its own kind above it; those of the other kind move down to its
+//! caller. Each kind on its own nests strictly, and a C function called by Python code
+//! is the child of that Python call.
 
 use std::collections::HashMap;
 
 use serde::Serialize;
 
-use crate::read::events::Event;
+use crate::read::{
+    events::Event,
+    lang::{Lang, LangCall, StringStats},
+};
+
+/// Marks a [`Frame::key`] of an interpreted program's call (function indices stay
+/// below it).
+const LANG_KEY: u64 = 1 << 63;
 
 /// Latency histogram buckets: bucket i counts calls of [2^i, 2^(i+1)) ns (bucket 0
 /// also 0 ns).
@@ -69,6 +84,10 @@ pub struct Slice {
 
 struct Frame {
     function: usize,
+    /// What an exit must name to complete this call: the function, or for a call of
+    /// an interpreted program its (file, function) strings (its return's line is not
+    /// its entry's).
+    key: u64,
     start_ns: u64,
     child_ns: u64,
     /// With [`Calls::folding`]: this call's node in the call-stack tree.
@@ -80,10 +99,17 @@ pub struct Calls {
     index: HashMap<(u64, String), usize>,
     /// (binary id, site) → function: one lookup per record, no string hashing.
     by_site: HashMap<(u64, u32), usize>,
+    /// (binary id, file, function, line) of an interpreted program → function.
+    by_lang: HashMap<(u64, u32, u32, u32), usize>,
     pub functions: Vec<FunctionTime>,
     stacks: HashMap<(u32, u32), Vec<Frame>>,
     /// Exits with no open call of their function.
     pub unmatched_exits: u64,
+    /// Returns of an interpreted program's calls that name another function than the
+    /// call they end (its entry's name is kept).
+    pub renamed_returns: u64,
+    /// What the trace's string sections said, as of the last record.
+    pub strings: StringStats,
     /// Calls left open: never exited through a traced exit (dropped from their
     /// stack by a later exit of a caller, or still open at the end).
     pub unfinished: u64,
@@ -164,8 +190,42 @@ impl Calls {
         self.functions.len() - 1
     }
 
+    /// The function of a call of an interpreted program (`file:function:line`).
+    fn lang_function(&mut self, ev: &Event, c: &LangCall, lang: &Lang) -> usize {
+        let key = (ev.binary_id, c.file, c.function, c.line);
+        if let Some(&f) = self.by_lang.get(&key) {
+            return f;
+        }
+        let (file, function) = (lang.text(c.file), lang.text(c.function));
+        self.functions.push(FunctionTime {
+            binary: ev.binary.to_string(),
+            function: format!("{file}:{function}:{}", c.line),
+            calls: 0,
+            total_ns: 0,
+            self_ns: 0,
+            min_ns: u64::MAX,
+            max_ns: 0,
+            histogram: vec![0; BUCKETS],
+            location: format!("{file}:{}", c.line),
+            entry_site: None,
+        });
+        let f = self.functions.len() - 1;
+        self.by_lang.insert(key, f);
+        f
+    }
+
     /// Take one record.
     pub fn event(&mut self, ev: &Event) -> Step {
+        self.strings = ev.strings.stats;
+        if let Some(c) = ev.lang {
+            let key = LANG_KEY | u64::from(c.file) << 32 | u64::from(c.function);
+            let f = if c.entry {
+                self.lang_function(ev, &c, ev.strings)
+            } else {
+                usize::MAX
+            };
+            return self.step(ev, f, key, c.entry, c.time_ns);
+        }
         let entry = match ev.kind {
             // An entry of a function without exit sites never completes: not a call.
             "entry" if ev.paired => true,
@@ -183,6 +243,11 @@ impl Calls {
         if entry && self.functions[f].entry_site.is_none() {
             self.functions[f].entry_site = Some((ev.binary_id, ev.rec.site));
         }
+        self.step(ev, f, f as u64, entry, ev.time_ns)
+    }
+
+    /// An entry of function `f` or an exit of the open call named `key`, at `time_ns`.
+    fn step(&mut self, ev: &Event, f: usize, key: u64, entry: bool, time_ns: u64) -> Step {
         let stack = self.stacks.entry((ev.pid, ev.tid)).or_default();
         if entry {
             let node = match &mut self.folded {
@@ -191,7 +256,8 @@ impl Calls {
             };
             stack.push(Frame {
                 function: f,
-                start_ns: ev.time_ns,
+                key,
+                start_ns: time_ns,
                 child_ns: 0,
                 node,
             });
@@ -200,17 +266,36 @@ impl Calls {
                 ..Step::default()
             };
         }
-        let Some(at) = stack.iter().rposition(|fr| fr.function == f) else {
+        // Calls of an interpreted program nest strictly: a return ends the innermost
+        // one, whose entry named it (a string that changed before the return's
+        // buffer was drained, e.g. freed as the interpreter exits, renames the return).
+        let lang = key & LANG_KEY != 0;
+        let found = if lang {
+            stack.iter().rposition(|fr| fr.key & LANG_KEY != 0)
+        } else {
+            stack.iter().rposition(|fr| fr.key == key)
+        };
+        let Some(at) = found else {
             self.unmatched_exits += 1;
             return Step::default();
         };
-        let abandoned = stack.len() - at - 1;
+        if stack[at].key != key {
+            self.renamed_returns += 1;
+        }
+        // Open calls above it of its own kind never exited; those of the other kind
+        // (an interpreter's C code around the probes of a call of its program) are
+        // still open, and move down to its caller.
+        let (moved, given_up): (Vec<Frame>, Vec<Frame>) = stack
+            .split_off(at + 1)
+            .into_iter()
+            .partition(|fr| (fr.key & LANG_KEY != 0) != lang);
+        let abandoned = given_up.len();
         self.unfinished += abandoned as u64;
-        stack.truncate(at + 1);
         let Some(frame) = stack.pop() else {
             return Step::default();
         };
-        let total = ev.time_ns.saturating_sub(frame.start_ns);
+        let f = frame.function;
+        let total = time_ns.saturating_sub(frame.start_ns);
         if let Some(tree) = &mut self.folded {
             let n = &mut tree.nodes[frame.node].2;
             *n = n.saturating_add(total.saturating_sub(frame.child_ns));
@@ -233,26 +318,37 @@ impl Calls {
         t.max_ns = t.max_ns.max(total);
         let bucket = (63 - total.max(1).leading_zeros() as usize).min(BUCKETS - 1);
         t.histogram[bucket] += 1;
+        let completed = Slice {
+            pid: ev.pid,
+            tid: ev.tid,
+            function: f,
+            start_ns: frame.start_ns,
+            end_ns: time_ns,
+            self_ns: own,
+            depth: stack.len() as u32,
+            caller: stack.last().map(|fr| fr.function),
+            reentrant: !outermost,
+        };
+        for mut fr in moved {
+            if let Some(tree) = &mut self.folded {
+                fr.node = tree.child(stack.last().map_or(0, |p| p.node), fr.function);
+            }
+            stack.push(fr);
+        }
         Step {
             began: None,
             abandoned,
-            completed: Some(Slice {
-                pid: ev.pid,
-                tid: ev.tid,
-                function: f,
-                start_ns: frame.start_ns,
-                end_ns: ev.time_ns,
-                self_ns: own,
-                depth: stack.len() as u32,
-                caller: stack.last().map(|fr| fr.function),
-                reentrant: !outermost,
-            }),
+            completed: Some(completed),
         }
     }
 
-    /// Calls still open per thread (for closing them at the end of a trace).
-    pub fn open_calls(&self) -> impl Iterator<Item = ((u32, u32), usize)> + '_ {
-        self.stacks.iter().map(|(&t, s)| (t, s.len()))
+    /// Calls still open per thread (for closing them at the end of a trace): of
+    /// functions, and of interpreted programs.
+    pub fn open_calls(&self) -> impl Iterator<Item = ((u32, u32), usize, usize)> + '_ {
+        self.stacks.iter().map(|(&t, s)| {
+            let lang = s.iter().filter(|fr| fr.key & LANG_KEY != 0).count();
+            (t, s.len() - lang, lang)
+        })
     }
 
     /// Close the books: calls still open count as unfinished; the functions that were
@@ -320,6 +416,8 @@ mod tests {
                     kind,
                     rec: &rec,
                     time_ns: t,
+                    lang: None,
+                    strings: &Lang::default(),
                 })
             })
             .collect()
@@ -417,7 +515,7 @@ mod tests {
     fn entries_of_functions_without_exit_sites_are_not_calls() {
         let (c, steps) = run_paired(&[("entry", 0, 0), ("entry", 0, 10)], false);
         assert!(steps.iter().all(|s| s.began.is_none()));
-        assert_eq!(c.open_calls().map(|(_, n)| n).sum::<usize>(), 0);
+        assert_eq!(c.open_calls().map(|(_, n, l)| n + l).sum::<usize>(), 0);
         let (fs, _, unfinished) = c.finish();
         assert!(fs.is_empty());
         assert_eq!(unfinished, 0);
@@ -440,5 +538,84 @@ mod tests {
             2 * depth - 1,
             "all self time kept: the outermost call's length"
         );
+    }
+
+    /// A Python call whose probes fire inside C helpers that return while it runs,
+    /// and a C function it calls: each kind nests, the C function is the call's child.
+    #[test]
+    fn interpreted_calls_and_the_interpreters_functions_interleave() {
+        let lang = Lang::default();
+        let mut c = Calls::folding();
+        // (kind, site, time, Python call: entry?)
+        let trace: [(&'static str, u32, u64, Option<bool>); 8] = [
+            ("entry", 0, 0, None), // helper of function__entry
+            ("usdt", 9, 10, Some(true)),
+            ("exit", 0, 20, None), // the helper returns, the Python call goes on
+            ("entry", 1, 30, None), // a C function the Python code calls
+            ("exit", 1, 60, None),
+            ("entry", 0, 70, None), // helper of function__return
+            ("usdt", 9, 80, Some(false)),
+            ("exit", 0, 90, None),
+        ];
+        let steps: Vec<Step> = trace
+            .iter()
+            .map(|&(kind, site, t, py)| {
+                let rec = Record {
+                    site,
+                    ..Record::default()
+                };
+                let name = ["helper", "abs"]
+                    .get(site as usize)
+                    .copied()
+                    .unwrap_or("probe");
+                c.event(&Event {
+                    pid: 1,
+                    tid: 1,
+                    binary_id: 7,
+                    comm: "t",
+                    binary: "python",
+                    symbol: name,
+                    raw_symbol: name,
+                    paired: true,
+                    kind,
+                    rec: &rec,
+                    time_ns: t,
+                    lang: py.map(|entry| LangCall {
+                        entry,
+                        file: 0,
+                        function: 0,
+                        line: if entry { 3 } else { 5 },
+                        time_ns: t,
+                    }),
+                    strings: &lang,
+                })
+            })
+            .collect();
+        assert!(steps.iter().all(|s| s.abandoned == 0), "nothing given up");
+        let abs = steps[4].completed.as_ref().unwrap();
+        let py = steps[6].completed.as_ref().unwrap();
+        assert_eq!(
+            Some(py.function),
+            abs.caller,
+            "the C function is the call's child"
+        );
+        assert_eq!(
+            (py.start_ns, py.end_ns, py.self_ns, py.depth),
+            (10, 80, 40, 0)
+        );
+        assert_eq!(c.renamed_returns, 0);
+        let tree = c.folded.as_ref().unwrap();
+        let names = |n: usize| -> Vec<String> {
+            tree.path(n)
+                .iter()
+                .map(|&f| c.functions[f].function.clone())
+                .collect()
+        };
+        let abs_node = (1..tree.nodes.len())
+            .find(|&n| tree.nodes[n].1 == abs.function)
+            .unwrap();
+        assert_eq!(names(abs_node), ["?:?:3", "abs"]);
+        let (fs, unmatched, unfinished) = c.finish();
+        assert_eq!((unmatched, unfinished, fs.len()), (0, 0, 3));
     }
 }

@@ -4,10 +4,14 @@
 use std::{collections::HashMap, path::Path};
 
 use anyhow::Result;
-use tracer_common::{FLAG_KTIME, Record, meta::SiteKind};
+use tracer_common::{FLAG_KTIME, FLAG_USDT_MORE, Record, meta::SiteKind};
 
 use crate::{
-    read::{coarse::Timeline, names::Names},
+    read::{
+        coarse::Timeline,
+        lang::{Lang, LangCall},
+        names::Names,
+    },
     tracefile::{self, Chunk, FinalStats, Reader, Section, Truncation, clock::Calibration},
 };
 
@@ -46,6 +50,32 @@ pub struct Event<'a> {
     pub rec: &'a Record,
     /// CLOCK_MONOTONIC ns (interpolated in coarse mode).
     pub time_ns: u64,
+    /// The call of an interpreted program this record opens or closes (a call probe's
+    /// record that completes its arguments).
+    pub lang: Option<LangCall>,
+    /// The texts of [`LangCall`]'s string ids.
+    pub strings: &'a Lang,
+}
+
+/// What a reader keeps from one section to the next: thread names, the strings of
+/// USDT arguments, call probes under way.
+#[derive(Default)]
+pub struct Threads {
+    comms: HashMap<(u32, u32), String>,
+    pub lang: Lang,
+}
+
+impl Threads {
+    /// Take a comm or string section (others are not for it).
+    pub fn section(&mut self, s: Section) {
+        match s {
+            Section::Comm(pid, tid, name) => {
+                self.comms.insert((pid, tid), name);
+            }
+            Section::String(s) => self.lang.learn(s),
+            _ => {}
+        }
+    }
 }
 
 /// Every real record of a trace, in delivery order, with its names and time; the
@@ -64,23 +94,18 @@ pub fn each_record(
         format!("reading {}", path.display()),
     );
     let mut clock: Option<Calibration> = None;
-    let mut comms: HashMap<(u32, u32), String> = HashMap::new();
+    let mut threads = Threads::default();
     let mut stats = None;
     while let Some(section) = r.next_section()? {
         match section {
             Section::Session(s) => clock = Some(s.clock.refined(end)),
             Section::Binary(b) => names.add(&b),
-            Section::Comm(pid, tid, name) => {
-                comms.insert((pid, tid), name);
-            }
+            s @ (Section::Comm(..) | Section::String(_)) => threads.section(s),
             Section::Load(pid, id, bias) => names.loaded_at(pid, id, bias),
             Section::Chunk(mut c) => {
                 bar.set_position(r.offset());
                 timeline.apply(&mut c);
-                let comm = comms
-                    .get(&(c.header.pid, c.header.tid))
-                    .map_or("", String::as_str);
-                chunk_events(&c, comm, names, clock.as_ref(), &mut f);
+                chunk_events(&c, &mut threads, names, clock.as_ref(), &mut f);
             }
             Section::Stats(s) => stats = Some(s),
             Section::Unknown(kind) => log::debug!("skipping section of unknown kind {kind}"),
@@ -91,10 +116,10 @@ pub fn each_record(
     Ok(stats)
 }
 
-/// Every real record of chunk `c` (of thread `comm`) as an [`Event`], in order.
+/// Every real record of chunk `c` as an [`Event`], in order.
 pub fn chunk_events(
     c: &Chunk,
-    comm: &str,
+    threads: &mut Threads,
     names: &Names,
     clock: Option<&Calibration>,
     f: &mut impl FnMut(&Event, &Names),
@@ -103,6 +128,10 @@ pub fn chunk_events(
     // One binary lookup per chunk, an index per record.
     let bin = names.binaries.get(&h.binary_id);
     let bin_name = bin.map_or("?", |(n, _)| n.as_str());
+    let comm = threads
+        .comms
+        .get(&(h.pid, h.tid))
+        .map_or("", String::as_str);
     for rec in c.records.iter().filter(|r| names.is_record(h.binary_id, r)) {
         let site = bin
             .and_then(|(_, s)| s.get(rec.site as usize))
@@ -112,6 +141,14 @@ pub fn chunk_events(
         {
             names.learn_at(h.pid, h.binary_id, s, rec);
         }
+        let time_ns = time_ns(rec, clock);
+        let call = site.and_then(|s| s.call);
+        let lang = if call.is_some() || rec.flags & FLAG_USDT_MORE != 0 {
+            threads.lang.step((h.pid, h.tid), call, rec, time_ns)
+        } else {
+            threads.lang.other_record((h.pid, h.tid));
+            None
+        };
         f(
             &Event {
                 pid: h.pid,
@@ -124,7 +161,9 @@ pub fn chunk_events(
                 paired: site.is_some_and(|s| s.paired),
                 kind: site.map_or("?", |s| s.kind.name()),
                 rec,
-                time_ns: time_ns(rec, clock),
+                time_ns,
+                lang,
+                strings: &threads.lang,
             },
             names,
         );

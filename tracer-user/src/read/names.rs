@@ -15,6 +15,7 @@ use tracer_common::{
 
 use crate::{
     debuginfo::DebugSource,
+    probes::{self, CallProbe},
     read::symbols::{Frame, Symbolizer, demangle},
     tracefile::BinaryInfo,
 };
@@ -27,6 +28,8 @@ pub struct SiteName {
     pub(super) vaddr: u64,
     /// Its function has exit sites (entry records can be paired).
     pub(super) paired: bool,
+    /// A USDT probe that opens or closes a call of an interpreted program.
+    pub(super) call: Option<CallProbe>,
 }
 
 /// Names for the (binary_id, site id) pairs of a trace, from its binary sections, and
@@ -92,7 +95,11 @@ impl Names {
                         log::warn!("{}: site id {} out of range", b.path, s.id);
                         continue;
                     };
+                    let call = (s.kind == SiteKind::Usdt)
+                        .then(|| probes::known(&s.name).and_then(|p| p.call))
+                        .flatten();
                     *slot = Some(SiteName {
+                        call,
                         name: demangle(&s.name).into_owned(),
                         raw: s.name,
                         kind: s.kind,

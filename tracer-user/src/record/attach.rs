@@ -17,16 +17,18 @@ use tracer_common::{
     ebpf::{
         GLOBAL_EXIT_GROUP_DEAD_OFF, GLOBAL_FORK_CHILD_PID_OFF, GLOBAL_ON_FULL, GLOBAL_SMALL_CHUNKS,
         GLOBAL_SYSTEM_WIDE, GLOBAL_TP_OFFSET, GLOBAL_WRITE_USER, MAP_BINARIES, MAP_EVENTS,
-        MAP_EXIT_STEPS, MAP_OPERANDS, MAP_TARGETS, MAX_BINARIES, PROG_EXEC, PROG_EXIT_STEP,
-        PROG_FLUSH, PROG_FLUSH_SLEEPABLE, PROG_FORK, PROG_GROUP_EXIT, PROG_KILLED, PROG_MMAP,
-        PROG_SITE, PROG_TASK_EXIT, PROG_THREAD_EXIT, SEL_BLOCK, SEL_CALL, SEL_ENTRY, SEL_EXIT,
-        SEL_MEMORY, SEL_USDT, SMALL_RING_BYTES, operand_key, site_cookie,
+        MAP_EXIT_STEPS, MAP_OPERANDS, MAP_STRING_SITES, MAP_TARGETS, MAX_BINARIES, PROG_EXEC,
+        PROG_EXIT_STEP, PROG_FLUSH, PROG_FLUSH_SLEEPABLE, PROG_FORK, PROG_GROUP_EXIT, PROG_KILLED,
+        PROG_MMAP, PROG_SITE, PROG_TASK_EXIT, PROG_THREAD_EXIT, SEL_BLOCK, SEL_CALL, SEL_ENTRY,
+        SEL_EXIT, SEL_MEMORY, SEL_USDT, SMALL_RING_BYTES, STRING_SITES_ANY, operand_key,
+        site_cookie,
     },
     meta::{SiteKind, SiteMode},
     operand::OperandSet,
 };
 
 use crate::{
+    probes,
     record::{
         binaries::Instrumented,
         consumer::Pipeline,
@@ -214,6 +216,18 @@ impl Live {
                     .with_context(|| format!("cannot fill {MAP_OPERANDS}"))?;
             }
         }
+        let strings = string_sites(b);
+        if !strings.is_empty() {
+            let mut map: HashMap<_, [u64; 2], u64> = HashMap::try_from(
+                self.ebpf
+                    .map_mut(MAP_STRING_SITES)
+                    .with_context(|| format!("no {MAP_STRING_SITES} map"))?,
+            )?;
+            for (key, mask) in strings {
+                map.insert(key, mask, 0)
+                    .with_context(|| format!("cannot fill {MAP_STRING_SITES}"))?;
+            }
+        }
         Ok(())
     }
 
@@ -317,6 +331,24 @@ impl Live {
             .insert(pid, 1, 0)
             .with_context(|| format!("cannot add pid {pid} to {MAP_TARGETS}"))
     }
+}
+
+/// The `STRING_SITES` entries of `b`: its inline USDT sites with string arguments
+/// (`probes::known`), and the binary's marker; none if it has no such site.
+fn string_sites(b: &Instrumented) -> Vec<([u64; 2], u64)> {
+    let id = b.meta.binary_id;
+    let mut v: Vec<([u64; 2], u64)> = b
+        .meta
+        .sites
+        .iter()
+        .filter(|s| s.kind == SiteKind::Usdt && s.mode == SiteMode::Inline)
+        .filter_map(|s| Some(([id, u64::from(s.id)], probes::known(&s.name)?.strings)))
+        .filter(|&(_, mask)| mask != 0)
+        .collect();
+    if !v.is_empty() {
+        v.push(([id, STRING_SITES_ANY], 1));
+    }
+    v
 }
 
 /// The `OPERANDS` entries: the operand sets of the binaries' uprobe sites of kind

@@ -21,9 +21,9 @@ use anyhow::{Context, Result, anyhow};
 use aya::maps::{MapData, RingBuf};
 use aya_log::EbpfLogger;
 
-use tracer_common::{CHUNK_KIND_COMM, CHUNK_KIND_MAPPED};
+use tracer_common::{CHUNK_KIND_COMM, CHUNK_KIND_MAPPED, CHUNK_KIND_STRING};
 
-use crate::tracefile::{Writer, encode_chunk, encode_comm};
+use crate::tracefile::{Writer, encode_chunk, encode_comm, encode_string};
 
 /// Batches handed to the writer at once (bytes, soft limit).
 const BATCH_BYTES: usize = 1 << 20;
@@ -163,8 +163,13 @@ fn consume_loop(
                 }
                 continue;
             }
-            if kind == Some(CHUNK_KIND_COMM) {
-                if !encode_comm(&item, &mut batch) {
+            if kind == Some(CHUNK_KIND_COMM) || kind == Some(CHUNK_KIND_STRING) {
+                let encoded = if kind == Some(CHUNK_KIND_COMM) {
+                    encode_comm(&item, &mut batch)
+                } else {
+                    encode_string(&item, &mut batch)
+                };
+                if !encoded {
                     seen.bad_entries += 1;
                 }
                 continue;

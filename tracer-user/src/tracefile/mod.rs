@@ -43,6 +43,12 @@
 //!   session saw it (`u32 pid`, `u32` 0, `u64 binary_id`, `u64 bias` = run-time address
 //!   minus file address), so readers can symbolize run-time code addresses in records
 //!   (return addresses, call targets).
+//! - `SECTION_STRING` (8, any number): what a USDT string argument pointed at in a
+//!   process when a thread's records were drained (`u32 pid`, `u32 tid`, `u32 status`
+//!   = `tracer_common::STRING_*`, `u32` 0, `u64 pointer`, `u64` the drain's time as in
+//!   its chunk headers, then the bytes before the NUL, at most `STRING_BYTES` − 1),
+//!   before the first chunk that uses it; again, marked `STRING_CHANGED`, when they
+//!   change.
 //! - `SECTION_STATS` (4, last, once): JSON [`FinalStats`] — kernel-side counters
 //!   (delivered, dropped, read errors), what the consumer received, the end clock anchor
 //!   and the traced command's exit status.
@@ -88,6 +94,9 @@ pub const SECTION_STATS: u32 = 4;
 pub const SECTION_COMM: u32 = 5;
 pub const SECTION_LOAD: u32 = 6;
 pub const SECTION_CHUNK_PACKED: u32 = 7;
+pub const SECTION_STRING: u32 = 8;
+/// Bytes of a string section's payload before its text.
+pub const STRING_SECTION_FIXED: usize = 32;
 
 /// Largest section a reader accepts (a JSON blob or a note; chunks are at most ~16 KiB).
 const MAX_SECTION: u64 = 1 << 30;
@@ -340,6 +349,17 @@ mod tests {
         assert!(encode_chunk(&entry(CHUNK_KIND_UPROBE, 7, six + RECORD_SIZE), &mut buf).is_none());
         assert!(encode_chunk(&entry(9, 1, one), &mut buf).is_none());
         assert!(encode_chunk(&entry(CHUNK_KIND_RECORDS, 3, 100), &mut buf).is_none());
+        // A string as eBPF sends it: the helper's length counts the NUL.
+        let mut s = entry(
+            tracer_common::CHUNK_KIND_STRING,
+            0,
+            tracer_common::STRING_CHUNK_FIXED,
+        );
+        s[48..56].copy_from_slice(&0x1234u64.to_le_bytes());
+        s[56..60].copy_from_slice(&5u32.to_le_bytes());
+        s.extend_from_slice(b"a.py\0garbage");
+        assert!(encode_string(&s, &mut buf));
+        assert!(!encode_string(&s[..40], &mut buf));
         w.write_raw(&buf).unwrap();
         w.finish(&FinalStats {
             records_received: 4,
@@ -364,6 +384,13 @@ mod tests {
                 }
                 Section::Comm(..) => "comm",
                 Section::Load(..) => "load",
+                Section::String(s) => {
+                    assert_eq!(
+                        (s.pid, s.tid, s.ptr, s.status, &s.text[..]),
+                        (7, 0, 0x1234, 0, "a.py")
+                    );
+                    "string"
+                }
                 Section::Chunk(c) => {
                     assert_eq!(c.header.pid, 7);
                     assert_eq!(c.records.len(), c.header.count as usize);
@@ -379,7 +406,9 @@ mod tests {
         }
         assert_eq!(
             kinds,
-            ["session", "binary", "chunk", "chunk", "chunk", "stats"]
+            [
+                "session", "binary", "chunk", "chunk", "chunk", "string", "stats"
+            ]
         );
         assert!(r.truncated().is_none());
 
@@ -392,7 +421,7 @@ mod tests {
         while r.next_section().unwrap().is_some() {
             n += 1;
         }
-        assert_eq!(n, 5);
+        assert_eq!(n, 6);
         assert_eq!(r.truncated().unwrap().what, "section payload");
 
         // Wrong magic and version are refused with a clear error.

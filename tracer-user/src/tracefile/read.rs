@@ -9,15 +9,15 @@ use std::{
 
 use anyhow::{Context, Result, bail, ensure};
 use tracer_common::{
-    CHUNK_HEADER_BYTES, CHUNK_RECORDS, ChunkHeader, RECORD_SIZE, Record,
-    operand::MAX_OPERAND_RECORDS,
+    CHUNK_HEADER_BYTES, CHUNK_RECORDS, ChunkHeader, RECORD_SIZE, Record, STRING_BYTES,
+    STRING_CHANGED, STRING_UNREADABLE, operand::MAX_OPERAND_RECORDS,
 };
 
 use super::{
     BinaryInfo, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, MAGIC, MAX_SECTION, OLDEST_READABLE,
     SECTION_BINARY, SECTION_CHUNK, SECTION_CHUNK_PACKED, SECTION_COMM, SECTION_HEADER_LEN,
-    SECTION_LOAD, SECTION_SESSION, SECTION_STATS, SessionInfo, chunk_header, pack::unpack_version,
-    u32_at, u64_at,
+    SECTION_LOAD, SECTION_SESSION, SECTION_STATS, SECTION_STRING, STRING_SECTION_FIXED,
+    SessionInfo, chunk_header, pack::unpack_version, u32_at, u64_at,
 };
 
 /// One chunk as stored: header and its valid records.
@@ -35,8 +35,23 @@ pub enum Section {
     Load(u32, u64, u64),
     Binary(BinaryInfo),
     Chunk(Chunk),
+    /// What a USDT string argument pointed at.
+    String(StringAt),
     Stats(FinalStats),
     Unknown(u32),
+}
+
+/// A string section: in process `pid`, `ptr` held `text` when thread `tid`'s records
+/// were drained at `drain_time` (`status`: `STRING_OK`, `STRING_TRUNCATED` to its first
+/// bytes, `STRING_UNREADABLE` with no text; or'ed with `STRING_CHANGED`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StringAt {
+    pub pid: u32,
+    pub tid: u32,
+    pub ptr: u64,
+    pub status: u32,
+    pub drain_time: u64,
+    pub text: String,
 }
 
 /// Where and why reading stopped early.
@@ -210,6 +225,26 @@ impl<R: Read> Reader<R> {
                     u64_at(&payload, 8),
                     u64_at(&payload, 16),
                 )
+            }
+            SECTION_STRING => {
+                let n = payload.len();
+                ensure!(
+                    (STRING_SECTION_FIXED..STRING_SECTION_FIXED + STRING_BYTES).contains(&n),
+                    "{at}: string section of {n} bytes"
+                );
+                let status = u32_at(&payload, 8);
+                ensure!(
+                    status & !STRING_CHANGED <= STRING_UNREADABLE,
+                    "{at}: string section of status {status:#x}"
+                );
+                Section::String(StringAt {
+                    pid: u32_at(&payload, 0),
+                    tid: u32_at(&payload, 4),
+                    status,
+                    ptr: u64_at(&payload, 16),
+                    drain_time: u64_at(&payload, 24),
+                    text: String::from_utf8_lossy(&payload[STRING_SECTION_FIXED..]).into_owned(),
+                })
             }
             SECTION_STATS => Section::Stats(
                 serde_json::from_slice(&payload)

@@ -9,14 +9,14 @@ use std::{
 use anyhow::{Context, Result};
 use tracer_common::{
     CHUNK_HEADER_BYTES, CHUNK_KIND_RECORDS, CHUNK_KIND_UPROBE, CHUNK_RECORDS, ChunkHeader,
-    RECORD_SIZE, Record,
+    RECORD_SIZE, Record, STRING_BYTES, STRING_CHUNK_FIXED,
 };
 
 use super::direct::DirectWriter;
 use super::{
     BinaryInfo, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, MAGIC, SECTION_BINARY,
     SECTION_CHUNK_PACKED, SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SESSION,
-    SECTION_STATS, SessionInfo, chunk_header, pack::pack,
+    SECTION_STATS, SECTION_STRING, STRING_SECTION_FIXED, SessionInfo, chunk_header, pack::pack,
 };
 
 /// Check a ring-buffer entry and append it to `out` as a packed chunk section: its
@@ -58,6 +58,35 @@ pub fn encode_comm(entry: &[u8], out: &mut Vec<u8>) -> bool {
     out.extend_from_slice(&h.pid.to_le_bytes());
     out.extend_from_slice(&h.tid.to_le_bytes());
     out.extend_from_slice(comm);
+    true
+}
+
+/// A `CHUNK_KIND_STRING` ring-buffer entry as a string section; false if malformed.
+pub fn encode_string(entry: &[u8], out: &mut Vec<u8>) -> bool {
+    let (Some(h), Some(fixed)) = (chunk_header(entry), entry.get(..STRING_CHUNK_FIXED)) else {
+        return false;
+    };
+    let ptr = u64::from_le_bytes(fixed[48..56].try_into().expect("8 bytes"));
+    let len = u32::from_le_bytes(fixed[56..60].try_into().expect("4 bytes")) as usize;
+    let status = u32::from_le_bytes(fixed[60..64].try_into().expect("4 bytes"));
+    // The bytes before the NUL (the helper counts it).
+    let Some(bytes) = entry.get(STRING_CHUNK_FIXED..STRING_CHUNK_FIXED + len.min(STRING_BYTES))
+    else {
+        return false;
+    };
+    let text = bytes.split(|&b| b == 0).next().unwrap_or_default();
+    push_section_header(
+        out,
+        SECTION_STRING,
+        (STRING_SECTION_FIXED + text.len()) as u64,
+    );
+    out.extend_from_slice(&h.pid.to_le_bytes());
+    out.extend_from_slice(&h.tid.to_le_bytes());
+    out.extend_from_slice(&status.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&ptr.to_le_bytes());
+    out.extend_from_slice(&h.time.to_le_bytes());
+    out.extend_from_slice(text);
     true
 }
 

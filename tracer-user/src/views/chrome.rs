@@ -38,7 +38,7 @@ pub fn write(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Result
             );
         }
         match ev.kind {
-            "entry" | "exit" => {
+            _ if ev.lang.is_some() || matches!(ev.kind, "entry" | "exit") => {
                 if let Some(s) = calls.event(ev).completed {
                     let f = &calls.functions[s.function];
                     put(

@@ -48,7 +48,7 @@ pub fn dump(path: &Path, out: &mut impl Write) -> Result<()> {
                 }
             }
             Section::Stats(s) => stats = Some(s),
-            Section::Comm(..) | Section::Load(..) => {}
+            Section::Comm(..) | Section::Load(..) | Section::String(_) => {}
             Section::Unknown(kind) => log::debug!("skipping section of unknown kind {kind}"),
         }
     }

@@ -19,6 +19,7 @@ use crate::{
     read::{
         calls::{Calls, FunctionTime},
         events::{each_record, truncation_warning},
+        lang::StringStats,
         names::{Names, kind_is_call_edge},
         symbols::{Frame, describe},
     },
@@ -99,6 +100,11 @@ pub struct CallTimes {
     pub unmatched_exits: u64,
     /// Calls that never exited through a traced exit.
     pub unfinished: u64,
+    /// Returns of an interpreted program's calls that named another function than
+    /// their entry: a string that changed before its buffer was drained.
+    pub renamed_returns: u64,
+    /// The strings of USDT arguments (`read/lang.rs`).
+    pub strings: StringStats,
 }
 
 /// The session's books: every record taken out of a buffer (or emitted at a uprobe
@@ -261,6 +267,7 @@ impl ThreadTimes {
 
 /// The calls table: finished calls with the location of their function's entry.
 fn call_times(calls: Calls, names: &Names) -> CallTimes {
+    let (renamed_returns, strings) = (calls.renamed_returns, calls.strings);
     let (mut functions, unmatched_exits, unfinished) = calls.finish();
     for f in &mut functions {
         if let Some((bin, site)) = f.entry_site {
@@ -275,6 +282,8 @@ fn call_times(calls: Calls, names: &Names) -> CallTimes {
         functions,
         unmatched_exits,
         unfinished,
+        renamed_returns,
+        strings,
     }
 }
 
@@ -327,6 +336,8 @@ impl Counts {
                     c.comms.insert((pid, tid), name);
                 }
                 Section::Load(pid, id, bias) => names.loaded_at(pid, id, bias),
+                // Named in the call pass (`each_record`).
+                Section::String(_) => {}
                 Section::Chunk(chunk) => c.chunk(&chunk, last, names),
                 Section::Stats(s) => c.stats = Some(s),
                 Section::Unknown(kind) => log::debug!("skipping section of unknown kind {kind}"),

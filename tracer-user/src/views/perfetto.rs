@@ -5,8 +5,10 @@
 //! Layout: a process track per process and a thread track under it per thread (named
 //! after the thread); per function call a `TYPE_SLICE_BEGIN` at its entry and a
 //! `TYPE_SLICE_END` at its exit (calls given up by an exit of a caller, and calls open at
-//! the end, end there too, so slices nest); an instant per other record (blocks, memory
-//! accesses, USDT probes, calls); counter tracks "records dropped" and "records
+//! the end, end there too, so slices nest); the calls of an interpreted program (Python,
+//! `read/lang.rs`) as slices on a child track of the thread, "interpreted calls" (they
+//! do not nest strictly with the interpreter's own functions, see `read/calls.rs`); an
+//! instant per other record (blocks, memory accesses, USDT probes, calls); counter tracks "records dropped" and "records
 //! filtered". Names and source locations are interned (sent once per trace on one
 //! sequence), so an event is ~25 bytes.
 //!
@@ -141,6 +143,8 @@ const SEQUENCE: u32 = 1;
 /// tid reused by another process is another track), counters below.
 const PROCESS: u64 = 1 << 40;
 const THREAD: u64 = 2 << 40;
+/// A thread's track of the calls of its interpreted program: `THREAD | n` + LANG.
+const LANG: u64 = 4 << 40;
 const DROPPED_TRACK: u64 = 1;
 const FILTERED_TRACK: u64 = 2;
 
@@ -164,6 +168,8 @@ pub struct Writer<W: Write> {
 
 struct ThreadTrack {
     uuid: u64,
+    /// Its child track of interpreted calls has been described.
+    lang: bool,
     comm: String,
     /// Its latest event: its events never go back in time (trace processor sorts by
     /// time, and a begin after its end would close the wrong slice).
@@ -252,6 +258,7 @@ impl<W: Write> Writer<W> {
         let next = THREAD | (self.threads.len() as u64 + 1);
         let mut t = self.threads.remove(&(pid, tid)).unwrap_or(ThreadTrack {
             uuid: next,
+            lang: false,
             comm: String::new(),
             last_ns: 0,
         });
@@ -287,18 +294,38 @@ impl<W: Write> Writer<W> {
     }
 
     /// End `n` slices still open on thread (pid, tid) at its latest event (calls that
-    /// never exited before the trace ended).
-    pub fn end_open(&mut self, pid: u32, tid: u32, n: usize) -> Result<()> {
+    /// never exited before the trace ended), on its track of interpreted calls if `lang`.
+    pub fn end_open(&mut self, pid: u32, tid: u32, n: usize, lang: bool) -> Result<()> {
         let Some((comm, at)) = self.thread_state(pid, tid) else {
             return Ok(());
         };
         let comm = comm.to_string();
         for _ in 0..n {
-            self.event((pid, tid, &comm), at, EventKind::End, (0, 0), || {
+            self.event((pid, tid, &comm), at, EventKind::End, (0, 0), lang, || {
                 (String::new(), "", None)
             })?;
         }
         Ok(())
+    }
+
+    /// The current thread's track of interpreted calls, described the first time.
+    fn lang_track(&mut self) -> Result<u64> {
+        let Some((_, t)) = self.current.as_mut() else {
+            return Ok(0);
+        };
+        let (uuid, parent) = (t.uuid | LANG, t.uuid);
+        if !std::mem::replace(&mut t.lang, true) {
+            self.put(TracePacket {
+                track_descriptor: Some(TrackDescriptor {
+                    uuid: Some(uuid),
+                    parent_uuid: Some(parent),
+                    name: Some("interpreted calls".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })?;
+        }
+        Ok(uuid)
     }
 
     /// Interned ids of an event's name, category and source location; new ones go into
@@ -355,22 +382,26 @@ impl<W: Write> Writer<W> {
         (name_iid, cat_iid, loc_iid)
     }
 
-    /// A slice begin or end, or an instant, on thread `tid`'s track. `key` names the
-    /// event's site (binary id, site id): its name, category and source location
-    /// (`describe`) are asked for and interned once per site.
+    /// A slice begin or end, or an instant, on thread `tid`'s track (`lang`: its track
+    /// of interpreted calls). `key` names the event's site (binary id, site id; a call
+    /// of an interpreted program: `(function, u32::MAX)`): its name, category and source
+    /// location (`describe`) are asked for and interned once per key.
     pub fn event(
         &mut self,
         (pid, tid, comm): (u32, u32, &str),
         time_ns: u64,
         kind: EventKind,
         key: (u64, u32),
+        lang: bool,
         describe: impl FnOnce() -> (String, &'static str, Option<Frame>),
     ) -> Result<()> {
         self.thread(pid, tid, comm)?;
+        let lang_track = if lang { self.lang_track()? } else { 0 };
         let Some((_, t)) = self.current.as_mut() else {
             return Ok(());
         };
-        let (track, time_ns) = (t.uuid, time_ns.max(t.last_ns));
+        let track = if lang { lang_track } else { t.uuid };
+        let time_ns = time_ns.max(t.last_ns);
         t.last_ns = time_ns;
         let mut interned = InternedData::default();
         let mut ev = TrackEvent {
@@ -459,17 +490,40 @@ pub fn write(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Result
             (ev.symbol.to_string(), category, at.cloned())
         };
         let mut r = Ok(());
+        if let Some(c) = ev.lang {
+            // A call of the interpreted program, on its own track; the probe's record
+            // is an instant too.
+            let step = calls.event(ev);
+            if let Some(f) = step.began {
+                let name = calls.functions[f].function.clone();
+                r = p.event(
+                    thread,
+                    c.time_ns,
+                    EventKind::Begin,
+                    (f as u64, u32::MAX),
+                    true,
+                    || (name, "python call", None),
+                );
+            }
+            for _ in 0..step.abandoned + usize::from(step.completed.is_some()) {
+                r = r.and_then(|()| {
+                    p.event(thread, c.time_ns, EventKind::End, (0, 0), true, || {
+                        (String::new(), "", None)
+                    })
+                });
+            }
+        }
         match ev.kind {
             "entry" | "exit" => {
                 let step = calls.event(ev);
                 if step.began.is_some() {
-                    r = p.event(thread, ev.time_ns, EventKind::Begin, key, || {
+                    r = p.event(thread, ev.time_ns, EventKind::Begin, key, false, || {
                         describe("call", false)
                     });
                 }
                 for _ in 0..step.abandoned + usize::from(step.completed.is_some()) {
                     r = r.and_then(|()| {
-                        p.event(thread, ev.time_ns, EventKind::End, key, || {
+                        p.event(thread, ev.time_ns, EventKind::End, key, false, || {
                             (String::new(), "", None)
                         })
                     });
@@ -483,8 +537,10 @@ pub fn write(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Result
                     "call" => "call site",
                     _ => "other",
                 };
-                r = p.event(thread, ev.time_ns, EventKind::Instant, key, || {
-                    describe(category, true)
+                r = r.and_then(|()| {
+                    p.event(thread, ev.time_ns, EventKind::Instant, key, false, || {
+                        describe(category, true)
+                    })
                 });
             }
         }
@@ -496,10 +552,11 @@ pub fn write(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Result
         return Err(e).context("cannot write the export");
     }
     // Calls still open at the end of the trace end with their thread's last event.
-    let mut open: Vec<((u32, u32), usize)> = calls.open_calls().collect();
+    let mut open: Vec<((u32, u32), usize, usize)> = calls.open_calls().collect();
     open.sort_unstable();
-    for ((pid, tid), n) in open {
-        p.end_open(pid, tid, n)?;
+    for ((pid, tid), n, lang) in open {
+        p.end_open(pid, tid, n, false)?;
+        p.end_open(pid, tid, lang, true)?;
     }
     if let Some(st) = stats
         && first_ns <= last_ns
@@ -533,15 +590,15 @@ mod tests {
     fn a_thread_never_goes_back_in_time_and_tids_of_two_processes_differ() {
         let mut w = Writer::new(Vec::new());
         w.start().unwrap();
-        w.event((1, 7, "a"), 100, EventKind::Begin, (0, 0), name)
+        w.event((1, 7, "a"), 100, EventKind::Begin, (0, 0), false, name)
             .unwrap();
         // Earlier than the begin (TSC vs ktime): clamped to it.
-        w.event((1, 7, "a"), 90, EventKind::End, (0, 0), name)
+        w.event((1, 7, "a"), 90, EventKind::End, (0, 0), false, name)
             .unwrap();
         // The same tid in another process: another track.
-        w.event((2, 7, "b"), 50, EventKind::Instant, (0, 0), name)
+        w.event((2, 7, "b"), 50, EventKind::Instant, (0, 0), false, name)
             .unwrap();
-        w.event((1, 7, "a"), 120, EventKind::Instant, (0, 0), name)
+        w.event((1, 7, "a"), 120, EventKind::Instant, (0, 0), false, name)
             .unwrap();
         assert_eq!(w.thread_state(1, 7), Some(("a", 120)));
         assert_eq!(w.thread_state(2, 7), Some(("b", 50)));

@@ -314,6 +314,17 @@ fn write_calls(out: &mut impl Write, c: &CallTimes) -> Result<()> {
             c.unmatched_exits, c.unfinished
         )?;
     }
+    let st = &c.strings;
+    if st.sent > 0 {
+        writeln!(
+            out,
+            "strings of USDT arguments: {} sent, {} again as they changed (freed and reused \
+             while recorded: the drain that saw it names its records by the newer one), {} \
+             stale (no string when drained), {} unreadable; {} returns of interpreted calls \
+             named another function than their entry (the entry's name is kept)",
+            st.sent, st.changed, st.stale, st.unreadable, c.renamed_returns
+        )?;
+    }
     Ok(())
 }
 

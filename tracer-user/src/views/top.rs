@@ -27,7 +27,11 @@ use std::{
 };
 
 use crate::{
-    read::{calls::Calls, events::chunk_events, names::Names},
+    read::{
+        calls::Calls,
+        events::{Threads, chunk_events},
+        names::Names,
+    },
     tracefile::{Reader, Section, Tee, clock::Calibration},
 };
 
@@ -112,22 +116,17 @@ fn read_loop(rx: Receiver<Vec<u8>>, tally: &Mutex<Tally>) {
     };
     let mut names = Names::new(&[]);
     let mut clock: Option<Calibration> = None;
-    let mut comms: HashMap<(u32, u32), String> = HashMap::new();
+    let mut threads = Threads::default();
     if let Ok(mut r) = Reader::from_stream("live", feed) {
         while let Ok(Some(section)) = r.next_section() {
             match section {
                 Section::Session(s) => clock = Some(s.clock),
                 Section::Binary(b) => names.add(&b),
-                Section::Comm(pid, tid, name) => {
-                    comms.insert((pid, tid), name);
-                }
+                s @ (Section::Comm(..) | Section::String(_)) => threads.section(s),
                 Section::Load(pid, id, bias) => names.loaded_at(pid, id, bias),
                 Section::Chunk(c) => {
-                    let comm = comms
-                        .get(&(c.header.pid, c.header.tid))
-                        .map_or("", String::as_str);
                     let Ok(mut t) = tally.lock() else { return };
-                    chunk_events(&c, comm, &names, clock.as_ref(), &mut |ev, _| {
+                    chunk_events(&c, &mut threads, &names, clock.as_ref(), &mut |ev, _| {
                         t.records += 1;
                         let key = (ev.binary_id, ev.rec.site);
                         let n = t.sites.entry(key).or_default();

@@ -1,0 +1,141 @@
+//! String arguments of USDT probes (Python's `function__entry(filename, funcname,
+//! lineno)`): a record holds only the pointers, so the drain, which runs while the
+//! process lives, reads what they point at and sends it (`CHUNK_KIND_STRING`) before
+//! the chunk that holds the record: once per (process, pointer) while the first
+//! `STRING_PROBE_BYTES` there stay the same (`STRINGS`, an LRU map).
+//!
+//! What is sent is what a pointer held when the buffer was drained, not when the probe
+//! fired: a pointer freed and reused for a string with the same first bytes in between
+//! cannot be told apart (Python's code objects hold their names while they live); one
+//! that became unreadable keeps the string it was sent with; one whose bytes changed is
+//! sent again marked `STRING_CHANGED`: what this drain's records saw there is unknown.
+//! Drains of binaries with string arguments take the per-record path of a filtered
+//! drain (`drain::filtered_drain`), where each kept record passes through here.
+
+use core::ffi::c_void;
+
+use aya_ebpf::helpers::generated::bpf_probe_read_user_str;
+use tracer_common::{
+    CHUNK_KIND_STRING, ChunkHeader, FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE, Record, STRING_BYTES,
+    STRING_CHANGED, STRING_OK, STRING_TRUNCATED, STRING_UNREADABLE, StringChunk,
+    ebpf::{STRING_PROBE_BYTES, STRING_SITES_ANY},
+};
+
+use crate::maps::{EVENTS, STRING_SITES, STRINGS, StringState};
+
+/// Whether sites of `binary_id` have string arguments (one lookup per drain).
+#[inline(always)]
+pub fn binary_has_strings(binary_id: u64) -> bool {
+    STRING_SITES
+        .get_ptr(&[binary_id, STRING_SITES_ANY])
+        .is_some()
+}
+
+/// Start the string pass of a drain of thread `pid_tid`'s records of `binary_id`.
+#[inline(always)]
+pub fn begin(st: &mut StringState, pid_tid: u64, binary_id: u64) {
+    st.pid_tid = pid_tid;
+    st.binary_id = binary_id;
+    st.site = 0;
+    st.site_mask = 0;
+    st.mask = 0;
+}
+
+/// Send the strings behind record `r`'s string arguments that this process has not
+/// sent yet (a record the drain keeps, before the chunk holding it is written).
+#[inline(always)]
+pub fn name_strings(st: &mut StringState, r: &Record, time: u64) {
+    // A probe's first record holds arguments 1 and 2; record k after it (flagged
+    // FLAG_USDT_MORE) arguments 2k + 3 and 2k + 4.
+    let first_bit = if r.flags & FLAG_USDT_MORE != 0 {
+        2 * ((r.flags >> FLAG_USDT_INDEX_SHIFT) as u64 & 0x1f) + 2
+    } else {
+        st.mask = site_mask(st, r.site);
+        0
+    };
+    if st.mask == 0 {
+        return;
+    }
+    let bits = (st.mask >> (first_bit & 63)) & 3;
+    if bits & 1 != 0 {
+        name_one(st, r.value, time);
+    }
+    if bits & 2 != 0 {
+        name_one(st, r.aux, time);
+    }
+}
+
+/// String arguments of `site` (bit i = argument i + 1), the last site's cached.
+#[inline(always)]
+fn site_mask(st: &mut StringState, site: u32) -> u64 {
+    if st.site == site as u64 + 1 {
+        return st.site_mask;
+    }
+    st.key = [st.binary_id, site as u64];
+    st.site_mask = match STRING_SITES.get_ptr(&st.key) {
+        // SAFETY: a live map value, read at once.
+        Some(p) => unsafe { *p },
+        None => 0,
+    };
+    st.site = site as u64 + 1;
+    st.site_mask
+}
+
+/// Send the string at `ptr` unless this process sent the same first bytes for it.
+#[inline(always)]
+fn name_one(st: &mut StringState, ptr: u64, time: u64) {
+    if ptr == 0 {
+        return;
+    }
+    st.key = [st.pid_tid >> 32, ptr];
+    st.probe = [0; STRING_PROBE_BYTES / 8];
+    // SAFETY: the probe is STRING_PROBE_BYTES of map memory; the helper checks `ptr`.
+    let n = unsafe {
+        bpf_probe_read_user_str(
+            st.probe.as_mut_ptr().cast(),
+            STRING_PROBE_BYTES as u32,
+            ptr as *const c_void,
+        )
+    };
+    let mut changed = 0;
+    if let Some(seen) = STRINGS.get_ptr(&st.key) {
+        // A pointer read before and unmapped since (an interpreter freeing its code at
+        // exit, before the last drain) keeps the string it held: nothing is there now.
+        // SAFETY: a live map value, compared at once.
+        if n < 0 || unsafe { *seen } == st.probe {
+            return;
+        }
+        changed = STRING_CHANGED;
+    }
+    if n < 0 {
+        // No string reads as all ones (its last byte would be the NUL).
+        st.probe = [u64::MAX; STRING_PROBE_BYTES / 8];
+    }
+    let Some(mut entry) = EVENTS.reserve::<StringChunk>(0) else {
+        // Not remembered: a later drain sends it.
+        return;
+    };
+    let p = entry.as_mut_ptr();
+    // SAFETY: the reservation is one StringChunk; the helper writes at most
+    // STRING_BYTES into its bytes.
+    unsafe {
+        (*p).header = ChunkHeader::new(CHUNK_KIND_STRING, st.pid_tid, st.binary_id, 0, time);
+        (*p).ptr = ptr;
+        let n = bpf_probe_read_user_str(
+            (&raw mut (*p).bytes).cast(),
+            STRING_BYTES as u32,
+            ptr as *const c_void,
+        );
+        (*p).len = if n > 0 { n as u32 } else { 0 };
+        (*p).status = changed
+            | if n < 0 {
+                STRING_UNREADABLE
+            } else if n as usize >= STRING_BYTES {
+                STRING_TRUNCATED
+            } else {
+                STRING_OK
+            };
+    }
+    entry.submit(0);
+    let _ = STRINGS.insert(&st.key, &st.probe, 0);
+}
