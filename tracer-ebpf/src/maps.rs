@@ -195,6 +195,10 @@ pub struct RecordFilter {
     pub sampled: u64,
 }
 
+/// Entries of [`StringState::sites`] and [`StringState::seen`] (powers of two).
+pub const STRING_SITE_CACHE: usize = 16;
+pub const STRING_SEEN_CACHE: usize = 64;
+
 /// Per-record state of the string pass of a drain (`strings::name_strings`), in the
 /// per-CPU scratch: map keys and values must live in memory, and the stack has no room.
 #[repr(C)]
@@ -204,9 +208,14 @@ pub struct StringState {
     /// The drain's thread (`bpf_get_current_pid_tgid`) and binary.
     pub pid_tid: u64,
     pub binary_id: u64,
-    /// The site last looked up, + 1 (0 = none), and its string arguments.
-    pub site: u64,
-    pub site_mask: u64,
+    /// This drain's number on this CPU: cache entries of other drains are stale.
+    pub generation: u64,
+    /// Sites looked up in this drain: [site + 1, its string arguments, generation],
+    /// direct-mapped by site.
+    pub sites: [[u64; 3]; STRING_SITE_CACHE],
+    /// Pointers this drain read already (their strings cannot have changed within
+    /// it): [pointer, generation], direct-mapped by pointer.
+    pub seen: [[u64; 2]; STRING_SEEN_CACHE],
     /// String arguments of the probe whose records these are (its first record's).
     pub mask: u64,
     /// `STRINGS` key and the bytes just read at its pointer.

@@ -10,7 +10,9 @@
 //! that became unreadable keeps the string it was sent with; one whose bytes changed is
 //! sent again marked `STRING_CHANGED`: what this drain's records saw there is unknown.
 //! Drains of binaries with string arguments take the per-record path of a filtered
-//! drain (`drain::filtered_drain`), where each kept record passes through here.
+//! drain (`drain::filtered_drain`), where each kept record passes through here; a
+//! pointer is read once per drain (the thread is stopped while its buffer is drained),
+//! and sites and pointers are cached for the drain in the per-CPU scratch.
 
 use core::ffi::c_void;
 
@@ -21,7 +23,9 @@ use tracer_common::{
     ebpf::{STRING_PROBE_BYTES, STRING_SITES_ANY},
 };
 
-use crate::maps::{EVENTS, STRING_SITES, STRINGS, StringState};
+use crate::maps::{
+    EVENTS, STRING_SEEN_CACHE, STRING_SITE_CACHE, STRING_SITES, STRINGS, StringState,
+};
 
 /// Whether sites of `binary_id` have string arguments (one lookup per drain).
 #[inline(always)]
@@ -36,8 +40,7 @@ pub fn binary_has_strings(binary_id: u64) -> bool {
 pub fn begin(st: &mut StringState, pid_tid: u64, binary_id: u64) {
     st.pid_tid = pid_tid;
     st.binary_id = binary_id;
-    st.site = 0;
-    st.site_mask = 0;
+    st.generation += 1;
     st.mask = 0;
 }
 
@@ -65,20 +68,27 @@ pub fn name_strings(st: &mut StringState, r: &Record, time: u64) {
     }
 }
 
-/// String arguments of `site` (bit i = argument i + 1), the last site's cached.
+/// String arguments of `site` (bit i = argument i + 1), cached for the drain (a
+/// probe's sites alternate: Python's entry, line, return).
 #[inline(always)]
 fn site_mask(st: &mut StringState, site: u32) -> u64 {
-    if st.site == site as u64 + 1 {
-        return st.site_mask;
+    let i = site as usize & (STRING_SITE_CACHE - 1);
+    // Element by element: no array copy on the stack (the drain's call chain has
+    // little left).
+    if st.sites[i][0] == site as u64 + 1 && st.sites[i][2] == st.generation {
+        return st.sites[i][1];
     }
-    st.key = [st.binary_id, site as u64];
-    st.site_mask = match STRING_SITES.get_ptr(&st.key) {
+    st.key[0] = st.binary_id;
+    st.key[1] = site as u64;
+    let mask = match STRING_SITES.get_ptr(&st.key) {
         // SAFETY: a live map value, read at once.
         Some(p) => unsafe { *p },
         None => 0,
     };
-    st.site = site as u64 + 1;
-    st.site_mask
+    st.sites[i][0] = site as u64 + 1;
+    st.sites[i][1] = mask;
+    st.sites[i][2] = st.generation;
+    mask
 }
 
 /// Send the string at `ptr` unless this process sent the same first bytes for it.
@@ -87,8 +97,14 @@ fn name_one(st: &mut StringState, ptr: u64, time: u64) {
     if ptr == 0 {
         return;
     }
-    st.key = [st.pid_tid >> 32, ptr];
-    st.probe = [0; STRING_PROBE_BYTES / 8];
+    // Read once per drain: the thread is stopped in it, its strings stay as they are.
+    let i = ((ptr >> 4) ^ (ptr >> 10)) as usize & (STRING_SEEN_CACHE - 1);
+    if st.seen[i][0] == ptr && st.seen[i][1] == st.generation {
+        return;
+    }
+    st.key[0] = st.pid_tid >> 32;
+    st.key[1] = ptr;
+    fill(&mut st.probe, 0);
     // SAFETY: the probe is STRING_PROBE_BYTES of map memory; the helper checks `ptr`.
     let n = unsafe {
         bpf_probe_read_user_str(
@@ -102,14 +118,15 @@ fn name_one(st: &mut StringState, ptr: u64, time: u64) {
         // A pointer read before and unmapped since (an interpreter freeing its code at
         // exit, before the last drain) keeps the string it held: nothing is there now.
         // SAFETY: a live map value, compared at once.
-        if n < 0 || unsafe { *seen } == st.probe {
+        if n < 0 || same(seen, &st.probe) {
+            remember(st, i, ptr);
             return;
         }
         changed = STRING_CHANGED;
     }
     if n < 0 {
         // No string reads as all ones (its last byte would be the NUL).
-        st.probe = [u64::MAX; STRING_PROBE_BYTES / 8];
+        fill(&mut st.probe, u64::MAX);
     }
     let Some(mut entry) = EVENTS.reserve::<StringChunk>(0) else {
         // Not remembered: a later drain sends it.
@@ -138,4 +155,31 @@ fn name_one(st: &mut StringState, ptr: u64, time: u64) {
     }
     entry.submit(0);
     let _ = STRINGS.insert(&st.key, &st.probe, 0);
+    remember(st, i, ptr);
+}
+
+/// `ptr` was read in this drain.
+#[inline(always)]
+fn remember(st: &mut StringState, i: usize, ptr: u64) {
+    st.seen[i][0] = ptr;
+    st.seen[i][1] = st.generation;
+}
+
+const _: () = assert!(STRING_PROBE_BYTES == 32, "fill and same take four words");
+
+// Word by word, in place: an array temporary would take stack the drain's call chain
+// does not have (the verifier's 512 bytes).
+#[inline(always)]
+fn fill(probe: &mut [u64; STRING_PROBE_BYTES / 8], v: u64) {
+    probe[0] = v;
+    probe[1] = v;
+    probe[2] = v;
+    probe[3] = v;
+}
+
+#[inline(always)]
+fn same(seen: *const [u64; STRING_PROBE_BYTES / 8], probe: &[u64; STRING_PROBE_BYTES / 8]) -> bool {
+    // SAFETY: a live map value, read at once.
+    let s = unsafe { &*seen };
+    s[0] == probe[0] && s[1] == probe[1] && s[2] == probe[2] && s[3] == probe[3]
 }

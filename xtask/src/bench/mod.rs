@@ -32,7 +32,11 @@
 //! slowdown, records, lost, bytes per record, the tracer's own CPU; `--real-rows`,
 //! `--no-real`).
 //!
-//! `--only events|drain|readers|real|large` runs one section alone.
+//! Then Python (`real/python.rs`): python3.11 with its functions named by the tracer
+//! (USDT strings read by the drains) beside bpftrace, ns per probe event (`--no-real`
+//! skips it too).
+//!
+//! `--only events|drain|readers|real|python|large` runs one section alone.
 
 mod aarch64_smoke;
 mod drain;
@@ -119,6 +123,8 @@ enum Section {
     Large,
     /// A real program (sqlite3) with every function traced, side by side with uftrace.
     Real,
+    /// Python's own functions by name (USDT strings), side by side with bpftrace.
+    Python,
 }
 
 /// `cargo xtask bench`: build, then the sections `args` selects, in order.
@@ -132,7 +138,7 @@ pub fn bench(args: &Args) -> Result<()> {
             Section::Drain => !args.large_only && !args.no_drain,
             Section::Readers => !args.large_only && !args.no_readers,
             Section::Large => !args.no_large,
-            Section::Real => !args.large_only && !args.no_real,
+            Section::Real | Section::Python => !args.large_only && !args.no_real,
         },
     };
     if run(Section::Events) {
@@ -149,6 +155,9 @@ pub fn bench(args: &Args) -> Result<()> {
     }
     if run(Section::Real) {
         real::real(args.real_rows, args.real_baseline.as_deref())?;
+    }
+    if run(Section::Python) {
+        real::python()?;
     }
     if run(Section::Large) {
         large::large_binary(args)?;

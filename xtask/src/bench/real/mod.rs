@@ -8,8 +8,11 @@
 //! seconds (its threads, not the program's), and the program's output checked against
 //! the untraced run's. `--real-baseline DIR` adds the `tracer record` rows of another
 //! build (its `target/release`), so a change is measured against its base in one run.
+//! The python section (`python.rs`): python3.11's own functions by name, beside
+//! bpftrace.
 
 mod lttng;
+mod python;
 mod sqlite;
 
 use std::path::{Path, PathBuf};
@@ -108,6 +111,11 @@ pub fn real(rows: u64, baseline: Option<&Path>) -> Result<()> {
     check_outputs(&table)?;
     print(&table);
     Ok(())
+}
+
+/// The python section (`python.rs`): fib.py's argument, about 0.6 M calls.
+pub fn python() -> Result<()> {
+    python::rows(27)
 }
 
 fn program(bin: &Path, args: impl Fn(&mut Command)) -> Result<Run> {
