@@ -34,7 +34,7 @@ fn rewritten(tmp: &TempDir, sites: &str, extra: &[&str]) -> PathBuf {
         "--buffer-records".as_ref(),
         BUFFER_RECORDS.as_ref(),
     ];
-    args.extend(extra.iter().map(|a| std::ffi::OsStr::new(a)));
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
     rewriter(&args).ok();
     out
 }

@@ -112,8 +112,8 @@ fn print(base: &Row, table: &[Row], events: Option<u64>) -> Result<()> {
 fn fib_seconds(r: &Run) -> Result<f64> {
     r.stderr
         .lines()
-        .filter_map(|l| l.strip_prefix("fib_seconds="))
-        .last()
+        .rev()
+        .find_map(|l| l.strip_prefix("fib_seconds="))
         .and_then(|s| s.trim().parse().ok())
         .with_context(|| format!("fib.py printed no time: {}", r.stderr))
 }
