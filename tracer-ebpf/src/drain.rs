@@ -392,7 +392,7 @@ fn filtered_drain<const S: bool>(c: &mut DrainCtx, with_strings: bool) {
         (*s).filter.binary_id = c.binary_id;
         (*s).filter.word = 0;
         (*s).strings.on = with_strings as u64;
-        strings::begin(&mut (*s).strings, c.pid_tid, c.binary_id);
+        strings::begin(&mut (*s).strings, c.pid_tid, c.binary_id, c.cause);
         (*s).kept = 0;
         bpf_loop(
             c.n as u32,

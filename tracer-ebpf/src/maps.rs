@@ -205,6 +205,8 @@ pub const STRING_SEEN_CACHE: usize = 64;
 pub struct StringState {
     /// 1 = the drain's binary has string arguments (the pass runs).
     pub on: u64,
+    /// 1 = a drain at the thread's exit: pointers named before keep their strings.
+    pub at_exit: u64,
     /// The drain's thread (`bpf_get_current_pid_tgid`) and binary.
     pub pid_tid: u64,
     pub binary_id: u64,

@@ -7,8 +7,9 @@
 //! What is sent is what a pointer held when the buffer was drained, not when the probe
 //! fired: a pointer freed and reused for a string with the same first bytes in between
 //! cannot be told apart (Python's code objects hold their names while they live); one
-//! that became unreadable keeps the string it was sent with; one whose bytes changed is
-//! sent again marked `STRING_CHANGED`: what this drain's records saw there is unknown.
+//! that became unreadable keeps the string it was sent with, and so does any pointer
+//! named before at a thread's exit (a program frees much before it exits); one whose
+//! bytes changed is sent again marked `STRING_CHANGED`.
 //! Drains of binaries with string arguments take the per-record path of a filtered
 //! drain (`drain::filtered_drain`), where each kept record passes through here; a
 //! pointer is read once per drain (the thread is stopped while its buffer is drained),
@@ -18,8 +19,9 @@ use core::ffi::c_void;
 
 use aya_ebpf::helpers::generated::bpf_probe_read_user_str;
 use tracer_common::{
-    CHUNK_KIND_STRING, ChunkHeader, FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE, Record, STRING_BYTES,
-    STRING_CHANGED, STRING_OK, STRING_TRUNCATED, STRING_UNREADABLE, StringChunk,
+    CAUSE_TASK_EXIT, CAUSE_THREAD_EXIT, CHUNK_KIND_STRING, ChunkHeader, FLAG_USDT_INDEX_SHIFT,
+    FLAG_USDT_MORE, Record, STRING_BYTES, STRING_CHANGED, STRING_OK, STRING_TRUNCATED,
+    STRING_UNREADABLE, StringChunk,
     ebpf::{STRING_PROBE_BYTES, STRING_SITES_ANY},
 };
 
@@ -35,9 +37,11 @@ pub fn binary_has_strings(binary_id: u64) -> bool {
         .is_some()
 }
 
-/// Start the string pass of a drain of thread `pid_tid`'s records of `binary_id`.
+/// Start the string pass of a drain (`cause`: `CAUSE_*`) of thread `pid_tid`'s records
+/// of `binary_id`.
 #[inline(always)]
-pub fn begin(st: &mut StringState, pid_tid: u64, binary_id: u64) {
+pub fn begin(st: &mut StringState, pid_tid: u64, binary_id: u64, cause: u32) {
+    st.at_exit = (cause == CAUSE_THREAD_EXIT || cause == CAUSE_TASK_EXIT) as u64;
     st.pid_tid = pid_tid;
     st.binary_id = binary_id;
     st.generation += 1;
@@ -104,6 +108,12 @@ fn name_one(st: &mut StringState, ptr: u64, time: u64) {
     }
     st.key[0] = st.pid_tid >> 32;
     st.key[1] = ptr;
+    // At exit a program has freed much of what its last records named (an
+    // interpreter its code): a pointer named before keeps its string.
+    if st.at_exit != 0 && STRINGS.get_ptr(&st.key).is_some() {
+        remember(st, i, ptr);
+        return;
+    }
     fill(&mut st.probe, 0);
     // SAFETY: the probe is STRING_PROBE_BYTES of map memory; the helper checks `ptr`.
     let n = unsafe {
