@@ -392,7 +392,7 @@ fn filtered_drain<const S: bool>(c: &mut DrainCtx, with_strings: bool) {
         (*s).filter.binary_id = c.binary_id;
         (*s).filter.word = 0;
         (*s).strings.on = with_strings as u64;
-        strings::begin(&mut (*s).strings, c.pid_tid, c.binary_id, c.cause);
+        strings::begin(&mut (*s).strings, c.pid_tid, c.binary_id, (c.cause, c.time));
         (*s).kept = 0;
         bpf_loop(
             c.n as u32,
@@ -440,13 +440,15 @@ extern "C" fn filter_one<const S: bool>(index: u64, ctx: *mut c_void) -> i64 {
                 return 1;
             }
         }
-        let r = (*s).input[(j & mask) as usize];
-        if record_passes(&mut (*s).filter, &r) {
+        // The record stays in the scratch (no copy on the stack: the verifier's
+        // 512-byte chain, callbacks included on Linux 6.1, is nearly full here).
+        let r = &raw const (*s).input[(j & mask) as usize];
+        if record_passes(&mut (*s).filter, &*r) {
             if (*s).strings.on != 0 {
-                strings::name_strings(&mut (*s).strings, &r, c.time);
+                strings::name_strings(&raw mut (*s).strings, r);
             }
             let k = (*s).kept;
-            (*s).records[(k & mask) as usize] = r;
+            (*s).records[(k & mask) as usize] = *r;
             (*s).kept = k + 1;
         }
         let kept = (*s).kept;

@@ -207,9 +207,10 @@ pub struct StringState {
     pub on: u64,
     /// 1 = a drain at the thread's exit: pointers named before keep their strings.
     pub at_exit: u64,
-    /// The drain's thread (`bpf_get_current_pid_tgid`) and binary.
+    /// The drain's thread (`bpf_get_current_pid_tgid`), binary and clock sample.
     pub pid_tid: u64,
     pub binary_id: u64,
+    pub time: u64,
     /// This drain's number on this CPU: cache entries of other drains are stale.
     pub generation: u64,
     /// Sites looked up in this drain: [site + 1, its string arguments, generation],

@@ -19,9 +19,9 @@ use core::ffi::c_void;
 
 use aya_ebpf::helpers::generated::bpf_probe_read_user_str;
 use tracer_common::{
-    CAUSE_TASK_EXIT, CAUSE_THREAD_EXIT, CHUNK_KIND_STRING, ChunkHeader, FLAG_USDT_INDEX_SHIFT,
-    FLAG_USDT_MORE, Record, STRING_BYTES, STRING_CHANGED, STRING_OK, STRING_TRUNCATED,
-    STRING_UNREADABLE, StringChunk,
+    CAUSE_TASK_EXIT, CAUSE_THREAD_EXIT, CHUNK_KIND_STRING, FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE,
+    Record, STRING_BYTES, STRING_CHANGED, STRING_OK, STRING_TRUNCATED, STRING_UNREADABLE,
+    StringChunk,
     ebpf::{STRING_PROBE_BYTES, STRING_SITES_ANY},
 };
 
@@ -37,21 +37,25 @@ pub fn binary_has_strings(binary_id: u64) -> bool {
         .is_some()
 }
 
-/// Start the string pass of a drain (`cause`: `CAUSE_*`) of thread `pid_tid`'s records
-/// of `binary_id`.
+/// Start the string pass of a drain (`cause`: `CAUSE_*`, `time`: its clock sample) of
+/// thread `pid_tid`'s records of `binary_id`.
 #[inline(always)]
-pub fn begin(st: &mut StringState, pid_tid: u64, binary_id: u64, cause: u32) {
+pub fn begin(st: &mut StringState, pid_tid: u64, binary_id: u64, (cause, time): (u32, u64)) {
     st.at_exit = (cause == CAUSE_THREAD_EXIT || cause == CAUSE_TASK_EXIT) as u64;
     st.pid_tid = pid_tid;
     st.binary_id = binary_id;
+    st.time = time;
     st.generation += 1;
     st.mask = 0;
 }
 
 /// Send the strings behind record `r`'s string arguments that this process has not
-/// sent yet (a record the drain keeps, before the chunk holding it is written).
+/// sent yet (a record the drain keeps, before the chunk holding it is written); both
+/// point into the per-CPU scratch.
 #[inline(always)]
-pub fn name_strings(st: &mut StringState, r: &Record, time: u64) {
+pub fn name_strings(st: *mut StringState, r: *const Record) {
+    // SAFETY: both point into this CPU's scratch, held by the drain.
+    let (st, r) = unsafe { (&mut *st, &*r) };
     // A probe's first record holds arguments 1 and 2; record k after it (flagged
     // FLAG_USDT_MORE) arguments 2k + 3 and 2k + 4.
     let first_bit = if r.flags & FLAG_USDT_MORE != 0 {
@@ -60,15 +64,12 @@ pub fn name_strings(st: &mut StringState, r: &Record, time: u64) {
         st.mask = site_mask(st, r.site);
         0
     };
-    if st.mask == 0 {
-        return;
-    }
     let bits = (st.mask >> (first_bit & 63)) & 3;
     if bits & 1 != 0 {
-        name_one(st, r.value, time);
+        name_one(st, r.value);
     }
     if bits & 2 != 0 {
-        name_one(st, r.aux, time);
+        name_one(st, r.aux);
     }
 }
 
@@ -95,9 +96,12 @@ fn site_mask(st: &mut StringState, site: u32) -> u64 {
     mask
 }
 
-/// Send the string at `ptr` unless this process sent the same first bytes for it.
-#[inline(always)]
-fn name_one(st: &mut StringState, ptr: u64, time: u64) {
+/// Send the string at `ptr` unless this process sent the same first bytes for it. Its
+/// own frame (at most 32 bytes), called from the drain's callback (at most 64): Linux
+/// 6.1 counts callback frames, rounded up to 32 bytes, into the verifier's 512-byte
+/// chain, and the flush's chain has 96 bytes left for both.
+#[inline(never)]
+fn name_one(st: &mut StringState, ptr: u64) {
     if ptr == 0 {
         return;
     }
@@ -146,7 +150,17 @@ fn name_one(st: &mut StringState, ptr: u64, time: u64) {
     // SAFETY: the reservation is one StringChunk; the helper writes at most
     // STRING_BYTES into its bytes.
     unsafe {
-        (*p).header = ChunkHeader::new(CHUNK_KIND_STRING, st.pid_tid, st.binary_id, 0, time);
+        // Field by field: a whole header would be built on the stack first.
+        let h = &raw mut (*p).header;
+        (*h).kind = CHUNK_KIND_STRING;
+        (*h).count = 0;
+        (*h).pid = (st.pid_tid >> 32) as u32;
+        (*h).tid = st.pid_tid as u32;
+        (*h).seq = 0;
+        (*h).binary_id = st.binary_id;
+        (*h).cause = 0;
+        (*h)._pad = 0;
+        (*h).time = st.time;
         (*p).ptr = ptr;
         let n = bpf_probe_read_user_str(
             (&raw mut (*p).bytes).cast(),
