@@ -46,13 +46,14 @@ pub const CHUNK_KIND_STRING: u32 = 6;
 pub const STRING_BYTES: usize = 256;
 /// [`StringChunk::status`]: the string, NUL-terminated within [`STRING_BYTES`].
 pub const STRING_OK: u32 = 0;
-/// The string is longer than [`STRING_BYTES`] − 1: its first bytes.
+/// The string filled the [`STRING_BYTES`] − 1 bytes kept: its first bytes (it may be
+/// exactly that long).
 pub const STRING_TRUNCATED: u32 = 1;
 /// The pointer could not be read (unmapped, or a page that is not resident).
 pub const STRING_UNREADABLE: u32 = 2;
 /// Or'ed into the status: this process sent another string for the pointer before, so
-/// its memory changed while the records of this drain were being written: what they
-/// saw there is not known (readers call it stale for this drain's records).
+/// its memory changed while the records of this drain were being written (readers name
+/// the pointer by the newer string from here on, and count the change).
 pub const STRING_CHANGED: u32 = 1 << 8;
 
 /// A `CHUNK_KIND_STRING` entry: in process `header.pid`, `ptr` held `bytes` (`len`

@@ -74,18 +74,23 @@ pub const MAP_FILTER_IDS: &str = "FILTER_IDS";
 /// `HashMap<[u64; 2] = filter::site_key(..), u64>`: site sets, 64 sites per entry.
 pub const MAP_FILTER_SITES: &str = "FILTER_SITES";
 /// Entries of `FILTER_IDS`.
-/// `[binary_id, site]` → which arguments of a USDT site are strings (bit `i` =
-/// argument `i + 1`); `[binary_id, STRING_SITES_ANY]` → 1: the binary has such sites.
-pub const MAP_STRING_SITES: &str = "STRING_SITES";
-pub const STRING_SITES_ANY: u64 = u64::MAX;
-pub const MAX_STRING_SITES: u32 = 4096;
-/// `[tgid, pointer]` → the first 32 bytes last read there (LRU): a string is sent
-/// again only when they change.
-pub const MAP_STRINGS: &str = "STRINGS";
-pub const MAX_STRINGS: u32 = 32768;
-/// Bytes of a string compared to tell whether it changed.
-pub const STRING_PROBE_BYTES: usize = 32;
 pub const MAX_FILTER_IDS: u32 = 4096;
+/// `HashMap<[u64; 2], u64>`: `[binary_id, site]` → which arguments of a USDT site are
+/// strings (bit `i` = argument `i + 1`); `[binary_id, STRING_SITES_ANY]` → 1: the
+/// binary has such sites.
+pub const MAP_STRING_SITES: &str = "STRING_SITES";
+/// The site of `STRING_SITES`' per-binary marker.
+pub const STRING_SITES_ANY: u64 = u64::MAX;
+/// Entries of `STRING_SITES`.
+pub const MAX_STRING_SITES: u32 = 4096;
+/// `LruHashMap<[u64; 2], [u64; 4]>`: `[tgid, pointer]` → the string's first bytes
+/// last read there (`STRING_PROBE_BYTES`, the NUL included): a string is sent again
+/// only when they change.
+pub const MAP_STRINGS: &str = "STRINGS";
+/// Entries of `STRINGS`.
+pub const MAX_STRINGS: u32 = 32768;
+/// Bytes read to tell whether a string changed: 31 and the NUL.
+pub const STRING_PROBE_BYTES: usize = 32;
 /// Entries of `FILTER_SITES` by default (both generations; 64 sites each).
 pub const DEFAULT_FILTER_SITE_WORDS: u32 = 1 << 16;
 

@@ -221,6 +221,9 @@ pub struct StringState {
     pub seen: [[u64; 2]; STRING_SEEN_CACHE],
     /// String arguments of the probe whose records these are (its first record's).
     pub mask: u64,
+    /// The `STRING_*` status of the string being read (its first read, whether it
+    /// changed).
+    pub status: u64,
     /// `STRINGS` key and the bytes just read at its pointer.
     pub key: [u64; 2],
     pub probe: [u64; STRING_PROBE_BYTES / 8],

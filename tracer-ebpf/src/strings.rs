@@ -2,7 +2,7 @@
 //! lineno)`): a record holds only the pointers, so the drain, which runs while the
 //! process lives, reads what they point at and sends it (`CHUNK_KIND_STRING`) before
 //! the chunk that holds the record: once per (process, pointer) while the first
-//! `STRING_PROBE_BYTES` there stay the same (`STRINGS`, an LRU map).
+//! `STRING_PROBE_BYTES` − 1 there stay the same (`STRINGS`, an LRU map).
 //!
 //! What is sent is what a pointer held when the buffer was drained, not when the probe
 //! fired: a pointer freed and reused for a string with the same first bytes in between
@@ -50,21 +50,26 @@ pub fn begin(st: &mut StringState, pid_tid: u64, binary_id: u64, (cause, time): 
 }
 
 /// Send the strings behind record `r`'s string arguments that this process has not
-/// sent yet (a record the drain keeps, before the chunk holding it is written); both
-/// point into the per-CPU scratch.
+/// sent yet (a record the drain keeps, before the chunk holding it is written).
+///
+/// # Safety
+/// `st` and `r` point into this CPU's scratch, held by the drain (its busy flag).
 #[inline(always)]
-pub fn name_strings(st: *mut StringState, r: *const Record) {
-    // SAFETY: both point into this CPU's scratch, held by the drain.
+pub unsafe fn name_strings(st: *mut StringState, r: *const Record) {
+    // SAFETY: the caller's promise.
     let (st, r) = unsafe { (&mut *st, &*r) };
     // A probe's first record holds arguments 1 and 2; record k after it (flagged
     // FLAG_USDT_MORE) arguments 2k + 3 and 2k + 4.
     let first_bit = if r.flags & FLAG_USDT_MORE != 0 {
-        2 * ((r.flags >> FLAG_USDT_INDEX_SHIFT) as u64 & 0x1f) + 2
+        2 * (r.flags >> FLAG_USDT_INDEX_SHIFT) as u64 + 2
     } else {
         st.mask = site_mask(st, r.site);
         0
     };
-    let bits = (st.mask >> (first_bit & 63)) & 3;
+    if first_bit >= 64 {
+        return;
+    }
+    let bits = (st.mask >> first_bit) & 3;
     if bits & 1 != 0 {
         name_one(st, r.value);
     }
@@ -127,16 +132,17 @@ fn name_one(st: &mut StringState, ptr: u64) {
             ptr as *const c_void,
         )
     };
-    let mut changed = 0;
+    // Kept in the scratch, not in registers: this frame must stay within 32 bytes.
+    st.status = if n < 0 { STRING_UNREADABLE } else { STRING_OK } as u64;
     if let Some(seen) = STRINGS.get_ptr(&st.key) {
         // A pointer read before and unmapped since (an interpreter freeing its code at
         // exit, before the last drain) keeps the string it held: nothing is there now.
-        // SAFETY: a live map value, compared at once.
-        if n < 0 || same(seen, &st.probe) {
+        // SAFETY: `seen` is a live map value, compared at once.
+        if n < 0 || unsafe { same(seen, &st.probe) } {
             remember(st, i, ptr);
             return;
         }
-        changed = STRING_CHANGED;
+        st.status |= STRING_CHANGED as u64;
     }
     if n < 0 {
         // No string reads as all ones (its last byte would be the NUL).
@@ -162,20 +168,24 @@ fn name_one(st: &mut StringState, ptr: u64) {
         (*h)._pad = 0;
         (*h).time = st.time;
         (*p).ptr = ptr;
-        let n = bpf_probe_read_user_str(
+        let full = bpf_probe_read_user_str(
             (&raw mut (*p).bytes).cast(),
             STRING_BYTES as u32,
             ptr as *const c_void,
         );
-        (*p).len = if n > 0 { n as u32 } else { 0 };
-        (*p).status = changed
-            | if n < 0 {
-                STRING_UNREADABLE
-            } else if n as usize >= STRING_BYTES {
-                STRING_TRUNCATED
-            } else {
-                STRING_OK
-            };
+        // The memory changed between the two reads (mapped or unmapped): what is
+        // remembered must be what is sent, so try again at the next drain.
+        let first = st.status as u32;
+        if (full < 0) != (first & STRING_UNREADABLE != 0) {
+            entry.discard(0);
+            return;
+        }
+        (*p).len = if full > 0 { full as u32 } else { 0 };
+        (*p).status = if full as usize >= STRING_BYTES {
+            first | STRING_TRUNCATED
+        } else {
+            first
+        };
     }
     entry.submit(0);
     let _ = STRINGS.insert(&st.key, &st.probe, 0);
@@ -201,9 +211,14 @@ fn fill(probe: &mut [u64; STRING_PROBE_BYTES / 8], v: u64) {
     probe[3] = v;
 }
 
+/// # Safety
+/// `seen` points at a live `STRINGS` value.
 #[inline(always)]
-fn same(seen: *const [u64; STRING_PROBE_BYTES / 8], probe: &[u64; STRING_PROBE_BYTES / 8]) -> bool {
-    // SAFETY: a live map value, read at once.
+unsafe fn same(
+    seen: *const [u64; STRING_PROBE_BYTES / 8],
+    probe: &[u64; STRING_PROBE_BYTES / 8],
+) -> bool {
+    // SAFETY: the caller's promise.
     let s = unsafe { &*seen };
     s[0] == probe[0] && s[1] == probe[1] && s[2] == probe[2] && s[3] == probe[3]
 }

@@ -90,6 +90,9 @@ struct Frame {
     key: u64,
     start_ns: u64,
     child_ns: u64,
+    /// Its time already counted in a caller's `child_ns`: a call moved down when the
+    /// call below it ended (see the module docs), the part inside that one.
+    credited: u64,
     /// With [`Calls::folding`]: this call's node in the call-stack tree.
     node: usize,
 }
@@ -259,6 +262,7 @@ impl Calls {
                 key,
                 start_ns: time_ns,
                 child_ns: 0,
+                credited: 0,
                 node,
             });
             return Step {
@@ -266,22 +270,19 @@ impl Calls {
                 ..Step::default()
             };
         }
-        // Calls of an interpreted program nest strictly: a return ends the innermost
-        // one, whose entry named it (a string that changed before the return's
-        // buffer was drained, e.g. freed as the interpreter exits, renames the return).
+        // The nearest open call of the same name; for a return of an interpreted
+        // program with none, its innermost open call (their calls nest strictly: a
+        // string that changed before the return's buffer was drained renamed it).
         let lang = key & LANG_KEY != 0;
-        let found = if lang {
-            stack.iter().rposition(|fr| fr.key & LANG_KEY != 0)
-        } else {
-            stack.iter().rposition(|fr| fr.key == key)
-        };
+        let found = stack.iter().rposition(|fr| fr.key == key).or_else(|| {
+            let innermost = stack.iter().rposition(|fr| fr.key & LANG_KEY != 0);
+            self.renamed_returns += u64::from(lang && innermost.is_some());
+            innermost.filter(|_| lang)
+        });
         let Some(at) = found else {
             self.unmatched_exits += 1;
             return Step::default();
         };
-        if stack[at].key != key {
-            self.renamed_returns += 1;
-        }
         // Open calls above it of its own kind never exited; those of the other kind
         // (an interpreter's C code around the probes of a call of its program) are
         // still open, and move down to its caller.
@@ -291,9 +292,17 @@ impl Calls {
             .partition(|fr| (fr.key & LANG_KEY != 0) != lang);
         let abandoned = given_up.len();
         self.unfinished += abandoned as u64;
-        let Some(frame) = stack.pop() else {
+        let Some(mut frame) = stack.pop() else {
             return Step::default();
         };
+        // The lowest moved call is this one's child until now: its part inside this
+        // call counts here, and not again in the caller it moves to.
+        if let Some(m) = moved.first() {
+            let inside = time_ns.saturating_sub(m.start_ns);
+            frame.child_ns = frame
+                .child_ns
+                .saturating_add(inside.saturating_sub(m.credited));
+        }
         let f = frame.function;
         let total = time_ns.saturating_sub(frame.start_ns);
         if let Some(tree) = &mut self.folded {
@@ -302,7 +311,9 @@ impl Calls {
         }
         if let Some(parent) = stack.last_mut() {
             // Saturating: a corrupt trace's times may sum past u64.
-            parent.child_ns = parent.child_ns.saturating_add(total);
+            parent.child_ns = parent
+                .child_ns
+                .saturating_add(total.saturating_sub(frame.credited));
         }
         // A recursive function's total counts its outermost calls only (the inner
         // ones are inside it already); each call still has its own latency.
@@ -329,7 +340,10 @@ impl Calls {
             caller: stack.last().map(|fr| fr.function),
             reentrant: !outermost,
         };
-        for mut fr in moved {
+        for (i, mut fr) in moved.into_iter().enumerate() {
+            if i == 0 {
+                fr.credited = time_ns.saturating_sub(fr.start_ns);
+            }
             if let Some(tree) = &mut self.folded {
                 fr.node = tree.child(stack.last().map_or(0, |p| p.node), fr.function);
             }
@@ -599,9 +613,10 @@ mod tests {
             abs.caller,
             "the C function is the call's child"
         );
+        // py's 70 ns less abs's 30 and the part of the return's helper inside it (10).
         assert_eq!(
             (py.start_ns, py.end_ns, py.self_ns, py.depth),
-            (10, 80, 40, 0)
+            (10, 80, 30, 0)
         );
         assert_eq!(c.renamed_returns, 0);
         let tree = c.folded.as_ref().unwrap();
@@ -617,5 +632,7 @@ mod tests {
         assert_eq!(names(abs_node), ["?:?:3", "abs"]);
         let (fs, unmatched, unfinished) = c.finish();
         assert_eq!((unmatched, unfinished, fs.len()), (0, 0, 3));
+        // No time counted twice: the self times add up to the 90 ns traced.
+        assert_eq!(fs.iter().map(|f| f.self_ns).sum::<u64>(), 90);
     }
 }

@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Context, Result, bail, ensure};
 use tracer_common::{
     CHUNK_HEADER_BYTES, CHUNK_RECORDS, ChunkHeader, RECORD_SIZE, Record, STRING_BYTES,
-    STRING_CHANGED, STRING_UNREADABLE, operand::MAX_OPERAND_RECORDS,
+    STRING_CHANGED, STRING_TRUNCATED, STRING_UNREADABLE, operand::MAX_OPERAND_RECORDS,
 };
 
 use super::{
@@ -243,7 +243,7 @@ impl<R: Read> Reader<R> {
                     status,
                     ptr: u64_at(&payload, 16),
                     drain_time: u64_at(&payload, 24),
-                    text: String::from_utf8_lossy(&payload[STRING_SECTION_FIXED..]).into_owned(),
+                    text: string_text(&payload[STRING_SECTION_FIXED..], status),
                 })
             }
             SECTION_STATS => Section::Stats(
@@ -254,6 +254,18 @@ impl<R: Read> Reader<R> {
         };
         Ok(Some(section))
     }
+}
+
+/// A string section's text. A truncated string may end inside a character: that
+/// partial character is cut, not replaced (a replacement character says "not UTF-8").
+fn string_text(bytes: &[u8], status: u32) -> String {
+    let cut = match std::str::from_utf8(bytes) {
+        Err(e) if status & !STRING_CHANGED == STRING_TRUNCATED && e.error_len().is_none() => {
+            e.valid_up_to()
+        }
+        _ => bytes.len(),
+    };
+    String::from_utf8_lossy(&bytes[..cut]).into_owned()
 }
 
 /// A chunk section: the header, then its records as they are (`SECTION_CHUNK`,
@@ -311,5 +323,18 @@ pub fn read_stats(path: &Path) -> Result<Option<FinalStats>> {
             r.r.seek_relative(len as i64).with_context(ctx)?;
         }
         r.offset += SECTION_HEADER_LEN as u64 + len;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tracer_common::{STRING_OK, STRING_TRUNCATED};
+
+    #[test]
+    fn a_truncated_string_loses_its_partial_character() {
+        let t = "é".repeat(3);
+        let cut = &t.as_bytes()[..5];
+        assert_eq!(super::string_text(cut, STRING_TRUNCATED), "éé");
+        assert_eq!(super::string_text(cut, STRING_OK), "éé\u{FFFD}");
     }
 }

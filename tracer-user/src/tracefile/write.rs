@@ -3,13 +3,14 @@
 
 use std::{
     io::Write,
+    mem::offset_of,
     path::{Path, PathBuf},
 };
 
 use anyhow::{Context, Result};
 use tracer_common::{
     CHUNK_HEADER_BYTES, CHUNK_KIND_RECORDS, CHUNK_KIND_UPROBE, CHUNK_RECORDS, ChunkHeader,
-    RECORD_SIZE, Record, STRING_BYTES, STRING_CHUNK_FIXED,
+    RECORD_SIZE, Record, STRING_BYTES, STRING_CHUNK_FIXED, StringChunk,
 };
 
 use super::direct::DirectWriter;
@@ -17,6 +18,7 @@ use super::{
     BinaryInfo, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, MAGIC, SECTION_BINARY,
     SECTION_CHUNK_PACKED, SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SESSION,
     SECTION_STATS, SECTION_STRING, STRING_SECTION_FIXED, SessionInfo, chunk_header, pack::pack,
+    u32_at, u64_at,
 };
 
 /// Check a ring-buffer entry and append it to `out` as a packed chunk section: its
@@ -66,9 +68,10 @@ pub fn encode_string(entry: &[u8], out: &mut Vec<u8>) -> bool {
     let (Some(h), Some(fixed)) = (chunk_header(entry), entry.get(..STRING_CHUNK_FIXED)) else {
         return false;
     };
-    let ptr = u64::from_le_bytes(fixed[48..56].try_into().expect("8 bytes"));
-    let len = u32::from_le_bytes(fixed[56..60].try_into().expect("4 bytes")) as usize;
-    let status = u32::from_le_bytes(fixed[60..64].try_into().expect("4 bytes"));
+    let at = |o: usize| u64_at(fixed, o);
+    let ptr = at(offset_of!(StringChunk, ptr));
+    let len = u32_at(fixed, offset_of!(StringChunk, len)) as usize;
+    let status = u32_at(fixed, offset_of!(StringChunk, status));
     // The bytes before the NUL (the helper counts it).
     let Some(bytes) = entry.get(STRING_CHUNK_FIXED..STRING_CHUNK_FIXED + len.min(STRING_BYTES))
     else {

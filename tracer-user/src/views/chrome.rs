@@ -13,6 +13,9 @@ use serde_json::json;
 
 use crate::read::{calls::Calls, events::each_record, names::Names, symbols::describe};
 
+/// The thread of a thread's interpreted calls: above every Linux tid (pid_max ≤ 2^22).
+const LANG_TID: u32 = 1 << 22;
+
 pub fn write(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Result<()> {
     let mut calls = Calls::default();
     let mut named: HashSet<(u32, u32)> = HashSet::new();
@@ -39,13 +42,30 @@ pub fn write(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Result
         }
         match ev.kind {
             _ if ev.lang.is_some() || matches!(ev.kind, "entry" | "exit") => {
+                // Calls of an interpreted program do not nest with the interpreter's
+                // own (read/calls.rs): a thread of their own, as complete events on one
+                // thread must nest.
+                let tid = match ev.lang {
+                    Some(_) => {
+                        if named.insert((ev.pid, LANG_TID | ev.tid)) {
+                            put(
+                                w,
+                                json!({"name": "thread_name", "ph": "M", "pid": ev.pid,
+                                       "tid": LANG_TID | ev.tid,
+                                       "args": {"name": format!("{} (interpreted calls)", ev.comm)}}),
+                            );
+                        }
+                        LANG_TID | ev.tid
+                    }
+                    None => ev.tid,
+                };
                 if let Some(s) = calls.event(ev).completed {
                     let f = &calls.functions[s.function];
                     put(
                         w,
                         json!({"name": f.function, "cat": f.binary, "ph": "X",
                                "ts": us(s.start_ns), "dur": us(s.end_ns.saturating_sub(s.start_ns)),
-                               "pid": s.pid, "tid": s.tid}),
+                               "pid": s.pid, "tid": tid}),
                     );
                 }
             }

@@ -502,7 +502,7 @@ pub fn write(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Result
                     EventKind::Begin,
                     (f as u64, u32::MAX),
                     true,
-                    || (name, "python call", None),
+                    || (name, "interpreted call", None),
                 );
             }
             for _ in 0..step.abandoned + usize::from(step.completed.is_some()) {
