@@ -20,6 +20,25 @@ pub fn duckdb_rows(query: &str) -> Vec<Vec<serde_json::Value>> {
         .unwrap_or_else(|e| panic!("duckdb_query.py printed no rows ({e}): {rows}"))
 }
 
+/// The frames of an inferno flame graph (SVG text): each frame's name and its ns, from
+/// the titles "name (N ns, P%)".
+pub fn flamegraph_frames(svg: &str) -> Vec<(String, u64)> {
+    svg.split("<title>")
+        .skip(1)
+        .filter_map(|t| {
+            let t = &t[..t.find("</title>")?];
+            let (name, rest) = t.rsplit_once(" (")?;
+            let ns: String = rest
+                .split(' ')
+                .next()?
+                .chars()
+                .filter(char::is_ascii_digit)
+                .collect();
+            Some((name.to_string(), ns.parse().ok()?))
+        })
+        .collect()
+}
+
 /// The JSON that `tests/tools/SCRIPT ARG` prints, with the PyPI packages that `cargo
 /// xtask setup` installs into `target/xtask/python` (`package` among them).
 fn python_tool(script: &str, package: &str, arg: &std::ffi::OsStr) -> serde_json::Value {

@@ -495,22 +495,7 @@ fn flamegraph_svg_sums_self_time() {
     .ok();
     let text = std::fs::read_to_string(&svg).unwrap();
     assert!(text.starts_with("<?xml") && text.trim_end().ends_with("</svg>"));
-    // Frame titles: "name (N ns, P%)".
-    let titles: Vec<(String, u64)> = text
-        .split("<title>")
-        .skip(1)
-        .filter_map(|t| {
-            let t = &t[..t.find("</title>")?];
-            let (name, rest) = t.rsplit_once(" (")?;
-            let ns: String = rest
-                .split(' ')
-                .next()?
-                .chars()
-                .filter(char::is_ascii_digit)
-                .collect();
-            Some((name.to_string(), ns.parse().ok()?))
-        })
-        .collect();
+    let titles = flamegraph_frames(&text);
     // The whole graph is the self time of every call: what the report sums.
     let v = report_json(&trace);
     let self_total: u64 = v["calls"]["functions"]

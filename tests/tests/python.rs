@@ -116,6 +116,15 @@ fn record(python: &Path, trace: &Path) {
     assert_eq!(out.stdout_str(), want.stdout_str(), "the script's output");
 }
 
+/// `tracer ARGS OUT TRACE` (an export or a flame graph), which must succeed.
+fn tracer_writes(args: &[&str], out: &Path, trace: &Path) {
+    run(
+        Command::new(tracer_bin()).args(args).arg(out).arg(trace),
+        TRACE_TIMEOUT,
+    )
+    .ok();
+}
+
 /// Calls per Python function (`file:function:line`) in `tracer report --json`.
 fn reported_calls(v: &serde_json::Value) -> BTreeMap<String, u64> {
     v["calls"]["functions"]
@@ -166,14 +175,7 @@ fn python_functions_by_name_as_bpftrace_counts_them() {
 
     // A Perfetto slice per Python call, on the thread's "interpreted calls" track.
     let pf = tmp.join("t.pftrace");
-    run(
-        Command::new(tracer_bin())
-            .args(["export", "--format", "perfetto", "-o"])
-            .arg(&pf)
-            .arg(&trace),
-        TRACE_TIMEOUT,
-    )
-    .ok();
+    tracer_writes(&["export", "--format", "perfetto", "-o"], &pf, &trace);
     let summary = perfetto_summary(&pf);
     let lang_track = summary["tracks"]
         .as_array()
@@ -190,21 +192,20 @@ fn python_functions_by_name_as_bpftrace_counts_them() {
     }
     assert_eq!(script_calls(&slices), want, "Perfetto slices");
 
-    // The flame graph has the script's recursion by name.
+    // The flame graph has the script's recursion by name: its outermost frame holds all
+    // of fib's self time (fib calls nothing else).
     let svg = tmp.join("t.svg");
-    run(
-        Command::new(tracer_bin())
-            .args(["flamegraph", "-o"])
-            .arg(&svg)
-            .arg(&trace),
-        TRACE_TIMEOUT,
-    )
-    .ok();
-    let svg = std::fs::read_to_string(&svg).unwrap();
-    assert!(
-        svg.contains(&format!("{}:fib:7", script().display())),
-        "no fib frame in the flame graph"
-    );
+    tracer_writes(&["flamegraph", "-o"], &svg, &trace);
+    let fib = format!("{}:fib:7", script().display());
+    let frames = flamegraph_frames(&std::fs::read_to_string(&svg).unwrap());
+    let widest = frames.iter().filter(|(n, _)| *n == fib).map(|f| f.1).max();
+    let fib_self = v["calls"]["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["function"] == fib.as_str())
+        .and_then(|f| f["self_ns"].as_u64());
+    assert_eq!(widest, fib_self, "fib's frames: {frames:?}");
 }
 
 /// Python calls and the interpreter's own C functions in one trace: each C function
@@ -240,14 +241,7 @@ fn mixed_python_and_c_calls_nest() {
     );
 
     let pq = tmp.join("pq");
-    run(
-        Command::new(tracer_bin())
-            .args(["export", "--format", "parquet", "-o"])
-            .arg(&pq)
-            .arg(&trace),
-        TRACE_TIMEOUT,
-    )
-    .ok();
+    tracer_writes(&["export", "--format", "parquet", "-o"], &pq, &trace);
     let calls = pq.join("calls.parquet");
     let magnitude = format!("{}:magnitude:29", script().display());
     let rows = duckdb_rows(&format!(

@@ -52,6 +52,24 @@ pub struct FunctionTime {
     pub entry_site: Option<(u64, u32)>,
 }
 
+impl FunctionTime {
+    /// A function of `binary` not called yet.
+    fn new(binary: &str, function: String, location: String) -> FunctionTime {
+        FunctionTime {
+            binary: binary.to_string(),
+            function,
+            calls: 0,
+            total_ns: 0,
+            self_ns: 0,
+            min_ns: u64::MAX,
+            max_ns: 0,
+            histogram: vec![0; BUCKETS],
+            location,
+            entry_site: None,
+        }
+    }
+}
+
 /// What one record did to its thread's calls.
 #[derive(Default)]
 pub struct Step {
@@ -177,18 +195,11 @@ impl Calls {
         if let Some(&i) = self.index.get(&key) {
             return i;
         }
-        self.functions.push(FunctionTime {
-            binary: ev.binary.to_string(),
-            function: ev.symbol.to_string(),
-            calls: 0,
-            total_ns: 0,
-            self_ns: 0,
-            min_ns: u64::MAX,
-            max_ns: 0,
-            histogram: vec![0; BUCKETS],
-            location: String::new(),
-            entry_site: None,
-        });
+        self.functions.push(FunctionTime::new(
+            ev.binary,
+            ev.symbol.to_string(),
+            String::new(),
+        ));
         self.index.insert(key, self.functions.len() - 1);
         self.functions.len() - 1
     }
@@ -200,18 +211,11 @@ impl Calls {
             return f;
         }
         let (file, function) = (lang.text(c.file), lang.text(c.function));
-        self.functions.push(FunctionTime {
-            binary: ev.binary.to_string(),
-            function: format!("{file}:{function}:{}", c.line),
-            calls: 0,
-            total_ns: 0,
-            self_ns: 0,
-            min_ns: u64::MAX,
-            max_ns: 0,
-            histogram: vec![0; BUCKETS],
-            location: format!("{file}:{}", c.line),
-            entry_site: None,
-        });
+        self.functions.push(FunctionTime::new(
+            ev.binary,
+            format!("{file}:{function}:{}", c.line),
+            format!("{file}:{}", c.line),
+        ));
         let f = self.functions.len() - 1;
         self.by_lang.insert(key, f);
         f

@@ -163,15 +163,14 @@ fn consume_loop(
                 }
                 continue;
             }
-            if kind == Some(CHUNK_KIND_COMM) || kind == Some(CHUNK_KIND_STRING) {
-                let encoded = if kind == Some(CHUNK_KIND_COMM) {
-                    encode_comm(&item, &mut batch)
-                } else {
-                    encode_string(&item, &mut batch)
-                };
-                if !encoded {
-                    seen.bad_entries += 1;
-                }
+            // Announcements: a section each, no records.
+            let announced = match kind {
+                Some(CHUNK_KIND_COMM) => Some(encode_comm(&item, &mut batch)),
+                Some(CHUNK_KIND_STRING) => Some(encode_string(&item, &mut batch)),
+                _ => None,
+            };
+            if let Some(ok) = announced {
+                seen.bad_entries += u64::from(!ok);
                 continue;
             }
             match encode_chunk(&item, &mut batch) {
