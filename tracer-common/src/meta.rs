@@ -53,6 +53,12 @@ pub const META_VERSION: u32 = 1;
 const HEADER_LEN: usize = 152;
 const SITE_LEN: usize = 32;
 
+/// Most bytes one note may decode into (sites, their names, operand sets, reasons):
+/// the tracer parses the notes of every binary it meets, as root, so a note is
+/// refused before it could make the parser allocate more. A rewritten
+/// librustc_driver (every entry and exit) decodes to well under a tenth of this.
+pub const MAX_DECODED_BYTES: u64 = 1 << 30;
+
 /// The binary is a static executable: its entry shim installs the pre-TLS TCB.
 pub const META_FLAG_PRE_TLS: u32 = 1;
 /// The binary is a shared library.
@@ -207,6 +213,44 @@ pub enum MetaError {
     BadTimeMode(u32),
     /// Operand set `i` of the table is malformed.
     BadOperands(u32),
+    /// Decoding would take more than the note holds or more than [`MAX_DECODED_BYTES`].
+    TooLarge(TooLarge),
+}
+
+/// What made a note too large to decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TooLarge {
+    /// The site names would take `bytes` (at least), more than the string table's
+    /// `strtab` bytes: names that share bytes (every site pointing at one long name)
+    /// would multiply the note in memory. A rewriter writes each name once.
+    Names { bytes: u64, strtab: u64 },
+    /// More operand sets or fallback reasons (`what`) than the note has sites: at most
+    /// one per site.
+    PerSite {
+        what: &'static str,
+        count: u64,
+        sites: u64,
+    },
+    /// The decoded note would take `bytes`, more than [`MAX_DECODED_BYTES`].
+    Decoded { bytes: u64 },
+}
+
+impl fmt::Display for TooLarge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TooLarge::Names { bytes, strtab } => write!(
+                f,
+                "site names would take at least {bytes} bytes from a {strtab}-byte string table"
+            ),
+            TooLarge::PerSite { what, count, sites } => {
+                write!(f, "{count} {what} for {sites} sites")
+            }
+            TooLarge::Decoded { bytes } => write!(
+                f,
+                "it would decode into {bytes} bytes (at most {MAX_DECODED_BYTES})"
+            ),
+        }
+    }
 }
 
 impl fmt::Display for MetaError {
@@ -223,6 +267,7 @@ impl fmt::Display for MetaError {
             MetaError::BadOperands(i) => {
                 write!(f, "utrace metadata: operand set {i} is malformed")
             }
+            MetaError::TooLarge(why) => write!(f, "utrace metadata: note too large: {why}"),
         }
     }
 }
@@ -375,12 +420,14 @@ fn put_reasons(out: &mut Vec<u8>, reasons: &[SiteReason]) {
 }
 
 /// The reason table at `at`; none when the descriptor ends there.
-fn parse_reasons(b: &[u8], at: usize) -> Result<Vec<SiteReason>, MetaError> {
+fn parse_reasons(b: &[u8], at: usize, nsites: usize) -> Result<Vec<SiteReason>, MetaError> {
     if b.len() <= at {
         return Ok(Vec::new());
     }
     let short = MetaError::Truncated("reasons");
     let n = le_u32(b.get(at..at + 4).ok_or(short.clone())?, 0) as usize;
+    at_most_one_per_site("fallback reasons", n, nsites)?;
+    decoded::<SiteReason>(n, 0)?;
     let mut o = at + 4;
     let mut out = Vec::with_capacity(n.min(b.len() / 20));
     for _ in 0..n {
@@ -437,13 +484,42 @@ impl SiteMode {
     }
 }
 
+/// A table of `count` entries that may hold one per site at most.
+fn at_most_one_per_site(what: &'static str, count: usize, sites: usize) -> Result<(), MetaError> {
+    if count > sites {
+        return Err(MetaError::TooLarge(TooLarge::PerSite {
+            what,
+            count: count as u64,
+            sites: sites as u64,
+        }));
+    }
+    Ok(())
+}
+
+/// What `count` values of `T` take in memory, checked against [`MAX_DECODED_BYTES`]
+/// together with `more` bytes decoded besides.
+fn decoded<T>(count: usize, more: u64) -> Result<u64, MetaError> {
+    let bytes = (count as u64)
+        .saturating_mul(size_of::<T>() as u64)
+        .saturating_add(more);
+    if bytes > MAX_DECODED_BYTES {
+        return Err(MetaError::TooLarge(TooLarge::Decoded { bytes }));
+    }
+    Ok(bytes)
+}
+
 /// The operand table at `at` (see the module docs); none when the descriptor ends there.
-fn parse_operands(b: &[u8], at: usize) -> Result<(Vec<SiteOperands>, usize), MetaError> {
+fn parse_operands(
+    b: &[u8],
+    at: usize,
+    nsites: usize,
+) -> Result<(Vec<SiteOperands>, usize), MetaError> {
     if b.len() <= at {
         return Ok((Vec::new(), at));
     }
     let short = MetaError::Truncated("operands");
     let n = le_u32(b.get(at..at + 4).ok_or(short.clone())?, 0) as usize;
+    at_most_one_per_site("operand sets", n, nsites)?;
     let mut o = at + 4;
     let mut out = Vec::with_capacity(n.min(b.len() / 12));
     for i in 0..n {
@@ -588,8 +664,9 @@ impl Metadata {
     /// [`FallbackReason::Unknown`]).
     pub fn reasons(b: &[u8]) -> Result<Vec<SiteReason>, MetaError> {
         let at = Self::operands_at(b)?;
-        let (_, end) = parse_operands(b, at)?;
-        parse_reasons(b, end)
+        let nsites = le_u32(b, 24) as usize;
+        let (_, end) = parse_operands(b, at, nsites)?;
+        parse_reasons(b, end, nsites)
     }
 
     /// Where the operand table of a descriptor starts (after the semaphores).
@@ -636,6 +713,8 @@ impl Metadata {
             return Err(MetaError::Truncated("sites"));
         }
         let strtab = &b[sites_end..total];
+        decoded::<Site>(nsites, 0)?;
+        let mut names = 0u64;
         let mut sites = Vec::with_capacity(nsites);
         for i in 0..nsites {
             let o = HEADER_LEN + i * SITE_LEN;
@@ -643,6 +722,16 @@ impl Metadata {
             let bad = || MetaError::BadSite(i as u32);
             let name_bytes = strtab.get(name_off..).ok_or_else(bad)?;
             let end = name_bytes.iter().position(|&c| c == 0).ok_or_else(bad)?;
+            // Each name is materialised: together they may not take more than the
+            // table they come from (checked before the copy, so a refused note costs
+            // at most two scans of its table).
+            names += end as u64 + 1;
+            if names > strtab_len as u64 {
+                return Err(MetaError::TooLarge(TooLarge::Names {
+                    bytes: names,
+                    strtab: strtab_len as u64,
+                }));
+            }
             sites.push(Site {
                 vaddr: le_u64(b, o),
                 file_off: le_u64(b, o + 8),
@@ -668,7 +757,8 @@ impl Metadata {
                 semaphore_file_off: le_u64(b, sem_at + 16 * i + 8),
             })
             .collect();
-        let (operands, _) = parse_operands(b, sem_end)?;
+        let (operands, _) = parse_operands(b, sem_end, nsites)?;
+        decoded::<SiteOperands>(operands.len(), decoded::<Site>(nsites, names)?)?;
         Ok(Metadata {
             arch: le_u32(b, 12),
             record_version: le_u32(b, 16),
@@ -885,8 +975,19 @@ mod tests {
 
     #[test]
     fn reasons_roundtrip_and_older_metadata() {
+        // At most one reason per site: three uprobe sites.
         let m = Metadata {
-            sites: Vec::new(),
+            sites: (3..6)
+                .map(|id| Site {
+                    id,
+                    vaddr: 0x1000 + u64::from(id),
+                    file_off: 0x1000 + u64::from(id),
+                    name: format!("f{id}"),
+                    kind: SiteKind::FunctionEntry,
+                    mode: SiteMode::Uprobe,
+                    nargs: 0,
+                })
+                .collect(),
             ..Default::default()
         };
         let reasons = vec![
@@ -916,5 +1017,106 @@ mod tests {
             FallbackReason::from_parts(999, 0, ""),
             FallbackReason::Unknown
         );
+    }
+
+    /// The note of issue 28 row 5, small: every site names the one long name. Before,
+    /// parsing materialised it once per site (64 K sites × 2 MiB: ~128 GiB).
+    pub(crate) fn shared_name_note(nsites: usize, name_len: usize) -> Vec<u8> {
+        let m = Metadata {
+            sites: vec![
+                Site {
+                    id: 0,
+                    vaddr: 0x1000,
+                    file_off: 0x1000,
+                    name: "x".repeat(name_len),
+                    kind: SiteKind::FunctionEntry,
+                    mode: SiteMode::Inline,
+                    nargs: 0,
+                };
+                nsites
+            ],
+            ..Default::default()
+        };
+        let mut b = m.to_bytes();
+        // Every name offset → 0, and the string table cut to the one name.
+        for i in 0..nsites {
+            let o = HEADER_LEN + i * SITE_LEN + 20;
+            b[o..o + 4].copy_from_slice(&0u32.to_le_bytes());
+        }
+        let strtab = name_len + 1;
+        b[28..32].copy_from_slice(&(strtab as u32).to_le_bytes());
+        b.truncate((HEADER_LEN + nsites * SITE_LEN + strtab).div_ceil(4) * 4);
+        b
+    }
+
+    #[test]
+    fn names_sharing_bytes_are_refused_not_multiplied() {
+        let b = shared_name_note(64, 4096);
+        assert_eq!(
+            Metadata::parse(&b),
+            Err(MetaError::TooLarge(TooLarge::Names {
+                bytes: 2 * 4097,
+                strtab: 4097
+            }))
+        );
+        assert!(
+            Metadata::parse(&b)
+                .unwrap_err()
+                .to_string()
+                .contains("note too large")
+        );
+        // One site using the name once is fine.
+        assert_eq!(
+            Metadata::parse(&shared_name_note(1, 4096))
+                .unwrap()
+                .sites
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn more_operand_sets_or_reasons_than_sites_are_refused() {
+        let m = Metadata::default();
+        let mut b = m.to_bytes();
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.extend_from_slice(&[0u8; 12]);
+        assert_eq!(
+            Metadata::parse(&b),
+            Err(MetaError::TooLarge(TooLarge::PerSite {
+                what: "operand sets",
+                count: 1,
+                sites: 0
+            }))
+        );
+        let mut r = m.to_bytes();
+        r.extend_from_slice(&0u32.to_le_bytes());
+        r.extend_from_slice(&1000u32.to_le_bytes());
+        assert!(matches!(
+            Metadata::reasons(&r),
+            Err(MetaError::TooLarge(TooLarge::PerSite { count: 1000, .. }))
+        ));
+    }
+
+    /// Every past finding of the `utrace_note` fuzz target (`fuzz/findings/utrace_note`):
+    /// a clear error, or metadata that reads back the same.
+    #[test]
+    fn fuzz_findings_are_errors_or_round_trip() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/findings/utrace_note");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).expect("the findings directory") {
+            let data = std::fs::read(e.unwrap().path()).unwrap();
+            match Metadata::from_note_section(&data) {
+                Some(Ok(m)) => {
+                    let back = Metadata::from_note_section(&m.to_note()).unwrap().unwrap();
+                    assert_eq!(back, m);
+                }
+                Some(Err(e)) => assert!(!e.to_string().is_empty()),
+                None => {}
+            }
+            n += 1;
+        }
+        assert!(n > 0, "no findings in {}", dir.display());
     }
 }
