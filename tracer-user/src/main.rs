@@ -148,6 +148,14 @@ struct RecordArgs {
     /// qemu-aarch64 ./prog.traced`. Its metadata goes into the trace file.
     #[arg(long = "binary", value_name = "PATH", conflicts_with = "pid")]
     binaries: Vec<PathBuf>,
+    /// Run the command (and the dynamic loader asked for its libraries) as this user:
+    /// a name or uid, with an optional group (name or gid); the user's groups, no
+    /// capability. The tracer itself stays root: it loads eBPF, attaches the uprobes
+    /// and writes into the traced processes. Under sudo (the tracer is root and
+    /// SUDO_UID is set) the default is the user who ran sudo; `--run-as root` keeps
+    /// the command root.
+    #[arg(long, value_name = "USER[:GROUP]", conflicts_with_all = ["pid", "system_wide"])]
+    run_as: Option<String>,
     /// The command and its arguments (after `--`).
     #[arg(last = true)]
     command: Vec<OsString>,
@@ -192,6 +200,7 @@ fn run_record(args: RecordArgs) -> Result<i32> {
         user,
         live,
         binaries,
+        run_as,
         command,
     } = args;
     let mut untouched: Vec<record::Untouched> = uprobes
@@ -213,6 +222,11 @@ fn run_record(args: RecordArgs) -> Result<i32> {
     if duration.is_some() && pid.is_none() && !system_wide {
         bail!("--duration is for -p PID or --system-wide (a command ends by itself)");
     }
+    let run_as = if command.is_empty() {
+        None
+    } else {
+        record::credentials::RunAs::for_record(run_as.as_deref())?
+    };
     if user && !filter.is_empty() {
         bail!("filters run in the eBPF drain: not with --user");
     }
@@ -229,6 +243,7 @@ fn run_record(args: RecordArgs) -> Result<i32> {
             filter,
             untouched,
             live: None,
+            run_as,
         };
         return record::userdrain::record(opts, command);
     }
@@ -247,6 +262,7 @@ fn run_record(args: RecordArgs) -> Result<i32> {
         filter,
         untouched,
         live: if live { live_view()? } else { None },
+        run_as,
     })
 }
 
@@ -327,7 +343,20 @@ fn run(cli: Cli) -> Result<i32> {
     }
 }
 
+/// What the tracer inherited (rlimits, signal mask and dispositions, nice), saved for
+/// the commands it runs before anything changes it: from `.init_array`, since Rust's
+/// runtime ignores SIGPIPE before `main`.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static SAVE_INHERITED: extern "C" fn() = save_inherited;
+
+extern "C" fn save_inherited() {
+    record::credentials::save_inherited();
+}
+
 fn main() {
+    // Saved already (above); again in case a platform skipped the constructor.
+    record::credentials::save_inherited();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
     let code = match run(cli) {

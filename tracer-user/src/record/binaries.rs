@@ -108,24 +108,43 @@ pub fn untouched(path: &Path, functions: &[String], usdt: bool) -> Result<Instru
     })
 }
 
+use crate::record::credentials::RunAs;
+
+/// Longest PT_INTERP read (a path).
+const MAX_INTERP_BYTES: u64 = 4096;
+/// Most output read from `ld.so --list` (the loader is the user's program: bounded).
+const MAX_LD_LIST_BYTES: u64 = 1 << 20;
+/// Most of its error output kept for the message.
+const MAX_LD_ERR_BYTES: u64 = 16 << 10;
+
 /// The program interpreter (PT_INTERP) of an ELF executable, None for static ones.
+/// Only the headers and the interpreter's name are read (lazily, bounded).
 fn interpreter(exe: &Path) -> Result<Option<PathBuf>> {
-    let data = std::fs::read(exe).with_context(|| format!("cannot read {}", exe.display()))?;
-    let elf = ElfFile64::<Endianness>::parse(&*data)
+    let f = std::fs::File::open(exe).with_context(|| format!("cannot read {}", exe.display()))?;
+    if !f.metadata()?.is_file() {
+        bail!("{}: not a regular file", exe.display());
+    }
+    let data = object::read::ReadCache::new(f);
+    let elf = ElfFile64::<Endianness, _>::parse(&data)
         .with_context(|| format!("{} is not a 64-bit ELF file", exe.display()))?;
     let endian = elf.endian();
-    for ph in elf.elf_program_headers() {
-        if ph.p_type(endian) == PT_INTERP {
-            let raw = ph
-                .data(endian, &*data)
-                .map_err(|()| anyhow::anyhow!("{}: bad PT_INTERP", exe.display()))?;
-            let raw = raw.split(|&c| c == 0).next().unwrap_or(raw);
-            let s = std::str::from_utf8(raw)
-                .with_context(|| format!("{}: PT_INTERP is not UTF-8", exe.display()))?;
-            return Ok(Some(PathBuf::from(s)));
-        }
+    let Some(ph) = elf
+        .elf_program_headers()
+        .iter()
+        .find(|ph| ph.p_type(endian) == PT_INTERP)
+    else {
+        return Ok(None);
+    };
+    if ph.p_filesz(endian) > MAX_INTERP_BYTES {
+        bail!("{}: PT_INTERP longer than a path", exe.display());
     }
-    Ok(None)
+    let raw = ph
+        .data(endian, &data)
+        .map_err(|()| anyhow::anyhow!("{}: bad PT_INTERP", exe.display()))?;
+    let raw = raw.split(|&c| c == 0).next().unwrap_or(raw);
+    let s = std::str::from_utf8(raw)
+        .with_context(|| format!("{}: PT_INTERP is not UTF-8", exe.display()))?;
+    Ok(Some(PathBuf::from(s)))
 }
 
 /// Parse `ld.so --list` output: the resolved path of every loaded object.
@@ -152,32 +171,88 @@ fn parse_ld_list(out: &str) -> Vec<PathBuf> {
 }
 
 /// The objects `exe` loads, resolved the way the dynamic loader does (it is asked:
-/// `<PT_INTERP> --list exe`, honouring LD_LIBRARY_PATH and friends).
-fn shared_libraries(exe: &Path) -> Result<Vec<PathBuf>> {
+/// `<PT_INTERP> --list exe`, honouring LD_LIBRARY_PATH and friends). The loader is
+/// named by the file, so it is run as the command will be (`run_as`, no capability
+/// unless root) and started as the command is (`credentials::Launch`); its output is
+/// bounded.
+fn shared_libraries(exe: &Path, run_as: Option<&RunAs>) -> Result<Vec<PathBuf>> {
+    use std::{os::unix::process::CommandExt, process::Stdio};
+
+    use crate::record::credentials::{ChildError, Launch};
     let Some(interp) = interpreter(exe)? else {
         return Ok(Vec::new());
     };
-    let out = Command::new(&interp)
-        .arg("--list")
+    let mut cmd = Command::new(&interp);
+    cmd.arg("--list")
         .arg(exe)
-        .output()
-        .with_context(|| format!("cannot run {} --list", interp.display()))?;
-    if !out.status.success() {
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let launch = Launch::new(run_as);
+    // SAFETY: `Launch::apply` makes async-signal-safe calls only, on memory prepared
+    // before the fork (what pre_exec requires).
+    unsafe {
+        cmd.pre_exec(move || launch.apply(None).map_err(ChildError::into_io));
+    }
+    let who = run_as.map_or(String::new(), |r| format!(" as {}", r.name));
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot run {} --list{who}", interp.display()))?;
+    let (out, err) = bounded_output(&mut child);
+    let status = child.wait().context("waiting for the loader")?;
+    let out = out.with_context(|| format!("{} --list {}", interp.display(), exe.display()))?;
+    if !status.success() {
         bail!(
-            "{} --list {} failed ({}): {}",
+            "{} --list {} failed ({status}): {}",
             interp.display(),
             exe.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
+            String::from_utf8_lossy(&err).trim()
         );
     }
-    Ok(parse_ld_list(&String::from_utf8_lossy(&out.stdout)))
+    Ok(parse_ld_list(&String::from_utf8_lossy(&out)))
 }
 
-/// The instrumented binaries among `exe` and the shared libraries it links.
-pub fn for_command(exe: &Path) -> Result<Vec<Instrumented>> {
+/// A child's stdout (an error past `MAX_LD_LIST_BYTES`: the child is killed) and the
+/// start of its stderr, read side by side so that neither pipe can fill and block it.
+fn bounded_output(child: &mut std::process::Child) -> (Result<Vec<u8>>, Vec<u8>) {
+    use std::io::Read;
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    let (out, err) = std::thread::scope(|s| {
+        let err = s.spawn(|| {
+            let mut buf = Vec::new();
+            if let Some(e) = stderr {
+                let _ = e.take(MAX_LD_ERR_BYTES).read_to_end(&mut buf);
+            }
+            buf
+        });
+        let mut out = Vec::new();
+        let read = match stdout {
+            Some(o) => o
+                .take(MAX_LD_LIST_BYTES + 1)
+                .read_to_end(&mut out)
+                .map(|_| ()),
+            None => Ok(()),
+        };
+        (read.map(|()| out), err.join().unwrap_or_default())
+    });
+    let out = match out {
+        Ok(out) if out.len() as u64 > MAX_LD_LIST_BYTES => {
+            let _ = child.kill();
+            Err(anyhow::anyhow!(
+                "more than {MAX_LD_LIST_BYTES} bytes of output"
+            ))
+        }
+        Ok(out) => Ok(out),
+        Err(e) => Err(anyhow::Error::new(e).context("reading its output")),
+    };
+    (out, err)
+}
+
+/// The instrumented binaries among `exe` and the shared libraries it links (listed by
+/// its loader run as `run_as`).
+pub fn for_command(exe: &Path, run_as: Option<&RunAs>) -> Result<Vec<Instrumented>> {
     let mut candidates = vec![exe.to_path_buf()];
-    candidates.extend(shared_libraries(exe)?);
+    candidates.extend(shared_libraries(exe, run_as)?);
     collect(candidates)
 }
 
@@ -409,8 +484,8 @@ mod tests {
         let sh = Path::new("/bin/sh");
         if sh.exists() {
             assert!(read_instrumented(sh).unwrap().is_none());
-            assert!(for_command(sh).unwrap().is_empty());
-            assert!(!shared_libraries(sh).unwrap().is_empty());
+            assert!(for_command(sh, None).unwrap().is_empty());
+            assert!(!shared_libraries(sh, None).unwrap().is_empty());
         }
     }
 

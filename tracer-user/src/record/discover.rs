@@ -15,6 +15,7 @@ use tracer_common::{
 use crate::{
     record::{
         binaries::{self, Instrumented},
+        credentials::RunAs,
         gate,
         target::Target,
     },
@@ -47,24 +48,31 @@ pub(super) fn binary_info(ordinal: u32, b: &Instrumented) -> BinaryInfo {
     }
 }
 
-/// The instrumented binaries of a command (plus `extra`) and its resolved path.
-pub fn discover_command(argv: &[OsString], extra: &[PathBuf]) -> Result<(Vec<Traced>, PathBuf)> {
-    let (binaries, exe) = discover(&Target::Exec(argv.to_vec()), extra)?;
+/// The instrumented binaries of a command (plus `extra`) and its resolved path; its
+/// loader is asked for its libraries as `run_as`.
+pub fn discover_command(
+    argv: &[OsString],
+    extra: &[PathBuf],
+    run_as: Option<&RunAs>,
+) -> Result<(Vec<Traced>, PathBuf)> {
+    let (binaries, exe) = discover(&Target::Exec(argv.to_vec()), extra, run_as)?;
     Ok((binaries, exe.context("no executable to run")?))
 }
 
 /// The instrumented binaries of the target plus `extra` (`--binary`), and the resolved
-/// command when running one; an error if there are none, or too many.
+/// command when running one (its loader run as `run_as`); an error if there are none,
+/// or too many.
 pub(super) fn discover(
     target: &Target,
     extra: &[PathBuf],
+    run_as: Option<&RunAs>,
 ) -> Result<(Vec<Traced>, Option<PathBuf>)> {
     let named = binaries::named(extra)?;
     let (binaries, exe): (Vec<Traced>, _) = match target {
         Target::Exec(argv) => {
             let cmd = argv.first().context("no command given")?;
             let exe = gate::resolve_command(cmd)?;
-            let mut found = match binaries::for_command(&exe) {
+            let mut found = match binaries::for_command(&exe, run_as) {
                 Ok(found) => found,
                 // The command may be a loader we cannot inspect (say, a foreign or
                 // static one); the named binaries are what the user wants traced.

@@ -14,6 +14,8 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
+use crate::record::credentials::{ChildError, ChildStep, Launch, RunAs};
+
 /// Find `cmd` the way execvp does: as given if it contains a slash, else in $PATH.
 pub fn resolve_command(cmd: &OsStr) -> Result<PathBuf> {
     let is_exec = |p: &Path| {
@@ -66,7 +68,10 @@ pub fn socket_pair(kind: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// A forked child that waits at a gate (blocked reading a pipe) before it execs the
-/// command, so the tracer can make it a target first. Stdio is inherited untouched.
+/// command, so the tracer can make it a target first. Stdio is inherited untouched; the
+/// command starts as it would have without the tracer (`credentials::Launch`: the
+/// inherited rlimits, signals and nice value, no other descriptor than the session's),
+/// as the `--run-as` user if one is given.
 pub struct GatedChild {
     pub pid: u32,
     go: Option<OwnedFd>,
@@ -78,10 +83,11 @@ pub struct GatedChild {
 }
 
 impl GatedChild {
-    /// Spawn `exe` for a session that drains through the kernel.
-    pub fn spawn(exe: &Path, argv: &[OsString]) -> Result<Self> {
+    /// Spawn `exe` for a session that drains through the kernel, as `run_as` (None:
+    /// as the tracer).
+    pub fn spawn(exe: &Path, argv: &[OsString], run_as: Option<&RunAs>) -> Result<Self> {
         let (ours, theirs) = socket_pair(libc::SOCK_STREAM).context("socketpair")?;
-        let mut c = Self::spawn_with_drain(exe, argv, Some(theirs.as_raw_fd()))?;
+        let mut c = Self::spawn_with_drain(exe, argv, Some(theirs.as_raw_fd()), run_as)?;
         c.session = Some(ours);
         Ok(c)
     }
@@ -92,6 +98,7 @@ impl GatedChild {
         exe: &Path,
         argv: &[OsString],
         drain_fd: Option<RawFd>,
+        run_as: Option<&RunAs>,
     ) -> Result<Self> {
         // Everything the child needs is prepared before fork: after it, only
         // async-signal-safe calls.
@@ -106,9 +113,11 @@ impl GatedChild {
         c_argv.push(std::ptr::null());
         let (gate_r, gate_w) = pipe_cloexec().context("pipe")?;
         let (err_r, err_w) = pipe_cloexec().context("pipe")?;
+        let launch = Launch::new(run_as);
 
         // SAFETY: the child only calls async-signal-safe functions (read, write,
-        // execv, _exit) on memory prepared above.
+        // dup2, the system calls of `Launch::apply`, execv, _exit) on memory prepared
+        // above.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
             return Err(io::Error::last_os_error()).context("fork");
@@ -120,6 +129,7 @@ impl GatedChild {
                     [gate_r.as_raw_fd(), err_w.as_raw_fd()],
                     [gate_w.as_raw_fd(), err_r.as_raw_fd()],
                     drain_fd,
+                    &launch,
                     &c_exe,
                     &c_argv,
                 )
@@ -149,15 +159,15 @@ impl GatedChild {
         }
         drop(go);
         // The error pipe is close-on-exec: EOF means exec succeeded.
-        let mut errno = [0u8; 4];
+        let mut report = [0u8; 8];
         let mut n = 0;
-        while n < 4 {
-            // SAFETY: reading into the valid remainder of `errno`.
+        while n < report.len() {
+            // SAFETY: reading into the valid remainder of `report`.
             let r = unsafe {
                 libc::read(
                     self.exec_error.as_raw_fd(),
-                    errno[n..].as_mut_ptr().cast(),
-                    4 - n,
+                    report[n..].as_mut_ptr().cast(),
+                    report.len() - n,
                 )
             };
             match r {
@@ -167,7 +177,7 @@ impl GatedChild {
                 _ => return Err(io::Error::last_os_error()).context("reading exec status"),
             }
         }
-        Err(io::Error::from_raw_os_error(i32::from_ne_bytes(errno))).context("cannot execute")
+        Err(ChildError::from_bytes(report).into())
     }
 }
 
@@ -179,6 +189,7 @@ unsafe fn child_after_fork(
     [gate, err]: [RawFd; 2],
     parent_ends: [RawFd; 2],
     drain_fd: Option<RawFd>,
+    launch: &Launch,
     exe: &CString,
     argv: &[*const libc::c_char],
 ) -> ! {
@@ -201,20 +212,38 @@ unsafe fn child_after_fork(
             unsafe { libc::_exit(127) };
         }
     }
-    if let Some(fd) = drain_fd {
-        // dup2 leaves the copy without close-on-exec.
-        // SAFETY: dup2 on descriptors of this process; async-signal-safe.
-        if unsafe { libc::dup2(fd, tracer_common::USER_DRAIN_FD as RawFd) } < 0 {
-            // SAFETY: _exit is async-signal-safe and takes no pointers.
-            unsafe { libc::_exit(127) };
-        }
-    }
-    // SAFETY: exe and argv are valid C strings / a NULL-terminated array.
-    unsafe { libc::execv(exe.as_ptr(), argv.as_ptr()) };
-    // SAFETY: reporting errno over the pipe, then _exit; all async-signal-safe.
+    let drain = tracer_common::USER_DRAIN_FD as RawFd;
+    // SAFETY: async-signal-safe calls on this process's descriptors and on memory
+    // prepared before the fork; `fail` never returns.
     unsafe {
-        let e = (*libc::__errno_location()).to_ne_bytes();
-        libc::write(err, e.as_ptr().cast(), 4);
+        if let Some(fd) = drain_fd {
+            // dup2 leaves the copy without close-on-exec (a no-op if it is the same).
+            let r = if fd == drain {
+                libc::fcntl(fd, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, drain)
+            };
+            if r < 0 {
+                fail(err, ChildError::now(ChildStep::Drain));
+            }
+        }
+        if let Err(e) = launch.apply(drain_fd.map(|_| drain)) {
+            fail(err, e);
+        }
+        libc::execv(exe.as_ptr(), argv.as_ptr());
+        fail(err, ChildError::now(ChildStep::Exec))
+    }
+}
+
+/// Report `e` to the parent over `err`, then exit.
+///
+/// # Safety
+/// In the child only; write and _exit are async-signal-safe.
+unsafe fn fail(err: RawFd, e: ChildError) -> ! {
+    let b = e.to_bytes();
+    // SAFETY: writing 8 bytes from a valid local; _exit never returns.
+    unsafe {
+        libc::write(err, b.as_ptr().cast(), b.len());
         libc::_exit(127)
     }
 }
@@ -249,8 +278,8 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 /// While a command runs in the foreground, Ctrl-C and Ctrl-\ are for it: the tracer
-/// ignores them so it can still write the trace when the command dies of them.
-/// Called after the fork (ignored dispositions would survive exec).
+/// ignores them so it can still write the trace when the command dies of them. (The
+/// command starts with the dispositions the tracer inherited: `credentials::Launch`.)
 pub fn ignore_terminal_signals() {
     // SAFETY: SIG_IGN is a valid disposition for these signals.
     unsafe {
@@ -364,19 +393,52 @@ mod tests {
     fn gate_and_exit_codes() {
         let sh = resolve_command(OsStr::new("sh")).unwrap();
         let args = |s: &str| vec![OsString::from("sh"), "-c".into(), s.into()];
-        let mut c = GatedChild::spawn(&sh, &args("exit 3")).unwrap();
+        let mut c = GatedChild::spawn(&sh, &args("exit 3"), None).unwrap();
         c.release().unwrap();
         assert_eq!(wait_child(c.pid).unwrap(), 3);
-        let mut c = GatedChild::spawn(&sh, &args("kill -9 $$")).unwrap();
+        let mut c = GatedChild::spawn(&sh, &args("kill -9 $$"), None).unwrap();
         c.release().unwrap();
         assert_eq!(wait_child(c.pid).unwrap(), 128 + 9);
         // Dropped without release: the child exits without running the command.
-        let c = GatedChild::spawn(&sh, &args("exit 0")).unwrap();
+        let c = GatedChild::spawn(&sh, &args("exit 0"), None).unwrap();
         let pid = c.pid;
         drop(c);
         assert_eq!(wait_child(pid).unwrap(), 127);
-        let mut c = GatedChild::spawn(Path::new("/nonexistent"), &args("")).unwrap();
+        let mut c = GatedChild::spawn(Path::new("/nonexistent"), &args(""), None).unwrap();
         assert!(c.release().is_err());
         assert_eq!(wait_child(c.pid).unwrap(), 127);
+    }
+
+    /// The command starts without the tracer's descriptors but the session's, and as
+    /// `--run-as` says: uid, gid, groups, no capability.
+    #[test]
+    fn command_starts_clean() {
+        crate::record::credentials::save_inherited();
+        let sh = resolve_command(OsStr::new("sh")).unwrap();
+        // A descriptor without close-on-exec, as a parent may leave one.
+        // SAFETY: dup of stderr; the copy is closed below.
+        let leaked = unsafe { libc::dup(2) };
+        assert!(leaked > 2);
+        let script = format!(
+            "test ! -e /proc/self/fd/{leaked} && test -e /proc/self/fd/{drain} && \
+             test -e /proc/self/fd/2 || exit 9",
+            drain = tracer_common::USER_DRAIN_FD
+        );
+        let args = vec![OsString::from("sh"), "-c".into(), script.into()];
+        let mut c = GatedChild::spawn(&sh, &args, None).unwrap();
+        c.release().unwrap();
+        // SAFETY: closing our own descriptor.
+        unsafe { libc::close(leaked) };
+        assert_eq!(wait_child(c.pid).unwrap(), 0);
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let nobody = RunAs::parse("65534:65534").unwrap();
+            let check = "test \"$(id -u):$(id -g):$(id -G)\" = 65534:65534:65534 && \
+                         grep -q '^CapEff:[[:space:]]*0*$' /proc/self/status || exit 9";
+            let args = vec![OsString::from("sh"), "-c".into(), check.into()];
+            let mut c = GatedChild::spawn(&sh, &args, Some(&nobody)).unwrap();
+            c.release().unwrap();
+            assert_eq!(wait_child(c.pid).unwrap(), 0);
+        }
     }
 }

@@ -7,6 +7,7 @@ mod attach;
 pub mod binaries;
 pub mod consumer;
 pub mod control;
+pub mod credentials;
 mod discover;
 pub mod filters;
 pub mod gate;
@@ -77,7 +78,8 @@ pub fn record(mut opts: RecordOptions) -> Result<i32> {
     outputs.mapped = Some(mapped_tx);
     let started = match (&opts.target, exe) {
         (Target::Exec(argv), Some(exe)) => {
-            start_exec(&exe, argv, &mut live, &mut session, outputs)?
+            let run_as = opts.run_as.as_ref();
+            start_exec(&exe, argv, run_as, &mut live, &mut session, outputs)?
         }
         (Target::Attach { pid, duration }, _) => {
             start_attach(*pid, *duration, &initial, &mut live, &mut session, outputs)?
@@ -124,7 +126,8 @@ pub fn record(mut opts: RecordOptions) -> Result<i32> {
 
 /// The target's instrumented binaries, then the untouched ones (`--uprobe`, `--usdt`).
 fn initial_binaries(opts: &RecordOptions) -> Result<(Vec<Traced>, Option<PathBuf>)> {
-    let (mut initial, exe) = discover::discover(&opts.target, &opts.binaries)?;
+    let (mut initial, exe) =
+        discover::discover(&opts.target, &opts.binaries, opts.run_as.as_ref())?;
     for u in &opts.untouched {
         let b = binaries::untouched(&u.path, &u.functions, u.usdt).with_context(|| {
             format!(
@@ -227,12 +230,13 @@ struct Started {
 fn start_exec(
     exe: &Path,
     argv: &[std::ffi::OsString],
+    run_as: Option<&credentials::RunAs>,
     live: &mut Live,
     session: &mut SessionInfo,
     outputs: Outputs,
 ) -> Result<Started> {
     // Dropped before release (any error below), the child exits unexecuted.
-    let mut c = GatedChild::spawn(exe, argv)?;
+    let mut c = GatedChild::spawn(exe, argv, run_as)?;
     live.add_target(c.pid)?;
     session.mode = "exec".into();
     session.pids = vec![c.pid];

@@ -38,6 +38,9 @@ pub struct RecordOptions {
     pub untouched: Vec<Untouched>,
     /// `--live`: a view of the session as it runs.
     pub live: Option<LiveFeed>,
+    /// `--run-as` (or the sudo default): who the command, and its loader asked for its
+    /// libraries, run as; None: as the tracer.
+    pub run_as: Option<crate::record::credentials::RunAs>,
 }
 
 /// What a live view of the session (`record --live`) is fed: a copy of the trace as it

@@ -68,9 +68,10 @@ struct State {
 }
 
 pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
-    let (binaries, exe) = discover_command(&argv, &opts.binaries)?;
+    let run_as = opts.run_as.as_ref();
+    let (binaries, exe) = discover_command(&argv, &opts.binaries, run_as)?;
     let (ours, theirs) = seqpacket_pair()?;
-    let mut child = GatedChild::spawn_with_drain(&exe, &argv, Some(theirs.as_raw_fd()))?;
+    let mut child = GatedChild::spawn_with_drain(&exe, &argv, Some(theirs.as_raw_fd()), run_as)?;
     drop(theirs);
     seize(child.pid)?;
 
