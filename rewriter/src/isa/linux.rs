@@ -13,6 +13,14 @@ pub const SOCK_CLOEXEC: u32 = 0o2000000;
 pub const O_CLOEXEC: u32 = 0o2000000;
 pub const SOL_SOCKET: u32 = 1;
 pub const SO_TYPE: u32 = 3;
+pub const SO_PEERCRED: u32 = 17;
+/// `struct ucred { pid, uid, gid }`: its size and where the uid is.
+pub const UCRED_SIZE: u32 = 12;
+pub const UCRED_UID: u32 = 4;
+/// `prctl(PR_GET_DUMPABLE)`: 1 unless the process gained privileges at exec (setuid,
+/// setgid, file capabilities: `AT_SECURE`) or changed its credentials since.
+pub const PR_GET_DUMPABLE: u32 = 3;
+pub const SUID_DUMP_USER: u32 = 1;
 pub const MSG_NOSIGNAL: u32 = 0x4000;
 pub const MSG_DONTWAIT: u32 = 0x40;
 pub const POLLIN: u32 = 1;

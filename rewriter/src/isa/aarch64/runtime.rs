@@ -22,6 +22,8 @@ const SYS_CONNECT: u32 = 203;
 const SYS_DUP3: u32 = 24;
 const SYS_CLOSE: u32 = 57;
 const SYS_PPOLL: u32 = 73;
+const SYS_PRCTL: u32 = 167;
+const SYS_GETEUID: u32 = 175;
 
 /// `add rd, rn, #v` for any v < 2^24 (one or two instructions).
 fn add_big(a: &mut Asm, rd: u32, rn: u32, v: u64) {
@@ -438,14 +440,26 @@ const fn chunk_kind_cause(kind: u32, cause: u32) -> u64 {
 /// In `register` after a slot was claimed (x9 = slot, x6 = rw_base, x7 = tp): decide
 /// once per process whether the user-space drain is on (descriptor USER_DRAIN_FD is a
 /// SOCK_SEQPACKET socket; a SOCK_STREAM one: `USER_SESSION`), and if so tell the tracer
-/// about the slot. Clobbers x0..x4, x8, x10, x11 (register saved them); keeps x5..x7,
-/// x9. Flag-free.
+/// about the slot. Only a dumpable process joins (`prctl(PR_GET_DUMPABLE)` = 1: not
+/// setuid, setgid or given file capabilities at exec), and only a peer that is root or
+/// this process's effective user ([`emit_peer_trusted`]); refused: `USER_OFF`, no
+/// wait. Clobbers x0..x4, x8, x10, x11 (register saved them); keeps x5..x7, x9.
+/// Flag-free.
 fn emit_user_discovery(a: &mut Asm, user_send: Label) {
-    let (known, not_socket, off) = (a.label(), a.label(), a.label());
+    let (known, decided, off) = (a.label(), a.label(), a.label());
     a.put(ldr_w(0, 6, RWH_USER_STATE as u32));
     const _: () = assert!(USER_UNKNOWN == 0);
     a.cbz_l(false, true, 0, known);
     a.put(sub_imm(SP, SP, 16, false)); // [sp] = option value, [sp+8] = its length
+    a.put(movz(0, PR_GET_DUMPABLE, 0));
+    for r in 1..=4 {
+        a.put(movz(r, 0, 0));
+    }
+    a.put(movz(8, SYS_PRCTL, 0));
+    a.put(SVC0);
+    a.put(sub_imm(0, 0, SUID_DUMP_USER, false));
+    a.put(movz(1, USER_OFF, 0));
+    a.cbz_l(true, true, 0, decided);
     a.put(movz(0, 4, 0));
     a.put(str_w(0, SP, 8));
     a.put(movz(0, USER_DRAIN_FD, 0));
@@ -456,25 +470,33 @@ fn emit_user_discovery(a: &mut Asm, user_send: Label) {
     a.put(movz(8, SYS_GETSOCKOPT, 0));
     a.put(SVC0);
     a.put(movz(1, USER_OFF, 0));
-    let is_socket = a.label();
+    let (is_socket, check_peer) = (a.label(), a.label());
     a.cbz_l(true, false, 0, is_socket);
     // No such descriptor: a system-wide session's socket, if one listens.
     a.put(add_imm(2, 0, EBADF, false));
-    a.cbz_l(true, true, 2, not_socket); // not a socket
+    a.cbz_l(true, true, 2, decided); // not a socket
     emit_session_connect(a);
-    a.b_l(not_socket);
+    a.b_l(decided);
     a.bind(is_socket);
     a.put(ldr_w(2, SP, 0));
     a.put(movz(1, USER_ON, 0));
     a.put(movz(3, SOCK_SEQPACKET, 0));
     a.put(sub_w_reg(3, 2, 3));
-    a.cbz_l(false, false, 3, not_socket);
+    a.cbz_l(false, false, 3, check_peer);
     a.put(movz(1, USER_SESSION, 0));
     a.put(movz(3, SOCK_STREAM, 0));
     a.put(sub_w_reg(3, 2, 3));
-    a.cbz_l(false, false, 3, not_socket);
+    a.cbz_l(false, false, 3, check_peer);
     a.put(movz(1, USER_OFF, 0));
-    a.bind(not_socket);
+    a.b_l(decided);
+    a.bind(check_peer);
+    a.put(mov_reg(10, 1));
+    a.put(movz(0, USER_DRAIN_FD, 0));
+    emit_peer_trusted(a);
+    a.put(mov_reg(1, 10));
+    a.cbz_l(true, false, 0, decided);
+    a.put(movz(1, USER_OFF, 0));
+    a.bind(decided);
     a.put(add_imm(SP, SP, 16, false));
     a.put(movz(2, USER_DRAIN_FD, 0));
     a.put(str_w(2, 6, RWH_USER_FD as u32));
@@ -498,10 +520,39 @@ fn emit_user_discovery(a: &mut Asm, user_send: Label) {
     a.bind(off);
 }
 
+/// x0 = a connected Unix socket: x0 = 0 when the process at its other end
+/// (`SO_PEERCRED`: its effective uid when it made the socket) is root or this process's
+/// effective user, else non-zero. `getsockopt`, and `geteuid` unless the peer is root.
+/// Clobbers x0..x4, x8, x11; keeps x10.
+fn emit_peer_trusted(a: &mut Asm) {
+    let (refuse, done) = (a.label(), a.label());
+    a.put(sub_imm(SP, SP, 16, false)); // [sp] = struct ucred, [sp+12] = its length
+    a.put(movz(1, UCRED_SIZE, 0));
+    a.put(str_w(1, SP, UCRED_SIZE));
+    a.put(movz(1, SOL_SOCKET, 0));
+    a.put(movz(2, SO_PEERCRED, 0));
+    a.put(add_imm(3, SP, 0, false));
+    a.put(add_imm(4, SP, UCRED_SIZE, false));
+    a.put(movz(8, SYS_GETSOCKOPT, 0));
+    a.put(SVC0);
+    a.cbz_l(true, true, 0, refuse);
+    a.put(ldr_w(11, SP, UCRED_UID));
+    a.cbz_l(false, false, 11, done); // root (x0 = 0)
+    a.put(movz(8, SYS_GETEUID, 0));
+    a.put(SVC0);
+    a.put(sub_w_reg(0, 0, 11)); // 0: ourselves
+    a.b_l(done);
+    a.bind(refuse);
+    a.put(movz(0, 1, 0));
+    a.bind(done);
+    a.put(add_imm(SP, SP, 16, false));
+}
+
 /// No descriptor USER_DRAIN_FD: connect to a system-wide session's socket
-/// (`SESSION_SOCKET`, abstract); connected, the socket becomes USER_DRAIN_FD
-/// (close-on-exec) and x1 = `USER_SESSION`, else `USER_OFF`. Three system calls when no
-/// session listens. Clobbers x0..x4, x8, x10, x11.
+/// (`SESSION_SOCKET`, abstract: any user may have bound the name); connected to a
+/// trusted listener ([`emit_peer_trusted`]), the socket becomes USER_DRAIN_FD
+/// (close-on-exec) and x1 = `USER_SESSION`, else it is closed and x1 = `USER_OFF`.
+/// Three system calls when no session listens. Clobbers x0..x4, x8, x10, x11.
 fn emit_session_connect(a: &mut Asm) {
     let (close, off, done) = (a.label(), a.label(), a.label());
     a.put(movz(0, AF_UNIX, 0));
@@ -530,6 +581,9 @@ fn emit_session_connect(a: &mut Asm) {
     a.put(movz(8, SYS_CONNECT, 0));
     a.put(SVC0);
     a.put(add_imm(SP, SP, 32, false));
+    a.cbz_l(true, true, 0, close);
+    a.put(mov_reg(0, 10));
+    emit_peer_trusted(a);
     a.cbz_l(true, true, 0, close);
     a.put(mov_reg(0, 10));
     a.put(movz(1, USER_DRAIN_FD, 0));

@@ -27,6 +27,8 @@ const SYS_CONNECT: u32 = 42;
 const SYS_CLOSE: u32 = 3;
 const SYS_DUP3: u32 = 292;
 const SYS_PPOLL: u32 = 271;
+const SYS_PRCTL: u32 = 157;
+const SYS_GETEUID: u32 = 107;
 
 pub(super) fn emit(
     layout: &Layout,
@@ -474,11 +476,15 @@ const fn chunk_kind_cause(kind: u32, cause: u32) -> u64 {
 /// In `register` after a slot was claimed (%rsi = slot, %rdx = rw_base, %r8 = tp):
 /// decide once per process whether the user-space drain is on (descriptor
 /// USER_DRAIN_FD is a SOCK_SEQPACKET socket; a SOCK_STREAM one: `USER_SESSION`), and
-/// if so tell the tracer about the slot.
+/// if so tell the tracer about the slot. Only a process that is dumpable joins
+/// (`prctl(PR_GET_DUMPABLE)` = 1: not setuid, setgid or given file capabilities at exec)
+/// and only a peer that is root or this process's effective user
+/// ([`emit_peer_trusted`]): else whoever put a socket at that descriptor would read a
+/// privileged program's records, or make it wait. Refused: `USER_OFF`, no wait.
 /// Clobbers %rax %rcx %rdi %r9 %r10 %r11.
 fn emit_user_discovery(a: &mut CodeAssembler, user_send: CodeLabel) -> Result<(), IcedError> {
     let mut known = a.create_label();
-    let mut not_socket = a.create_label();
+    let mut decided = a.create_label();
     let mut off = a.create_label();
     a.cmp(dword_ptr(rdx + RWH_USER_STATE as i32), USER_UNKNOWN)?;
     a.jne(known)?;
@@ -486,6 +492,15 @@ fn emit_user_discovery(a: &mut CodeAssembler, user_send: CodeLabel) -> Result<()
         a.push(r)?;
     }
     a.sub(rsp, 16)?; // [rsp] = option value, [rsp+8] = its length
+    a.mov(edi, PR_GET_DUMPABLE)?;
+    for r in [esi, edx, r10d, r8d] {
+        a.xor(r, r)?;
+    }
+    a.mov(eax, SYS_PRCTL)?;
+    a.syscall()?;
+    a.mov(ecx, USER_OFF)?;
+    a.cmp(rax, SUID_DUMP_USER as i32)?;
+    a.jne(decided)?;
     a.mov(dword_ptr(rsp + 8), 4)?;
     a.mov(edi, USER_DRAIN_FD)?;
     a.mov(esi, SOL_SOCKET)?;
@@ -496,21 +511,31 @@ fn emit_user_discovery(a: &mut CodeAssembler, user_send: CodeLabel) -> Result<()
     a.syscall()?;
     a.mov(ecx, USER_OFF)?;
     let mut is_socket = a.create_label();
+    let mut check_peer = a.create_label();
     a.test(rax, rax)?;
     a.je(is_socket)?;
     a.cmp(rax, -(EBADF as i32))?;
-    a.jne(not_socket)?;
+    a.jne(decided)?;
     emit_session_connect(a)?;
-    a.jmp(not_socket)?;
+    a.jmp(decided)?;
     a.set_label(&mut is_socket)?;
     a.mov(ecx, USER_ON)?;
     a.cmp(dword_ptr(rsp), SOCK_SEQPACKET)?;
-    a.je(not_socket)?;
+    a.je(check_peer)?;
     a.mov(ecx, USER_SESSION)?;
     a.cmp(dword_ptr(rsp), SOCK_STREAM)?;
-    a.je(not_socket)?;
+    a.je(check_peer)?;
     a.mov(ecx, USER_OFF)?;
-    a.set_label(&mut not_socket)?;
+    a.jmp(decided)?;
+    a.set_label(&mut check_peer)?;
+    a.mov(r9d, ecx)?;
+    a.mov(edi, USER_DRAIN_FD)?;
+    emit_peer_trusted(a)?;
+    a.mov(ecx, r9d)?;
+    a.test(eax, eax)?;
+    a.je(decided)?;
+    a.mov(ecx, USER_OFF)?;
+    a.set_label(&mut decided)?;
     a.add(rsp, 16)?;
     for r in [r8, rsi, rdx] {
         a.pop(r)?;
@@ -536,11 +561,43 @@ fn emit_user_discovery(a: &mut CodeAssembler, user_send: CodeLabel) -> Result<()
     Ok(())
 }
 
+/// %edi = a connected Unix socket: %eax = 0 when the process at its other end
+/// (`SO_PEERCRED`: its effective uid when it made the socket) is root or this process's
+/// effective user, else non-zero. `getsockopt`, and `geteuid` unless the peer is root.
+/// Clobbers %rax %rcx %rdx %rsi %rdi %r8 %r10 %r11; keeps %r9.
+fn emit_peer_trusted(a: &mut CodeAssembler) -> Result<(), IcedError> {
+    let (mut refuse, mut done) = (a.create_label(), a.create_label());
+    a.sub(rsp, 32)?; // [rsp] = struct ucred, [rsp+16] = its length
+    a.mov(dword_ptr(rsp + 16), UCRED_SIZE)?;
+    a.mov(esi, SOL_SOCKET)?;
+    a.mov(edx, SO_PEERCRED)?;
+    a.mov(r10, rsp)?;
+    a.lea(r8, ptr(rsp + 16))?;
+    a.mov(eax, SYS_GETSOCKOPT)?;
+    a.syscall()?;
+    a.test(rax, rax)?;
+    a.jne(refuse)?;
+    a.mov(eax, dword_ptr(rsp + UCRED_UID as i32))?;
+    a.test(eax, eax)?;
+    a.je(done)?; // root
+    a.mov(r8d, eax)?;
+    a.mov(eax, SYS_GETEUID)?;
+    a.syscall()?;
+    a.xor(eax, r8d)?; // 0: ourselves
+    a.jmp(done)?;
+    a.set_label(&mut refuse)?;
+    a.mov(eax, 1)?;
+    a.set_label(&mut done)?;
+    a.add(rsp, 32)?;
+    Ok(())
+}
+
 /// No descriptor USER_DRAIN_FD: connect to a system-wide session's socket
-/// (`SESSION_SOCKET`, abstract); connected, the socket becomes USER_DRAIN_FD
-/// (close-on-exec) and %ecx = `USER_SESSION`, else `USER_OFF`. Three system calls when
-/// no session listens. Clobbers %rax %rcx %rdx %rsi %rdi %r9 %r10 %r11 (the caller
-/// saved %rdx %rsi %r8).
+/// (`SESSION_SOCKET`, abstract: any user may have bound the name); connected to a
+/// trusted listener ([`emit_peer_trusted`]), the socket becomes USER_DRAIN_FD
+/// (close-on-exec) and %ecx = `USER_SESSION`, else it is closed and %ecx = `USER_OFF`.
+/// Three system calls when no session listens. Clobbers %rax %rcx %rdx %rsi %rdi %r8
+/// %r9 %r10 %r11 (the caller saved %rdx %rsi %r8).
 fn emit_session_connect(a: &mut CodeAssembler) -> Result<(), IcedError> {
     let (mut close, mut off, mut done) = (a.create_label(), a.create_label(), a.create_label());
     a.mov(edi, AF_UNIX)?;
@@ -572,6 +629,10 @@ fn emit_session_connect(a: &mut CodeAssembler) -> Result<(), IcedError> {
     a.syscall()?;
     a.add(rsp, 32)?;
     a.test(rax, rax)?;
+    a.jne(close)?;
+    a.mov(edi, r9d)?;
+    emit_peer_trusted(a)?;
+    a.test(eax, eax)?;
     a.jne(close)?;
     a.mov(edi, r9d)?;
     a.mov(esi, USER_DRAIN_FD)?;
