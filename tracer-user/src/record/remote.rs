@@ -19,6 +19,27 @@ pub(super) fn ptrace(req: PtraceRequest, pid: u32, data: usize) -> io::Result<()
     }
 }
 
+/// `PTRACE_GETEVENTMSG` of a stopped tracee: the new task's id at a clone, fork or
+/// vfork stop, the former thread id at an exec stop.
+pub(super) fn event_msg(tid: u32) -> io::Result<u64> {
+    let mut msg: libc::c_ulong = 0;
+    // SAFETY: GETEVENTMSG writes one unsigned long to the address we own.
+    let r = unsafe {
+        libc::ptrace(
+            libc::PTRACE_GETEVENTMSG,
+            tid as libc::pid_t,
+            0usize,
+            &raw mut msg,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        // c_ulong: 64 bits on the targets the tracer runs on.
+        Ok(msg as u64)
+    }
+}
+
 pub(super) fn read_mem(pid: u32, addr: u64, buf: &mut [u8]) -> io::Result<()> {
     let local = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),

@@ -41,6 +41,36 @@ pub fn parse_message(msg: &[u8]) -> Message<'_> {
     }
 }
 
+/// Why a message of the drain socket was not believed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// No `SCM_CREDENTIALS` came with it.
+    NoCredentials,
+    /// Its header names a process other than the one that sent it (the kernel's word).
+    NotTheSender,
+    /// Its header's thread is no thread the tracer seized in that process.
+    NotSeized,
+}
+
+/// Whether a message with header `h` is believed: sent by process `sender` (from
+/// `SCM_CREDENTIALS`: the kernel's, not the program's word), naming that process and
+/// one of its threads the tracer holds seized (`seized_tgid`: the process of thread
+/// `h.tid` among them, if it is one).
+pub fn check_sender(
+    h: &ChunkHeader,
+    sender: Option<u32>,
+    seized_tgid: Option<u32>,
+) -> Result<(), Refused> {
+    let sender = sender.ok_or(Refused::NoCredentials)?;
+    if h.pid != sender {
+        return Err(Refused::NotTheSender);
+    }
+    if seized_tgid != Some(sender) {
+        return Err(Refused::NotSeized);
+    }
+    Ok(())
+}
+
 /// What to collect from a slot read out of thread `tid`'s process.
 #[derive(Debug, PartialEq, Eq)]
 pub enum SlotSpan {
@@ -57,6 +87,17 @@ pub enum SlotSpan {
 /// buffer's cursor may run past its end by one stub's reservation (at most a page);
 /// no buffer is larger than a rewriter makes them.
 pub fn slot_span(slot: &Slot, tid: u32, ring: bool) -> SlotSpan {
+    slot_span_within(
+        slot,
+        tid,
+        ring,
+        u64::from(MAX_BUF_RECORDS) * RECORD_SIZE as u64,
+    )
+}
+
+/// [`slot_span`] of a slot whose binary's buffers hold `max_bytes` (its metadata's
+/// geometry): a slot claiming a larger buffer is bad.
+pub fn slot_span_within(slot: &Slot, tid: u32, ring: bool, max_bytes: u64) -> SlotSpan {
     if slot.owner_tid != tid || slot.cur < slot.start {
         return SlotSpan::NotOwned;
     }
@@ -66,7 +107,7 @@ pub fn slot_span(slot: &Slot, tid: u32, ring: bool) -> SlotSpan {
     let aligned = |n: u64| n.is_multiple_of(RECORD_SIZE as u64);
     if !aligned(bytes)
         || !aligned(used)
-        || size > u64::from(MAX_BUF_RECORDS) * RECORD_SIZE as u64
+        || size > max_bytes.min(u64::from(MAX_BUF_RECORDS) * RECORD_SIZE as u64)
         || bytes > size + 4096
         || (ring && slot.cur >= slot.end)
     {
@@ -160,5 +201,34 @@ mod tests {
         let torn = slot(0x1000, 0x1000 + 40, 0x1000 + 16 * 32);
         assert_eq!(slot_span(&torn, 7, true), SlotSpan::Bad);
         assert!(matches!(parse_message(&[0u8; 3]), Message::Bad));
+        // Within its binary's geometry only: 16 records here.
+        let big = slot(0x1000, 0x1000 + 32 * 32, 0x1000 + 32 * 32);
+        assert_eq!(slot_span_within(&big, 7, false, 16 * 32), SlotSpan::Bad);
+        assert!(matches!(
+            slot_span_within(&big, 7, false, 32 * 32),
+            SlotSpan::Collect { .. }
+        ));
+    }
+
+    #[test]
+    fn a_message_is_believed_only_from_its_seized_sender() {
+        let h = ChunkHeader::new(CHUNK_KIND_SLOT, (10 << 32) | 11, 1, 0, 0);
+        assert_eq!(check_sender(&h, Some(10), Some(10)), Ok(()));
+        assert_eq!(
+            check_sender(&h, None, Some(10)),
+            Err(Refused::NoCredentials)
+        );
+        // Another process's pid in the header (the victim's), sent by 10.
+        let forged = ChunkHeader::new(CHUNK_KIND_SLOT, (99 << 32) | 11, 1, 0, 0);
+        assert_eq!(
+            check_sender(&forged, Some(10), Some(10)),
+            Err(Refused::NotTheSender)
+        );
+        // A thread the tracer does not hold, or one of another process.
+        assert_eq!(check_sender(&h, Some(10), None), Err(Refused::NotSeized));
+        assert_eq!(
+            check_sender(&h, Some(10), Some(12)),
+            Err(Refused::NotSeized)
+        );
     }
 }

@@ -13,6 +13,15 @@
 //! Everything runs on one thread: the socket is always emptied before an exit is
 //! handled, so a thread's last records follow its earlier ones in the file.
 //!
+//! What the command sends is believed only as far as the kernel vouches for it (the
+//! tracer may be root, the command another user's program): each message carries the
+//! sender's pid in `SCM_CREDENTIALS` (`SO_PASSCRED`), which must be the pid its header
+//! names, and the header's thread must be one the tracer holds seized in that process
+//! ([`Seized`]: the command and its descendants, as ptrace reported them). Memory is
+//! read and written only in such threads' processes: a seized task is not reaped
+//! until the tracer waits for it, so its id cannot name another process meanwhile.
+//! A slot's buffer is read only as large as its binary's metadata makes buffers.
+//!
 //! A slot of a binary the command line did not name (qemu-user's guest program, a
 //! `dlopen`ed library) makes the tracer look at the process's mappings and describe
 //! the instrumented binaries it finds there, so `--binary` is only needed where the
@@ -35,22 +44,70 @@ use tracer_common::{
 use crate::{
     record::gate::{self, GatedChild},
     record::host::clock,
-    record::remote::{ptrace, read_mem, write_mem},
+    record::remote::{event_msg, ptrace, read_mem, write_mem},
     record::{
-        binaries,
+        binaries::{self, Instrumented},
         discover::{binary_info, binary_infos, discover_command},
         summary::print_summary,
         target::RecordOptions,
-        target_data::{Message, SlotSpan, encode_records, parse_message, slot_span},
+        target_data::{
+            Message, Refused, SlotSpan, check_sender, encode_records, parse_message,
+            slot_span_within,
+        },
     },
     tracefile::{FinalStats, SessionInfo, Writer, encode_load},
 };
 
 /// Largest message: header + USER_MSG_RECORDS records (bigger means a bad sender).
 const MAX_MSG: usize = CHUNK_HEADER_BYTES + USER_MSG_RECORDS as usize * RECORD_SIZE;
+/// Slots one thread may have listed: one per binary it records in, far fewer than this.
+const MAX_SLOTS_PER_THREAD: usize = 256;
+/// Looks at a process's mappings for binaries of unknown ids, per session.
+const MAX_MAPPING_SCANS: usize = 4096;
 
 /// A slot a thread announced: (process, slot address).
 type SlotRef = (u32, u64);
+
+/// The tasks the tracer holds ptrace-seized (the command and its descendants): thread
+/// id → process id. A task enters when ptrace first reports it and leaves when the
+/// tracer reaps it, so an id listed here is never another process's.
+#[derive(Default)]
+struct Seized(HashMap<u32, u32>);
+
+impl Seized {
+    /// Task `tid`, reported by ptrace (stopped, or at its first stop).
+    fn add(&mut self, tid: u32) {
+        if let std::collections::hash_map::Entry::Vacant(e) = self.0.entry(tid) {
+            e.insert(tgid_of(tid).unwrap_or(tid));
+        }
+    }
+    fn tgid(&self, tid: u32) -> Option<u32> {
+        self.0.get(&tid).copied()
+    }
+}
+
+/// Messages not believed, by reason (see [`Refused`]).
+#[derive(Default)]
+struct RefusedCount {
+    no_credentials: u64,
+    not_the_sender: u64,
+    not_seized: u64,
+    /// Slots past [`MAX_SLOTS_PER_THREAD`] of one thread.
+    too_many_slots: u64,
+}
+
+impl RefusedCount {
+    fn add(&mut self, why: Refused) {
+        match why {
+            Refused::NoCredentials => self.no_credentials += 1,
+            Refused::NotTheSender => self.not_the_sender += 1,
+            Refused::NotSeized => self.not_seized += 1,
+        }
+    }
+    fn total(&self) -> u64 {
+        self.no_credentials + self.not_the_sender + self.not_seized + self.too_many_slots
+    }
+}
 
 struct State {
     writer: Writer,
@@ -58,8 +115,14 @@ struct State {
     /// names, then those found mapped when a slot of an unknown one registers (the
     /// guest program of qemu-user).
     binaries: Vec<u64>,
+    /// binary_id → bytes of one of its buffers (its metadata's geometry).
+    buf_bytes: HashMap<u64, u64>,
     /// tid → the slots it registered.
     slots: HashMap<u32, Vec<SlotRef>>,
+    seized: Seized,
+    /// (process, binary id) pairs whose mappings were looked at.
+    scanned: HashSet<(u32, u64)>,
+    refused: RefusedCount,
     records: u64,
     chunks: u64,
     bad: u64,
@@ -71,6 +134,7 @@ pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
     let run_as = opts.run_as.as_ref();
     let (binaries, exe) = discover_command(&argv, &opts.binaries, run_as)?;
     let (ours, theirs) = seqpacket_pair()?;
+    pass_credentials(&ours)?;
     let mut child = GatedChild::spawn_with_drain(&exe, &argv, Some(theirs.as_raw_fd()), run_as)?;
     drop(theirs);
     seize(child.pid)?;
@@ -99,7 +163,11 @@ pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
     let mut st = State {
         writer,
         binaries: binaries.iter().map(|t| t.binary.meta.binary_id).collect(),
+        buf_bytes: binaries.iter().map(|t| geometry(&t.binary)).collect(),
         slots: HashMap::new(),
+        seized: Seized::default(),
+        scanned: HashSet::new(),
+        refused: RefusedCount::default(),
         records: 0,
         chunks: 0,
         bad: 0,
@@ -107,6 +175,7 @@ pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
         buf: vec![0u8; MAX_MSG + 1],
     };
 
+    st.seized.add(child.pid);
     gate::ignore_terminal_signals();
     child.release().with_context(|| exe.display().to_string())?;
     let exit_code = run(&mut st, &ours, child.pid)?;
@@ -120,6 +189,7 @@ pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
         );
     }
 
+    st.report_refused();
     // Every record taken out of a buffer (sent, or read at a thread's exit) is
     // delivered: this drain neither filters nor drops.
     let stats = FinalStats {
@@ -162,6 +232,88 @@ fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd)> {
         };
     }
     Ok(pair)
+}
+
+/// Have the kernel attach the sender's credentials to every message read from `sock`.
+fn pass_credentials(sock: &OwnedFd) -> Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: a valid int option value of the right size.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            (&raw const on).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error()).context("setsockopt(SO_PASSCRED)");
+    }
+    Ok(())
+}
+
+/// The largest buffer of binary `b` in bytes, from its metadata: (binary id, bytes).
+fn geometry(b: &Instrumented) -> (u64, u64) {
+    let bytes = if b.meta.buf_kind() == tracer_common::BUF_FAST_CIRCULAR {
+        tracer_common::FAST_RING_BYTES
+    } else {
+        u64::from(b.meta.buf_records) * RECORD_SIZE as u64
+    };
+    (b.meta.binary_id, bytes)
+}
+
+/// One message from `sock` into `buf`: its length (0: every sender is gone) and the
+/// sending process as the kernel saw it (`SCM_CREDENTIALS`), or None when no message
+/// is waiting.
+fn recv_with_sender(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<Option<(usize, Option<u32>)>> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // Room for one SCM_CREDENTIALS, 8-aligned as cmsghdr wants.
+    let mut control = [0u64; 8];
+    // SAFETY: msghdr is plain data; zeroed is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = size_of_val(&control) as _;
+    loop {
+        // SAFETY: msg points at our iovec and control buffer, both live and sized.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) };
+        if n >= 0 {
+            return Ok(Some((n as usize, sender_of(&msg))));
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::WouldBlock => return Ok(None),
+            io::ErrorKind::Interrupted => continue,
+            _ => return Err(e),
+        }
+    }
+}
+
+/// The pid of `SCM_CREDENTIALS` in a received message's control data.
+fn sender_of(msg: &libc::msghdr) -> Option<u32> {
+    // SAFETY: msg's control buffer was filled by recvmsg; the CMSG macros stay within
+    // msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET
+                && (*c).cmsg_type == libc::SCM_CREDENTIALS
+                && (*c).cmsg_len as usize
+                    >= libc::CMSG_LEN(size_of::<libc::ucred>() as u32) as usize
+            {
+                let cred: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                // 0: the sender is outside our pid namespace or already gone.
+                return (cred.pid > 0).then_some(cred.pid as u32);
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+    }
+    None
 }
 
 fn seize(pid: u32) -> Result<()> {
@@ -207,6 +359,10 @@ fn run(st: &mut State, sock: &OwnedFd, main: u32) -> Result<i32> {
             }
             let tid = tid as u32;
             if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+                // Its last messages are believed while it is still held; then the id
+                // is free for the kernel to give to anyone.
+                st.drain_socket(sock)?;
+                st.seized.0.remove(&tid);
                 if tid == main {
                     exit_code = Some(if libc::WIFEXITED(status) {
                         libc::WEXITSTATUS(status)
@@ -219,8 +375,10 @@ fn run(st: &mut State, sock: &OwnedFd, main: u32) -> Result<i32> {
             if !libc::WIFSTOPPED(status) {
                 continue;
             }
+            st.seized.add(tid);
             let sig = libc::WSTOPSIG(status);
             let event = status >> 16;
+            st.follow(tid, event);
             let r = if event == libc::PTRACE_EVENT_EXIT {
                 // Its earlier messages are in the socket already (sendmsg returned).
                 st.drain_socket(sock)?;
@@ -250,56 +408,109 @@ fn run(st: &mut State, sock: &OwnedFd, main: u32) -> Result<i32> {
 }
 
 impl State {
-    /// Read every message waiting in the socket.
-    fn drain_socket(&mut self, sock: &OwnedFd) -> Result<()> {
-        loop {
-            // SAFETY: recv into our buffer of buf.len() bytes.
-            let n = unsafe {
-                libc::recv(
-                    sock.as_raw_fd(),
-                    self.buf.as_mut_ptr().cast(),
-                    self.buf.len(),
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                match e.kind() {
-                    io::ErrorKind::WouldBlock => return Ok(()),
-                    io::ErrorKind::Interrupted => continue,
-                    _ => return Err(e).context("recv from the user-space drain"),
+    /// Keep [`Seized`] up to date at a ptrace event stop of `tid`.
+    fn follow(&mut self, tid: u32, event: i32) {
+        match event {
+            libc::PTRACE_EVENT_CLONE | libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
+                // The new task is seized already (auto-attached) and stays stopped
+                // until the tracer has seen it; its id is ours from now on.
+                if let Ok(new) = event_msg(tid) {
+                    self.seized.add(new as u32);
                 }
             }
-            if n == 0 {
-                return Ok(()); // every sender is gone
+            libc::PTRACE_EVENT_EXEC => {
+                // A thread other than the leader exec'ed: it took the leader's id and
+                // its own is gone.
+                if let Ok(former) = event_msg(tid)
+                    && former as u32 != tid
+                {
+                    self.seized.0.remove(&(former as u32));
+                }
             }
-            let msg = self.buf[..n as usize].to_vec();
-            self.message(&msg)?;
+            _ => {}
         }
     }
 
-    fn message(&mut self, msg: &[u8]) -> Result<()> {
-        match parse_message(msg) {
-            Message::Slot(h, slot) => {
-                let list = self.slots.entry(h.tid).or_default();
-                if !list.contains(&(h.pid, slot)) {
-                    list.push((h.pid, slot));
-                }
-                if !self.binaries.contains(&h.binary_id) {
-                    self.find_mapped(h.pid)?;
-                }
-                Ok(())
+    /// Read every message waiting in the socket.
+    fn drain_socket(&mut self, sock: &OwnedFd) -> Result<()> {
+        loop {
+            let Some((n, sender)) =
+                recv_with_sender(sock, &mut self.buf).context("recv from the user-space drain")?
+            else {
+                return Ok(());
+            };
+            if n == 0 {
+                return Ok(()); // every sender is gone
             }
+            let msg = self.buf[..n].to_vec();
+            self.message(&msg, sender)?;
+        }
+    }
+
+    fn message(&mut self, msg: &[u8], sender: Option<u32>) -> Result<()> {
+        let parsed = parse_message(msg);
+        let header = match &parsed {
+            Message::Slot(h, _) | Message::Records(h, _) => *h,
+            Message::Bad => {
+                self.bad += 1;
+                return Ok(());
+            }
+        };
+        if let Err(why) = check_sender(&header, sender, self.seized.tgid(header.tid)) {
+            log::debug!(
+                "refused a message naming {}/{} from pid {sender:?}: {why:?}",
+                header.pid,
+                header.tid
+            );
+            self.refused.add(why);
+            return Ok(());
+        }
+        match parsed {
+            Message::Slot(h, slot) => self.slot_claimed(h, slot),
             Message::Records(mut h, records) => {
                 // The drain's clock sample (see ChunkHeader::time): the moment it arrived.
                 h.time = clock::monotonic_ns();
                 self.records_out(h, records)
             }
-            Message::Bad => {
-                self.bad += 1;
-                Ok(())
-            }
+            Message::Bad => Ok(()),
         }
+    }
+
+    /// Seized thread `h.tid` of process `h.pid` claimed the slot at `slot`.
+    fn slot_claimed(&mut self, h: ChunkHeader, slot: u64) -> Result<()> {
+        let list = self.slots.entry(h.tid).or_default();
+        if !list.contains(&(h.pid, slot)) {
+            if list.len() >= MAX_SLOTS_PER_THREAD {
+                self.refused.too_many_slots += 1;
+                return Ok(());
+            }
+            list.push((h.pid, slot));
+        }
+        if !self.binaries.contains(&h.binary_id)
+            && self.scanned.len() < MAX_MAPPING_SCANS
+            && self.scanned.insert((h.pid, h.binary_id))
+        {
+            self.find_mapped(h.pid)?;
+        }
+        Ok(())
+    }
+
+    /// Say how many messages were not believed.
+    fn report_refused(&self) {
+        let r = &self.refused;
+        if r.total() == 0 {
+            return;
+        }
+        eprintln!(
+            "utrace: warning: {} messages of the traced programs refused: {} naming another \
+             process than their sender, {} naming a thread not traced, {} without credentials, \
+             {} slots past {MAX_SLOTS_PER_THREAD} per thread",
+            r.total(),
+            r.not_the_sender,
+            r.not_seized,
+            r.no_credentials,
+            r.too_many_slots
+        );
     }
 
     /// A slot of a binary the file does not describe yet registered in process `pid`:
@@ -316,6 +527,8 @@ impl State {
                 continue;
             }
             log::info!("found {} mapped in process {pid}", b.path.display());
+            let (_, bytes) = geometry(&b);
+            self.buf_bytes.insert(id, bytes);
             let info = binary_info(self.binaries.len() as u32, &b);
             self.writer.write_binary(&info)?;
             self.writer.write_raw(&encode_load(pid, id, bias))?;
@@ -350,7 +563,7 @@ impl State {
             return Ok(());
         }
         log::debug!("thread {tid} takes its process with it: collecting the other threads");
-        let Some(pid) = tgid_of(tid) else {
+        let Some(pid) = self.seized.tgid(tid) else {
             return Ok(());
         };
         let doomed: Vec<u32> = self
@@ -379,8 +592,10 @@ impl State {
         let mut unread = Vec::new();
         for (pid, addr) in list {
             let mut raw = [0u8; SLOT_SIZE as usize];
+            // Only through tasks still held, of the process that claimed the slot.
             let Some(through) = [via, pid]
                 .into_iter()
+                .filter(|&t| self.seized.tgid(t) == Some(pid))
                 .find(|&t| read_mem(t, addr, &mut raw).is_ok())
             else {
                 log::debug!("thread {tid}: cannot read its slot at {addr:#x} yet");
@@ -393,7 +608,9 @@ impl State {
             let mut kind = [0u8; 4];
             let ring = read_mem(through, slot.rw_base + RWH_BUF_KIND, &mut kind).is_ok()
                 && u32::from_le_bytes(kind) != BUF_TRACE;
-            let (bytes, rotate) = match slot_span(&slot, tid, ring) {
+            // A binary the file does not describe has no geometry to believe.
+            let max = self.buf_bytes.get(&slot.binary_id).copied().unwrap_or(0);
+            let (bytes, rotate) = match slot_span_within(&slot, tid, ring, max) {
                 SlotSpan::NotOwned => {
                     log::debug!(
                         "thread {tid}: slot {addr:#x} now owned by {}",

@@ -7,7 +7,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use tracer_common::{
     CHUNK_HEADER_BYTES, CHUNK_KIND_RECORDS, CHUNK_KIND_UPROBE, CHUNK_RECORDS, ChunkHeader,
     RECORD_SIZE, Record, STRING_BYTES, STRING_CHUNK_FIXED, StringChunk,
@@ -200,6 +200,7 @@ impl Tee {
 impl Writer {
     pub fn create(dest: &Path) -> Result<Self> {
         let tmp = temporary_for(dest)?;
+        refuse_directory(dest)?;
         if let Some(name) = dest.file_name() {
             remove_stale_temporaries(dest, name);
         }
@@ -272,15 +273,29 @@ impl Writer {
         self.out
             .finish()
             .with_context(|| format!("cannot write {}", self.tmp.display()))?;
+        // Whatever happens now, the finished trace is not removed: a rename that
+        // fails (a directory planted at the name meanwhile) leaves it where it is.
+        self.done = true;
         std::fs::rename(&self.tmp, &self.dest).with_context(|| {
             format!(
-                "cannot rename {} to {}",
-                self.tmp.display(),
-                self.dest.display()
+                "cannot rename the trace to {}; it is kept in {}",
+                self.dest.display(),
+                self.tmp.display()
             )
         })?;
-        self.done = true;
         Ok(self.dest.clone())
+    }
+}
+
+/// Fail before a session starts when `dest` is a directory (the rename at the end
+/// could not replace it). A symbolic link there is replaced, not followed.
+fn refuse_directory(dest: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(dest) {
+        Ok(m) if m.is_dir() => bail!(
+            "cannot write the trace to {}: it is a directory",
+            dest.display()
+        ),
+        _ => Ok(()),
     }
 }
 
