@@ -17,8 +17,14 @@
 //!
 //! A process that cannot be ptraced (another tracer, Yama) keeps its records; the
 //! tracer says so.
+//!
+//! The process may be hostile (its RW areas are its own memory): the work is bounded
+//! ([`Budget`]: slots walked per process, single steps per thread and in all, bytes
+//! buffered, a deadline), a slot's buffer is no larger than its RW header says buffers
+//! are, and what was given up is counted and said.
 
-use std::collections::HashSet;
+use std::collections::{HashMap as StdHashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use aya::{Ebpf, maps::HashMap};
 use tracer_common::{
@@ -30,13 +36,75 @@ use tracer_common::{
 use crate::record::{
     host::clock,
     remote::{ptrace, read_mem},
-    target_data::{Encoded, SlotSpan, encode_records, slot_span},
+    target_data::{Encoded, SlotSpan, encode_records, slot_span_within},
 };
 
-/// Single steps allowed to finish a record a thread was writing.
+/// Single steps allowed to finish the records one thread was writing (a stub is tens of
+/// instructions; a signal handler that records may run in between).
 const MAX_STEPS: u32 = 100_000;
-/// More slots than any rewriter makes: a header claiming more is not believed.
+/// Single steps in all, over every thread.
+const MAX_STEPS_TOTAL: u32 = 200_000;
+/// More slots than any rewriter makes: a header claiming more is not believed. Also
+/// the most slots walked per process, over all its RW areas.
 const MAX_SLOTS: u32 = 1 << 20;
+/// Bytes of records buffered for the file in all.
+const MAX_BYTES: u64 = 128 << 20;
+/// How long the whole collection may take.
+const DEADLINE: Duration = Duration::from_secs(5);
+/// Slots read with one system call while walking an RW area.
+const SLOT_BATCH: u64 = 4096;
+
+/// What the stop drain gave up on, to stay bounded.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct GivenUp {
+    /// Slots not looked at (past [`MAX_SLOTS`] per process, or past the deadline).
+    pub slots: u64,
+    /// Threads whose record in progress was left out (their steps ran out).
+    pub unsettled: u64,
+    /// Bytes of records not collected (past [`MAX_BYTES`]).
+    pub bytes: u64,
+}
+
+impl GivenUp {
+    fn any(&self) -> bool {
+        *self != GivenUp::default()
+    }
+}
+
+/// What the collection may still spend.
+struct Budget {
+    slots: u64,
+    steps: u32,
+    /// Steps left per thread.
+    thread_steps: StdHashMap<u32, u32>,
+    bytes: u64,
+    until: Instant,
+}
+
+impl Budget {
+    fn new() -> Budget {
+        Budget {
+            slots: u64::from(MAX_SLOTS),
+            steps: MAX_STEPS_TOTAL,
+            thread_steps: StdHashMap::new(),
+            bytes: MAX_BYTES,
+            until: Instant::now() + DEADLINE,
+        }
+    }
+    /// One single step of `tid`, if both its own and the total allow it.
+    fn step(&mut self, tid: u32) -> bool {
+        let left = self.thread_steps.entry(tid).or_insert(MAX_STEPS);
+        if *left == 0 || self.steps == 0 || Instant::now() >= self.until {
+            return false;
+        }
+        *left -= 1;
+        self.steps -= 1;
+        true
+    }
+    fn out_of_time(&self) -> bool {
+        Instant::now() >= self.until
+    }
+}
 
 /// The threads of a process, stopped.
 pub(super) struct Frozen {
@@ -51,6 +119,7 @@ pub(super) struct Collected {
     pub sections: Vec<u8>,
     pub encoded: Encoded,
     pub threads: HashSet<(u32, u32)>,
+    pub given_up: GivenUp,
 }
 
 fn threads_of(pid: u32) -> Vec<u32> {
@@ -94,22 +163,25 @@ impl Frozen {
         Some(f)
     }
 
-    /// Let `slot`'s thread finish the record it is writing, if it is writing one.
-    fn settle(&self, slot_addr: u64, tid: u32) -> bool {
+    /// Let `slot`'s thread finish the record it is writing, if it is writing one, within
+    /// the budget's steps.
+    fn settle(&self, slot_addr: u64, tid: u32, budget: &mut Budget) -> bool {
         let inflight = |pid: u32| {
             let mut b = [0u8; 8];
             let at = slot_addr + core::mem::offset_of!(Slot, inflight) as u64;
             read_mem(pid, at, &mut b).map_or(1, |()| u64::from_le_bytes(b))
         };
-        for _ in 0..MAX_STEPS {
+        loop {
             if inflight(self.pid) == 0 {
                 return true;
+            }
+            if !budget.step(tid) {
+                return false;
             }
             if ptrace(libc::PTRACE_SINGLESTEP, tid, 0).is_err() || !wait_stop(tid) {
                 return false;
             }
         }
-        inflight(self.pid) == 0
     }
 
     /// The records the process's slots in the RW areas at `rw_bases` hold past their
@@ -119,6 +191,7 @@ impl Frozen {
             .map(MAP_DRAINED)
             .and_then(|m| HashMap::try_from(m).ok());
         let mut out = Collected::default();
+        let mut budget = Budget::new();
         for &rw in rw_bases {
             let mut raw = [0u8; core::mem::size_of::<RwHeader>()];
             if read_mem(self.pid, rw, &mut raw).is_err() {
@@ -129,37 +202,91 @@ impl Frozen {
             if h.magic != RW_MAGIC || h.nslots > MAX_SLOTS {
                 continue;
             }
-            for i in 1..u64::from(h.nslots) {
-                let addr = rw + SLOTS_OFF + i * SLOT_SIZE;
-                let from = |slot: &Slot| match &drained {
-                    Some(m) if !write_user => delivered_up_to(self.pid, m, addr, slot),
-                    _ => None,
-                };
-                self.collect_slot(addr, h.buf_kind != BUF_TRACE, from, &mut out);
-            }
+            let area = Area {
+                rw,
+                nslots: u64::from(h.nslots),
+                ring: h.buf_kind != BUF_TRACE,
+                buf_bytes: h.buf_bytes,
+            };
+            self.collect_area(&area, &drained, write_user, &mut budget, &mut out);
+        }
+        if out.given_up.any() {
+            let g = &out.given_up;
+            eprintln!(
+                "utrace: warning: the stop drain of process {} gave up on {} slots, {} records \
+                 being written and {} bytes of records (bounds: {MAX_SLOTS} slots, {MAX_STEPS} \
+                 steps per thread, {MAX_BYTES} bytes, {DEADLINE:?})",
+                self.pid, g.slots, g.unsettled, g.bytes
+            );
         }
         out
+    }
+
+    /// The slots of one RW area, read a batch at a time, within the budget.
+    fn collect_area(
+        &self,
+        area: &Area,
+        drained: &Option<HashMap<&aya::maps::MapData, [u64; 2], [u64; 2]>>,
+        write_user: bool,
+        budget: &mut Budget,
+        out: &mut Collected,
+    ) {
+        let mut batch = Vec::new();
+        let mut i = 1;
+        while i < area.nslots {
+            let n = SLOT_BATCH.min(area.nslots - i);
+            if budget.out_of_time() || budget.slots < n {
+                out.given_up.slots += area.nslots - i;
+                return;
+            }
+            budget.slots -= n;
+            batch.resize((n * SLOT_SIZE) as usize, 0);
+            let first = area.rw + SLOTS_OFF + i * SLOT_SIZE;
+            if read_mem(self.pid, first, &mut batch).is_ok() {
+                for (k, raw) in batch.chunks_exact(SLOT_SIZE as usize).enumerate() {
+                    if !self.owned(raw) {
+                        continue;
+                    }
+                    let addr = first + k as u64 * SLOT_SIZE;
+                    let from = |slot: &Slot| match drained {
+                        Some(m) if !write_user => delivered_up_to(self.pid, m, addr, slot),
+                        _ => None,
+                    };
+                    self.collect_slot(addr, area, from, budget, out);
+                }
+            }
+            i += n;
+        }
+    }
+
+    /// Whether the slot in `raw` belongs to one of the frozen threads.
+    fn owned(&self, raw: &[u8]) -> bool {
+        // SAFETY: Slot is repr(C) plain data of exactly SLOT_SIZE bytes (`raw`'s length).
+        let slot: Slot = unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) };
+        !matches!(slot.key, KEY_FREE | KEY_TOMBSTONE | KEY_CLAIMING)
+            && self.tids.contains(&slot.owner_tid)
     }
 
     fn collect_slot(
         &self,
         addr: u64,
-        ring: bool,
+        area: &Area,
         from: impl Fn(&Slot) -> Option<u64>,
+        budget: &mut Budget,
         out: &mut Collected,
     ) {
+        let ring = area.ring;
         let mut raw = [0u8; SLOT_SIZE as usize];
-        if read_mem(self.pid, addr, &mut raw).is_err() {
+        if read_mem(self.pid, addr, &mut raw).is_err() || !self.owned(&raw) {
             return;
         }
         // SAFETY: Slot is repr(C) plain data of exactly SLOT_SIZE bytes.
         let slot: Slot = unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) };
         let tid = slot.owner_tid;
-        if matches!(slot.key, KEY_FREE | KEY_TOMBSTONE | KEY_CLAIMING) || !self.tids.contains(&tid)
-        {
-            return;
+        let settled = self.settle(addr, tid, budget);
+        if !settled {
+            out.given_up.unsettled += 1;
         }
-        let settled = self.settle(addr, tid);
         // The cursor as it is now that the record is complete.
         let mut slot = slot;
         let mut again = [0u8; SLOT_SIZE as usize];
@@ -167,7 +294,12 @@ impl Frozen {
             // SAFETY: as above.
             slot = unsafe { std::ptr::read_unaligned(again.as_ptr().cast()) };
         }
-        let SlotSpan::Collect { bytes, rotate } = slot_span(&slot, tid, ring) else {
+        let max = if ring && area.buf_bytes == 0 {
+            tracer_common::FAST_RING_BYTES
+        } else {
+            area.buf_bytes
+        };
+        let SlotSpan::Collect { bytes, rotate } = slot_span_within(&slot, tid, ring, max) else {
             return;
         };
         let (start, mut len) = match (ring, from(&slot)) {
@@ -181,6 +313,11 @@ impl Frozen {
         if len == 0 {
             return;
         }
+        if len > budget.bytes {
+            out.given_up.bytes += len;
+            return;
+        }
+        budget.bytes -= len;
         let mut records = vec![0u8; len as usize];
         if read_mem(self.pid, start, &mut records).is_err() {
             return;
@@ -201,6 +338,15 @@ impl Frozen {
         out.encoded.bad += n.bad;
         out.threads.insert((self.pid, tid));
     }
+}
+
+/// One RW area of the process, as its header describes it.
+struct Area {
+    rw: u64,
+    nslots: u64,
+    ring: bool,
+    /// Bytes of one buffer.
+    buf_bytes: u64,
 }
 
 /// Where the last drain of the slot at `addr` stopped, while the record before that
