@@ -15,6 +15,8 @@ pub mod host;
 mod live;
 mod remote;
 mod seed;
+mod shares;
+mod test_hook;
 pub mod semaphores;
 mod stop_drain;
 mod summary;
@@ -449,6 +451,7 @@ fn finish(mut live: Live, pipeline: Pipeline, end: Close) -> Result<()> {
         done();
     }
     print_summary(&consumed, &stats, &path);
+    live.print_refusals();
     for b in &live.binaries {
         summary::cache_debug_info(b);
     }
