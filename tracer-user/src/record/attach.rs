@@ -37,10 +37,20 @@ use crate::{
         host::{btf, kernel},
         live::Live,
         semaphores::Raised,
+        shares::{BinaryRefusal, Shares},
         target::OnFull,
     },
     tracefile::encode_binary,
 };
+
+/// How a binary joins the session.
+enum Admit {
+    /// This very file is traced already, as this ordinal.
+    Known(u32),
+    /// Another file with the same binary_id and note: its uprobes under that ordinal.
+    Copy(u32),
+    New,
+}
 
 /// Which registers the eBPF `site` program records for a uprobe site of this kind.
 fn site_selector(kind: SiteKind) -> u8 {
@@ -139,6 +149,9 @@ impl Live {
             filter_changes: 0,
             seeded: HashSet::new(),
             loads: HashSet::new(),
+            files: std::collections::HashMap::new(),
+            copies: Vec::new(),
+            shares: Shares::new(system_wide),
         })
     }
 }
@@ -148,51 +161,106 @@ impl Live {
     /// sites (before they are attached, so that their first hits find them), the flush
     /// and site uprobes, its USDT semaphores, its sites under the filter. With a
     /// pipeline (a binary joining a running session) its section goes into the file
-    /// first. Returns its ordinal; a binary already traced (same id) is not added twice.
+    /// first. Returns its ordinal. Binaries are told apart by file (`(st_dev,
+    /// st_ino)`): a file already traced keeps its ordinal; a copy (another file with the
+    /// same binary_id and the same note) gets uprobes under the same ordinal; another
+    /// file with that binary_id but other contents is refused ([`BinaryRefusal`]: its
+    /// records could not be told from the first one's), as are binaries past the
+    /// session's or their owner's share.
     pub(super) fn add_binary(
         &mut self,
         b: Instrumented,
         pipeline: Option<&Pipeline>,
     ) -> Result<u32> {
-        if let Some(i) = self
+        let admit = match self.admit(&b) {
+            Ok(a) => a,
+            Err(why) => {
+                if self.shares.refuse_binary(b.file.id, b.meta.binary_id, why) {
+                    log::warn!(
+                        "{} (uid {}): not traced: {why}",
+                        b.path.display(),
+                        b.file.uid
+                    );
+                }
+                return Err(why.into());
+            }
+        };
+        let ordinal = match admit {
+            Admit::Known(ordinal) => return Ok(ordinal),
+            Admit::Copy(ordinal) => {
+                self.attach_file(ordinal, &b)?;
+                log::info!(
+                    "tracing {} as a copy of {} (binary_id {:#x})",
+                    b.path.display(),
+                    self.binaries[ordinal as usize].path.display(),
+                    b.meta.binary_id
+                );
+                self.copies.push(b.clone());
+                ordinal
+            }
+            Admit::New => {
+                let ordinal = self.binaries.len() as u32;
+                self.fill_binary_maps(ordinal, &b)?;
+                if let Some(p) = pipeline {
+                    let info = binary_info(ordinal, &b);
+                    p.write_sections(encode_binary(&info))?;
+                }
+                // The ordinal is taken from here on, even if an attach below fails:
+                // uprobes already attached carry it in their cookies. The filter first,
+                // so that its first drains are judged by the filter in force.
+                self.filters.add_binary(&b)?;
+                self.binaries.push(b.clone());
+                self.files.insert(b.file.id, ordinal);
+                self.shares.charge_binary(b.file.uid);
+                self.attach_file(ordinal, &b)?;
+                if pipeline.is_some() {
+                    log::info!(
+                        "tracing {} (binary_id {:#x}) from now on",
+                        b.path.display(),
+                        b.meta.binary_id
+                    );
+                }
+                ordinal
+            }
+        };
+        self.files.insert(b.file.id, ordinal);
+        Ok(ordinal)
+    }
+
+    /// Whether `b` may be traced, and how.
+    fn admit(&self, b: &Instrumented) -> Result<Admit, BinaryRefusal> {
+        if let Some(&ordinal) = self.files.get(&b.file.id) {
+            return Ok(Admit::Known(ordinal));
+        }
+        let same_id = self
             .binaries
             .iter()
-            .position(|o| o.meta.binary_id == b.meta.binary_id)
-        {
-            return Ok(i as u32);
-        }
-        let ordinal = self.binaries.len() as u32;
-        if ordinal >= MAX_BINARIES {
-            bail!(
-                "{}: already {MAX_BINARIES} instrumented binaries in this session",
-                b.path.display()
-            );
-        }
-        self.fill_binary_maps(ordinal, &b)?;
-        if let Some(p) = pipeline {
-            let info = binary_info(ordinal, &b);
-            p.write_sections(encode_binary(&info))?;
-        }
-        // The ordinal is taken from here on, even if an attach below fails: uprobes
-        // already attached carry it in their cookies. The filter first, so that its
-        // first drains are judged by the filter in force.
-        self.filters.add_binary(&b)?;
-        self.binaries.push(b.clone());
-        self.attach_uprobes(ordinal, &b)?;
-        // Kept until the session ends: USDT probes guarded by a semaphore fire meanwhile.
+            .position(|o| o.meta.binary_id == b.meta.binary_id);
+        let admit = match same_id {
+            Some(i) if self.binaries[i].note == b.note => Admit::Copy(i as u32),
+            Some(_) => {
+                return Err(BinaryRefusal::SameIdOtherContents {
+                    id: b.meta.binary_id,
+                });
+            }
+            None if self.binaries.len() >= MAX_BINARIES as usize => {
+                return Err(BinaryRefusal::SessionFull);
+            }
+            None => Admit::New,
+        };
+        self.shares.may_add_binary(b.file.uid)?;
+        Ok(admit)
+    }
+
+    /// The uprobes and semaphores of file `b`, traced as `ordinal`; kept until the
+    /// session ends (USDT probes guarded by a semaphore fire meanwhile).
+    fn attach_file(&mut self, ordinal: u32, b: &Instrumented) -> Result<()> {
+        self.attach_uprobes(ordinal, b)?;
         if b.untouched {
-            self.raised.raise(&b.attach, &untouched_semaphores(&b))?;
+            self.raised.raise(&b.file, &untouched_semaphores(b))
         } else {
-            self.raised.raise(&b.attach, &b.meta.semaphores)?;
+            self.raised.raise(&b.file, &b.meta.semaphores)
         }
-        if pipeline.is_some() {
-            log::info!(
-                "tracing {} (binary_id {:#x}) from now on",
-                b.path.display(),
-                b.meta.binary_id
-            );
-        }
-        Ok(ordinal)
     }
 
     /// `b`'s id at `ordinal` in `BINARIES` and its operand sets in `OPERANDS`.
@@ -233,6 +301,8 @@ impl Live {
 
     /// The flush uprobe (an instrumented binary) and the uprobes of `b`'s uprobe sites.
     fn attach_uprobes(&mut self, ordinal: u32, b: &Instrumented) -> Result<()> {
+        // The held file itself (`/proc/self/fd/N`), never its path again.
+        let path = b.attach_path();
         if !b.untouched {
             let flush: &mut UProbe = self
                 .ebpf
@@ -240,7 +310,7 @@ impl Live {
                 .with_context(|| format!("no program {}", self.flush))?
                 .try_into()?;
             flush
-                .attach(b.meta.flush_file_off, &b.attach, UProbeScope::AllProcesses)
+                .attach(b.meta.flush_file_off, &path, UProbeScope::AllProcesses)
                 .with_context(|| {
                     format!(
                         "cannot attach the flush uprobe to {} at file offset {:#x}",
@@ -271,7 +341,7 @@ impl Live {
                 location: UProbeAttachLocation::AbsoluteOffset(s.file_off),
                 cookie: Some(site_cookie(ordinal, site_selector(s.kind), s.id)),
             };
-            if let Err(e) = site.attach(point, &b.attach, UProbeScope::AllProcesses) {
+            if let Err(e) = site.attach(point, &path, UProbeScope::AllProcesses) {
                 log::warn!(
                     "{} site {} ({}) at file offset {:#x}: no uprobe: {:#}",
                     b.path.display(),

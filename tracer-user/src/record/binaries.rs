@@ -1,19 +1,134 @@
 //! Which binaries of a command or process are instrumented, and their metadata
 //! (the `.note.utrace` section the rewriter adds).
+//!
+//! Every file is opened once ([`HeldFile`]: `fstat`ed, a regular file of bounded size,
+//! its `(st_dev, st_ino)` and owner remembered) and used by that descriptor only: the
+//! headers and the note are read from it with bounded reads, and the uprobes and
+//! semaphores go on it through `/proc/self/fd/N`. A path swapped after the check (a
+//! symlink to libc put in its place) cannot point root's breakpoints elsewhere.
 
 use std::{
     collections::BTreeSet,
+    fs::File,
+    os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt},
     path::{Path, PathBuf},
     process::Command,
+    sync::Arc,
 };
 
 use anyhow::{Context, Result, bail};
 use object::{
-    Endianness, Object, ObjectSection,
+    Endianness,
     elf::PT_INTERP,
     read::elf::{ElfFile64, ProgramHeader},
 };
 use tracer_common::meta::{META_SECTION, Metadata};
+
+/// Largest file looked at as a binary: a huge (say, sparse) file is refused before
+/// more than its ELF header is read.
+pub const MAX_BINARY_BYTES: u64 = 4 << 30;
+/// Largest `.note.utrace` section read.
+pub const MAX_NOTE_BYTES: u64 = 256 << 20;
+/// Largest program or section header table, and section name table, read.
+const MAX_TABLE_BYTES: u64 = 16 << 20;
+/// Largest untouched binary (`--uprobe`, `--usdt`): the rewriter reads it whole.
+pub const MAX_UNTOUCHED_BYTES: u64 = 1 << 30;
+
+/// Why a file is not looked at as a binary.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    #[error("not a regular file")]
+    NotRegular,
+    #[error("{size} bytes, more than the {limit} a binary may have")]
+    TooLarge { size: u64, limit: u64 },
+    #[error("its {what} ({size} bytes) is larger than {limit} bytes")]
+    PartTooLarge {
+        what: &'static str,
+        size: u64,
+        limit: u64,
+    },
+    #[error("its {0} lies outside the file")]
+    OutsideFile(&'static str),
+    #[error("cannot read it: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A file's identity: `(st_dev, st_ino)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// A file opened once and checked (`fstat`: a regular file, at most a size limit);
+/// every later use goes through this descriptor, never the path again.
+#[derive(Clone, Debug)]
+pub struct HeldFile {
+    file: Arc<File>,
+    pub id: FileId,
+    /// The file's owner (whose share of the session it takes).
+    pub uid: u32,
+    pub size: u64,
+}
+
+impl HeldFile {
+    /// Open `path` (read only, non-blocking: a FIFO put in its place does not hang the
+    /// tracer) and check what was opened.
+    pub fn open(path: &Path, limit: u64) -> Result<HeldFile> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        Self::check(f, limit).with_context(|| format!("{}: refused", path.display()))
+    }
+
+    /// `f` if it is a regular file of at most `limit` bytes.
+    pub fn check(f: File, limit: u64) -> Result<HeldFile, Refused> {
+        let md = f.metadata()?;
+        if !md.file_type().is_file() {
+            return Err(Refused::NotRegular);
+        }
+        if md.len() > limit {
+            return Err(Refused::TooLarge {
+                size: md.len(),
+                limit,
+            });
+        }
+        Ok(HeldFile {
+            file: Arc::new(f),
+            id: FileId {
+                dev: md.dev(),
+                ino: md.ino(),
+            },
+            uid: md.uid(),
+            size: md.len(),
+        })
+    }
+
+    /// `/proc/self/fd/N` of the held descriptor: the file itself for the kernel's
+    /// interfaces that take a path (uprobes, perf uprobe events).
+    pub fn proc_path(&self) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+
+    /// `len` bytes at `offset`, which must lie inside the file (`what` names the part).
+    fn read_at(&self, offset: u64, len: u64, what: &'static str) -> Result<Vec<u8>, Refused> {
+        let end = offset.checked_add(len).ok_or(Refused::OutsideFile(what))?;
+        if end > self.size {
+            return Err(Refused::OutsideFile(what));
+        }
+        let mut buf = vec![0u8; usize::try_from(len).map_err(|_| Refused::OutsideFile(what))?];
+        self.file.read_exact_at(&mut buf, offset)?;
+        Ok(buf)
+    }
+
+    /// The whole file (at most the limit it was opened with).
+    fn read_all(&self) -> Result<Vec<u8>, Refused> {
+        self.read_at(0, self.size, "contents")
+    }
+}
 
 /// An instrumented binary.
 #[derive(Clone, Debug)]
@@ -25,42 +140,46 @@ pub struct Instrumented {
     /// Not rewritten: traced by uprobes only (`record --uprobe/--usdt`); the metadata
     /// describes the original file, it has no flush function, RW area or anchors.
     pub untouched: bool,
-    /// Where uprobes are attached: `path`, or for a binary found in a process's
-    /// mappings `/proc/self/fd/N` of the very file mapped there (held open in `file`),
-    /// so that a path swapped after the check cannot redirect the uprobes.
-    pub attach: PathBuf,
-    pub file: Option<std::sync::Arc<std::fs::File>>,
+    /// The file the metadata was read from, held open: its uprobes and semaphores go
+    /// on it (`HeldFile::proc_path`), its identity tells copies apart.
+    pub file: HeldFile,
+    /// The first PT_LOAD segment's (p_vaddr, p_offset): where the load bias is read.
+    first_load: Option<(u64, u64)>,
+}
+
+impl Instrumented {
+    /// Where uprobes and semaphore events are attached: the held file.
+    pub fn attach_path(&self) -> PathBuf {
+        self.file.proc_path()
+    }
 }
 
 /// The metadata of `path` if it is an instrumented binary. Files that are not ELF or
 /// have no note give None; a note that does not parse gives None and a warning.
 pub fn read_instrumented(path: &Path) -> Result<Option<Instrumented>> {
-    let f = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let f = HeldFile::open(path, MAX_BINARY_BYTES)?;
     read_instrumented_file(f, path)
 }
 
-/// [`read_instrumented`] of an open file (named `path` in messages and traces).
-fn read_instrumented_file(f: std::fs::File, path: &Path) -> Result<Option<Instrumented>> {
-    // Read lazily: only the headers and the note (system-wide sessions look at every
-    // file every process maps).
-    let data = object::read::ReadCache::new(f);
-    let Ok(file) = object::File::parse(&data) else {
+/// [`read_instrumented`] of a held file (named `path` in messages and traces).
+fn read_instrumented_file(f: HeldFile, path: &Path) -> Result<Option<Instrumented>> {
+    // Only the headers and the note are read, each bounded (system-wide sessions look
+    // at every file every process maps).
+    let parts = elf_parts(&f).with_context(|| format!("{}: refused", path.display()))?;
+    let Some(parts) = parts else {
         return Ok(None);
     };
-    let Some(section) = file.section_by_name(META_SECTION) else {
+    let Some(note) = parts.note else {
         return Ok(None);
     };
-    let note = section
-        .data()
-        .with_context(|| format!("{}: cannot read {META_SECTION}", path.display()))?;
-    match Metadata::from_note_section(note) {
+    match Metadata::from_note_section(&note) {
         Some(Ok(meta)) => Ok(Some(Instrumented {
             path: path.to_path_buf(),
             meta,
-            note: note.to_vec(),
+            note,
             untouched: false,
-            attach: path.to_path_buf(),
-            file: None,
+            file: f,
+            first_load: parts.first_load,
         })),
         Some(Err(e)) => {
             log::warn!("{}: ignoring broken {META_SECTION}: {e}", path.display());
@@ -76,10 +195,149 @@ fn read_instrumented_file(f: std::fs::File, path: &Path) -> Result<Option<Instru
     }
 }
 
+/// What the tracer reads of an ELF file: its note and first loadable segment.
+struct ElfParts {
+    note: Option<Vec<u8>>,
+    first_load: Option<(u64, u64)>,
+}
+
+/// The parts of `f` the tracer needs, each read with a bounded read; None if `f` is
+/// not a 64-bit little-endian ELF file (instrumented binaries are).
+fn elf_parts(f: &HeldFile) -> Result<Option<ElfParts>, Refused> {
+    use object::{
+        LittleEndian as LE,
+        elf::{ELFCLASS64, ELFDATA2LSB, FileHeader64, SectionHeader64},
+        pod,
+    };
+    const EHDR: u64 = size_of::<FileHeader64<LE>>() as u64;
+    if f.size < EHDR {
+        return Ok(None);
+    }
+    let raw = f.read_at(0, EHDR, "ELF header")?;
+    let Ok((h, _)) = pod::from_bytes::<FileHeader64<LE>>(&raw) else {
+        return Ok(None);
+    };
+    let id = h.e_ident;
+    if id.magic != object::elf::ELFMAG || id.class != ELFCLASS64 || id.data != ELFDATA2LSB {
+        return Ok(None);
+    }
+    let e = LE;
+    // Section 0 holds the real counts when the header's overflow (extended numbering).
+    let (shoff, shentsize) = (h.e_shoff.get(e), u64::from(h.e_shentsize.get(e)));
+    let sh_size = size_of::<SectionHeader64<LE>>() as u64;
+    let section = |i: u64| -> Result<SectionHeader64<LE>, Refused> {
+        let off = i
+            .checked_mul(shentsize)
+            .and_then(|o| o.checked_add(shoff))
+            .ok_or(Refused::OutsideFile("section headers"))?;
+        let raw = f.read_at(off, sh_size, "section headers")?;
+        let (s, _) = pod::from_bytes::<SectionHeader64<LE>>(&raw)
+            .map_err(|()| Refused::OutsideFile("section headers"))?;
+        Ok(*s)
+    };
+    let first = if shoff != 0 && shentsize == sh_size {
+        Some(section(0)?)
+    } else {
+        None
+    };
+    let phnum = match u64::from(h.e_phnum.get(e)) {
+        0xffff => first.map_or(0, |s| u64::from(s.sh_info.get(e))),
+        n => n,
+    };
+    let first_load = first_load(f, h.e_phoff.get(e), u64::from(h.e_phentsize.get(e)), phnum)?;
+    let Some(first) = first else {
+        return Ok(Some(ElfParts {
+            note: None,
+            first_load,
+        }));
+    };
+    let shnum = match u64::from(h.e_shnum.get(e)) {
+        0 => first.sh_size.get(e),
+        n => n,
+    };
+    let strndx = match u64::from(h.e_shstrndx.get(e)) {
+        0xffff => u64::from(first.sh_link.get(e)),
+        n => n,
+    };
+    bounded(
+        "section header table",
+        shnum.saturating_mul(sh_size),
+        MAX_TABLE_BYTES,
+    )?;
+    if strndx >= shnum {
+        return Ok(Some(ElfParts {
+            note: None,
+            first_load,
+        }));
+    }
+    let strtab = section(strndx)?;
+    let names_size = bounded("section name table", strtab.sh_size.get(e), MAX_TABLE_BYTES)?;
+    let names = f.read_at(strtab.sh_offset.get(e), names_size, "section name table")?;
+    let wanted = META_SECTION.as_bytes();
+    for i in 1..shnum {
+        let s = section(i)?;
+        let at = s.sh_name.get(e) as usize;
+        let name = names.get(at..).unwrap_or_default();
+        let name = name.split(|&c| c == 0).next().unwrap_or_default();
+        if name != wanted || s.sh_type.get(e) == object::elf::SHT_NOBITS {
+            continue;
+        }
+        let size = bounded(META_SECTION, s.sh_size.get(e), MAX_NOTE_BYTES)?;
+        let note = f.read_at(s.sh_offset.get(e), size, META_SECTION)?;
+        return Ok(Some(ElfParts {
+            note: Some(note),
+            first_load,
+        }));
+    }
+    Ok(Some(ElfParts {
+        note: None,
+        first_load,
+    }))
+}
+
+/// `size` if at most `limit`.
+fn bounded(what: &'static str, size: u64, limit: u64) -> Result<u64, Refused> {
+    if size > limit {
+        return Err(Refused::PartTooLarge { what, size, limit });
+    }
+    Ok(size)
+}
+
+/// The lowest PT_LOAD's (p_vaddr, p_offset), from a bounded read of the program headers.
+fn first_load(
+    f: &HeldFile,
+    phoff: u64,
+    phentsize: u64,
+    phnum: u64,
+) -> Result<Option<(u64, u64)>, Refused> {
+    use object::{LittleEndian as LE, elf::ProgramHeader64, pod};
+    let ph_size = size_of::<ProgramHeader64<LE>>() as u64;
+    if phnum == 0 || phentsize != ph_size {
+        return Ok(None);
+    }
+    let total = bounded(
+        "program header table",
+        phnum.saturating_mul(ph_size),
+        MAX_TABLE_BYTES,
+    )?;
+    let raw = f.read_at(phoff, total, "program headers")?;
+    let Ok((phs, _)) = pod::slice_from_bytes::<ProgramHeader64<LE>>(&raw, phnum as usize) else {
+        return Ok(None);
+    };
+    Ok(phs
+        .iter()
+        .filter(|ph| ph.p_type.get(LE) == object::elf::PT_LOAD)
+        .map(|ph| (ph.p_vaddr.get(LE), ph.p_offset.get(LE)))
+        .min_by_key(|&(vaddr, _)| vaddr))
+}
+
 /// An untouched binary traced by uprobes only: the sites the rewriter would place
 /// (function entries of `functions`, or its USDT probes with `usdt`), all as uprobes.
 pub fn untouched(path: &Path, functions: &[String], usdt: bool) -> Result<Instrumented> {
-    let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let file = HeldFile::open(path, MAX_UNTOUCHED_BYTES)?;
+    let data = file
+        .read_all()
+        .with_context(|| format!("cannot read {}", path.display()))?;
     let kinds = if usdt {
         vec![rewriter::SiteKind::Usdt]
     } else {
@@ -103,8 +361,8 @@ pub fn untouched(path: &Path, functions: &[String], usdt: bool) -> Result<Instru
         meta,
         note,
         untouched: true,
-        attach: path.to_path_buf(),
-        file: None,
+        file,
+        first_load: None,
     })
 }
 
@@ -272,49 +530,26 @@ pub fn named(paths: &[PathBuf]) -> Result<Vec<Instrumented>> {
     Ok(found)
 }
 
-/// `extra` appended to `found`, skipping files already there (same path or same
-/// binary_id).
+/// `extra` appended to `found`, skipping files already there (the same file: same
+/// `(st_dev, st_ino)`). Two files with one binary_id are the session's to judge
+/// (`Live::add_binary`: a copy is traced under the same ordinal, other contents refused).
 pub fn merge(found: &mut Vec<Instrumented>, extra: Vec<Instrumented>) {
-    let key = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
     for b in extra {
-        if let Some(other) = same_id(found, &b) {
-            if key(&other.path) != key(&b.path) {
-                warn_same_id(other, &b);
-            }
-            continue;
+        if !found.iter().any(|o| o.file.id == b.file.id) {
+            found.push(b);
         }
-        found.push(b);
     }
 }
 
-/// The binary of `found` with `b`'s binary_id (one binary_id is traced once).
-fn same_id<'a>(found: &'a [Instrumented], b: &Instrumented) -> Option<&'a Instrumented> {
-    found.iter().find(|o| o.meta.binary_id == b.meta.binary_id)
-}
-
-fn warn_same_id(other: &Instrumented, b: &Instrumented) {
-    log::warn!(
-        "{} and {} have the same binary_id {:#x}; tracing only the first",
-        other.path.display(),
-        b.path.display(),
-        b.meta.binary_id
-    );
-}
-
 fn collect(candidates: Vec<PathBuf>) -> Result<Vec<Instrumented>> {
-    let mut seen = BTreeSet::new();
     let mut found: Vec<Instrumented> = Vec::new();
     for path in candidates {
-        let key = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
-        if !seen.insert(key) {
-            continue;
-        }
-        if let Some(b) = read_instrumented(&path)? {
-            if let Some(other) = same_id(&found, &b) {
-                warn_same_id(other, &b);
-                continue;
-            }
-            found.push(b);
+        // A file the loader lists but that is refused (too large, not a regular file)
+        // is not traced; the others still are.
+        match read_instrumented(&path) {
+            Ok(Some(b)) => merge(&mut found, vec![b]),
+            Ok(None) => {}
+            Err(e) => log::warn!("not traced: {e:#}"),
         }
     }
     Ok(found)
@@ -327,7 +562,19 @@ pub struct Mapping {
     pub offset: u64,
     pub path: PathBuf,
     pub end: u64,
+    /// The mapped file's device (`st_dev` encoding) and inode, as the kernel shows them.
+    pub dev: u64,
     pub inode: u64,
+}
+
+/// A maps line's `MAJOR:MINOR` (hex) as an `st_dev`.
+fn parse_dev(s: &str) -> Option<u64> {
+    let (major, minor) = s.split_once(':')?;
+    let (major, minor) = (
+        u32::from_str_radix(major, 16).ok()?,
+        u32::from_str_radix(minor, 16).ok()?,
+    );
+    Some(libc::makedev(major, minor))
 }
 
 /// File-backed mappings from /proc/PID/maps.
@@ -339,7 +586,7 @@ pub fn process_mappings(pid: u32) -> Result<Vec<Mapping>> {
     for line in text.lines() {
         // start-end perms offset dev inode path
         let mut f = line.splitn(6, ' ');
-        let (Some(range), Some(_perms), Some(offset), Some(_dev), Some(inode), Some(path)) =
+        let (Some(range), Some(_perms), Some(offset), Some(dev), Some(inode), Some(path)) =
             (f.next(), f.next(), f.next(), f.next(), f.next(), f.next())
         else {
             continue;
@@ -364,6 +611,7 @@ pub fn process_mappings(pid: u32) -> Result<Vec<Mapping>> {
             offset,
             path: PathBuf::from(path),
             end,
+            dev: parse_dev(dev).unwrap_or(0),
             inode: inode.parse().unwrap_or(0),
         });
     }
@@ -376,18 +624,25 @@ pub fn for_process(pid: u32) -> Result<Vec<(Instrumented, u64)>> {
     for_process_cached(pid, &mut Default::default())
 }
 
+/// Files already looked at, instrumented or not, by identity (`(st_dev, st_ino)` as
+/// the kernel shows them in `maps`) and path: a file of another filesystem or mount
+/// namespace with the same inode number is another file. An instrumented one is held
+/// open, so its inode number cannot be reused meanwhile.
+pub type SeenFiles = std::collections::HashMap<(FileId, PathBuf), Option<Instrumented>>;
+
 /// [`for_process`] for sessions that look at many processes: what each file is
 /// (instrumented or not) is remembered in `seen`, and files already there that are
 /// instrumented are returned again (their bias differs per process).
-pub fn for_process_cached(
-    pid: u32,
-    seen: &mut std::collections::HashMap<(PathBuf, u64), Option<Instrumented>>,
-) -> Result<Vec<(Instrumented, u64)>> {
+pub fn for_process_cached(pid: u32, seen: &mut SeenFiles) -> Result<Vec<(Instrumented, u64)>> {
     let maps = process_mappings(pid)?;
     let mut out = Vec::new();
     let mut done = BTreeSet::new();
     for m in &maps {
-        let key = (m.path.clone(), m.inode);
+        let id = FileId {
+            dev: m.dev,
+            ino: m.inode,
+        };
+        let key = (id, m.path.clone());
         if !done.insert(key.clone()) {
             continue;
         }
@@ -407,7 +662,7 @@ pub fn for_process_cached(
             },
         };
         if let Some(b) = b {
-            match load_bias(&b.attach, &b.path, &maps) {
+            match load_bias(&b, &maps) {
                 Ok(bias) => out.push((b, bias)),
                 Err(e) => log::warn!("{} in process {pid}: {e:#}", b.path.display()),
             }
@@ -420,39 +675,34 @@ pub fn for_process_cached(
 /// mapped file itself, not whatever its path names now; also right for processes in
 /// other mount namespaces), if it is instrumented.
 fn open_mapped(pid: u32, m: &Mapping) -> Result<Option<Instrumented>> {
-    use std::os::unix::{fs::MetadataExt, io::AsRawFd};
     // Named without the zero padding of the maps file (`400000-401000`).
     let link = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
-    let f = std::fs::File::open(&link).with_context(|| format!("cannot open {link}"))?;
-    if f.metadata()?.ino() != m.inode {
-        bail!("{link} is not inode {} any more", m.inode);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(&link)
+        .with_context(|| format!("cannot open {link}"))?;
+    let held = HeldFile::check(f, MAX_BINARY_BYTES).with_context(|| format!("{link}: refused"))?;
+    if held.id.ino != m.inode || held.id.dev != m.dev {
+        bail!(
+            "{link} is not inode {} of device {:#x} any more",
+            m.inode,
+            m.dev
+        );
     }
-    let held = f.try_clone()?;
-    let Some(mut b) = read_instrumented_file(f, &m.path)? else {
-        return Ok(None);
-    };
-    b.attach = PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()));
-    b.file = Some(std::sync::Arc::new(held));
-    Ok(Some(b))
+    read_instrumented_file(held, &m.path)
 }
 
-/// Load bias of `path` in a process: where its first PT_LOAD segment was mapped.
-/// `file` is read (the file itself), `path` is its name in `maps`.
-fn load_bias(file: &Path, path: &Path, maps: &[Mapping]) -> Result<u64> {
-    let data = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let elf = ElfFile64::<Endianness>::parse(&*data).context("not a 64-bit ELF file")?;
-    let endian = elf.endian();
-    let first = elf
-        .elf_program_headers()
-        .iter()
-        .filter(|ph| ph.p_type(endian) == object::elf::PT_LOAD)
-        .min_by_key(|ph| ph.p_vaddr(endian))
-        .context("no PT_LOAD segment")?;
+/// Load bias of `b` in a process: where its first PT_LOAD segment was mapped (the
+/// mapping of that very file, by `(st_dev, st_ino)`).
+fn load_bias(b: &Instrumented, maps: &[Mapping]) -> Result<u64> {
+    let (vaddr, offset) = b.first_load.context("no PT_LOAD segment")?;
     let page = 4096u64;
-    let (vaddr, offset) = (first.p_vaddr(endian), first.p_offset(endian));
     let m = maps
         .iter()
-        .find(|m| m.path == path && m.offset == offset & !(page - 1))
+        .find(|m| {
+            m.inode == b.file.id.ino && m.dev == b.file.id.dev && m.offset == offset & !(page - 1)
+        })
         .context("first segment not found in /proc/PID/maps")?;
     Ok(m.start.wrapping_sub(vaddr & !(page - 1)))
 }
@@ -494,7 +744,17 @@ mod tests {
         let maps = process_mappings(std::process::id()).unwrap();
         assert!(!maps.is_empty());
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        let bias = load_bias(&exe, &exe, &maps).unwrap();
+        let held = HeldFile::open(&exe, MAX_BINARY_BYTES).unwrap();
+        let parts = elf_parts(&held).unwrap().unwrap();
+        let b = Instrumented {
+            path: exe,
+            meta: Metadata::default(),
+            note: Vec::new(),
+            untouched: false,
+            file: held,
+            first_load: parts.first_load,
+        };
+        let bias = load_bias(&b, &maps).unwrap();
         // PIE test binaries load high, non-PIE at bias 0.
         assert!(bias == 0 || bias > 0x1000);
     }

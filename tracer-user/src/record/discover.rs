@@ -127,6 +127,7 @@ pub(super) fn discover(
             tracer_common::meta::META_SECTION
         );
     }
+    super::test_hook::pause(super::test_hook::PARSED);
     if binaries.len() > MAX_BINARIES as usize {
         bail!(
             "{} instrumented binaries; at most {MAX_BINARIES} per session",

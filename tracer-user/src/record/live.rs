@@ -1,18 +1,18 @@
 //! The session's live state: the loaded eBPF object, the binaries it traces, their
 //! filters and semaphores, what was seeded and noted; and its answers to `tracer filter`.
 
-use std::{collections::HashSet, os::unix::fs::MetadataExt};
+use std::collections::{HashMap, HashSet};
 
 use anyhow::Result;
 use aya::Ebpf;
 
 use crate::record::{
-    binaries::Instrumented,
+    binaries::{FileId, Instrumented, SeenFiles},
     control::{Reply, Request},
     discover::Traced,
     filters::{FilterSpec, Filters},
-    seed::SeenFiles,
     semaphores::Raised,
+    shares::Shares,
     target::RecordOptions,
 };
 
@@ -33,6 +33,14 @@ pub(super) struct Live {
     pub(super) seeded: HashSet<(u32, u64)>,
     /// (pid, binary id, bias) written to the trace file.
     pub(super) loads: HashSet<(u32, u64, u64)>,
+    /// Every traced file (`(st_dev, st_ino)`) and its ordinal: a binary is a file, not
+    /// a binary_id.
+    pub(super) files: HashMap<FileId, u32>,
+    /// Copies of traced binaries (same binary_id and note, another file), held open
+    /// with their uprobes.
+    pub(super) copies: Vec<Instrumented>,
+    /// Per-uid shares of a system-wide session, and what was refused.
+    pub(super) shares: Shares,
 }
 
 impl Live {
@@ -84,11 +92,21 @@ impl Live {
         let mut seen = SeenFiles::new();
         for t in initial {
             let b = &t.binary;
-            self.add_binary(b.clone(), None)?;
-            if let Ok(md) = std::fs::metadata(&b.path) {
-                seen.insert((b.path.clone(), md.ino()), Some(b.clone()));
+            match self.add_binary(b.clone(), None) {
+                Ok(_) => {}
+                // Said once by `add_binary`; the other binaries are traced.
+                Err(e) if e.is::<crate::record::shares::BinaryRefusal>() => continue,
+                Err(e) => return Err(e),
             }
+            seen.insert((b.file.id, b.path.clone()), Some(b.clone()));
         }
         Ok(seen)
+    }
+
+    /// The summary's warnings about binaries and processes refused.
+    pub(super) fn print_refusals(&self) {
+        for line in self.shares.summary_lines() {
+            eprintln!("utrace: warning: {line}");
+        }
     }
 }

@@ -12,10 +12,11 @@
 use std::ffi::CString;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use tracer_common::meta::Semaphore;
+
+use crate::record::binaries::HeldFile;
 
 const PMU: &str = "/sys/bus/event_source/devices/uprobe";
 /// perf_event_open flag (linux/perf_event.h; not in the libc crate).
@@ -26,8 +27,10 @@ const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 pub struct Raised(Vec<OwnedFd>);
 
 impl Raised {
-    /// Raise the semaphores of the binary at `path`.
-    pub fn raise(&mut self, path: &Path, sems: &[Semaphore]) -> Result<()> {
+    /// Raise the semaphores of the held file `file` (the event names it by
+    /// `/proc/self/fd/N`: the very file whose note gave the offsets, whatever its path
+    /// names now).
+    pub fn raise(&mut self, file: &HeldFile, sems: &[Semaphore]) -> Result<()> {
         if sems.is_empty() {
             return Ok(());
         }
@@ -37,6 +40,7 @@ impl Raised {
             .parse()
             .context("uprobe PMU type")?;
         let shift = ref_ctr_shift()?;
+        let path = file.proc_path();
         let cpath = CString::new(path.as_os_str().as_bytes())
             .with_context(|| format!("{}: path contains NUL", path.display()))?;
         for s in sems {

@@ -1,0 +1,131 @@
+//! Fair shares of a system-wide session: one user cannot take every binary slot
+//! (`MAX_BINARIES`) or every `TABLES` entry (`MAX_PROCESSES`) so that other users'
+//! programs go untraced. A uid may take at most half of each; every refusal is counted
+//! (once per file or process) and reported in the session summary.
+
+use std::collections::{HashMap, HashSet};
+
+use tracer_common::ebpf::{MAX_BINARIES, MAX_PROCESSES};
+
+use crate::record::binaries::FileId;
+
+/// Why an instrumented binary is not traced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BinaryRefusal {
+    #[error("the session already traces {MAX_BINARIES} instrumented binaries")]
+    SessionFull,
+    #[error("its owner (uid {uid}) already has {cap} binaries traced, its share of the session")]
+    UidShare { uid: u32, cap: u32 },
+    #[error(
+        "another file with binary_id {id:#x} but other contents is traced; \
+         its records would be named after that file's sites"
+    )]
+    SameIdOtherContents { id: u64 },
+}
+
+/// Binaries a uid may have traced in a system-wide session.
+pub const BINARIES_PER_UID: u32 = MAX_BINARIES / 2;
+/// Processes of one uid that the tracer puts in `TABLES` in a system-wide session.
+pub const TABLES_PER_UID: usize = MAX_PROCESSES as usize / 2;
+
+/// What each uid has, and what was refused.
+#[derive(Default)]
+pub struct Shares {
+    /// Per-uid caps in force (system-wide sessions).
+    capped: bool,
+    binaries: HashMap<u32, u32>,
+    /// Processes seeded into `TABLES`, per uid.
+    tables: HashMap<u32, HashSet<u32>>,
+    pub refused_binaries: HashMap<&'static str, u64>,
+    refused_files: HashSet<(FileId, u64)>,
+    refused_pids: HashSet<u32>,
+    pub refused_tables: u64,
+}
+
+impl Shares {
+    pub fn new(capped: bool) -> Self {
+        Shares {
+            capped,
+            ..Default::default()
+        }
+    }
+
+    /// Whether a binary owned by `uid` may be traced (one more file).
+    pub fn may_add_binary(&self, uid: u32) -> Result<(), BinaryRefusal> {
+        let have = self.binaries.get(&uid).copied().unwrap_or(0);
+        if self.capped && have >= BINARIES_PER_UID {
+            return Err(BinaryRefusal::UidShare {
+                uid,
+                cap: BINARIES_PER_UID,
+            });
+        }
+        Ok(())
+    }
+
+    pub fn charge_binary(&mut self, uid: u32) {
+        *self.binaries.entry(uid).or_default() += 1;
+    }
+
+    /// Count a refusal of file `file` (binary `id`) once; true the first time.
+    pub fn refuse_binary(&mut self, file: FileId, id: u64, why: BinaryRefusal) -> bool {
+        if !self.refused_files.insert((file, id)) {
+            return false;
+        }
+        let kind = match why {
+            BinaryRefusal::SessionFull => "the session is full",
+            BinaryRefusal::UidShare { .. } => "their owner's share is full",
+            BinaryRefusal::SameIdOtherContents { .. } => "another file has their binary_id",
+        };
+        *self.refused_binaries.entry(kind).or_default() += 1;
+        true
+    }
+
+    /// Whether process `pid` of `uid` may get a `TABLES` entry from the tracer; a
+    /// refusal is counted once per process.
+    pub fn may_seed(&mut self, pid: u32, uid: u32) -> bool {
+        if !self.capped {
+            return true;
+        }
+        let pids = self.tables.entry(uid).or_default();
+        if pids.contains(&pid) {
+            return true;
+        }
+        if pids.len() >= TABLES_PER_UID {
+            // Processes that ended gave their entries back.
+            pids.retain(|&p| alive(p));
+        }
+        if pids.len() >= TABLES_PER_UID {
+            if self.refused_pids.insert(pid) {
+                self.refused_tables += 1;
+            }
+            return false;
+        }
+        pids.insert(pid);
+        true
+    }
+
+    /// The summary's lines about refusals (none when nothing was refused).
+    pub fn summary_lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        let mut kinds: Vec<_> = self.refused_binaries.iter().collect();
+        kinds.sort();
+        for (why, n) in kinds {
+            lines.push(format!(
+                "{n} instrumented binar{} not traced: {why}",
+                if *n == 1 { "y" } else { "ies" }
+            ));
+        }
+        if self.refused_tables > 0 {
+            lines.push(format!(
+                "{} processes not seeded into TABLES: their user's share ({TABLES_PER_UID}) is full",
+                self.refused_tables
+            ));
+        }
+        lines
+    }
+}
+
+/// Whether process `pid` exists.
+fn alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
