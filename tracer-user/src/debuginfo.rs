@@ -191,6 +191,11 @@ fn crc32(data: &[u8]) -> u32 {
 /// Keep the debug information of a traced binary in the cache, under its build-id
 /// (what `tracer record` does at the end of a session): the binary itself when it has
 /// DWARF, else the debug file found for it. Nothing to do when already cached.
+///
+/// The cache's path comes from the environment, which `sudo -E` hands a root tracer
+/// from the invoking user: it is walked from `/` one directory at a time by descriptor
+/// ([`safe_dir`]), never through a symbolic link or a directory another user could
+/// change, and what is missing is made 0700. A cache that fails the walk is not used.
 pub fn cache_debug_info(path: &Path, build_id: &[u8], dirs: &[PathBuf]) -> Result<()> {
     let Some(cache) = cache_dir() else {
         return Ok(());
@@ -198,7 +203,20 @@ pub fn cache_debug_info(path: &Path, build_id: &[u8], dirs: &[PathBuf]) -> Resul
     let Some(dest) = build_id_path(&cache, build_id) else {
         return Ok(());
     };
-    if dest.exists() {
+    let (Some(parent), Some(name)) = (dest.parent(), dest.file_name()) else {
+        return Ok(());
+    };
+    let dir = match safe_dir(parent) {
+        Ok(d) => d,
+        Err(why) => {
+            log::info!(
+                "not caching debug information in {}: {why}",
+                cache.display()
+            );
+            return Ok(());
+        }
+    };
+    if dir_has(&dir, name) {
         return Ok(());
     }
     let Some((src, how)) = locate(path, build_id, None, dirs) else {
@@ -207,81 +225,190 @@ pub fn cache_debug_info(path: &Path, build_id: &[u8], dirs: &[PathBuf]) -> Resul
     if how == "symbols" {
         return Ok(());
     }
-    let parent = dest.parent().context("cache path has no parent")?;
-    if !safe_cache_dir(&cache, parent)? {
-        return Ok(());
-    }
     // The bytes written are the bytes checked: the build-id again, on this mapping.
     let data = map_regular(&src).with_context(|| format!("cannot read {}", src.display()))?;
     if facts_of(&data).and_then(|f| f.build_id).as_deref() != Some(build_id) {
         return Ok(()); // changed since located
     }
-    let tmp = crate::tracefile::temporary_for(&dest)?;
-    let written = (|| {
-        use std::os::unix::fs::OpenOptionsExt;
-        // A new file (never through a link planted at the name), readable by all: the
-        // debug information of a binary that was readable.
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&tmp)?;
-        std::io::Write::write_all(&mut f, &data)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &dest)
-    })();
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("cannot write {}", dest.display()));
+    write_in(&dir, name, &data).with_context(|| format!("cannot write {}", dest.display()))
+}
+
+/// Why a cache directory is not used.
+#[derive(Debug, thiserror::Error)]
+pub enum UnsafeDir {
+    #[error("{0} is not an absolute path without '..'")]
+    NotPlain(PathBuf),
+    #[error("{0} is a symbolic link or not a directory")]
+    NotDirectory(PathBuf),
+    #[error("{path} is owned by uid {uid}, neither root nor us")]
+    Foreign { path: PathBuf, uid: u32 },
+    #[error("{0} is writable by others and not sticky")]
+    OpenToOthers(PathBuf),
+    #[error("cannot open or create {0}: {1}")]
+    Io(PathBuf, std::io::Error),
+}
+
+/// Directory `dir` opened one component at a time from `/` (`O_NOFOLLOW`), each
+/// owned by root or the effective user and, if others may write in it, sticky (so no
+/// one else can rename what is in it); components that are missing are created 0700.
+pub fn safe_dir(dir: &Path) -> Result<std::os::fd::OwnedFd, UnsafeDir> {
+    use std::path::Component;
+    let dir = if dir.is_absolute() {
+        dir.to_path_buf()
+    } else {
+        let cwd = std::env::current_dir().map_err(|e| UnsafeDir::Io(dir.into(), e))?;
+        cwd.join(dir)
+    };
+    let mut at = PathBuf::from("/");
+    let mut fd = open_dir(None, Path::new("/")).map_err(|e| UnsafeDir::Io(at.clone(), e))?;
+    check_dir(&fd, &at)?;
+    for c in dir.components() {
+        let name = match c {
+            Component::RootDir | Component::CurDir => continue,
+            Component::Normal(n) => n,
+            Component::ParentDir | Component::Prefix(_) => {
+                return Err(UnsafeDir::NotPlain(dir.clone()));
+            }
+        };
+        at.push(name);
+        fd = match open_dir(Some(&fd), Path::new(name)) {
+            Ok(next) => next,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                make_dir(&fd, name).map_err(|e| UnsafeDir::Io(at.clone(), e))?;
+                open_dir(Some(&fd), Path::new(name)).map_err(|e| UnsafeDir::Io(at.clone(), e))?
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
+                return Err(UnsafeDir::NotDirectory(at));
+            }
+            Err(e) => return Err(UnsafeDir::Io(at, e)),
+        };
+        check_dir(&fd, &at)?;
+    }
+    Ok(fd)
+}
+
+fn c_name(name: &std::ffi::OsStr) -> std::io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(name.as_bytes()).map_err(|_| std::io::ErrorKind::InvalidInput.into())
+}
+
+/// `name` in directory `at` (or the absolute `name`) as a directory, no link followed.
+fn open_dir(
+    at: Option<&std::os::fd::OwnedFd>,
+    name: &Path,
+) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let c = c_name(name.as_os_str())?;
+    let dirfd = at.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: a valid NUL-terminated name and a directory descriptor we hold (or CWD).
+    let fd = unsafe { libc::openat(dirfd, c.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: openat returned a new descriptor that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Make directory `name` in `at`, 0700 (someone else making it first is found by
+/// the checks that follow).
+fn make_dir(at: &std::os::fd::OwnedFd, name: &std::ffi::OsStr) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let c = c_name(name)?;
+    // SAFETY: a valid NUL-terminated name and a directory descriptor we hold.
+    if unsafe { libc::mkdirat(at.as_raw_fd(), c.as_ptr(), 0o700) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EEXIST) {
+            return Err(e);
+        }
     }
     Ok(())
 }
 
-/// Make `dir` (inside `cache`) and check that nobody else could have steered it: the
-/// cache must be ours (as root, a cache under another user's home is skipped: `sudo -E`
-/// keeps `HOME`), and no directory on the way may be a symbolic link.
-fn safe_cache_dir(cache: &Path, dir: &Path) -> Result<bool> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+/// The owner and mode rule of [`safe_dir`] for the open directory `fd` (at `path`).
+fn check_dir(fd: &std::os::fd::OwnedFd, path: &Path) -> Result<(), UnsafeDir> {
+    use std::os::unix::fs::MetadataExt;
+    let f = std::fs::File::from(fd.try_clone().map_err(|e| UnsafeDir::Io(path.into(), e))?);
+    let m = f.metadata().map_err(|e| UnsafeDir::Io(path.into(), e))?;
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
-    let mut existing = cache;
-    while !existing.exists() {
-        match existing.parent() {
-            Some(p) => existing = p,
-            None => break,
-        }
+    if m.uid() != 0 && m.uid() != euid {
+        return Err(UnsafeDir::Foreign {
+            path: path.into(),
+            uid: m.uid(),
+        });
     }
-    if let Ok(m) = std::fs::metadata(existing)
-        && m.uid() != euid
-    {
-        log::info!(
-            "not caching debug information in {}: owned by uid {}, not {euid}",
-            existing.display(),
-            m.uid()
-        );
-        return Ok(false);
+    if m.mode() & 0o022 != 0 && m.mode() & 0o1000 == 0 {
+        return Err(UnsafeDir::OpenToOthers(path.into()));
     }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(dir)
-        .with_context(|| format!("cannot create {}", dir.display()))?;
-    let mut d = dir;
-    while d.starts_with(cache) {
-        let m = std::fs::symlink_metadata(d)?;
-        if m.file_type().is_symlink() || m.uid() != euid {
-            log::warn!(
-                "not caching debug information: {} is a link or not ours",
-                d.display()
-            );
-            return Ok(false);
-        }
-        match d.parent() {
-            Some(p) => d = p,
-            None => break,
-        }
+    Ok(())
+}
+
+/// Whether `name` exists in `dir` (as anything: a link there is not followed).
+fn dir_has(dir: &std::os::fd::OwnedFd, name: &std::ffi::OsStr) -> bool {
+    use std::os::fd::AsRawFd;
+    let Ok(c) = c_name(name) else {
+        return false;
+    };
+    // SAFETY: stat is plain data the call fills; valid name and directory descriptor.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        ) == 0
     }
-    Ok(true)
+}
+
+/// `data` as file `name` in `dir`: written to a new temporary file there (never through
+/// a link planted at its name), then renamed into place, both by the held descriptor.
+fn write_in(
+    dir: &std::os::fd::OwnedFd,
+    name: &std::ffi::OsStr,
+    data: &[u8],
+) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    let (tmp, dest) = (c_name(&tmp_name)?, c_name(name)?);
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // Readable by all: the debug information of a binary that was readable.
+    // SAFETY: a valid NUL-terminated name and a directory descriptor we hold.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), tmp.as_ptr(), flags, 0o644 as libc::c_uint) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: openat returned a new descriptor that nothing else owns.
+    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+    let written = f
+        .write_all(data)
+        .and_then(|()| f.sync_all())
+        .and_then(|()| {
+            // SAFETY: valid names, both in the directory we hold.
+            let r = unsafe {
+                libc::renameat(
+                    dir.as_raw_fd(),
+                    tmp.as_ptr(),
+                    dir.as_raw_fd(),
+                    dest.as_ptr(),
+                )
+            };
+            if r == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    if written.is_err() {
+        // SAFETY: a valid name in the directory we hold.
+        unsafe { libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0) };
+    }
+    written
 }
 
 #[cfg(test)]
@@ -313,5 +440,29 @@ mod tests {
             PathBuf::from("/d/.build-id/ab/cdef.debug")
         );
         assert!(build_id_path(Path::new("/d"), &[]).is_none());
+    }
+
+    #[test]
+    fn a_cache_path_through_a_link_or_a_foreign_directory_is_refused() {
+        let base = std::env::temp_dir().join(format!("utrace-safe-dir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).unwrap();
+        std::os::unix::fs::symlink("/etc", base.join("link")).unwrap();
+        assert!(matches!(
+            safe_dir(&base.join("link/utrace/debug")),
+            Err(UnsafeDir::NotDirectory(_))
+        ));
+        assert!(!Path::new("/etc/utrace").exists());
+        // Missing parts are made, 0700.
+        let made = base.join("a/b");
+        safe_dir(&made).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&made).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        assert!(matches!(
+            safe_dir(&base.join("a/../x")),
+            Err(UnsafeDir::NotPlain(_))
+        ));
+        std::fs::remove_dir_all(&base).unwrap();
     }
 }
