@@ -409,12 +409,51 @@ mod tests {
         assert_eq!(wait_child(c.pid).unwrap(), 127);
     }
 
-    /// The command starts without the tracer's descriptors but the session's, and as
-    /// `--run-as` says: uid, gid, groups, no capability.
+    /// The command starts without the tracer's descriptors but the session's, with the
+    /// RLIMIT_MEMLOCK saved before the tracer changed it, and as `--run-as` says: uid,
+    /// gid, groups, no capability.
     #[test]
     fn command_starts_clean() {
         crate::record::credentials::save_inherited();
         let sh = resolve_command(OsStr::new("sh")).unwrap();
+        // The tracer changes a limit after saving (lowered here: raising may need
+        // CAP_SYS_RESOURCE); the command gets the saved one back.
+        let mut saved = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: valid out-parameter.
+        assert_eq!(
+            unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut saved) },
+            0
+        );
+        let lowered = libc::rlimit {
+            rlim_cur: saved.rlim_cur.min(saved.rlim_max) / 2,
+            rlim_max: saved.rlim_max,
+        };
+        // SAFETY: a valid rlimit, lower than the current one.
+        assert_eq!(
+            unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lowered) },
+            0
+        );
+        let shown = |v: libc::rlim_t| {
+            if v == libc::RLIM_INFINITY {
+                "unlimited".to_string()
+            } else {
+                v.to_string()
+            }
+        };
+        let limit = format!(
+            "grep -q '^Max locked memory *{} *{} ' /proc/self/limits",
+            shown(saved.rlim_cur),
+            shown(saved.rlim_max)
+        );
+        let args = vec![OsString::from("sh"), "-c".into(), limit.into()];
+        let mut c = GatedChild::spawn(&sh, &args, None).unwrap();
+        c.release().unwrap();
+        assert_eq!(wait_child(c.pid).unwrap(), 0, "RLIMIT_MEMLOCK restored");
+        // SAFETY: back to the saved limit (raising the soft one up to the hard one).
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &saved) }, 0);
         // A descriptor without close-on-exec, as a parent may leave one.
         // SAFETY: dup of stderr; the copy is closed below.
         let leaked = unsafe { libc::dup(2) };
