@@ -138,12 +138,18 @@ fn messages_naming_another_process_are_not_believed() {
 
     // The trace: none of the victim's values, all of the attacker's own.
     let recs = dump(&trace);
-    let secret: Vec<&Rec> = recs.iter().filter(|r| r.value >> 48 == SECRET_TAG).collect();
+    let secret: Vec<&Rec> = recs
+        .iter()
+        .filter(|r| r.value >> 48 == SECRET_TAG)
+        .collect();
     assert!(
         secret.is_empty(),
         "the victim's records are in the trace: {secret:?}"
     );
-    assert!(recs.iter().all(|r| r.pid != vpid), "records in the victim's name");
+    assert!(
+        recs.iter().all(|r| r.pid != vpid),
+        "records in the victim's name"
+    );
     let own: Vec<u64> = recs
         .iter()
         .filter(|r| r.value >> 48 == OWN_TAG && &*r.symbol == "rec")
@@ -154,10 +160,16 @@ fn messages_naming_another_process_are_not_believed() {
     // No load bias of the victim, no word of its binary.
     let bytes = std::fs::read(&trace).unwrap();
     let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
-    assert!(!has(&bias.to_le_bytes()), "the victim's load bias {bias:#x} is in the trace");
+    assert!(
+        !has(&bias.to_le_bytes()),
+        "the victim's load bias {bias:#x} is in the trace"
+    );
     assert!(
         !has(victim_exe.to_str().unwrap().as_bytes()),
         "the victim's binary is described in the trace"
     );
-    assert!(err.contains("messages of the traced programs refused"), "{err}");
+    assert!(
+        err.contains("messages of the traced programs refused"),
+        "{err}"
+    );
 }

@@ -1,0 +1,357 @@
+//! Issue 28, rows 5 (the note's part) and 7 (but binary_id): what a hostile binary,
+//! process or user can make a root tracer spend or lose, bounded and said.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tests::*;
+
+/// The fuzz finding of row 5: a 4 MiB `.note.utrace` whose 65,536 site names all point
+/// at one 2 MiB name (~128 GiB once every name is materialised).
+fn huge_names_note() -> PathBuf {
+    workspace_root().join("fuzz/findings/utrace_note/shared-site-names-128GiB")
+}
+
+/// `fixtures/trust_limits.c` compiled (-O2 -g) and rewritten with `rewriter_args`.
+fn build(tmp: &TempDir, rewriter_args: &[&str]) -> PathBuf {
+    let (orig, traced) = (tmp.join("limits"), tmp.join("limits.traced"));
+    compile("gcc", &[fixture("trust_limits.c")], &["-O2", "-g"], &orig);
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        orig.as_os_str(),
+        "-o".as_ref(),
+        traced.as_os_str(),
+        "--functions".as_ref(),
+        "rec".as_ref(),
+    ];
+    args.extend(rewriter_args.iter().map(|a| std::ffi::OsStr::new(*a)));
+    rewriter(&args).ok();
+    traced
+}
+
+/// `tracer ARGS` under `prlimit --as=2GiB` (an allocation past it fails, so a parser
+/// that multiplies the note dies), with `UTRACE_DEBUG_CACHE` off.
+fn tracer_limited(args: &[&std::ffi::OsStr]) -> Out {
+    let mut c = Command::new("prlimit");
+    c.arg(format!("--as={}", 2u64 << 30))
+        .arg("--")
+        .arg(tracer_bin())
+        .args(args)
+        .env("UTRACE_DEBUG_CACHE", "");
+    run(&mut c, Duration::from_secs(120))
+}
+
+/// The sections of a trace file: (kind, payload).
+fn sections(b: &[u8]) -> Vec<(u32, Vec<u8>)> {
+    let mut v = Vec::new();
+    let mut o = 16;
+    while o + 16 <= b.len() {
+        let kind = u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+        let len = u64::from_le_bytes(b[o + 8..o + 16].try_into().unwrap()) as usize;
+        v.push((kind, b[o + 16..o + 16 + len].to_vec()));
+        o += 16 + len;
+    }
+    v
+}
+
+/// Row 5. Before: `tracer record` parsed such a note into 65,536 copies of the 2 MiB
+/// name (~128 GiB: killed or out of memory), and so did `report` of a trace carrying
+/// it. Now the note is refused ("note too large": the names would take more than the
+/// table they come from) in bounded memory, by every reader, with no crash.
+#[test]
+fn a_note_that_multiplies_in_memory_is_refused() {
+    let tmp = TempDir::new("trust-note");
+    let note = huge_names_note();
+    let prog = build(&tmp, &[]);
+
+    // A binary carrying the note (made by the hostile user: any file can).
+    let plain = tmp.join("plain");
+    compile("gcc", &[fixture("trust_limits.c")], &["-O2"], &plain);
+    let bad = tmp.join("bad");
+    let o = run(
+        Command::new("objcopy")
+            .arg(format!("--add-section=.note.utrace={}", note.display()))
+            .arg(&plain)
+            .arg(&bad),
+        RUN_TIMEOUT,
+    );
+    assert!(o.success(), "{}", o.describe());
+    let trace = tmp.join("bad.utrace");
+    let o = tracer_limited(&[
+        "record".as_ref(),
+        "--binary".as_ref(),
+        bad.as_os_str(),
+        "-o".as_ref(),
+        trace.as_os_str(),
+        "--".as_ref(),
+        bad.as_os_str(),
+        "plain".as_ref(),
+        "1".as_ref(),
+    ]);
+    assert_eq!(o.signal, None, "{}", o.describe());
+    assert_ne!(o.code, Some(0), "{}", o.describe());
+    assert!(
+        o.stderr_str().contains("note too large"),
+        "{}",
+        o.describe()
+    );
+
+    // A trace whose binary section carries the note: every reader refuses it.
+    let _g = tracing_lock();
+    let good = tmp.join("good.utrace");
+    let o = run(
+        Command::new(tracer_bin())
+            .args(["record", "--user", "-o"])
+            .arg(&good)
+            .arg("--")
+            .arg(&prog)
+            .args(["plain", "10"])
+            .env("UTRACE_DEBUG_CACHE", ""),
+        RUN_TIMEOUT,
+    );
+    assert!(o.success(), "{}", o.describe());
+    let bytes = std::fs::read(&good).unwrap();
+    let huge = std::fs::read(&note).unwrap();
+    let mut forged = bytes[..16].to_vec();
+    for (kind, mut payload) in sections(&bytes) {
+        if kind == 2 {
+            let path_len = u32::from_le_bytes(payload[4..8].try_into().unwrap()) as usize;
+            payload.truncate(16 + path_len);
+            payload.extend_from_slice(&huge);
+        }
+        forged.extend_from_slice(&kind.to_le_bytes());
+        forged.extend_from_slice(&0u32.to_le_bytes());
+        forged.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        forged.extend_from_slice(&payload);
+    }
+    let forged_path = tmp.join("forged.utrace");
+    std::fs::write(&forged_path, &forged).unwrap();
+    // The readers go on without that binary's names (what they do with any metadata
+    // they cannot parse): no crash, no name of it, the refusal said.
+    for cmd in ["report", "dump"] {
+        let o = tracer_limited(&[cmd.as_ref(), forged_path.as_os_str()]);
+        assert_eq!(o.signal, None, "{cmd}: {}", o.describe());
+        assert!(
+            !o.stdout_str().contains("xxxxxxxx"),
+            "{cmd}: a name of the note"
+        );
+        assert!(
+            o.stderr_str().contains("note too large"),
+            "{cmd}: {}",
+            o.describe()
+        );
+    }
+}
+
+/// The hostile `-p` target, killed when the test ends.
+struct Target(Child);
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Row 7, the stop drain. A process of the hostile user forges all 1,048,576 slots of
+/// its RW area as its own thread's, each in the middle of a record that never ends and
+/// holding 1 MiB. Before: the stop drain single-stepped the thread up to 100,000 times
+/// per slot and buffered up to 512 MiB per slot (about 10^11 steps and a TiB: it never
+/// ended). Now it ends within seconds, its memory bounded, and says what it gave up.
+#[test]
+fn the_stop_drain_of_a_hostile_process_is_bounded() {
+    let tmp = TempDir::new("trust-stop");
+    open_to_all(tmp.path());
+    let prog = build(&tmp, &["--slots", "1048576", "--buffer-records", "2"]);
+    let hostile = LocalUser::hostile();
+    let _g = tracing_lock();
+    let mut child = hostile
+        .command(&prog)
+        .args(["forge", &(1u64 << 20).to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let target = Target(child);
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.ends_with("slots=1048576"), "{first}");
+    let pid = target.0.id();
+
+    let trace = tmp.join("T");
+    let t0 = Instant::now();
+    let o = run(
+        Command::new("/usr/bin/time")
+            .args(["-f", "maxrss_kib=%M"])
+            .arg(tracer_bin())
+            .args(["record", "-p", &pid.to_string(), "--duration", "1", "-o"])
+            .arg(&trace)
+            .env("UTRACE_DEBUG_CACHE", ""),
+        Duration::from_secs(120),
+    );
+    let took = t0.elapsed();
+    assert!(o.success(), "{}", o.describe());
+    let err = o.stderr_str();
+    // 1 s of session, setup, then the stop drain's 5 s at most.
+    assert!(took < Duration::from_secs(20), "took {took:?}: {err}");
+    let rss: u64 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("maxrss_kib="))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no maxrss: {err}"));
+    assert!(rss < 1 << 20, "peak RSS {rss} KiB: {err}");
+    let gave_up = err
+        .lines()
+        .find(|l| l.contains("the stop drain of process"))
+        .unwrap_or_else(|| panic!("the give-ups are not said: {err}"));
+    let count = |what: &str| -> u64 {
+        let before = gave_up.split(what).next().unwrap();
+        before
+            .split_whitespace()
+            .last()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no count before {what:?}: {gave_up}"))
+    };
+    eprintln!("{gave_up}; took {took:?}, peak RSS {rss} KiB");
+    // Every forged slot was either given up, or left without its record in progress.
+    assert!(
+        count(" slots,") + count(" records being written") >= 1_000_000,
+        "{gave_up}"
+    );
+    assert!(count(" bytes of records") > 0, "{gave_up}");
+}
+
+/// Row 7, the trace's name. Before: a directory planted at the final name (by the
+/// traced program itself, or any user who can write the directory) made the rename
+/// fail at the end and the writer removed the finished trace. Now a directory there
+/// already is refused before the session starts (the command never runs), and one
+/// planted during the session leaves the trace in its temporary file, whose name the
+/// error gives.
+#[test]
+fn a_directory_at_the_trace_name_loses_nothing() {
+    let tmp = TempDir::new("trust-dir");
+    let prog = build(&tmp, &[]);
+    let hostile = LocalUser::hostile();
+    let out = tmp.join("shared");
+    std::fs::create_dir(&out).unwrap();
+    // A directory every user may write in, as /tmp.
+    std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    open_to_all(tmp.path());
+    let _g = tracing_lock();
+
+    let planted = out.join("early.utrace");
+    let st = hostile.command("mkdir").arg(&planted).status().unwrap();
+    assert!(st.success());
+    let marker = tmp.join("ran");
+    let o = run(
+        Command::new(tracer_bin())
+            .args(["record", "--user", "-o"])
+            .arg(&planted)
+            .args(["--", "touch"])
+            .arg(&marker),
+        RUN_TIMEOUT,
+    );
+    assert_ne!(o.code, Some(0), "{}", o.describe());
+    assert!(
+        o.stderr_str().contains("is a directory"),
+        "{}",
+        o.describe()
+    );
+    assert!(!marker.exists(), "the command ran before the error");
+
+    // Planted while the session runs, by the traced command (the hostile user).
+    let late = out.join("late.utrace");
+    let script = format!(
+        "mkdir {} && exec {} plain 10",
+        late.display(),
+        prog.display()
+    );
+    let o = run(
+        Command::new(tracer_bin())
+            .args(["record", "--user", "-o"])
+            .arg(&late)
+            .arg("--")
+            .arg("setpriv")
+            .arg(format!("--reuid={}", hostile.uid))
+            .arg(format!("--regid={}", hostile.gid))
+            .args(["--clear-groups", "--", "sh", "-c", &script])
+            .env("UTRACE_DEBUG_CACHE", ""),
+        RUN_TIMEOUT,
+    );
+    assert_ne!(o.code, Some(0), "{}", o.describe());
+    let err = o.stderr_str();
+    let kept = err
+        .split("it is kept in ")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| c == ':' || c.is_whitespace()).next())
+        .unwrap_or_else(|| panic!("the error does not say where the trace is: {err}"));
+    let kept = Path::new(kept);
+    assert!(kept.is_file(), "{}: {err}", kept.display());
+    let values: Vec<u64> = dump(kept)
+        .iter()
+        .filter(|r| &*r.symbol == "rec")
+        .map(|r| r.value & 0xffff)
+        .collect();
+    assert_eq!(values, (0..10).collect::<Vec<_>>());
+}
+
+/// Row 7, the debug cache. The hostile user's cache directory holds `utrace`, a link to
+/// a root-owned directory. Before: a root `tracer record` run with that user's
+/// environment (`sudo -E`: XDG_CACHE_HOME, HOME) followed the link, created
+/// `debug/.build-id/..` in the root-owned directory and wrote the traced binary there.
+/// Now the cache path is walked by descriptor and refused at the first directory the
+/// user owns: nothing is written through it.
+#[test]
+fn the_debug_cache_follows_no_users_link() {
+    let tmp = TempDir::new("trust-cache");
+    open_to_all(tmp.path());
+    let prog = build(&tmp, &[]);
+    let hostile = LocalUser::hostile();
+    let home = tmp.join("home");
+    std::fs::create_dir(&home).unwrap();
+    hostile.own(&home);
+    let cache = home.join("cache");
+    let st = hostile.command("mkdir").arg(&cache).status().unwrap();
+    assert!(st.success());
+    // Root's directory, the target of the link.
+    let rootdir = tmp.join("rootdir");
+    std::fs::create_dir(&rootdir).unwrap();
+    let st = hostile
+        .command("ln")
+        .arg("-s")
+        .arg(&rootdir)
+        .arg(cache.join("utrace"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(
+        std::fs::symlink_metadata(cache.join("utrace"))
+            .unwrap()
+            .uid(),
+        hostile.uid
+    );
+
+    let _g = tracing_lock();
+    let trace = tmp.join("T");
+    let o = run(
+        Command::new(tracer_bin())
+            .args(["record", "-o"])
+            .arg(&trace)
+            .arg("--")
+            .arg(&prog)
+            .args(["plain", "10"])
+            .env_remove("UTRACE_DEBUG_CACHE")
+            .env("XDG_CACHE_HOME", &cache)
+            .env("HOME", &home),
+        RUN_TIMEOUT,
+    );
+    assert!(o.success(), "{}", o.describe());
+    let values = dump(&trace).iter().filter(|r| &*r.symbol == "rec").count();
+    assert_eq!(values, 10, "{}", o.describe());
+    let inside: Vec<_> = std::fs::read_dir(&rootdir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(inside.is_empty(), "written through the link: {inside:?}");
+}
