@@ -1,0 +1,328 @@
+//! Trust boundaries of seeding (issue 28, row 4), tried by a real unprivileged user
+//! (`LocalUser::hostile`): the tracer (root) writes into a traced process's RW area
+//! (`attached`, `on_full`) only through the `/proc/PID/mem` descriptor it checked the
+//! area's magic through, opened relative to the held `/proc/PID` directory.
+//!
+//! - A process that execs between the check and the write: the new image's bytes are
+//!   the same before and after (the write fails on the old image's descriptor).
+//! - A file on another filesystem with the same path and inode number as a file the
+//!   session already knows is not taken for it (the cache is keyed by `(st_dev,
+//!   st_ino)`): nothing is written into the process that maps it.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tests::*;
+use tracer_common::{ATTACHED, RW_MAGIC, RWH_ATTACHED, RWH_ON_FULL};
+
+/// Where process `pid` maps the file with inode `ino` at file offset 0.
+fn base_of(pid: u32, ino: u64) -> Option<u64> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    maps.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() >= 6
+            && f[4].parse::<u64>().ok()? == ino
+            && u64::from_str_radix(f[2], 16).ok()? == 0)
+            .then(|| u64::from_str_radix(f[0].split_once('-')?.0, 16).ok())?
+    })
+}
+
+fn read_mem(pid: u32, addr: u64, len: usize) -> Vec<u8> {
+    let mem = File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut buf = vec![0u8; len];
+    mem.read_exact_at(&mut buf, addr).unwrap();
+    buf
+}
+
+/// The writing end of the pause FIFO once the tracer `t` waits at it.
+fn paused(fifo: &Path, t: &mut Child) -> File {
+    let t0 = Instant::now();
+    loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(fifo)
+        {
+            Ok(f) => return f,
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {}
+            Err(e) => panic!("{}: {e}", fifo.display()),
+        }
+        if let Some(st) = t.try_wait().unwrap() {
+            let out = t.stderr.take().map(std::io::read_to_string);
+            panic!("the tracer ended before its pause ({st}): {out:?}");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "no pause");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `tracer record -p PID --duration S` (with extra environment), stderr to `err`.
+fn attach(pid: u32, secs: &str, trace: &Path, env: &[(&str, String)]) -> Child {
+    let mut c = Command::new(tracer_bin());
+    c.args(["record", "-p", &pid.to_string(), "--duration", secs, "-o"])
+        .arg(trace)
+        .env(
+            "UTRACE_DEBUG_CACHE",
+            std::env::temp_dir().join("utrace-test-debug-cache"),
+        )
+        .stdout(Stdio::null())
+        .stderr(File::create(trace.with_extension("err")).unwrap());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.spawn().unwrap()
+}
+
+fn finish(mut t: Child, trace: &Path) -> String {
+    let st = t.wait().unwrap();
+    let err = std::fs::read_to_string(trace.with_extension("err")).unwrap();
+    assert!(st.success(), "tracer: {err}");
+    err
+}
+
+/// A program started as `u` with piped stdin/stdout, once it said "ready".
+fn started(u: &LocalUser, prog: &Path) -> (Child, ChildStdin, BufReader<ChildStdout>) {
+    let mut c = u
+        .command(prog)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdin = c.stdin.take().unwrap();
+    let mut out = BufReader::new(c.stdout.take().unwrap());
+    expect_line(&mut out, "ready\n");
+    (c, stdin, out)
+}
+
+fn expect_line(out: &mut BufReader<ChildStdout>, want: &str) {
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, want);
+}
+
+/// The hostile user's instrumented stage (trust_seed_exec.c, rewritten) and the image
+/// it execs into (trust_seed_image.c), in a directory of theirs.
+fn build(tmp: &TempDir, hostile: &LocalUser) -> (PathBuf, Metadata, PathBuf) {
+    open_to_all(tmp.path());
+    let dir = tmp.join("hostile");
+    std::fs::create_dir_all(&dir).unwrap();
+    open_to_all(&dir);
+    hostile.own(&dir);
+    let orig = tmp.join("stage1.orig");
+    compile("gcc", &[fixture("trust_seed_exec.c")], &["-O2"], &orig);
+    let stage1 = dir.join("stage1");
+    let (_, _, meta) = rewrite(&orig, Some(&stage1), &["seed_work"]);
+    let image = dir.join("image");
+    compile("gcc", &[fixture("trust_seed_image.c")], &["-O2"], &image);
+    hostile.own(&stage1);
+    hostile.own(&image);
+    (stage1, meta, image)
+}
+
+/// Row 4 (exec). Before: seeding read the RW area's magic through one open of
+/// `/proc/PID/mem` and wrote `on_full` and `attached` through another, opened by path
+/// afterwards: a process that exec'd in between (here: when the test chose, the tracer
+/// paused between the check and the write by `UTRACE_TEST_PAUSE=seed-checked`) had
+/// root's two words written into its new image, unchecked. Now the check and the write
+/// go through one descriptor, opened relative to the held `/proc/PID`: it stays on the
+/// image it was opened on, so the write fails. The new image (a page of 0x5a with an
+/// RW magic at the old RW area's address) is byte for byte the same after the session;
+/// a first session without the exec shows that the tracer does write `attached` into
+/// the image it checked.
+#[test]
+fn a_process_that_execs_between_check_and_write_gets_nothing_written() {
+    let hostile = LocalUser::hostile();
+    let tmp = TempDir::new("trust-seed-exec");
+    let (stage1, meta, image) = build(&tmp, &hostile);
+    let ino = std::fs::metadata(&stage1).unwrap().ino();
+    let (mut p, mut stdin, mut out) = started(&hostile, &stage1);
+    let pid = p.id();
+    let rw_base = base_of(pid, ino).expect("stage1 mapped") + meta.rw_vaddr;
+    assert_eq!(read_mem(pid, rw_base, 8), RW_MAGIC.to_le_bytes());
+
+    let _g = tracing_lock();
+    // Without the exec: the checked image gets `attached`.
+    let trace = tmp.join("plain.utrace");
+    finish(attach(pid, "1", &trace, &[]), &trace);
+    assert_eq!(
+        read_mem(pid, rw_base + RWH_ATTACHED, 4),
+        ATTACHED.to_le_bytes(),
+        "the tracer did not tell the checked image it is attached"
+    );
+
+    // With the exec between the check and the write.
+    let fifo = tmp.join("pause");
+    run(Command::new("mkfifo").arg(&fifo), RUN_TIMEOUT).ok();
+    let trace = tmp.join("exec.utrace");
+    let pause = (
+        "UTRACE_TEST_PAUSE",
+        format!("seed-checked:{}", fifo.display()),
+    );
+    let mut t = attach(pid, "2", &trace, &[pause]);
+    let gate = paused(&fifo, &mut t);
+    writeln!(stdin, "{} {rw_base:x} {RW_MAGIC:x}", image.display()).unwrap();
+    expect_line(&mut out, "ready\n");
+    let page = rw_base & !0xfff;
+    let before = read_mem(pid, page, 0x2000);
+    assert_eq!(read_mem(pid, rw_base, 8), RW_MAGIC.to_le_bytes());
+    drop(gate);
+    let err = finish(t, &trace);
+    let after = read_mem(pid, page, 0x2000);
+    drop(stdin);
+    let _ = p.wait();
+    let off = (rw_base - page) as usize;
+    for (what, at) in [("on_full", RWH_ON_FULL), ("attached", RWH_ATTACHED)] {
+        let i = off + at as usize;
+        assert_eq!(
+            after[i..i + 4],
+            [0x5a; 4],
+            "root wrote {what} into the new image: {err}"
+        );
+    }
+    assert!(after == before, "the new image's bytes changed: {err}");
+}
+
+/// A tmpfs mounted at `dir` (empty: its first file gets inode 2), unmounted on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        run(
+            Command::new("mount")
+                .args(["-t", "tmpfs", "-o", "mode=755", "none"])
+                .arg(dir),
+            RUN_TIMEOUT,
+        )
+        .ok();
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Row 4 (device). Before: the files a system-wide session had looked at were
+/// remembered by (path, inode number), without the device. A hostile user's program in
+/// another mount namespace, from a file at the same path with the same inode number (a
+/// fresh tmpfs numbers its files 2, 3, ... in creation order) but other contents, was
+/// taken for the known instrumented file: its RW area was computed from that file's
+/// metadata (here: where this process keeps a page of 0x5a with an RW magic), and root
+/// wrote `on_full` and `attached` there. Now the cache is keyed by `(st_dev, st_ino)`
+/// and the path: the second file is opened and read for itself (not instrumented),
+/// and nothing is written into its process, while the known file's process was told it
+/// is attached.
+#[test]
+fn a_file_with_a_known_files_inode_on_another_device_is_not_taken_for_it() {
+    let hostile = LocalUser::hostile();
+    let tmp = TempDir::new("trust-seed-dev");
+    let (stage1, meta, _) = build(&tmp, &hostile);
+    let image = tmp.join("image.nopie");
+    compile(
+        "gcc",
+        &[fixture("trust_seed_image.c")],
+        &["-O2", "-no-pie", "-fno-pie"],
+        &image,
+    );
+    let mnt = tmp.join("m");
+    let fs = Tmpfs::mount(&mnt);
+    let prog = mnt.join("prog");
+    std::fs::copy(&stage1, &prog).unwrap();
+    hostile.own(&prog);
+    let known = std::fs::metadata(&prog).unwrap();
+    assert_eq!(known.ino(), 2, "the first file of a fresh tmpfs");
+
+    let _g = tracing_lock();
+    let trace = tmp.join("sw.utrace");
+    let err_file = File::create(trace.with_extension("err")).unwrap();
+    let mut session = Command::new(tracer_bin())
+        .args(["record", "--system-wide", "-o"])
+        .arg(&trace)
+        .env(
+            "UTRACE_DEBUG_CACHE",
+            std::env::temp_dir().join("utrace-test-debug-cache"),
+        )
+        .stdout(Stdio::null())
+        .stderr(err_file)
+        .spawn()
+        .unwrap();
+    let sock = PathBuf::from(format!("/run/utrace/{}.sock", session.id()));
+    let t0 = Instant::now();
+    while !sock.exists() {
+        assert!(session.try_wait().unwrap().is_none(), "session ended");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "session did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The known file, run: the session looks at it (instrumented) and tells it.
+    let (mut a, a_stdin, _a_out) = started(&hostile, &prog);
+    let a_rw = base_of(a.id(), known.ino()).unwrap() + meta.rw_vaddr;
+    let t0 = Instant::now();
+    while read_mem(a.id(), a_rw + RWH_ATTACHED, 4) != ATTACHED.to_le_bytes() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the known file not attached"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The same path and inode number in another mount namespace: another tmpfs, the
+    // non-instrumented image copied first. Where the old cache put the known file's RW
+    // area in it (its bias: the non-PIE image's base), it keeps a page with the magic.
+    let addr = 0x40_0000 + meta.rw_vaddr;
+    let script = format!(
+        "mount -t tmpfs -o mode=755 none {m} && cp {img} {m}/prog && chown {u} {m}/prog && \
+         exec setpriv --reuid={u} --regid={g} --clear-groups -- {m}/prog {addr:x} {RW_MAGIC:x}",
+        m = mnt.display(),
+        img = image.display(),
+        u = hostile.uid,
+        g = hostile.gid,
+    );
+    let mut b = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let b_stdin = b.stdin.take().unwrap();
+    let mut b_out = BufReader::new(b.stdout.take().unwrap());
+    expect_line(&mut b_out, "ready\n");
+    let bpid = b.id();
+    let b_exe = std::fs::metadata(format!("/proc/{bpid}/exe")).unwrap();
+    assert_eq!(b_exe.ino(), known.ino(), "same inode number");
+    assert_ne!(b_exe.dev(), known.dev(), "another device");
+    let page = addr & !0xfff;
+    let before = read_mem(bpid, page, 0x2000);
+    // The session looks at the process again at its executable mapping: some time for it.
+    std::thread::sleep(Duration::from_millis(1500));
+    let after = read_mem(bpid, page, 0x2000);
+    run(
+        Command::new("kill").args(["-INT", &session.id().to_string()]),
+        RUN_TIMEOUT,
+    )
+    .ok();
+    let st = session.wait().unwrap();
+    let err = std::fs::read_to_string(trace.with_extension("err")).unwrap();
+    drop((a_stdin, b_stdin));
+    let _ = (a.wait(), b.wait());
+    drop(fs);
+    assert!(st.success(), "session: {err}");
+    let off = (addr - page) as usize;
+    for (what, at) in [("on_full", RWH_ON_FULL), ("attached", RWH_ATTACHED)] {
+        let i = off + at as usize;
+        assert_eq!(
+            after[i..i + 4],
+            [0x5a; 4],
+            "root wrote {what} into the other file's process: {err}"
+        );
+    }
+    assert!(after == before, "the other process's bytes changed: {err}");
+}
