@@ -10,10 +10,22 @@
 //! longer than that); ending the session closes them all, and an abstract name leaves
 //! nothing behind when the tracer dies. Each wait ends with one byte from the program (attached, or
 //! gave up): the programs that waited in vain are the books' "lost before attach".
+//!
+//! Any local user can connect here (and any user could have bound the name first:
+//! `record --system-wide` then refuses to start, naming who holds it, and the runtime
+//! joins only a root or same-user listener). So connections are capped per user
+//! (`SO_PEERCRED`) and overall, each refusal counted; running out of descriptors backs
+//! off instead of spinning on a listener that stays readable; and a connection counts
+//! as lost before attach only once, and only when its process maps an instrumented
+//! binary (bare sockets sending `ATTACH_GAVE_UP` do not inflate the books).
 
 use std::{
-    io,
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    collections::HashMap,
+    fmt, io,
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::fs::MetadataExt,
+    },
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -22,7 +34,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tracer_common::{ATTACH_DONE, ATTACH_GAVE_UP, SESSION_SOCKET};
+use object::Object;
+use tracer_common::{ATTACH_DONE, ATTACH_GAVE_UP, SESSION_SOCKET, meta::META_SECTION};
 
 /// How often the holder looks for new connections and closed ones.
 const POLL_MS: i32 = 20;
@@ -30,12 +43,34 @@ const POLL_MS: i32 = 20;
 const HOLD: Duration = Duration::from_secs(10);
 /// How far up the parent chain a connecting process is looked for in a command's family.
 const MAX_DEPTH: usize = 64;
+/// Connections held at once from one user (`SO_PEERCRED` uid): a program holds one
+/// while it waits, and until it exits or `HOLD` passes.
+pub const MAX_HELD_PER_UID: usize = 64;
+/// Connections held at once in all: far below the descriptors the tracer may open.
+pub const MAX_HELD: usize = 256;
+/// Bytes one connection may send: one outcome per instrumented binary of the process
+/// (a program with more than this many is not one we have met).
+const MAX_OUTCOME_BYTES: usize = 64;
+/// No descriptor left even to refuse a connection: the listener rests this long.
+const BACKOFF: Duration = Duration::from_millis(200);
+/// Mapped files remembered as instrumented or not, by (device, inode).
+const MAX_CACHED_FILES: usize = 4096;
+
+/// How the programs' waits went, and what the caps turned away.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Waits {
+    /// Programs that waited in vain: their records never reached a drain.
+    pub unattached: u64,
+    /// Connections refused: over `MAX_HELD_PER_UID` or `MAX_HELD`, or accepted with no
+    /// descriptor to spare (their programs did not wait).
+    pub refused: u64,
+}
 
 /// Holds the listening socket and its connections while alive, and hears how the waits
 /// went (`tracer_common::ATTACH_DONE`, `ATTACH_GAVE_UP`).
 pub struct Announcement {
     stop: Arc<AtomicBool>,
-    holder: Option<JoinHandle<u64>>,
+    holder: Option<JoinHandle<Waits>>,
 }
 
 impl Announcement {
@@ -73,7 +108,10 @@ impl Announcement {
                     session,
                     root,
                     held: Vec::new(),
-                    unattached: 0,
+                    waits: Waits::default(),
+                    spare: spare_fd(),
+                    resting_until: None,
+                    files: HashMap::new(),
                 };
                 h.run(&flag)
             })?;
@@ -84,15 +122,17 @@ impl Announcement {
     }
 
     /// End the waits (closing the session's ends) and say how many programs waited in
-    /// vain: they gave up or were let go before the tracer had attached their binary, so
-    /// their records never reached a drain.
-    pub fn finish(mut self) -> u64 {
+    /// vain (they gave up or were let go before the tracer had attached their binary, so
+    /// their records never reached a drain) and how many connections were refused.
+    pub fn finish(mut self) -> Waits {
         self.end()
     }
 
-    fn end(&mut self) -> u64 {
+    fn end(&mut self) -> Waits {
         self.stop.store(true, Ordering::Relaxed);
-        self.holder.take().map_or(0, |h| h.join().unwrap_or(0))
+        self.holder
+            .take()
+            .map_or_else(Waits::default, |h| h.join().unwrap_or_default())
     }
 }
 
@@ -103,6 +143,21 @@ impl Drop for Announcement {
 }
 
 fn listen() -> io::Result<OwnedFd> {
+    let sock = session_socket()?;
+    let (addr, len) = session_addr();
+    // SAFETY: addr is a valid sockaddr_un of at least `len` bytes.
+    if unsafe { libc::bind(sock.as_raw_fd(), (&raw const addr).cast(), len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a bound socket of ours.
+    if unsafe { libc::listen(sock.as_raw_fd(), 1024) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(sock)
+}
+
+/// A nonblocking, close-on-exec Unix stream socket.
+fn session_socket() -> io::Result<OwnedFd> {
     // SAFETY: plain socket creation; the descriptor is owned below.
     let fd = unsafe {
         libc::socket(
@@ -115,7 +170,11 @@ fn listen() -> io::Result<OwnedFd> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: socket just returned it; nothing else owns it.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The abstract address `SESSION_SOCKET` and its length.
+fn session_addr() -> (libc::sockaddr_un, libc::socklen_t) {
     // SAFETY: sockaddr_un is plain data; all zeros is a valid value.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
@@ -123,29 +182,26 @@ fn listen() -> io::Result<OwnedFd> {
         *d = *s as libc::c_char;
     }
     let len = (std::mem::size_of::<libc::sa_family_t>() + SESSION_SOCKET.len()) as libc::socklen_t;
-    // SAFETY: addr is a valid sockaddr_un of at least `len` bytes.
-    if unsafe { libc::bind(sock.as_raw_fd(), (&raw const addr).cast(), len) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a bound socket of ours.
-    if unsafe { libc::listen(sock.as_raw_fd(), 1024) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(sock)
+    (addr, len)
 }
 
-/// A connection being held: since when, and what its program said.
+/// A connection being held: whose, since when, and what its program said.
 struct Held {
     fd: OwnedFd,
+    uid: u32,
     since: Instant,
+    /// Its process mapped an instrumented binary when it connected: only such a
+    /// connection can be a program that waited in vain.
+    instrumented: bool,
     attached: bool,
     gave_up: bool,
+    bytes: usize,
 }
 
 impl Held {
     /// A program that did not say its binary was attached (or said it gave up).
     fn lost(&self) -> bool {
-        self.gave_up || !self.attached
+        self.instrumented && (self.gave_up || !self.attached)
     }
 }
 
@@ -154,22 +210,35 @@ struct Holder {
     session: Option<OwnedFd>,
     root: Option<u32>,
     held: Vec<Held>,
-    unattached: u64,
+    waits: Waits,
+    /// Kept open to be given up when descriptors run out: one accept to refuse with.
+    spare: Option<OwnedFd>,
+    /// Out of descriptors: the listener is not polled until then.
+    resting_until: Option<Instant>,
+    /// Whether a mapped file (device, inode) is instrumented.
+    files: HashMap<(u64, u64), bool>,
 }
 
 impl Holder {
     /// Until `stop`: accept connections and keep each until its program closes it or
     /// `HOLD` has passed; read the outcomes. Returns the programs that waited in vain.
-    fn run(&mut self, stop: &AtomicBool) -> u64 {
+    fn run(&mut self, stop: &AtomicBool) -> Waits {
         while !stop.load(Ordering::Relaxed) {
             let (expired, kept) = std::mem::take(&mut self.held)
                 .into_iter()
                 .partition(|h| h.since.elapsed() >= HOLD);
             self.held = kept;
             self.let_go(expired);
-            let mut fds: Vec<libc::pollfd> = [&self.listener, &self.session]
+            if self.resting_until.is_some_and(|t| Instant::now() >= t) {
+                self.resting_until = None;
+            }
+            let listener = match self.resting_until {
+                Some(_) => None,
+                None => self.listener.as_ref(),
+            };
+            let mut fds: Vec<libc::pollfd> = [listener, self.session.as_ref()]
                 .into_iter()
-                .map(|f| f.as_ref().map_or(-1, |f| f.as_raw_fd()))
+                .map(|f| f.map_or(-1, |f| f.as_raw_fd()))
                 .chain(self.held.iter().map(|h| h.fd.as_raw_fd()))
                 .map(|fd| libc::pollfd {
                     fd,
@@ -193,13 +262,13 @@ impl Holder {
         let rest = std::mem::take(&mut self.held);
         self.let_go(rest);
         if let Some(s) = self.session.take() {
-            self.unattached += count_gave_up(&s).0;
+            self.waits.unattached += count_gave_up(&s).0;
         }
-        self.unattached
+        self.waits
     }
 
     fn let_go(&mut self, gone: Vec<Held>) {
-        self.unattached += gone.iter().filter(|h| h.lost()).count() as u64;
+        self.waits.unattached += gone.iter().filter(|h| h.lost()).count() as u64;
     }
 
     /// The command's shared stream: only give-ups count (a program whose session end
@@ -207,7 +276,7 @@ impl Holder {
     fn read_session(&mut self) {
         let Some(s) = &self.session else { return };
         let (gave_up, open) = count_gave_up(s);
-        self.unattached += gave_up;
+        self.waits.unattached += gave_up;
         if !open {
             self.session = None;
         }
@@ -230,6 +299,12 @@ impl Holder {
                 h.attached |= b == ATTACH_DONE;
                 h.gave_up |= b == ATTACH_GAVE_UP;
             }
+            // More than a program ever says: not one, let go (and not counted lost).
+            h.bytes += n as usize;
+            if h.bytes > MAX_OUTCOME_BYTES {
+                h.instrumented = false;
+                closed.push(h.fd.as_raw_fd());
+            }
         }
         let (gone, kept) = std::mem::take(&mut self.held)
             .into_iter()
@@ -238,37 +313,209 @@ impl Holder {
         self.let_go(gone);
     }
 
+    /// Take every pending connection: hold the ones within the caps (the command's
+    /// family only, for `record -- CMD`), refuse the others at once. Out of descriptors,
+    /// the spare one refuses a connection; if even that fails, the listener rests.
     fn accept(&mut self) {
         let Some(l) = &self.listener else { return };
+        let l = l.as_raw_fd();
         loop {
-            // SAFETY: accepting on our listening socket; the address is not wanted.
-            let c = unsafe {
-                libc::accept4(
-                    l.as_raw_fd(),
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-                )
+            let fd = match accept_one(l) {
+                Ok(fd) => fd,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => continue,
+                Err(e) if out_of_descriptors(&e) => {
+                    self.refuse_with_spare(l);
+                    break;
+                }
+                Err(_) => break, // EAGAIN: none left
             };
-            if c < 0 {
-                break;
-            }
-            // SAFETY: accept4 just returned it; nothing else owns it.
-            let fd = unsafe { OwnedFd::from_raw_fd(c) };
-            let ours = match self.root {
-                None => true,
-                Some(root) => peer_pid(&fd).is_some_and(|pid| descends(pid, root)),
+            let Some(cred) = peer_cred(&fd) else {
+                continue;
             };
-            if ours {
-                self.held.push(Held {
-                    fd,
-                    since: Instant::now(),
-                    attached: false,
-                    gave_up: false,
-                });
+            if let Some(root) = self.root
+                && !descends(cred.pid as u32, root)
+            {
+                continue; // not the command's: let go at once
             }
+            if !self.within_caps(cred.uid) {
+                self.waits.refused += 1;
+                continue;
+            }
+            let instrumented = maps_instrumented(cred.pid as u32, &mut self.files);
+            self.held.push(Held {
+                fd,
+                uid: cred.uid,
+                since: Instant::now(),
+                instrumented,
+                attached: false,
+                gave_up: false,
+                bytes: 0,
+            });
         }
     }
+
+    fn within_caps(&self, uid: u32) -> bool {
+        self.held.len() < MAX_HELD
+            && self.held.iter().filter(|h| h.uid == uid).count() < MAX_HELD_PER_UID
+    }
+
+    /// No descriptor left: give up the spare one to accept (and so refuse) one
+    /// connection, then take it back; when that fails too, rest the listener.
+    fn refuse_with_spare(&mut self, listener: i32) {
+        if self.spare.take().is_some() {
+            if accept_one(listener).is_ok() {
+                self.waits.refused += 1;
+            }
+            self.spare = spare_fd();
+        }
+        if self.spare.is_none() {
+            log::warn!("session socket: out of descriptors; not accepting for {BACKOFF:?}");
+        }
+        self.resting_until = Some(Instant::now() + BACKOFF);
+    }
+}
+
+/// One pending connection of `listener`, nonblocking and close-on-exec.
+fn accept_one(listener: i32) -> io::Result<OwnedFd> {
+    // SAFETY: accepting on a listening socket of ours; the address is not wanted.
+    let c = unsafe {
+        libc::accept4(
+            listener,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+        )
+    };
+    if c < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: accept4 just returned it; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(c) })
+}
+
+fn out_of_descriptors(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// A descriptor held in reserve (on /dev/null).
+fn spare_fd() -> Option<OwnedFd> {
+    std::fs::File::open("/dev/null").ok().map(OwnedFd::from)
+}
+
+/// Whether process `pid` maps a file with the rewriter's note (`.note.utrace`): the
+/// files are opened through `/proc/PID/map_files` (the mapped inode itself) and only
+/// their section headers read; what a file is is remembered by (device, inode).
+fn maps_instrumented(pid: u32, files: &mut HashMap<(u64, u64), bool>) -> bool {
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return false;
+    };
+    let mut looked = std::collections::HashSet::new();
+    for line in maps.lines() {
+        // start-end perms offset dev inode path
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(inode)) = (f.next(), f.nth(3)) else {
+            continue;
+        };
+        if inode == "0" || !looked.insert(inode.to_string()) {
+            continue;
+        }
+        let Some((start, end)) = range.split_once('-').and_then(|(s, e)| {
+            Some((
+                u64::from_str_radix(s, 16).ok()?,
+                u64::from_str_radix(e, 16).ok()?,
+            ))
+        }) else {
+            continue;
+        };
+        let link = format!("/proc/{pid}/map_files/{start:x}-{end:x}");
+        let Ok(file) = std::fs::File::open(&link) else {
+            continue;
+        };
+        let Ok(st) = file.metadata() else { continue };
+        if !st.is_file() {
+            continue;
+        }
+        let key = (st.dev(), st.ino());
+        let known = match files.get(&key) {
+            Some(&k) => k,
+            None => {
+                if files.len() >= MAX_CACHED_FILES {
+                    files.clear();
+                }
+                let k = has_utrace_note(file);
+                files.insert(key, k);
+                k
+            }
+        };
+        if known {
+            return true;
+        }
+    }
+    false
+}
+
+/// An ELF file with a `.note.utrace` section (headers and section names read lazily).
+fn has_utrace_note(file: std::fs::File) -> bool {
+    let data = object::read::ReadCache::new(file);
+    object::File::parse(&data).is_ok_and(|f| f.section_by_name(META_SECTION).is_some())
+}
+
+/// Who holds the session name: the credentials its listener had when it called
+/// `listen`, and its command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NameHolder {
+    pub pid: u32,
+    pub uid: u32,
+    pub user: Option<String>,
+    pub command: Option<String>,
+}
+
+impl fmt::Display for NameHolder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "process {}", self.pid)?;
+        if let Some(c) = &self.command {
+            write!(f, " ({c})")?;
+        }
+        write!(f, " of user {}", self.uid)?;
+        if let Some(u) = &self.user {
+            write!(f, " ({u})")?;
+        }
+        Ok(())
+    }
+}
+
+/// Whoever listens under the session name, found by connecting to it (`SO_PEERCRED`).
+pub fn name_holder() -> Option<NameHolder> {
+    let sock = session_socket().ok()?;
+    let (addr, len) = session_addr();
+    // SAFETY: addr is a valid sockaddr_un of at least `len` bytes.
+    if unsafe { libc::connect(sock.as_raw_fd(), (&raw const addr).cast(), len) } != 0 {
+        return None;
+    }
+    let cred = peer_cred(&sock)?;
+    let pid = cred.pid as u32;
+    Some(NameHolder {
+        pid,
+        uid: cred.uid,
+        user: user_name(cred.uid),
+        command: std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .ok()
+            .map(|c| c.trim_end().to_string()),
+    })
+}
+
+/// The account name of `uid` in /etc/passwd.
+fn user_name(uid: u32) -> Option<String> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|l| {
+        let mut f = l.split(':');
+        let name = f.next()?;
+        (f.nth(1)?.parse::<u32>().ok()? == uid).then(|| name.to_string())
+    })
 }
 
 /// Give-up bytes waiting on a nonblocking read of `s`, and whether it is still open.
@@ -298,8 +545,9 @@ fn count_gave_up(s: &OwnedFd) -> (u64, bool) {
     }
 }
 
-/// The process at the other end of a Unix socket.
-fn peer_pid(fd: &OwnedFd) -> Option<u32> {
+/// The process at the other end of a Unix socket, and its effective uid (as it was
+/// when that end was made).
+fn peer_cred(fd: &OwnedFd) -> Option<libc::ucred> {
     // SAFETY: ucred is plain data; all zeros is a valid value.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
@@ -313,7 +561,7 @@ fn peer_pid(fd: &OwnedFd) -> Option<u32> {
             &mut len,
         )
     };
-    (r == 0 && cred.pid > 0).then_some(cred.pid as u32)
+    (r == 0 && cred.pid > 0).then_some(cred)
 }
 
 /// Whether `pid` is `root` or one of its descendants (by parent links in /proc).

@@ -106,9 +106,9 @@ pub fn record(mut opts: RecordOptions) -> Result<i32> {
         WaitEnd::Timeout => log::info!("duration over; ending the session"),
     }
     drop(started.child);
-    let unattached = started
+    let waits = started
         .announcement
-        .map_or(0, announce::Announcement::finish);
+        .map_or_else(announce::Waits::default, announce::Announcement::finish);
     drop(control);
     // A process still running when the session ends: its buffers are collected.
     let stop_pid = match (&opts.target, end) {
@@ -118,7 +118,7 @@ pub fn record(mut opts: RecordOptions) -> Result<i32> {
     let close = Close {
         exit_code,
         initial: initial.len(),
-        unattached,
+        waits,
         stop_pid,
         live_done,
     };
@@ -311,14 +311,9 @@ fn start_system_wide(
 ) -> Result<Started> {
     session.mode = "system-wide".into();
     gate::catch_stop_signals();
-    // Before the scan: a program started from now on waits for the tracer.
-    let announcement = announce::Announcement::system_wide()
-        .map_err(|e| {
-            log::warn!(
-                "programs that start and end quickly may be missed: cannot listen as a session: {e}"
-            )
-        })
-        .ok();
+    // Before the scan: a program started from now on waits for the tracer. Without
+    // the name, whoever holds it would be the one programs connect to: refuse.
+    let announcement = Some(announce::Announcement::system_wide().map_err(rendezvous_taken)?);
     let pipeline = outputs.start(session)?;
     // Processes already running: their RW areas, so exits drain them.
     for pid in all_pids() {
@@ -340,6 +335,20 @@ fn start_system_wide(
         deadline: duration.map(|d| Instant::now() + d),
         pipeline,
     })
+}
+
+/// Why a system-wide session cannot start: the session name is not ours (naming who
+/// holds it when that can be found out).
+fn rendezvous_taken(e: std::io::Error) -> anyhow::Error {
+    let name = String::from_utf8_lossy(&tracer_common::SESSION_SOCKET[1..]).into_owned();
+    let who = match announce::name_holder() {
+        Some(h) => format!("it is held by {h}"),
+        None => "its holder is unknown".to_string(),
+    };
+    anyhow::anyhow!(
+        "cannot listen on the session socket @{name} ({e}): {who}. A system-wide session \
+         must own it (rewritten programs connect there); stop that process and try again"
+    )
 }
 
 /// Opened once the session is set up (what is running is traced): its appearance tells
@@ -416,7 +425,8 @@ fn serve(
 struct Close {
     exit_code: Option<i32>,
     initial: usize,
-    unattached: u64,
+    /// How programs' waits went (lost before attach) and connections refused.
+    waits: announce::Waits,
     /// `-p PID` stopped before the process ended: collect what its buffers hold.
     stop_pid: Option<u32>,
     live_done: Option<Box<dyn FnOnce() + Send>>,
@@ -443,7 +453,7 @@ fn finish(mut live: Live, pipeline: Pipeline, end: Close) -> Result<()> {
     stats.filter = live.filters.spec().describe();
     stats.filter_changes = live.filter_changes;
     stats.binaries_added = live.binaries.len().saturating_sub(end.initial) as u64;
-    stats.unattached = end.unattached;
+    stats.unattached = end.waits.unattached;
     let path = writer.finish(&stats)?;
     // The live view has had the whole file (its copy ends with the file): its last
     // frame goes before the summary.
@@ -451,6 +461,15 @@ fn finish(mut live: Live, pipeline: Pipeline, end: Close) -> Result<()> {
         done();
     }
     print_summary(&consumed, &stats, &path);
+    if end.waits.refused > 0 {
+        eprintln!(
+            "utrace: warning: {} connections to the session socket refused (more than {} \
+             held for one user or {} in all); their programs did not wait for the tracer",
+            end.waits.refused,
+            announce::MAX_HELD_PER_UID,
+            announce::MAX_HELD
+        );
+    }
     live.print_refusals();
     for b in &live.binaries {
         summary::cache_debug_info(b);
