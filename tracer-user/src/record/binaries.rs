@@ -739,6 +739,29 @@ mod tests {
         }
     }
 
+    /// Row 5 of issue 28: a sparse 100 GiB file was read whole (`std::fs::read`) by
+    /// `untouched` and `load_bias`; now it is refused from its size alone.
+    #[test]
+    fn a_sparse_huge_file_is_refused_unread() {
+        let path = std::env::temp_dir().join(format!("utrace-sparse-{}", std::process::id()));
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(100 << 30).unwrap();
+        drop(f);
+        let t = std::time::Instant::now();
+        let e = read_instrumented(&path).unwrap_err();
+        assert!(format!("{e:#}").contains("more than the"), "{e:#}");
+        let e = untouched(&path, &[], true).unwrap_err();
+        assert!(format!("{e:#}").contains("more than the"), "{e:#}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_directory_is_refused() {
+        let e = read_instrumented(Path::new("/")).unwrap_err();
+        assert!(format!("{e:#}").contains("not a regular file"), "{e:#}");
+    }
+
     #[test]
     fn own_mappings() {
         let maps = process_mappings(std::process::id()).unwrap();
