@@ -188,6 +188,7 @@ impl Live {
         let ordinal = match admit {
             Admit::Known(ordinal) => return Ok(ordinal),
             Admit::Copy(ordinal) => {
+                self.shares.charge_binary(b.file.uid);
                 self.attach_file(ordinal, &b)?;
                 log::info!(
                     "tracing {} as a copy of {} (binary_id {:#x})",
@@ -237,6 +238,10 @@ impl Live {
             .iter()
             .position(|o| o.meta.binary_id == b.meta.binary_id);
         let admit = match same_id {
+            // Copies hold files and uprobes too: as many as binaries at most.
+            Some(_) if self.copies.len() >= MAX_BINARIES as usize => {
+                return Err(BinaryRefusal::TooManyCopies);
+            }
             Some(i) if self.binaries[i].note == b.note => Admit::Copy(i as u32),
             Some(_) => {
                 return Err(BinaryRefusal::SameIdOtherContents {

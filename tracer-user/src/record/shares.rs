@@ -14,6 +14,8 @@ use crate::record::binaries::FileId;
 pub enum BinaryRefusal {
     #[error("the session already traces {MAX_BINARIES} instrumented binaries")]
     SessionFull,
+    #[error("the session already traces {MAX_BINARIES} copies of binaries")]
+    TooManyCopies,
     #[error("its owner (uid {uid}) already has {cap} binaries traced, its share of the session")]
     UidShare { uid: u32, cap: u32 },
     #[error(
@@ -73,6 +75,7 @@ impl Shares {
         }
         let kind = match why {
             BinaryRefusal::SessionFull => "the session is full",
+            BinaryRefusal::TooManyCopies => "the session has its share of copies",
             BinaryRefusal::UidShare { .. } => "their owner's share is full",
             BinaryRefusal::SameIdOtherContents { .. } => "another file has their binary_id",
         };
