@@ -49,10 +49,20 @@ impl RunAs {
         match spec {
             Some(s) => RunAs::parse(s).map(Some),
             // SAFETY: geteuid has no preconditions.
-            None if unsafe { libc::geteuid() } == 0 => RunAs::from_sudo(
-                std::env::var("SUDO_UID").ok().as_deref(),
-                std::env::var("SUDO_GID").ok().as_deref(),
-            ),
+            None if unsafe { libc::geteuid() } == 0 => {
+                let r = RunAs::from_sudo(
+                    std::env::var("SUDO_UID").ok().as_deref(),
+                    std::env::var("SUDO_GID").ok().as_deref(),
+                )?;
+                if let Some(r) = &r {
+                    log::info!(
+                        "under sudo: the command runs as {} (uid {}); --run-as root keeps root",
+                        r.name,
+                        r.uid
+                    );
+                }
+                Ok(r)
+            }
             None => Ok(None),
         }
     }
