@@ -124,8 +124,8 @@ fn forbidden_file(tmp: &TempDir) -> PathBuf {
 }
 
 /// `--run-as utrace-hostile`: the command runs as that user (uid, gid, groups) with no
-/// capability, cannot write a root-owned file, and is traced exactly, in both drains;
-/// its exit status is the tracer's. Before: it ran as root (uid 0, every capability)
+/// capability, cannot write a root-owned file, and is traced exactly, in both drains
+/// and when a shell of the user's starts it; its exit status is the tracer's. Before: it ran as root (uid 0, every capability)
 /// and appended to the root-owned file.
 #[test]
 fn run_as_user() {
@@ -141,6 +141,27 @@ fn run_as_user() {
         let out = record(&all, &[], &trace, &traced, &args, None);
         check_runs_as(&format!("--run-as {flags:?}"), &u, &out, &trace, &forbidden);
     }
+    // Started by a shell (not instrumented) that the user runs: the program waits at
+    // its first record until root has attached its binary and written ATTACHED into
+    // the user's process (/proc/PID/mem).
+    let trace = tmp.join("sh.utrace");
+    let script = "\"$1\" who \"$2\" 5000; exit $?";
+    let sh_args = [
+        OsStr::new("-c"),
+        OsStr::new(script),
+        OsStr::new("sh"),
+        traced.as_os_str(),
+        forbidden.as_os_str(),
+    ];
+    let out = record(
+        &["--run-as", &u.name],
+        &[],
+        &trace,
+        Path::new("/bin/sh"),
+        &sh_args,
+        None,
+    );
+    check_runs_as("--run-as, through sh", &u, &out, &trace, &forbidden);
 }
 
 /// Under sudo (SUDO_UID, SUDO_GID, SUDO_USER set, the tracer root) the command runs as
