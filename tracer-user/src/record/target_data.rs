@@ -48,24 +48,36 @@ pub enum Refused {
     NoCredentials,
     /// Its header names a process other than the one that sent it (the kernel's word).
     NotTheSender,
-    /// Its header's thread is no thread the tracer seized in that process.
+    /// Its sender is no process the tracer holds seized, or (a slot) its thread is no
+    /// thread the tracer holds seized in it.
     NotSeized,
 }
 
 /// Whether a message with header `h` is believed: sent by process `sender` (from
-/// `SCM_CREDENTIALS`: the kernel's, not the program's word), naming that process and
-/// one of its threads the tracer holds seized (`seized_tgid`: the process of thread
-/// `h.tid` among them, if it is one).
+/// `SCM_CREDENTIALS`: the kernel's, not the program's word), naming that process,
+/// which the tracer holds seized (`sender_held`). The header's tid of a records message
+/// is a label only (a forked child flushes a buffer it inherited, owned by its
+/// parent's thread): nothing is read or written because of it.
 pub fn check_sender(
     h: &ChunkHeader,
     sender: Option<u32>,
-    seized_tgid: Option<u32>,
+    sender_held: bool,
 ) -> Result<(), Refused> {
     let sender = sender.ok_or(Refused::NoCredentials)?;
     if h.pid != sender {
         return Err(Refused::NotTheSender);
     }
-    if seized_tgid != Some(sender) {
+    if !sender_held {
+        return Err(Refused::NotSeized);
+    }
+    Ok(())
+}
+
+/// Whether a slot message's thread is one the tracer holds seized in the process the
+/// header names (`seized_tgid`: the process of thread `h.tid`, if it is held): its
+/// slots are read and released at that thread's exit. A thread claims its slot itself.
+pub fn check_slot_owner(h: &ChunkHeader, seized_tgid: Option<u32>) -> Result<(), Refused> {
+    if seized_tgid != Some(h.pid) {
         return Err(Refused::NotSeized);
     }
     Ok(())
@@ -213,22 +225,18 @@ mod tests {
     #[test]
     fn a_message_is_believed_only_from_its_seized_sender() {
         let h = ChunkHeader::new(CHUNK_KIND_SLOT, (10 << 32) | 11, 1, 0, 0);
-        assert_eq!(check_sender(&h, Some(10), Some(10)), Ok(()));
-        assert_eq!(
-            check_sender(&h, None, Some(10)),
-            Err(Refused::NoCredentials)
-        );
+        assert_eq!(check_sender(&h, Some(10), true), Ok(()));
+        assert_eq!(check_sender(&h, None, true), Err(Refused::NoCredentials));
         // Another process's pid in the header (the victim's), sent by 10.
         let forged = ChunkHeader::new(CHUNK_KIND_SLOT, (99 << 32) | 11, 1, 0, 0);
         assert_eq!(
-            check_sender(&forged, Some(10), Some(10)),
+            check_sender(&forged, Some(10), true),
             Err(Refused::NotTheSender)
         );
-        // A thread the tracer does not hold, or one of another process.
-        assert_eq!(check_sender(&h, Some(10), None), Err(Refused::NotSeized));
-        assert_eq!(
-            check_sender(&h, Some(10), Some(12)),
-            Err(Refused::NotSeized)
-        );
+        assert_eq!(check_sender(&h, Some(10), false), Err(Refused::NotSeized));
+        // A slot's thread: held, and in the process named.
+        assert_eq!(check_slot_owner(&h, Some(10)), Ok(()));
+        assert_eq!(check_slot_owner(&h, None), Err(Refused::NotSeized));
+        assert_eq!(check_slot_owner(&h, Some(12)), Err(Refused::NotSeized));
     }
 }

@@ -16,8 +16,9 @@
 //! What the command sends is believed only as far as the kernel vouches for it (the
 //! tracer may be root, the command another user's program): each message carries the
 //! sender's pid in `SCM_CREDENTIALS` (`SO_PASSCRED`), which must be the pid its header
-//! names, and the header's thread must be one the tracer holds seized in that process
-//! ([`Seized`]: the command and its descendants, as ptrace reported them). Memory is
+//! names and a process the tracer holds seized ([`Seized`]: the command and its
+//! descendants, as ptrace reported them); a slot's thread must be one of its seized
+//! threads. Memory is
 //! read and written only in such threads' processes: a seized task is not reaped
 //! until the tracer waits for it, so its id cannot name another process meanwhile.
 //! A slot's buffer is read only as large as its binary's metadata makes buffers.
@@ -51,8 +52,8 @@ use crate::{
         summary::print_summary,
         target::RecordOptions,
         target_data::{
-            Message, Refused, SlotSpan, check_sender, encode_records, parse_message,
-            slot_span_within,
+            Message, Refused, SlotSpan, check_sender, check_slot_owner, encode_records,
+            parse_message, slot_span_within,
         },
     },
     tracefile::{FinalStats, SessionInfo, Writer, encode_load},
@@ -83,6 +84,9 @@ impl Seized {
     }
     fn tgid(&self, tid: u32) -> Option<u32> {
         self.0.get(&tid).copied()
+    }
+    fn holds_process(&self, pid: u32) -> bool {
+        self.0.values().any(|&p| p == pid)
     }
 }
 
@@ -456,7 +460,12 @@ impl State {
                 return Ok(());
             }
         };
-        if let Err(why) = check_sender(&header, sender, self.seized.tgid(header.tid)) {
+        let held = sender.is_some_and(|p| self.seized.holds_process(p));
+        let believed = check_sender(&header, sender, held).and_then(|()| match parsed {
+            Message::Slot(..) => check_slot_owner(&header, self.seized.tgid(header.tid)),
+            _ => Ok(()),
+        });
+        if let Err(why) = believed {
             log::debug!(
                 "refused a message naming {}/{} from pid {sender:?}: {why:?}",
                 header.pid,
@@ -503,7 +512,7 @@ impl State {
         }
         eprintln!(
             "utrace: warning: {} messages of the traced programs refused: {} naming another \
-             process than their sender, {} naming a thread not traced, {} without credentials, \
+             process than their sender, {} from a process or thread not traced, {} without credentials, \
              {} slots past {MAX_SLOTS_PER_THREAD} per thread",
             r.total(),
             r.not_the_sender,
