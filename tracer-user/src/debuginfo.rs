@@ -18,16 +18,28 @@ pub struct DebugSource {
     pub how: &'static str,
 }
 
-/// The tracer's debug cache: `$XDG_CACHE_HOME/utrace/debug` or `~/.cache/utrace/debug`.
+/// The tracer's debug cache: `$XDG_CACHE_HOME/utrace/debug` or `~/.cache/utrace/debug`
+/// (`UTRACE_DEBUG_CACHE` overrides, empty: none). As root, only if the part of its path
+/// that exists passes the [`safe_dir`] walk: a reader run with another user's
+/// environment (`sudo -E`) takes no debug files from a directory that user controls.
 pub fn cache_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("UTRACE_DEBUG_CACHE") {
-        return (!d.is_empty()).then(|| PathBuf::from(d));
+    let dir = if let Some(d) = std::env::var_os("UTRACE_DEBUG_CACHE") {
+        (!d.is_empty()).then(|| PathBuf::from(d))?
+    } else {
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+        base.join("utrace").join("debug")
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0
+        && let Err(why) = walk_dir(&dir, false)
+    {
+        log::info!("not using the debug cache {}: {why}", dir.display());
+        return None;
     }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("utrace").join("debug"))
+    Some(dir)
 }
 
 fn hex(b: &[u8]) -> String {
@@ -252,6 +264,12 @@ pub enum UnsafeDir {
 /// owned by root or the effective user and, if others may write in it, sticky (so no
 /// one else can rename what is in it); components that are missing are created 0700.
 pub fn safe_dir(dir: &Path) -> Result<std::os::fd::OwnedFd, UnsafeDir> {
+    walk_dir(dir, true)?.ok_or_else(|| UnsafeDir::NotPlain(dir.into()))
+}
+
+/// The walk of [`safe_dir`]; without `create`, it stops (with None) at the first
+/// component that does not exist.
+fn walk_dir(dir: &Path, create: bool) -> Result<Option<std::os::fd::OwnedFd>, UnsafeDir> {
     use std::path::Component;
     let dir = if dir.is_absolute() {
         dir.to_path_buf()
@@ -273,6 +291,7 @@ pub fn safe_dir(dir: &Path) -> Result<std::os::fd::OwnedFd, UnsafeDir> {
         at.push(name);
         fd = match open_dir(Some(&fd), Path::new(name)) {
             Ok(next) => next,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) && !create => return Ok(None),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 make_dir(&fd, name).map_err(|e| UnsafeDir::Io(at.clone(), e))?;
                 open_dir(Some(&fd), Path::new(name)).map_err(|e| UnsafeDir::Io(at.clone(), e))?
@@ -284,7 +303,7 @@ pub fn safe_dir(dir: &Path) -> Result<std::os::fd::OwnedFd, UnsafeDir> {
         };
         check_dir(&fd, &at)?;
     }
-    Ok(fd)
+    Ok(Some(fd))
 }
 
 fn c_name(name: &std::ffi::OsStr) -> std::io::Result<std::ffi::CString> {
