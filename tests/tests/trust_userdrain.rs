@@ -55,9 +55,9 @@ fn read_line(r: &mut BufReader<ChildStdout>, what: &str) -> String {
 }
 
 fn victim_page(pid: u32) -> Vec<u8> {
-    let mut f = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let f = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
     let mut b = vec![0u8; 4096];
-    std::os::unix::fs::FileExt::read_exact_at(&mut f, &mut b, VICTIM_PAGE).unwrap();
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, VICTIM_PAGE).unwrap();
     b
 }
 
