@@ -85,8 +85,10 @@ impl Seized {
     fn tgid(&self, tid: u32) -> Option<u32> {
         self.0.get(&tid).copied()
     }
+    /// Whether process `pid` is held: its leader is, since the kernel reports a group
+    /// leader's exit (and lets it be reaped) only after every other thread's.
     fn holds_process(&self, pid: u32) -> bool {
-        self.0.values().any(|&p| p == pid)
+        self.tgid(pid) == Some(pid)
     }
 }
 
