@@ -168,8 +168,16 @@ fn messages_naming_another_process_are_not_believed() {
         !has(victim_exe.to_str().unwrap().as_bytes()),
         "the victim's binary is described in the trace"
     );
+    let refused = err
+        .lines()
+        .find(|l| l.contains("messages of the traced programs refused"))
+        .unwrap_or_else(|| panic!("the refusals are not said: {err}"));
+    eprintln!("{refused}");
+    // Five forged messages: four name the victim's process, one (in the attacker's
+    // own) a thread of the victim's as a slot's owner.
     assert!(
-        err.contains("messages of the traced programs refused"),
-        "{err}"
+        refused.contains("5 messages of the traced programs refused: 4 naming another process")
+            && refused.contains(" 1 from a process or thread not traced"),
+        "{refused}"
     );
 }
