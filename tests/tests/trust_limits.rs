@@ -57,9 +57,11 @@ fn sections(b: &[u8]) -> Vec<(u32, Vec<u8>)> {
 }
 
 /// Row 5. Before: `tracer record` parsed such a note into 65,536 copies of the 2 MiB
-/// name (~128 GiB: killed or out of memory), and so did `report` of a trace carrying
-/// it. Now the note is refused ("note too large": the names would take more than the
-/// table they come from) in bounded memory, by every reader, with no crash.
+/// name (~128 GiB; under the 2 GiB limit it died of SIGABRT, "memory allocation of
+/// 2097152 bytes failed"), and so did `report` and `dump` of a trace carrying it. Now
+/// the note is refused ("note too large": the names would take more than the table
+/// they come from) in bounded memory, with no crash: `record --binary` fails, the
+/// readers report without that binary's names and say why.
 #[test]
 fn a_note_that_multiplies_in_memory_is_refused() {
     let tmp = TempDir::new("trust-note");
@@ -158,8 +160,11 @@ impl Drop for Target {
 /// Row 7, the stop drain. A process of the hostile user forges all 1,048,576 slots of
 /// its RW area as its own thread's, each in the middle of a record that never ends and
 /// holding 1 MiB. Before: the stop drain single-stepped the thread up to 100,000 times
-/// per slot and buffered up to 512 MiB per slot (about 10^11 steps and a TiB: it never
-/// ended). Now it ends within seconds, its memory bounded, and says what it gave up.
+/// per slot and buffered up to 512 MiB per slot (about 10^11 steps and a TiB): the
+/// session was still running when the test's 120 s timeout killed it. Now the whole
+/// session takes about 12 s (1 s traced, at most 5 s of stop drain) with a peak RSS
+/// about 120 MiB, and says what it gave up (~1,000,000 slots, ~45,000 records being
+/// written, ~47 GB of records).
 #[test]
 fn the_stop_drain_of_a_hostile_process_is_bounded() {
     let tmp = TempDir::new("trust-stop");
@@ -299,7 +304,8 @@ fn a_directory_at_the_trace_name_loses_nothing() {
 /// Row 7, the debug cache. The hostile user's cache directory holds `utrace`, a link to
 /// a root-owned directory. Before: a root `tracer record` run with that user's
 /// environment (`sudo -E`: XDG_CACHE_HOME, HOME) followed the link, created
-/// `debug/.build-id/..` in the root-owned directory and wrote the traced binary there.
+/// `debug/.build-id/..` in the root-owned directory and wrote the traced binary there
+/// (the test found `debug` in it).
 /// Now the cache path is walked by descriptor and refused at the first directory the
 /// user owns: nothing is written through it.
 #[test]

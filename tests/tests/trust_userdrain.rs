@@ -8,8 +8,9 @@
 //!
 //! Against the old drain (it believed the header's pid): at the attacker's exit it read
 //! the slot through the victim's pid (the address is unmapped in the attacker), put the
-//! victim's 16 records into the trace, and wrote its 16-byte tombstone into the victim's
-//! memory; the slot of an unknown binary made it describe the victim's mappings, so the
+//! victim's 16 records into the trace (with the 2 sent in its name: 18 records of the
+//! victim's pid), and wrote its 16-byte tombstone into the victim's memory (at
+//! `VICTIM_PAGE + 0x800`); the slot of an unknown binary made it describe the victim's mappings, so the
 //! victim's binary and its load bias landed in the trace.
 //!
 //! Now each message's pid must be its sender's (`SCM_CREDENTIALS`) and its thread one
