@@ -111,7 +111,7 @@ fn a_privileged_program_ignores_a_planted_descriptor() {
     let t = tools(&tmp);
     let hostile = LocalUser::hostile();
     let as_hostile = |args: &[&std::ffi::OsStr]| {
-        let mut c = hostile.command(&args[0]);
+        let mut c = hostile.command(args[0]);
         c.args(&args[1..]);
         run(&mut c, RUN_TIMEOUT)
     };
@@ -463,10 +463,12 @@ fn open_fds(pid: u32) -> usize {
 /// Row 5, the announcement socket. A system-wide session with 1024 descriptors (a
 /// common default limit); `utrace-hostile` connects 5,000 times, holds every
 /// connection and sends `ATTACH_GAVE_UP` on each. Before: the tracer's descriptors
-/// reached 1024, it spun on the readable listener (63 clock ticks of CPU a second),
+/// went from 52 to 1024, it spun on the readable listener (46 to 63 clock ticks of CPU
+/// a second),
 /// `utrace-victim`'s program started then was not traced at all (0 records) and the
 /// books counted 1,948 programs "lost before attach". Now: the hostile user holds 64,
-/// the other 4,936 are refused and counted, descriptors and CPU stay low, the victim's
+/// the other 4,936 are refused and counted, descriptors and CPU stay low (53 → 121,
+/// 7 ticks a second), the victim's
 /// program waits as usual (every call in the trace) and nothing is lost before attach.
 #[test]
 fn a_connection_flood_does_not_blind_a_system_wide_session() {
@@ -478,25 +480,7 @@ fn a_connection_flood_does_not_blind_a_system_wide_session() {
     let want = run(victim.command(&t.orig).arg("3000"), RUN_TIMEOUT).ok();
     let _g = tracing_lock();
     let trace = tmp.join("sw.utrace");
-    let session = Command::new("prlimit")
-        .arg("--nofile=1024:1024")
-        .arg(tracer_bin())
-        .args(["record", "--system-wide", "--duration", "12", "-o"])
-        .arg(&trace)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = session.id();
-    let sock = PathBuf::from(format!("/run/utrace/{pid}.sock"));
-    let t0 = Instant::now();
-    while !sock.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "session did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (session, pid) = start_limited_session(&trace, "12");
     let fds_before = open_fds(pid);
     let mut fl = hostile
         .command(&flood)
@@ -510,6 +494,7 @@ fn a_connection_flood_does_not_blind_a_system_wide_session() {
     let cpu0 = cpu_ticks(pid);
     std::thread::sleep(Duration::from_secs(1));
     let cpu = cpu_ticks(pid) - cpu0;
+    eprintln!("descriptors {fds_before} before, {fds_during} during; {cpu} ticks in 1 s");
     let out = run(victim.command(&t.traced).arg("3000"), RUN_TIMEOUT);
     let mut connected = String::new();
     BufReader::new(fl.stdout.take().unwrap())
@@ -536,7 +521,14 @@ fn a_connection_flood_does_not_blind_a_system_wide_session() {
         "the victim's calls in the trace"
     );
     let books = &report_json(&trace)["books"];
-    assert_eq!(books["unattached"], 0, "forged give-ups counted: {books}");
+    // Each of the 64 connections held sent a give-up: counted, they would be 64 or
+    // more. (A program of another user that the session cannot attach, e.g. a test of
+    // another file running meanwhile, does count: fewer than that.)
+    let lost = books["unattached"].as_u64().unwrap();
+    assert!(
+        lost < HELD_PER_UID,
+        "forged give-ups counted: {books}: {err}"
+    );
     assert_eq!(books["balanced"], true, "{books}");
     let connected: u64 = connected
         .strip_prefix("flood: connected ")
@@ -560,5 +552,86 @@ fn a_connection_flood_does_not_blind_a_system_wide_session() {
     assert!(
         (over..over + 8).contains(&refused),
         "refused connections: {refused}, the flood's beyond its share: {over}: {err}"
+    );
+}
+
+/// `tracer record --system-wide --duration SECONDS` with 1024 descriptors (a common
+/// default limit), once ready (its control socket exists); the caller holds
+/// [`tracing_lock`].
+fn start_limited_session(trace: &Path, seconds: &str) -> (Child, u32) {
+    let session = Command::new("prlimit")
+        .arg("--nofile=1024:1024")
+        .arg(tracer_bin())
+        .args(["record", "--system-wide", "--duration", seconds, "-o"])
+        .arg(trace)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = session.id(); // prlimit execs the tracer
+    let sock = PathBuf::from(format!("/run/utrace/{pid}.sock"));
+    let mut session = session;
+    let t0 = Instant::now();
+    while !sock.exists() {
+        if session.try_wait().unwrap().is_some() || t0.elapsed() > Duration::from_secs(60) {
+            let _ = session.kill();
+            let out = session.wait_with_output().unwrap();
+            panic!(
+                "the session did not start: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (session, pid)
+}
+
+/// Row 5, out of descriptors: the running tracer's limit lowered to 16 above what it
+/// has open, then `utrace-hostile` fills it with connections (2,000, nonblocking) and
+/// holds them. Before: accept failed with EMFILE and left the listener readable, so the
+/// holder spun: 167 clock ticks of CPU in 2 s. Now it refuses with its spare descriptor
+/// and rests the listener (4 ticks in 2 s), the refusals are counted, and the session
+/// ends cleanly.
+#[test]
+fn a_tracer_out_of_descriptors_rests_instead_of_spinning() {
+    let tmp = TempDir::new("trust-emfile");
+    open_to_all(tmp.path());
+    let flood = tmp.join("flood");
+    compile("gcc", &[fixture("trust_flood.c")], &["-O2"], &flood);
+    let hostile = LocalUser::hostile();
+    let _g = tracing_lock();
+    let trace = tmp.join("sw.utrace");
+    let (session, pid) = start_limited_session(&trace, "8");
+    let limit = open_fds(pid) + 16;
+    run(
+        Command::new("prlimit")
+            .arg(format!("--pid={pid}"))
+            .arg(format!("--nofile={limit}:{limit}")),
+        RUN_TIMEOUT,
+    )
+    .ok();
+    let (mut fl, _, connected) = spawn_as(
+        &hostile,
+        &flood,
+        &["2000", "30", "--forge", "--nonblock"],
+        "flood: connected",
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let cpu0 = cpu_ticks(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let cpu = cpu_ticks(pid) - cpu0;
+    eprintln!("{cpu} ticks in 2 s with {limit} descriptors at most");
+    let session = session.wait_with_output().unwrap();
+    let _ = fl.kill(); // the hostile user's process, started by this test
+    let _ = fl.wait();
+    let err = String::from_utf8_lossy(&session.stderr).into_owned();
+    assert!(session.status.success(), "session: {err}");
+    assert!(
+        cpu < 60,
+        "the tracer used {cpu} clock ticks in 2 s out of descriptors ({connected:?})"
+    );
+    assert!(
+        err.contains("connections to the session socket refused"),
+        "no refusals counted: {err}"
     );
 }

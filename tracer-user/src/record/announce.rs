@@ -51,6 +51,9 @@ pub const MAX_HELD: usize = 256;
 /// Bytes one connection may send: one outcome per instrumented binary of the process
 /// (a program with more than this many is not one we have met).
 const MAX_OUTCOME_BYTES: usize = 64;
+/// Connections taken per wake-up: one who connects as fast as we refuse does not keep
+/// the holder from its other connections.
+const ACCEPTS_PER_WAKE: usize = 256;
 /// No descriptor left even to refuse a connection: the listener rests this long.
 const BACKOFF: Duration = Duration::from_millis(200);
 /// Mapped files remembered as instrumented or not, by (device, inode).
@@ -319,7 +322,7 @@ impl Holder {
     fn accept(&mut self) {
         let Some(l) = &self.listener else { return };
         let l = l.as_raw_fd();
-        loop {
+        for _ in 0..ACCEPTS_PER_WAKE {
             let fd = match accept_one(l) {
                 Ok(fd) => fd,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

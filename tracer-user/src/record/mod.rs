@@ -463,8 +463,9 @@ fn finish(mut live: Live, pipeline: Pipeline, end: Close) -> Result<()> {
     print_summary(&consumed, &stats, &path);
     if end.waits.refused > 0 {
         eprintln!(
-            "utrace: warning: {} connections to the session socket refused (more than {} \
-             held for one user or {} in all); their programs did not wait for the tracer",
+            "utrace: warning: {} connections to the session socket refused (over {} held \
+             for one user or {} in all, or no descriptor left); their programs did not wait \
+             for the tracer",
             end.waits.refused,
             announce::MAX_HELD_PER_UID,
             announce::MAX_HELD
