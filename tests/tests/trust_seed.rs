@@ -186,6 +186,40 @@ fn a_process_that_execs_between_check_and_write_gets_nothing_written() {
     assert!(after == before, "the new image's bytes changed: {err}");
 }
 
+/// A system-wide session, started and ready; its stderr goes to `TRACE.err`. Another
+/// test binary's session holding the session name (tests of several binaries run at
+/// once) is waited out.
+fn system_wide(trace: &Path) -> Child {
+    let t0 = Instant::now();
+    loop {
+        let err = File::create(trace.with_extension("err")).unwrap();
+        let mut c = Command::new(tracer_bin())
+            .args(["record", "--system-wide", "-o"])
+            .arg(trace)
+            .env(
+                "UTRACE_DEBUG_CACHE",
+                std::env::temp_dir().join("utrace-test-debug-cache"),
+            )
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .unwrap();
+        let sock = PathBuf::from(format!("/run/utrace/{}.sock", c.id()));
+        while !sock.exists() && c.try_wait().unwrap().is_none() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if sock.exists() {
+            return c;
+        }
+        let err = std::fs::read_to_string(trace.with_extension("err")).unwrap();
+        assert!(
+            err.contains("cannot listen on the session socket") && t0.elapsed() < RUN_TIMEOUT,
+            "the session ended before it started: {err}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 /// A tmpfs mounted at `dir` (empty: its first file gets inode 2), unmounted on drop.
 struct Tmpfs(PathBuf);
 
@@ -204,8 +238,20 @@ impl Tmpfs {
 }
 
 impl Drop for Tmpfs {
+    /// Unmounted once nothing holds its files (the session's teardown child holds the
+    /// traced file for a moment after the tracer exits); lazily at last.
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.0).status();
+        for _ in 0..50 {
+            let st = Command::new("umount")
+                .arg(&self.0)
+                .stderr(Stdio::null())
+                .status();
+            if st.is_ok_and(|s| s.success()) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
 
@@ -241,28 +287,7 @@ fn a_file_with_a_known_files_inode_on_another_device_is_not_taken_for_it() {
 
     let _g = tracing_lock();
     let trace = tmp.join("sw.utrace");
-    let err_file = File::create(trace.with_extension("err")).unwrap();
-    let mut session = Command::new(tracer_bin())
-        .args(["record", "--system-wide", "-o"])
-        .arg(&trace)
-        .env(
-            "UTRACE_DEBUG_CACHE",
-            std::env::temp_dir().join("utrace-test-debug-cache"),
-        )
-        .stdout(Stdio::null())
-        .stderr(err_file)
-        .spawn()
-        .unwrap();
-    let sock = PathBuf::from(format!("/run/utrace/{}.sock", session.id()));
-    let t0 = Instant::now();
-    while !sock.exists() {
-        assert!(session.try_wait().unwrap().is_none(), "session ended");
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "session did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut session = system_wide(&trace);
     // The known file, run: the session looks at it (instrumented) and tells it.
     let (mut a, a_stdin, _a_out) = started(&hostile, &prog);
     let a_rw = base_of(a.id(), known.ino()).unwrap() + meta.rw_vaddr;
