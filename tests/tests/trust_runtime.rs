@@ -270,9 +270,11 @@ fn without_a_tracer_the_runtime_adds_only_registers_calls() {
 /// users, the program running as `utrace-hostile`: root's pair end (what a root tracer
 /// hands it) and the hostile user's own are joined; `utrace-victim`'s is refused. And
 /// the dumpable check with a copy of qemu given a file capability (the guest's `prctl`
-/// reaches the kernel, which answers for the non-dumpable qemu process). Before: the
-/// third user's seqpacket end received 6,300,736 bytes, its stream end made the
-/// program wait 10,997 ms, and the capable qemu sent 6,300,736 bytes. Now: 0 bytes, no
+/// reaches the kernel, which answers for the non-dumpable qemu process). And the
+/// session socket's check: the hostile user squats the name, `utrace-victim`'s guest
+/// connects. Before: the third user's seqpacket end received 6,300,736 bytes, its
+/// stream end made the program wait 10,997 ms, the capable qemu sent 6,300,736 bytes,
+/// and the guest waited 12.3 s at the squatter and sent it a byte. Now: 0 bytes, no
 /// wait.
 #[test]
 fn aarch64_runtime_joins_only_root_or_its_own_user() {
@@ -361,6 +363,33 @@ fn aarch64_runtime_joins_only_root_or_its_own_user() {
     let out = run(&mut c, RUN_TIMEOUT);
     assert_same_output(&out, &want, "capable qemu, own seqpacket end");
     assert_eq!(received(&out).bytes, 0, "capable qemu: {}", out.describe());
+    // No descriptor: the session name, squatted by the hostile user; the victim's
+    // guest connects, finds a listener of another user, and goes on at once.
+    let squatter = tmp.join("squatter");
+    compile("gcc", &[fixture("trust_squatter.c")], &["-O2"], &squatter);
+    let want = run(
+        victim.command(&qemu).args(&guest("", &orig, "20")[1..]),
+        RUN_TIMEOUT,
+    )
+    .ok();
+    let _g = tracing_lock();
+    let (mut sq, mut sq_out, _) = spawn_as(&hostile, &squatter, &["60"], "listening");
+    let t0 = Instant::now();
+    let out = run(
+        victim.command(&qemu).args(&guest("", &traced, "20")[1..]),
+        RUN_TIMEOUT,
+    );
+    let took = t0.elapsed();
+    drop(sq.stdin.take());
+    let mut said = String::new();
+    sq_out.read_line(&mut said).unwrap();
+    sq.wait().unwrap();
+    assert_same_output(&out, &want, "a guest while the session name is squatted");
+    assert!(took < NO_WAIT, "the guest waited {took:?}");
+    assert!(
+        said.trim_end().ends_with(" bytes 0"),
+        "the squatter heard: {said:?}"
+    );
 }
 
 /// The full path of a program on PATH.
