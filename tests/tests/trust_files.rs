@@ -527,6 +527,16 @@ fn a_file_with_a_victims_binary_id_is_not_taken_for_it() {
     let h = run(hostile.command(&hprog).arg("40"), RUN_TIMEOUT);
     let hpid_out = h.stdout_str();
     assert!(hpid_out.starts_with("victim 40 "), "{}", h.describe());
+    // Once more: a refused binary's program is released at once, not left to wait out
+    // its 10 s for an attach that never comes.
+    let t0 = Instant::now();
+    let h = run(hostile.command(&hprog).arg("40"), RUN_TIMEOUT);
+    assert!(h.stdout_str().starts_with("victim 40 "), "{}", h.describe());
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "the forged program waited {:?}",
+        t0.elapsed()
+    );
     let v2 = run_victim(&victim, &vprog, n2);
     // A true copy (same binary_id, same note, another file) is traced as that binary.
     let copy = hdir.join("copy");

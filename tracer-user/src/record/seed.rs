@@ -205,10 +205,10 @@ impl Live {
 
     /// Look at process `pid`'s mappings: trace instrumented binaries not traced yet and
     /// tell eBPF where their RW areas are. A binary the session refuses
-    /// (`BinaryRefusal`) is only told to stop waiting here, and then remembered as not
-    /// traced (`seen`: neither held open nor read again; later programs of that file
-    /// wait out their time and count as lost before attach). Best effort (the process
-    /// may be gone).
+    /// (`BinaryRefusal`) is only told to stop waiting, in every process that maps it;
+    /// past `shares::MAX_HELD_REFUSED` refused files, one is forgotten as not traced (`seen`:
+    /// neither held open nor read again; its later programs wait out their time and
+    /// count as lost before attach). Best effort (the process may be gone).
     pub(super) fn scan_process(&mut self, pid: u32, seen: &mut SeenFiles, pipeline: &Pipeline) {
         let found = match binaries::for_process_cached(pid, seen) {
             Ok(f) => f,
@@ -225,6 +225,9 @@ impl Live {
                 }
                 Err(e) if e.is::<BinaryRefusal>() => {
                     self.seed(pid, &b, bias, Seeding::Released);
+                    if self.shares.keep_refused(b.file.id) {
+                        continue;
+                    }
                     for v in seen.values_mut() {
                         if v.as_ref().is_some_and(|o| o.file.id == b.file.id) {
                             *v = None;

@@ -42,7 +42,15 @@ pub struct Shares {
     refused_files: HashSet<(FileId, u64)>,
     refused_pids: HashSet<u32>,
     pub refused_tables: u64,
+    /// Refused files still held (remembered, so that their next programs are released
+    /// at once too); at most `MAX_HELD_REFUSED`.
+    held_refused: HashSet<FileId>,
 }
+
+/// Refused files the session keeps open to release their programs (each is a
+/// descriptor; past this, a refused file is forgotten and its later programs wait out
+/// their time).
+pub const MAX_HELD_REFUSED: usize = 128;
 
 impl Shares {
     pub fn new(capped: bool) -> Self {
@@ -81,6 +89,12 @@ impl Shares {
         };
         *self.refused_binaries.entry(kind).or_default() += 1;
         true
+    }
+
+    /// Whether refused file `file` stays held (remembered) or is forgotten.
+    pub fn keep_refused(&mut self, file: FileId) -> bool {
+        self.held_refused.contains(&file)
+            || (self.held_refused.len() < MAX_HELD_REFUSED && self.held_refused.insert(file))
     }
 
     /// Whether process `pid` of `uid` may get a `TABLES` entry from the tracer; a
