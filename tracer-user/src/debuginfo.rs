@@ -121,6 +121,19 @@ pub fn locate(
     cache: Option<&Path>,
     dirs: &[PathBuf],
 ) -> Option<(PathBuf, &'static str)> {
+    locate_from(path, path, build_id, cache, dirs)
+}
+
+/// [`locate`] for a binary named `path` whose own bytes are read at `own_bytes` (the
+/// tracer's held descriptor, `/proc/self/fd/N`: not whatever is at the path by now);
+/// the path still says where its debuglink and `/usr/lib/debug` files are.
+fn locate_from(
+    path: &Path,
+    own_bytes: &Path,
+    build_id: &[u8],
+    cache: Option<&Path>,
+    dirs: &[PathBuf],
+) -> Option<(PathBuf, &'static str)> {
     // No recorded build-id: any file at the path is taken, with a note.
     let same_build = |f: &FileFacts| build_id.is_empty() || f.build_id.as_deref() == Some(build_id);
     if build_id.is_empty() {
@@ -129,7 +142,7 @@ pub fn locate(
             path.display()
         );
     }
-    let own = facts(path).filter(|f| {
+    let own = facts(own_bytes).filter(|f| {
         let ok = same_build(f);
         if !ok {
             log::warn!(
@@ -140,7 +153,7 @@ pub fn locate(
         ok
     });
     if own.as_ref().is_some_and(|f| f.dwarf) {
-        return Some((path.to_path_buf(), "binary"));
+        return Some((own_bytes.to_path_buf(), "binary"));
     }
     let with_dwarf = |p: &Path| facts(p).is_some_and(|f| f.dwarf && same_build(&f));
     if !build_id.is_empty() {
@@ -168,7 +181,7 @@ pub fn locate(
                 path.display(),
                 String::from_utf8_lossy(&name)
             );
-            return own.map(|_| (path.to_path_buf(), "symbols"));
+            return own.map(|_| (own_bytes.to_path_buf(), "symbols"));
         };
         let dir = path.parent().unwrap_or(Path::new("/"));
         let mut candidates = vec![dir.join(&name), dir.join(".debug").join(&name)];
@@ -178,6 +191,7 @@ pub fn locate(
         candidates.extend(dirs.iter().map(|d| d.join(&name)));
         for c in candidates {
             if c != path
+                && c != own_bytes
                 && map_regular(&c)
                     .is_some_and(|m| crc32(&m) == crc && facts_of(&m).is_some_and(|f| f.dwarf))
             {
@@ -185,7 +199,7 @@ pub fn locate(
             }
         }
     }
-    own.map(|_| (path.to_path_buf(), "symbols"))
+    own.map(|_| (own_bytes.to_path_buf(), "symbols"))
 }
 
 /// CRC-32 (IEEE) as `.gnu_debuglink` uses it.
@@ -208,7 +222,16 @@ fn crc32(data: &[u8]) -> u32 {
 /// from the invoking user: it is walked from `/` one directory at a time by descriptor
 /// ([`safe_dir`]), never through a symbolic link or a directory another user could
 /// change, and what is missing is made 0700. A cache that fails the walk is not used.
-pub fn cache_debug_info(path: &Path, build_id: &[u8], dirs: &[PathBuf]) -> Result<()> {
+///
+/// `own_bytes` is where the binary's own bytes are read (the session's held descriptor
+/// of it, so a file swapped in at `path` since it was traced is not cached under its
+/// build-id); `path` says where its debuglink and `/usr/lib/debug` files are.
+pub fn cache_debug_info(
+    path: &Path,
+    own_bytes: &Path,
+    build_id: &[u8],
+    dirs: &[PathBuf],
+) -> Result<()> {
     let Some(cache) = cache_dir() else {
         return Ok(());
     };
@@ -231,7 +254,7 @@ pub fn cache_debug_info(path: &Path, build_id: &[u8], dirs: &[PathBuf]) -> Resul
     if dir_has(&dir, name) {
         return Ok(());
     }
-    let Some((src, how)) = locate(path, build_id, None, dirs) else {
+    let Some((src, how)) = locate_from(path, own_bytes, build_id, None, dirs) else {
         return Ok(());
     };
     if how == "symbols" {

@@ -72,15 +72,31 @@ pub struct HeldFile {
 }
 
 impl HeldFile {
-    /// Open `path` (read only, non-blocking: a FIFO put in its place does not hang the
-    /// tracer) and check what was opened.
+    /// Open `path` and check what was opened: first as `O_PATH`, which opens nothing
+    /// (a device node or FIFO a user put in its place is never opened for real: a
+    /// watchdog or tape device acts on open, a FIFO would block), then, once `fstat`
+    /// says it is a regular file, for reading through that very descriptor.
     pub fn open(path: &Path, limit: u64) -> Result<HeldFile> {
+        let at = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_NOCTTY)
+            .open(path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        let refused = |e| anyhow::Error::from(e).context(format!("{}: refused", path.display()));
+        if !at
+            .metadata()
+            .map_err(|e| refused(Refused::Io(e)))?
+            .is_file()
+        {
+            return Err(refused(Refused::NotRegular));
+        }
+        use std::os::fd::AsRawFd;
         let f = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-            .open(path)
+            .open(format!("/proc/self/fd/{}", at.as_raw_fd()))
             .with_context(|| format!("cannot open {}", path.display()))?;
-        Self::check(f, limit).with_context(|| format!("{}: refused", path.display()))
+        Self::check(f, limit).map_err(refused)
     }
 
     /// `f` if it is a regular file of at most `limit` bytes.

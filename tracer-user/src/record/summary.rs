@@ -23,7 +23,8 @@ use crate::{
 /// Keep `b`'s debug information in the tracer's cache (by build-id), so the trace can
 /// be symbolized after the binary changes. Best effort.
 pub fn cache_debug_info(b: &Instrumented) {
-    if let Err(e) = crate::debuginfo::cache_debug_info(&b.path, &b.meta.build_id, &[]) {
+    let held = b.file.proc_path();
+    if let Err(e) = crate::debuginfo::cache_debug_info(&b.path, &held, &b.meta.build_id, &[]) {
         log::warn!("{}: debug information not cached: {e:#}", b.path.display());
     }
 }
