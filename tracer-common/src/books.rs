@@ -23,8 +23,12 @@ pub const STAT_RECORDS_PRODUCED: u32 = 7;
 /// Flushes the drain held back for want of room in the ring buffer (`--on-full
 /// wait`): the thread waited and flushed again.
 pub const STAT_HOLDS: u32 = 8;
+/// Flushes that found no `TABLES` entry for their process and could not add one: the
+/// process's user already holds `ebpf::TABLES_PER_UID` entries (its threads are not
+/// drained at exit; counted at each such flush).
+pub const STAT_TABLE_SHARE: u32 = 9;
 /// Entries of `STATS`.
-pub const STAT_COUNT: u32 = 9;
+pub const STAT_COUNT: u32 = 10;
 
 /// The record counters of a session, summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -48,6 +48,10 @@ pub const MAP_STATS: &str = "STATS";
 /// `HashMap<u32 tgid, [u64; TABLE_BINARIES]>`: the rw_bases of the instrumented binaries
 /// mapped into a process (0 = unused entry).
 pub const MAP_TABLES: &str = "TABLES";
+/// `HashMap<u32 tgid, u32 uid>`: whose share a `TABLES` entry is charged to.
+pub const MAP_TABLE_OWNERS: &str = "TABLE_OWNERS";
+/// `HashMap<u32 uid, u64>`: `TABLES` entries charged to a uid.
+pub const MAP_TABLE_UIDS: &str = "TABLE_UIDS";
 /// `HashMap<u32 tgid, u8>`: the traced processes (ignored when `SYSTEM_WIDE` != 0).
 pub const MAP_TARGETS: &str = "TARGETS";
 /// The `TARGETS` key (no process has pid 0) that ends a session: once it is there,
@@ -100,6 +104,10 @@ pub const TABLE_BINARIES: usize = 8;
 pub const MAX_BINARIES: u32 = 64;
 /// Entries of `TABLES`.
 pub const MAX_PROCESSES: u32 = 4096;
+/// `TABLES` entries one uid may hold in a system-wide session, seeded by the tracer and
+/// learned by the eBPF side alike (counted in `TABLE_UIDS`): one user cannot leave
+/// another's processes without an entry (undrained at thread exit).
+pub const TABLES_PER_UID: u32 = MAX_PROCESSES / 2;
 /// Entries of `TARGETS` (processes, plus threads until they exit, see `fork`).
 pub const MAX_TARGETS: u32 = 65536;
 /// Entries of `DRAINED` (slots with a partly delivered buffer).

@@ -79,6 +79,16 @@ pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COUNT, 0
 pub static TABLES: HashMap<u32, [u64; TABLE_BINARIES]> =
     HashMap::with_max_entries(MAX_PROCESSES, 0);
 
+/// tgid → the uid its `TABLES` entry is charged to (`tables::claim_table`); written
+/// with each new entry, removed with it.
+#[map]
+pub static TABLE_OWNERS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_PROCESSES, 0);
+
+/// uid → `TABLES` entries charged to it (at most `TABLES_PER_UID`). A uid's counter
+/// stays at 0 when its entries are gone (uids with traced processes are few).
+#[map]
+pub static TABLE_UIDS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_PROCESSES, 0);
+
 /// pid_tid → 1: the thread's exit() drain delivered everything (`tables::exit_step`);
 /// its `task_exit` skips the fallback drain.
 #[map]

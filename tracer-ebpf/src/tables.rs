@@ -8,16 +8,20 @@ use core::ffi::c_void;
 use aya_ebpf::{
     EbpfContext,
     bindings::BPF_NOEXIST,
-    helpers::{bpf_get_current_pid_tgid, generated::bpf_loop},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_uid_gid, generated::bpf_loop},
 };
 use tracer_common::{
-    KEY_CLAIMING, RW_MAGIC, RWH_BINARY_ID, SLOT_KEY, SLOT_OWNER_TID, ebpf::TABLE_BINARIES,
+    KEY_CLAIMING, RW_MAGIC, RWH_BINARY_ID, SLOT_KEY, SLOT_OWNER_TID,
+    ebpf::{TABLE_BINARIES, TABLES_PER_UID},
 };
 
 use crate::{
     arch::{THREAD_POINTER_MAY_BE_STALE, thread_pointer},
     atomic,
-    maps::{EXIT_DRAINED, EXIT_STEPS, EXIT_WORK, ExitWork, TABLES},
+    maps::{
+        EXIT_DRAINED, EXIT_STEPS, EXIT_WORK, ExitWork, SYSTEM_WIDE, TABLE_OWNERS, TABLE_UIDS,
+        TABLES,
+    },
     slots::{AFTER_RELEASE, drain_slot, find_slot, find_slot_by_tid, inherit, pre_tls_slot},
     user::read_user,
 };
@@ -30,6 +34,9 @@ const _: () = assert!(TABLE_BINARIES.is_power_of_two());
 pub const E_TABLE_FULL: i64 = -1000;
 /// Error of [`remember_rw_base`]: the address is not an RW area (no `RW_MAGIC`).
 pub const E_BAD_RW: i64 = -1001;
+/// Error of [`remember_rw_base`] and [`claim_table`]: the process has no entry and its
+/// user holds `TABLES_PER_UID` entries already.
+pub const E_TABLE_SHARE: i64 = -1002;
 
 /// Record that process `tgid` has an instrumented binary whose RW area is at `rw_base`.
 /// Called on every flush (cheap when already known), so a process that was running
@@ -50,10 +57,21 @@ pub fn remember_rw_base(tgid: u32, rw_base: u64) -> i64 {
         return E_BAD_RW;
     }
     if TABLES.get_ptr(tgid).is_none() {
+        // A new entry is charged to the user first (0 = charged; 1 = another thread of
+        // the process charged it: add to its entry below).
+        let charged = claim_table(tgid, bpf_get_current_uid_gid() as u32);
+        if charged < 0 {
+            return charged;
+        }
         let mut v = [0u64; TABLE_BINARIES];
         v[0] = rw_base;
         if TABLES.insert(tgid, v, BPF_NOEXIST as u64).is_ok() {
             return 0;
+        }
+        if charged == 0 && TABLES.get_ptr(tgid).is_none() {
+            // No room in TABLES: the charge goes back.
+            release_owner(tgid);
+            return E_TABLE_FULL;
         }
         // Lost a race with another thread of the process: add to its entry below.
     }
@@ -68,6 +86,73 @@ pub fn remember_rw_base(tgid: u32, rw_base: u64) -> i64 {
         }
     }
     E_TABLE_FULL
+}
+
+/// Charge a new `TABLES` entry of process (or thread) `id` to `uid`, within its share
+/// (`TABLES_PER_UID`, the tracer's seeds counted too): 0 = charged (the caller adds the
+/// entry, or calls [`release_owner`] if it cannot), 1 = `id` is charged already,
+/// [`E_TABLE_SHARE`] = refused.
+#[inline(never)]
+pub fn claim_table(id: u32, uid: u32) -> i64 {
+    if TABLE_UIDS.get_ptr(uid).is_none() {
+        let _ = TABLE_UIDS.insert(uid, 0u64, BPF_NOEXIST as u64);
+    }
+    let Some(count) = TABLE_UIDS.get_ptr_mut(uid) else {
+        return E_TABLE_SHARE;
+    };
+    // SAFETY: count points at a live u64 map value.
+    let before = unsafe { atomic::fetch_add(count, 1) };
+    // Capped in system-wide sessions only (one user's session may use all of TABLES).
+    if before >= TABLES_PER_UID as u64 && SYSTEM_WIDE.load() != 0 {
+        uncharge(uid);
+        return E_TABLE_SHARE;
+    }
+    if TABLE_OWNERS.insert(id, uid, BPF_NOEXIST as u64).is_err() {
+        uncharge(uid);
+        return 1;
+    }
+    0
+}
+
+/// Forget process (or thread) `id`'s `TABLES` entry, and give its charge back.
+#[inline(never)]
+pub fn forget_table(id: u32) {
+    let _ = TABLES.remove(id);
+    release_owner(id);
+}
+
+/// Give back the charge of `id`'s entry to the uid stored with it (once: only the
+/// remover of the owner entry does).
+#[inline(never)]
+pub fn release_owner(id: u32) {
+    let Some(p) = TABLE_OWNERS.get_ptr(id) else {
+        return;
+    };
+    // SAFETY: p points at a live TABLE_OWNERS value; copied at once.
+    let uid = unsafe { *p };
+    if TABLE_OWNERS.remove(id).is_ok() {
+        uncharge(uid);
+    }
+}
+
+/// One entry less for `uid`, never below 0 (the tracer's seeds update the counter
+/// without atomics, so it may be off by one after a race; it never wraps).
+#[inline(never)]
+fn uncharge(uid: u32) {
+    let Some(count) = TABLE_UIDS.get_ptr_mut(uid) else {
+        return;
+    };
+    for _ in 0..4 {
+        // SAFETY: count points at a live u64 map value.
+        let now = unsafe { core::ptr::read_volatile(count) };
+        if now == 0 {
+            return;
+        }
+        // SAFETY: as above.
+        if unsafe { atomic::cmpxchg(count, now, now - 1) } == now {
+            return;
+        }
+    }
 }
 
 /// Drain the current thread's slot in every RW area of its process, and its pre-TLS

@@ -9,9 +9,9 @@ use tracer_common::{CAUSE_CRASH, CAUSE_TASK_EXIT, CAUSE_THREAD_EXIT};
 
 use super::{ended, is_target};
 use crate::{
-    maps::{EXIT_DRAINED, EXIT_GROUP_DEAD_OFF, TABLES, TARGETS},
+    maps::{EXIT_DRAINED, EXIT_GROUP_DEAD_OFF, TARGETS},
     slots::{AFTER_EXIT, AFTER_RELEASE, AFTER_SIGNAL},
-    tables::{self, drain_exiting, plan_exit_drain, run_exit_drain},
+    tables::{self, drain_exiting, forget_table, plan_exit_drain, run_exit_drain},
 };
 
 /// Drain the current thread's slots (see `tables::drain_exiting`) if its process is
@@ -112,13 +112,13 @@ pub fn task_exit(ctx: &TracePointContext) -> u32 {
         // `fork` cannot tell threads from processes and adds both; a thread's entries go
         // with the thread.
         let _ = TARGETS.remove(tid);
-        let _ = TABLES.remove(tid);
+        forget_table(tid);
     }
     let off = EXIT_GROUP_DEAD_OFF.load();
     // SAFETY: read_at checks the access (bpf_probe_read_kernel).
     if off != 0 && unsafe { ctx.read_at::<u8>(off as usize) } == Ok(1) {
         // Last thread of the process: its tgid may be reused by an unrelated process.
-        let _ = TABLES.remove(tgid);
+        forget_table(tgid);
         let _ = TARGETS.remove(tgid);
     }
     if planned == 1 {

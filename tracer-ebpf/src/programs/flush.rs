@@ -14,7 +14,8 @@ use aya_ebpf::{
 };
 use tracer_common::{
     CAUSE_FULL, CAUSE_REGISTER, FLUSH_ARMED, FLUSH_HELLO, HOLD_SIGNAL, RWH_USER_STATE, STAT_HOLDS,
-    STAT_READ_ERRORS, STAT_RECORDS_DROPPED, STAT_RECORDS_PRODUCED, STAT_TABLE_FULL, Slot, USER_ON,
+    STAT_READ_ERRORS, STAT_RECORDS_DROPPED, STAT_RECORDS_PRODUCED, STAT_TABLE_FULL,
+    STAT_TABLE_SHARE, Slot, USER_ON,
 };
 
 use super::is_target;
@@ -23,7 +24,7 @@ use crate::{
     books::stat_add,
     maps::ON_FULL,
     slots::{AFTER_RESET, HOLD, drain_slot, held},
-    tables::{E_BAD_RW, remember_rw_base},
+    tables::{E_BAD_RW, E_TABLE_SHARE, remember_rw_base},
     user::read_user,
 };
 
@@ -58,6 +59,9 @@ pub fn flush<const S: bool>(ctx: &ProbeContext) -> u32 {
             slot_addr,
             slot.rw_base
         );
+    } else if r == E_TABLE_SHARE {
+        // Its user holds its share of TABLES: not drained at exit. Not logged either.
+        stat_add(STAT_TABLE_SHARE, 1);
     } else if r < 0 {
         // Not logged: it would repeat at every flush.
         stat_add(STAT_TABLE_FULL, 1);

@@ -4,14 +4,15 @@
 //! (`CHUNK_KIND_MAPPED`).
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, generated::bpf_ktime_get_ns},
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_uid_gid, generated::bpf_ktime_get_ns},
     programs::TracePointContext,
 };
-use tracer_common::{CAUSE_EXEC, CHUNK_KIND_MAPPED, ChunkHeader};
+use tracer_common::{CAUSE_EXEC, CHUNK_KIND_MAPPED, ChunkHeader, STAT_TABLE_SHARE};
 
 use super::is_target;
+use crate::books::stat_add;
 use crate::maps::{EVENTS, FORK_CHILD_PID_OFF, SYSTEM_WIDE, TABLES, TARGETS};
-use crate::tables::inherit_at_fork;
+use crate::tables::{claim_table, forget_table, inherit_at_fork, release_owner};
 
 /// A traced process forked: the child is traced too, and starts with its parent's RW
 /// areas.
@@ -40,10 +41,24 @@ pub fn fork(ctx: &TracePointContext) -> u32 {
     if let Some(p) = TABLES.get_ptr(tgid) {
         // SAFETY: p points at a live TABLES value; copied to the stack at once.
         let table = unsafe { *p };
-        let _ = TABLES.insert(child, table, 0);
+        copy_table(child, &table);
         inherit_at_fork(table, child);
     }
     0
+}
+
+/// Give `child` a copy of its parent's entry, charged to the forking user (the
+/// child's) within its share; refused, the child is not drained at exit.
+#[inline(never)]
+fn copy_table(child: u32, table: &[u64; tracer_common::ebpf::TABLE_BINARIES]) {
+    let charged = claim_table(child, bpf_get_current_uid_gid() as u32);
+    if charged < 0 {
+        stat_add(STAT_TABLE_SHARE, 1);
+        return;
+    }
+    if TABLES.insert(child, *table, 0).is_err() && charged == 0 {
+        release_owner(child);
+    }
 }
 
 /// `prot` and `fd` in the sys_enter_mmap record (8 bytes of common fields, the
@@ -75,7 +90,7 @@ pub fn exec() -> u32 {
     if is_target(tgid) {
         // The old image's RW areas are gone (their buffers were drained at
         // sys_enter_execve); the new image's are learned afresh.
-        let _ = TABLES.remove(tgid);
+        forget_table(tgid);
         announce_mapped(pid_tid, CAUSE_EXEC);
     }
     0

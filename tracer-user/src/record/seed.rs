@@ -23,7 +23,7 @@ use crate::{
         binaries::{self, Instrumented},
         consumer::Pipeline,
         live::Live,
-        shares::BinaryRefusal,
+        shares::{self, BinaryRefusal},
     },
     tracefile::encode_load,
 };
@@ -126,6 +126,15 @@ fn tell(mem: &File, rw_base: u64, wait: bool) -> Result<()> {
         .with_context(|| format!("cannot write the RW area at {rw_base:#x}"))
 }
 
+fn tables_map(
+    ebpf: &mut aya::Ebpf,
+) -> Result<HashMap<&mut aya::maps::MapData, u32, [u64; TABLE_BINARIES]>> {
+    let map = ebpf
+        .map_mut(MAP_TABLES)
+        .with_context(|| format!("no {MAP_TABLES} map"))?;
+    Ok(HashMap::try_from(map)?)
+}
+
 /// What is done at a process's RW area.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Seeding {
@@ -183,24 +192,28 @@ impl Live {
         if !self.shares.may_seed(pid, uid) {
             bail!("its user (uid {uid}) has its share of TABLES entries");
         }
-        let mut tables: HashMap<_, u32, [u64; TABLE_BINARIES]> = HashMap::try_from(
-            self.ebpf
-                .map_mut(MAP_TABLES)
-                .with_context(|| format!("no {MAP_TABLES} map"))?,
-        )?;
         // Merged with what eBPF may have learned meanwhile (a race with a flush only
         // loses an entry that the next flush adds again).
-        let mut table = tables.get(&pid, 0).unwrap_or([0; TABLE_BINARIES]);
+        let mut table = tables_map(&mut self.ebpf)?
+            .get(&pid, 0)
+            .unwrap_or([0; TABLE_BINARIES]);
         if table.contains(&rw_base) {
             return Ok(());
         }
+        let new_entry = table == [0; TABLE_BINARIES];
         let free = table.iter().position(|&v| v == 0).with_context(|| {
             format!("process {pid} has {TABLE_BINARIES} instrumented binaries already")
         })?;
         table[free] = rw_base;
-        tables
-            .insert(pid, table, 0)
-            .with_context(|| format!("cannot add pid {pid} to {MAP_TABLES}"))
+        // A new entry counts in the uid's share of the eBPF side's counters too.
+        if new_entry && !shares::charge_table(&mut self.ebpf, pid, uid, self.shares.capped())? {
+            bail!("its user (uid {uid}) has its share of TABLES entries");
+        }
+        let added = tables_map(&mut self.ebpf)?.insert(pid, table, 0);
+        if added.is_err() && new_entry {
+            shares::uncharge_table(&mut self.ebpf, pid)?;
+        }
+        added.with_context(|| format!("cannot add pid {pid} to {MAP_TABLES}"))
     }
 
     /// Look at process `pid`'s mappings: trace instrumented binaries not traced yet and

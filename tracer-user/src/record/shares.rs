@@ -5,7 +5,12 @@
 
 use std::collections::{HashMap, HashSet};
 
-use tracer_common::ebpf::{MAX_BINARIES, MAX_PROCESSES};
+use anyhow::{Context, Result};
+use aya::{
+    Ebpf,
+    maps::{HashMap as EbpfHashMap, MapData},
+};
+use tracer_common::ebpf::{MAP_TABLE_OWNERS, MAP_TABLE_UIDS, MAX_BINARIES};
 
 use crate::record::binaries::FileId;
 
@@ -27,8 +32,9 @@ pub enum BinaryRefusal {
 
 /// Binaries a uid may have traced in a system-wide session.
 pub const BINARIES_PER_UID: u32 = MAX_BINARIES / 2;
-/// Processes of one uid that the tracer puts in `TABLES` in a system-wide session.
-pub const TABLES_PER_UID: usize = MAX_PROCESSES as usize / 2;
+/// Processes of one uid that the tracer puts in `TABLES` in a system-wide session (the
+/// eBPF side's share, one definition for both).
+pub const TABLES_PER_UID: usize = tracer_common::ebpf::TABLES_PER_UID as usize;
 
 /// What each uid has, and what was refused.
 #[derive(Default)]
@@ -121,6 +127,11 @@ impl Shares {
         true
     }
 
+    /// Whether per-uid caps are in force (a system-wide session).
+    pub fn capped(&self) -> bool {
+        self.capped
+    }
+
     /// The summary's lines about refusals (none when nothing was refused).
     pub fn summary_lines(&self) -> Vec<String> {
         let mut lines = Vec::new();
@@ -143,6 +154,57 @@ impl Shares {
 }
 
 /// Whether process `pid` exists.
+/// Charge process `pid`'s new `TABLES` entry (a seed) to `uid` in the counters the eBPF
+/// side keeps for the entries it learns (`TABLE_OWNERS`, `TABLE_UIDS`), so that seeded
+/// and learned entries share one count: false = the uid holds its share (capped
+/// sessions only). Not atomic with the eBPF side's updates: a race may leave the count
+/// off by one (it never wraps).
+pub fn charge_table(ebpf: &mut Ebpf, pid: u32, uid: u32, capped: bool) -> Result<bool> {
+    if table_owners(ebpf)?.get(&pid, 0).is_ok() {
+        return Ok(true);
+    }
+    let mut counts = table_uids(ebpf)?;
+    let held = counts.get(&uid, 0).unwrap_or(0);
+    if capped && held >= TABLES_PER_UID as u64 {
+        return Ok(false);
+    }
+    counts.insert(uid, held + 1, 0)?;
+    if table_owners(ebpf)?.insert(pid, uid, 0).is_err() {
+        uncharge(ebpf, uid)?;
+    }
+    Ok(true)
+}
+
+/// Give back process `pid`'s charge (its seed was not added after all).
+pub fn uncharge_table(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
+    let mut owners = table_owners(ebpf)?;
+    let Ok(uid) = owners.get(&pid, 0) else {
+        return Ok(());
+    };
+    owners.remove(&pid)?;
+    uncharge(ebpf, uid)
+}
+
+fn uncharge(ebpf: &mut Ebpf, uid: u32) -> Result<()> {
+    let mut counts = table_uids(ebpf)?;
+    let held = counts.get(&uid, 0).unwrap_or(0);
+    Ok(counts.insert(uid, held.saturating_sub(1), 0)?)
+}
+
+fn table_owners(ebpf: &mut Ebpf) -> Result<EbpfHashMap<&mut MapData, u32, u32>> {
+    let map = ebpf
+        .map_mut(MAP_TABLE_OWNERS)
+        .with_context(|| format!("no {MAP_TABLE_OWNERS} map"))?;
+    Ok(EbpfHashMap::try_from(map)?)
+}
+
+fn table_uids(ebpf: &mut Ebpf) -> Result<EbpfHashMap<&mut MapData, u32, u64>> {
+    let map = ebpf
+        .map_mut(MAP_TABLE_UIDS)
+        .with_context(|| format!("no {MAP_TABLE_UIDS} map"))?;
+    Ok(EbpfHashMap::try_from(map)?)
+}
+
 fn alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }

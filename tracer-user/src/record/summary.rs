@@ -11,8 +11,8 @@ use aya::{
 use tracer_common::{
     STAT_CHUNKS, STAT_COUNT, STAT_HOLDS, STAT_READ_ERRORS, STAT_RECORDS_DELIVERED,
     STAT_RECORDS_DROPPED, STAT_RECORDS_FILTERED, STAT_RECORDS_PRODUCED, STAT_RECORDS_SKIPPED,
-    STAT_TABLE_FULL,
-    ebpf::{MAP_SEQ, MAP_STATS, TABLE_BINARIES},
+    STAT_TABLE_FULL, STAT_TABLE_SHARE,
+    ebpf::{MAP_SEQ, MAP_STATS, TABLE_BINARIES, TABLES_PER_UID},
 };
 
 use crate::{
@@ -55,6 +55,13 @@ pub fn print_summary(consumed: &Consumed, stats: &FinalStats, path: &Path) {
         eprintln!(
             "utrace: warning: a process has more than {TABLE_BINARIES} instrumented binaries; \
              records left in the extra ones at thread exit are lost"
+        );
+    }
+    if stats.table_share > 0 {
+        eprintln!(
+            "utrace: warning: {} flushes of processes not drained at exit: their user's share \
+             of TABLES ({TABLES_PER_UID}) is full",
+            stats.table_share
         );
     }
 }
@@ -124,6 +131,7 @@ pub(super) fn final_stats(
         read_errors: stat(STAT_READ_ERRORS),
         records_skipped: stat(STAT_RECORDS_SKIPPED),
         table_full: stat(STAT_TABLE_FULL),
+        table_share: stat(STAT_TABLE_SHARE),
         holds: stat(STAT_HOLDS),
         seq_issued: seq.get(&0, 0)?,
         records_received: consumed.records,

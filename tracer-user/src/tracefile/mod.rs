@@ -133,6 +133,10 @@ pub struct FinalStats {
     /// Flushes of processes with more instrumented binaries than the eBPF side tracks.
     #[serde(default)]
     pub table_full: u64,
+    /// Flushes of processes left without a `TABLES` entry (not drained at thread exit):
+    /// their user holds its share (`ebpf::TABLES_PER_UID`).
+    #[serde(default)]
+    pub table_share: u64,
     /// Flushes held back for want of room in the ring buffer (`--on-full wait`): each
     /// time the thread waited and flushed again.
     #[serde(default)]
