@@ -182,3 +182,82 @@ fn messages_naming_another_process_are_not_believed() {
         "{refused}"
     );
 }
+
+/// Slots a process announced before an exec are not read in the image that follows,
+/// and an image the user may not read (setuid) is not read at all.
+///
+/// The attacker (`trust_userdrain.c exec`, run as `utrace-hostile` under a root
+/// `record --user`) announces, in its own name, a slot at `STALE_PAGE + 0x800`, then
+/// execs the same fixture installed setuid root. The kernel honours the setuid bit
+/// (the tracer is root), and the new image holds, at that address, a slot owned by its
+/// main thread whose buffer is 16 records `0x57a1…`; it also announces a slot of its
+/// own at `+0xc00` (16 records `0x5e1f…`), as an instrumented setuid program would.
+///
+/// Against the old drain: at the main thread's exit it read both slots of the setuid
+/// image into the hostile user's trace (32 of its records) and wrote its 16-byte
+/// tombstones into its memory (the image saw its page "changed at 0x800").
+/// Now an exec drops every slot of the process, and a process whose credentials after
+/// an exec are not uniformly the user's (or whose image is not dumpable) is sealed:
+/// its messages are refused, its memory never touched.
+#[test]
+fn slots_do_not_survive_an_exec_into_a_setuid_image() {
+    let _lock = tracing_lock();
+    let tmp = TempDir::new("trust-userdrain-exec");
+    open_to_all(tmp.path());
+    let attacker_exe = build(&tmp, "attacker", &[]);
+    let suid = tmp.join("suid");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::copy(tmp.join("attacker"), &suid).unwrap();
+        std::os::unix::fs::chown(&suid, Some(0), Some(0)).unwrap();
+        std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    }
+    let hostile = LocalUser::hostile();
+    let trace = tmp.join("T");
+    let out = Command::new(tracer_bin())
+        .args(["record", "--user", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg("setpriv")
+        .arg(format!("--reuid={}", hostile.uid))
+        .arg(format!("--regid={}", hostile.gid))
+        .args(["--clear-groups", "--"])
+        .arg(&attacker_exe)
+        .arg("exec")
+        .arg(&suid)
+        .env("UTRACE_DEBUG_CACHE", "")
+        .output()
+        .unwrap();
+    let (stdout, err) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "tracer: {}\n{err}", out.status);
+    // The setuid image's own verdict on its page (it really ran setuid: the kernel
+    // mapped STALE_PAGE only in it).
+    assert_eq!(stdout.trim(), "intact", "{err}");
+
+    let recs = dump(&trace);
+    let leaked: Vec<&Rec> = recs
+        .iter()
+        .filter(|r| matches!(r.value >> 48, 0x57a1 | 0x5e1f))
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "{} records of the setuid image are in the trace: {:?}",
+        leaked.len(),
+        &leaked[..leaked.len().min(4)]
+    );
+    // (The attacker's own records, still buffered at its exec, went with its old
+    // image: an exec has no exit stop to collect them at.)
+    let refused = err
+        .lines()
+        .find(|l| l.contains("messages of the traced programs refused"))
+        .unwrap_or_else(|| panic!("the refusal is not said: {err}"));
+    eprintln!("{refused}");
+    assert!(
+        refused.contains("1 messages of the traced programs refused")
+            && refused.contains("1 from a process whose image the user may not read"),
+        "{refused}"
+    );
+}

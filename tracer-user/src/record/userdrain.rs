@@ -22,6 +22,10 @@
 //! read and written only in such threads' processes: a seized task is not reaped
 //! until the tracer waits for it, so its id cannot name another process meanwhile.
 //! A slot's buffer is read only as large as its binary's metadata makes buffers.
+//! An exec drops every slot its process announced (the addresses were the old
+//! image's), and a process that exec'ed an image its user may not read (setuid,
+//! setgid, file capabilities, not dumpable) is sealed: nothing it sends is believed
+//! and its memory is never read or written.
 //!
 //! A slot of a binary the command line did not name (qemu-user's guest program, a
 //! `dlopen`ed library) makes the tracer look at the process's mappings and describe
@@ -100,6 +104,8 @@ struct RefusedCount {
     not_seized: u64,
     /// Slots past [`MAX_SLOTS_PER_THREAD`] of one thread.
     too_many_slots: u64,
+    /// From a process whose image the user may not read ([`State::sealed`]).
+    sealed: u64,
 }
 
 impl RefusedCount {
@@ -111,7 +117,11 @@ impl RefusedCount {
         }
     }
     fn total(&self) -> u64 {
-        self.no_credentials + self.not_the_sender + self.not_seized + self.too_many_slots
+        self.no_credentials
+            + self.not_the_sender
+            + self.not_seized
+            + self.too_many_slots
+            + self.sealed
     }
 }
 
@@ -126,6 +136,10 @@ struct State {
     /// tid → the slots it registered.
     slots: HashMap<u32, Vec<SlotRef>>,
     seized: Seized,
+    /// Processes whose image, since their last exec, the user may not read (setuid,
+    /// setgid, file capabilities, not dumpable): their messages are refused and their
+    /// memory is never read or written. A root tracer's ptrace would let it.
+    sealed: HashSet<u32>,
     /// (process, binary id) pairs whose mappings were looked at.
     scanned: HashSet<(u32, u64)>,
     refused: RefusedCount,
@@ -172,6 +186,7 @@ pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
         buf_bytes: binaries.iter().map(|t| geometry(&t.binary)).collect(),
         slots: HashMap::new(),
         seized: Seized::default(),
+        sealed: HashSet::new(),
         scanned: HashSet::new(),
         refused: RefusedCount::default(),
         records: 0,
@@ -365,8 +380,9 @@ fn run(st: &mut State, sock: &OwnedFd, main: u32) -> Result<i32> {
             }
             let tid = tid as u32;
             if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
-                // Its last messages are believed while it is still held; then the id
-                // is free for the kernel to give to anyone.
+                // The task is reaped already, but its id is still listed in `seized`
+                // and the kernel gives a pid out again only after many others: what
+                // it sent before dying is read now, then the id is forgotten.
                 st.drain_socket(sock)?;
                 st.seized.0.remove(&tid);
                 if tid == main {
@@ -384,6 +400,11 @@ fn run(st: &mut State, sock: &OwnedFd, main: u32) -> Result<i32> {
             st.seized.add(tid);
             let sig = libc::WSTOPSIG(status);
             let event = status >> 16;
+            if event == libc::PTRACE_EVENT_EXEC {
+                // What the old image announced is in the socket already: take it in
+                // before its slots are dropped, so none is listed after.
+                st.drain_socket(sock)?;
+            }
             st.follow(tid, event);
             let r = if event == libc::PTRACE_EVENT_EXIT {
                 // Its earlier messages are in the socket already (sendmsg returned).
@@ -421,7 +442,17 @@ impl State {
                 // The new task is seized already (auto-attached) and stays stopped
                 // until the tracer has seen it; its id is ours from now on.
                 if let Ok(new) = event_msg(tid) {
-                    self.seized.add(new as u32);
+                    let new = new as u32;
+                    self.seized.add(new);
+                    // A new process shares its parent's image (and dumpability).
+                    let parent = self.seized.tgid(tid).unwrap_or(tid);
+                    if let Some(pid) = self.seized.tgid(new).filter(|&p| p != parent) {
+                        if self.sealed.contains(&parent) {
+                            self.sealed.insert(pid);
+                        } else {
+                            self.sealed.remove(&pid);
+                        }
+                    }
                 }
             }
             libc::PTRACE_EVENT_EXEC => {
@@ -432,8 +463,33 @@ impl State {
                 {
                     self.seized.0.remove(&(former as u32));
                 }
+                self.exec_done(self.seized.tgid(tid).unwrap_or(tid));
             }
             _ => {}
+        }
+    }
+
+    /// Process `pid` (stopped at its exec event) runs a new image: every slot address
+    /// it announced was the old image's, and may now point into anything (a setuid
+    /// program's data). Forget them, and seal the process if the user may not read
+    /// the new image.
+    fn exec_done(&mut self, pid: u32) {
+        let mut dropped = 0;
+        self.slots.retain(|_, list| {
+            let before = list.len();
+            list.retain(|&(p, _)| p != pid);
+            dropped += before - list.len();
+            !list.is_empty()
+        });
+        self.scanned.retain(|&(p, _)| p != pid);
+        if dropped > 0 {
+            log::debug!("process {pid} exec'ed: {dropped} slots of its old image dropped");
+        }
+        if image_readable_by_user(pid) {
+            self.sealed.remove(&pid);
+        } else {
+            log::info!("process {pid} exec'ed an image its user may not read: not drained");
+            self.sealed.insert(pid);
         }
     }
 
@@ -476,6 +532,10 @@ impl State {
             self.refused.add(why);
             return Ok(());
         }
+        if self.sealed.contains(&header.pid) {
+            self.refused.sealed += 1;
+            return Ok(());
+        }
         match parsed {
             Message::Slot(h, slot) => self.slot_claimed(h, slot),
             Message::Records(mut h, records) => {
@@ -515,12 +575,13 @@ impl State {
         eprintln!(
             "utrace: warning: {} messages of the traced programs refused: {} naming another \
              process than their sender, {} from a process or thread not traced, {} without credentials, \
-             {} slots past {MAX_SLOTS_PER_THREAD} per thread",
+             {} slots past {MAX_SLOTS_PER_THREAD} per thread, {} from a process whose image the user may not read",
             r.total(),
             r.not_the_sender,
             r.not_seized,
             r.no_credentials,
-            r.too_many_slots
+            r.too_many_slots,
+            r.sealed
         );
     }
 
@@ -602,6 +663,9 @@ impl State {
         };
         let mut unread = Vec::new();
         for (pid, addr) in list {
+            if self.sealed.contains(&pid) {
+                continue; // listed before the exec that sealed it: never touched
+            }
             let mut raw = [0u8; SLOT_SIZE as usize];
             // Only through tasks still held, of the process that claimed the slot.
             let Some(through) = [via, pid]
@@ -681,6 +745,34 @@ fn exits_alone(tid: u32) -> bool {
         .next()
         .and_then(|nr| nr.parse::<i64>().ok())
         .is_none_or(|nr| nr == libc::SYS_exit)
+}
+
+/// Whether the user the command runs as may read process `pid`'s current image, as the
+/// kernel would judge it for that user (a root tracer's ptrace is not limited so): all
+/// its user ids alike and all its group ids alike (no setuid or setgid exec), and its
+/// image dumpable, which /proc shows by owning the process's directory by its euid
+/// rather than by root (a file-capabilities or unreadable executable). Unknown counts
+/// as not readable.
+fn image_readable_by_user(pid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    let ids = |key: &str| -> Option<Vec<u32>> {
+        let line = text.lines().find_map(|l| l.strip_prefix(key))?;
+        line.split_whitespace().map(|v| v.parse().ok()).collect()
+    };
+    let uniform = |v: &Option<Vec<u32>>| {
+        v.as_ref()
+            .is_some_and(|v| v.len() == 4 && v.iter().all(|&x| x == v[0]))
+    };
+    let (uids, gids) = (ids("Uid:"), ids("Gid:"));
+    if !uniform(&uids) || !uniform(&gids) {
+        return false;
+    }
+    let euid = uids.map_or(0, |v| v[1]);
+    // Looked up anew, so /proc revalidates the owner against the current image.
+    std::fs::metadata(format!("/proc/{pid}")).is_ok_and(|m| m.uid() == euid)
 }
 
 /// Thread group id of a thread, from /proc.
