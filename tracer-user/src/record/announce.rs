@@ -20,12 +20,9 @@
 //! binary (bare sockets sending `ATTACH_GAVE_UP` do not inflate the books).
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fmt, io,
-    os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd},
-        unix::fs::MetadataExt,
-    },
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -34,8 +31,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use object::Object;
-use tracer_common::{ATTACH_DONE, ATTACH_GAVE_UP, SESSION_SOCKET, meta::META_SECTION};
+use tracer_common::{ATTACH_DONE, ATTACH_GAVE_UP, SESSION_SOCKET};
+
+use crate::record::{
+    binaries::{self, FileId, HeldFile},
+    procdir::ProcDir,
+};
 
 /// How often the holder looks for new connections and closed ones.
 const POLL_MS: i32 = 20;
@@ -56,8 +57,12 @@ const MAX_OUTCOME_BYTES: usize = 64;
 const ACCEPTS_PER_WAKE: usize = 256;
 /// No descriptor left even to refuse a connection: the listener rests this long.
 const BACKOFF: Duration = Duration::from_millis(200);
-/// Mapped files remembered as instrumented or not, by (device, inode).
+/// Mapped files remembered as instrumented or not, by `(st_dev, st_ino)`.
 const MAX_CACHED_FILES: usize = 4096;
+/// Mappings of one process looked at for an instrumented binary (the executable and
+/// its libraries come first in `maps`; a process with 65k mappings is not looked at
+/// whole, in the holder's thread).
+const MAX_MAPPINGS_LOOKED: usize = 256;
 
 /// How the programs' waits went, and what the caps turned away.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +72,8 @@ pub struct Waits {
     /// Connections refused: over `MAX_HELD_PER_UID` or `MAX_HELD`, or accepted with no
     /// descriptor to spare (their programs did not wait).
     pub refused: u64,
+    /// Of `refused`, those accepted with the spare descriptor (none left otherwise).
+    pub refused_no_fd: u64,
 }
 
 /// Holds the listening socket and its connections while alive, and hears how the waits
@@ -192,19 +199,24 @@ fn session_addr() -> (libc::sockaddr_un, libc::socklen_t) {
 struct Held {
     fd: OwnedFd,
     uid: u32,
+    pid: u32,
     since: Instant,
-    /// Its process mapped an instrumented binary when it connected: only such a
-    /// connection can be a program that waited in vain.
-    instrumented: bool,
+    /// Whether its process maps an instrumented binary: only such a connection can be
+    /// a program that waited in vain. Looked at only for a connection that did not
+    /// say its binary was attached, once (when it gives up, or is let go).
+    instrumented: Option<bool>,
     attached: bool,
     gave_up: bool,
+    /// Sent more than a program ever says: not one.
+    babbled: bool,
     bytes: usize,
 }
 
 impl Held {
-    /// A program that did not say its binary was attached (or said it gave up).
-    fn lost(&self) -> bool {
-        self.instrumented && (self.gave_up || !self.attached)
+    /// Could be a program that waited in vain: it did not say its binary was attached
+    /// (or said it gave up). Whether it is one is for its mappings to say.
+    fn maybe_lost(&self) -> bool {
+        !self.babbled && (self.gave_up || !self.attached)
     }
 }
 
@@ -218,8 +230,8 @@ struct Holder {
     spare: Option<OwnedFd>,
     /// Out of descriptors: the listener is not polled until then.
     resting_until: Option<Instant>,
-    /// Whether a mapped file (device, inode) is instrumented.
-    files: HashMap<(u64, u64), bool>,
+    /// Whether a mapped file (`(st_dev, st_ino)`) is instrumented.
+    files: HashMap<FileId, bool>,
 }
 
 impl Holder {
@@ -271,7 +283,21 @@ impl Holder {
     }
 
     fn let_go(&mut self, gone: Vec<Held>) {
-        self.waits.unattached += gone.iter().filter(|h| h.lost()).count() as u64;
+        for mut h in gone {
+            if self.lost(&mut h) {
+                self.waits.unattached += 1;
+            }
+        }
+    }
+
+    /// Whether `h` is a program that waited in vain (its mappings looked at the first
+    /// time this is asked, and only if it did not say its binary was attached).
+    fn lost(&mut self, h: &mut Held) -> bool {
+        if !h.maybe_lost() {
+            return false;
+        }
+        *h.instrumented
+            .get_or_insert_with(|| maps_instrumented(h.pid, &mut self.files))
     }
 
     /// The command's shared stream: only give-ups count (a program whose session end
@@ -287,7 +313,8 @@ impl Holder {
 
     fn read_held(&mut self, ready: &[libc::pollfd]) {
         let mut closed = Vec::new();
-        for (h, p) in self.held.iter_mut().zip(ready) {
+        let mut held = std::mem::take(&mut self.held);
+        for (h, p) in held.iter_mut().zip(ready) {
             if p.revents == 0 {
                 continue;
             }
@@ -305,11 +332,14 @@ impl Holder {
             // More than a program ever says: not one, let go (and not counted lost).
             h.bytes += n as usize;
             if h.bytes > MAX_OUTCOME_BYTES {
-                h.instrumented = false;
+                h.babbled = true;
                 closed.push(h.fd.as_raw_fd());
+            } else if h.gave_up {
+                // While its process is surely there: it just gave up.
+                self.lost(h);
             }
         }
-        let (gone, kept) = std::mem::take(&mut self.held)
+        let (gone, kept) = held
             .into_iter()
             .partition(|h| closed.contains(&h.fd.as_raw_fd()));
         self.held = kept;
@@ -345,14 +375,15 @@ impl Holder {
                 self.waits.refused += 1;
                 continue;
             }
-            let instrumented = maps_instrumented(cred.pid as u32, &mut self.files);
             self.held.push(Held {
                 fd,
                 uid: cred.uid,
+                pid: cred.pid as u32,
                 since: Instant::now(),
-                instrumented,
+                instrumented: None,
                 attached: false,
                 gave_up: false,
+                babbled: false,
                 bytes: 0,
             });
         }
@@ -369,6 +400,7 @@ impl Holder {
         if self.spare.take().is_some() {
             if accept_one(listener).is_ok() {
                 self.waits.refused += 1;
+                self.waits.refused_no_fd += 1;
             }
             self.spare = spare_fd();
         }
@@ -409,62 +441,55 @@ fn spare_fd() -> Option<OwnedFd> {
     std::fs::File::open("/dev/null").ok().map(OwnedFd::from)
 }
 
-/// Whether process `pid` maps a file with the rewriter's note (`.note.utrace`): the
-/// files are opened through `/proc/PID/map_files` (the mapped inode itself) and only
-/// their section headers read; what a file is is remembered by (device, inode).
-fn maps_instrumented(pid: u32, files: &mut HashMap<(u64, u64), bool>) -> bool {
-    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+/// Whether process `pid` maps a file with the rewriter's note (`.note.utrace`). At
+/// most `MAX_MAPPINGS_LOOKED` mappings are looked at; each file is opened as `O_PATH`
+/// through `/proc/PID/map_files` (the mapped inode itself; a mapped device is never
+/// opened for real) and, if a regular file of bounded size, only its headers and
+/// section names are read, each bounded (`binaries::has_utrace_note`). What a file is
+/// is remembered by `(st_dev, st_ino)`.
+fn maps_instrumented(pid: u32, files: &mut HashMap<FileId, bool>) -> bool {
+    let Ok(proc) = ProcDir::open(pid) else {
         return false;
     };
-    let mut looked = std::collections::HashSet::new();
-    for line in maps.lines() {
-        // start-end perms offset dev inode path
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(inode)) = (f.next(), f.nth(3)) else {
+    let Ok(maps) = binaries::mappings_of(&proc) else {
+        return false;
+    };
+    let mut looked = HashSet::new();
+    for m in maps
+        .iter()
+        .filter(|m| m.inode != 0 && looked.insert((m.dev, m.inode)))
+        .take(MAX_MAPPINGS_LOOKED)
+    {
+        let Ok(at) = proc.map_file(m.start, m.end) else {
             continue;
         };
-        if inode == "0" || !looked.insert(inode.to_string()) {
-            continue;
-        }
-        let Some((start, end)) = range.split_once('-').and_then(|(s, e)| {
-            Some((
-                u64::from_str_radix(s, 16).ok()?,
-                u64::from_str_radix(e, 16).ok()?,
-            ))
-        }) else {
-            continue;
-        };
-        let link = format!("/proc/{pid}/map_files/{start:x}-{end:x}");
-        let Ok(file) = std::fs::File::open(&link) else {
-            continue;
-        };
-        let Ok(st) = file.metadata() else { continue };
-        if !st.is_file() {
-            continue;
-        }
-        let key = (st.dev(), st.ino());
-        let known = match files.get(&key) {
-            Some(&k) => k,
-            None => {
-                if files.len() >= MAX_CACHED_FILES {
-                    files.clear();
-                }
-                let k = has_utrace_note(file);
-                files.insert(key, k);
-                k
-            }
-        };
-        if known {
+        if instrumented_file(&at, files) {
             return true;
         }
     }
     false
 }
 
-/// An ELF file with a `.note.utrace` section (headers and section names read lazily).
-fn has_utrace_note(file: std::fs::File) -> bool {
-    let data = object::read::ReadCache::new(file);
-    object::File::parse(&data).is_ok_and(|f| f.section_by_name(META_SECTION).is_some())
+/// Whether the file `at` (`O_PATH`) has the rewriter's note; remembered in `files`.
+fn instrumented_file(at: &std::fs::File, files: &mut HashMap<FileId, bool>) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(md) = at.metadata() else {
+        return false;
+    };
+    let key = FileId {
+        dev: md.dev(),
+        ino: md.ino(),
+    };
+    if let Some(&known) = files.get(&key) {
+        return known;
+    }
+    let known = HeldFile::reopen(at, binaries::MAX_BINARY_BYTES)
+        .is_ok_and(|f| binaries::has_utrace_note(&f));
+    if files.len() >= MAX_CACHED_FILES {
+        files.clear();
+    }
+    files.insert(key, known);
+    known
 }
 
 /// Who holds the session name: the credentials its listener had when it called

@@ -188,8 +188,9 @@ impl Live {
         let ordinal = match admit {
             Admit::Known(ordinal) => return Ok(ordinal),
             Admit::Copy(ordinal) => {
-                self.shares.charge_binary(b.file.uid);
+                // Charged once attached: a copy that could not be is not its owner's.
                 self.attach_file(ordinal, &b)?;
+                self.shares.charge_binary(b.file.uid);
                 log::info!(
                     "tracing {} as a copy of {} (binary_id {:#x})",
                     b.path.display(),

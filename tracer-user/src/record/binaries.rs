@@ -82,21 +82,30 @@ impl HeldFile {
             .custom_flags(libc::O_PATH | libc::O_NOCTTY)
             .open(path)
             .with_context(|| format!("cannot open {}", path.display()))?;
-        let refused = |e| anyhow::Error::from(e).context(format!("{}: refused", path.display()));
-        if !at
-            .metadata()
-            .map_err(|e| refused(Refused::Io(e)))?
-            .is_file()
-        {
-            return Err(refused(Refused::NotRegular));
+        Self::reopen(&at, limit)
+            .map_err(|e| anyhow::Error::from(e).context(format!("{}: refused", path.display())))
+    }
+
+    /// The file `at` (an `O_PATH` descriptor) if `fstat` says it is a regular file of at
+    /// most `limit` bytes, opened for reading through that very descriptor
+    /// (`/proc/self/fd/N`): nothing else is ever opened for real.
+    pub fn reopen(at: &File, limit: u64) -> Result<HeldFile, Refused> {
+        let md = at.metadata()?;
+        if !md.is_file() {
+            return Err(Refused::NotRegular);
+        }
+        if md.len() > limit {
+            return Err(Refused::TooLarge {
+                size: md.len(),
+                limit,
+            });
         }
         use std::os::fd::AsRawFd;
         let f = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-            .open(format!("/proc/self/fd/{}", at.as_raw_fd()))
-            .with_context(|| format!("cannot open {}", path.display()))?;
-        Self::check(f, limit).map_err(refused)
+            .open(format!("/proc/self/fd/{}", at.as_raw_fd()))?;
+        Self::check(f, limit)
     }
 
     /// `f` if it is a regular file of at most `limit` bytes.
@@ -220,6 +229,35 @@ struct ElfParts {
 /// The parts of `f` the tracer needs, each read with a bounded read; None if `f` is
 /// not a 64-bit little-endian ELF file (instrumented binaries are).
 fn elf_parts(f: &HeldFile) -> Result<Option<ElfParts>, Refused> {
+    let Some(layout) = elf_layout(f)? else {
+        return Ok(None);
+    };
+    let note = match layout.note {
+        Some((offset, size)) => Some(f.read_at(offset, size, META_SECTION)?),
+        None => None,
+    };
+    Ok(Some(ElfParts {
+        note,
+        first_load: layout.first_load,
+    }))
+}
+
+/// Whether `f` is an ELF file with a `.note.utrace` section (of at most
+/// `MAX_NOTE_BYTES`): only its headers and section names are read, each bounded; the
+/// note itself is not.
+pub fn has_utrace_note(f: &HeldFile) -> bool {
+    matches!(elf_layout(f), Ok(Some(ElfLayout { note: Some(_), .. })))
+}
+
+/// Where an ELF file's note is (offset, size) and its first loadable segment.
+struct ElfLayout {
+    note: Option<(u64, u64)>,
+    first_load: Option<(u64, u64)>,
+}
+
+/// The layout of `f` from its headers and section name table (each read once, with
+/// a bounded read); None if `f` is not a 64-bit little-endian ELF file.
+fn elf_layout(f: &HeldFile) -> Result<Option<ElfLayout>, Refused> {
     use object::{
         LittleEndian as LE,
         elf::{ELFCLASS64, ELFDATA2LSB, FileHeader64, SectionHeader64},
@@ -241,18 +279,11 @@ fn elf_parts(f: &HeldFile) -> Result<Option<ElfParts>, Refused> {
     // Section 0 holds the real counts when the header's overflow (extended numbering).
     let (shoff, shentsize) = (h.e_shoff.get(e), u64::from(h.e_shentsize.get(e)));
     let sh_size = size_of::<SectionHeader64<LE>>() as u64;
-    let section = |i: u64| -> Result<SectionHeader64<LE>, Refused> {
-        let off = i
-            .checked_mul(shentsize)
-            .and_then(|o| o.checked_add(shoff))
-            .ok_or(Refused::OutsideFile("section headers"))?;
-        let raw = f.read_at(off, sh_size, "section headers")?;
-        let (s, _) = pod::from_bytes::<SectionHeader64<LE>>(&raw)
-            .map_err(|()| Refused::OutsideFile("section headers"))?;
-        Ok(*s)
-    };
     let first = if shoff != 0 && shentsize == sh_size {
-        Some(section(0)?)
+        let raw = f.read_at(shoff, sh_size, "section headers")?;
+        pod::from_bytes::<SectionHeader64<LE>>(&raw)
+            .ok()
+            .map(|(s, _)| *s)
     } else {
         None
     };
@@ -261,11 +292,12 @@ fn elf_parts(f: &HeldFile) -> Result<Option<ElfParts>, Refused> {
         n => n,
     };
     let first_load = first_load(f, h.e_phoff.get(e), u64::from(h.e_phentsize.get(e)), phnum)?;
+    let none = ElfLayout {
+        note: None,
+        first_load,
+    };
     let Some(first) = first else {
-        return Ok(Some(ElfParts {
-            note: None,
-            first_load,
-        }));
+        return Ok(Some(none));
     };
     let shnum = match u64::from(h.e_shnum.get(e)) {
         0 => first.sh_size.get(e),
@@ -275,23 +307,25 @@ fn elf_parts(f: &HeldFile) -> Result<Option<ElfParts>, Refused> {
         0xffff => u64::from(first.sh_link.get(e)),
         n => n,
     };
-    bounded(
+    if strndx >= shnum {
+        return Ok(Some(none));
+    }
+    // The whole table in one bounded read (not one read per section).
+    let table_size = bounded(
         "section header table",
         shnum.saturating_mul(sh_size),
         MAX_TABLE_BYTES,
     )?;
-    if strndx >= shnum {
-        return Ok(Some(ElfParts {
-            note: None,
-            first_load,
-        }));
-    }
-    let strtab = section(strndx)?;
+    let table = f.read_at(shoff, table_size, "section headers")?;
+    let Ok((sections, _)) = pod::slice_from_bytes::<SectionHeader64<LE>>(&table, shnum as usize)
+    else {
+        return Ok(Some(none));
+    };
+    let strtab = &sections[strndx as usize];
     let names_size = bounded("section name table", strtab.sh_size.get(e), MAX_TABLE_BYTES)?;
     let names = f.read_at(strtab.sh_offset.get(e), names_size, "section name table")?;
     let wanted = META_SECTION.as_bytes();
-    for i in 1..shnum {
-        let s = section(i)?;
+    for s in sections.iter().skip(1) {
         let at = s.sh_name.get(e) as usize;
         let name = names.get(at..).unwrap_or_default();
         let name = name.split(|&c| c == 0).next().unwrap_or_default();
@@ -299,16 +333,16 @@ fn elf_parts(f: &HeldFile) -> Result<Option<ElfParts>, Refused> {
             continue;
         }
         let size = bounded(META_SECTION, s.sh_size.get(e), MAX_NOTE_BYTES)?;
-        let note = f.read_at(s.sh_offset.get(e), size, META_SECTION)?;
-        return Ok(Some(ElfParts {
-            note: Some(note),
+        let offset = s.sh_offset.get(e);
+        if offset.checked_add(size).is_none_or(|end| end > f.size) {
+            return Err(Refused::OutsideFile(META_SECTION));
+        }
+        return Ok(Some(ElfLayout {
+            note: Some((offset, size)),
             first_load,
         }));
     }
-    Ok(Some(ElfParts {
-        note: None,
-        first_load,
-    }))
+    Ok(Some(none))
 }
 
 /// `size` if at most `limit`.
@@ -382,7 +416,7 @@ pub fn untouched(path: &Path, functions: &[String], usdt: bool) -> Result<Instru
     })
 }
 
-use crate::record::credentials::RunAs;
+use crate::record::{credentials::RunAs, procdir::ProcDir};
 
 /// Longest PT_INTERP read (a path).
 const MAX_INTERP_BYTES: u64 = 4096;
@@ -578,7 +612,9 @@ pub struct Mapping {
     pub offset: u64,
     pub path: PathBuf,
     pub end: u64,
-    /// The mapped file's device (`st_dev` encoding) and inode, as the kernel shows them.
+    /// The mapped file's device as `maps` shows it (the superblock's: on btrfs or
+    /// overlayfs not the `st_dev` that `fstat` gives) and inode: a hint only, the
+    /// file's identity is the `fstat` of its `map_files` descriptor.
     pub dev: u64,
     pub inode: u64,
 }
@@ -595,78 +631,80 @@ fn parse_dev(s: &str) -> Option<u64> {
 
 /// File-backed mappings from /proc/PID/maps.
 pub fn process_mappings(pid: u32) -> Result<Vec<Mapping>> {
-    let maps_path = format!("/proc/{pid}/maps");
-    let text = std::fs::read_to_string(&maps_path)
-        .with_context(|| format!("cannot read {maps_path} (is process {pid} alive?)"))?;
-    let mut maps = Vec::new();
-    for line in text.lines() {
-        // start-end perms offset dev inode path
-        let mut f = line.splitn(6, ' ');
-        let (Some(range), Some(_perms), Some(offset), Some(dev), Some(inode), Some(path)) =
-            (f.next(), f.next(), f.next(), f.next(), f.next(), f.next())
-        else {
-            continue;
-        };
-        let path = path.trim_start();
-        if !path.starts_with('/') || path.ends_with(" (deleted)") {
-            continue;
-        }
-        let (Some((start, end)), Ok(offset)) = (
-            range.split_once('-').and_then(|(s, e)| {
-                Some((
-                    u64::from_str_radix(s, 16).ok()?,
-                    u64::from_str_radix(e, 16).ok()?,
-                ))
-            }),
-            u64::from_str_radix(offset, 16),
-        ) else {
-            continue;
-        };
-        maps.push(Mapping {
-            start,
-            offset,
-            path: PathBuf::from(path),
-            end,
-            dev: parse_dev(dev).unwrap_or(0),
-            inode: inode.parse().unwrap_or(0),
-        });
+    mappings_of(&ProcDir::open(pid)?)
+}
+
+/// File-backed mappings from the `maps` of a held `/proc/PID`.
+pub(crate) fn mappings_of(proc: &ProcDir) -> Result<Vec<Mapping>> {
+    let text = proc.read(c"maps")?;
+    Ok(text.lines().filter_map(parse_maps_line).collect())
+}
+
+/// One line of `maps` (`start-end perms offset dev inode path`), if a file's.
+fn parse_maps_line(line: &str) -> Option<Mapping> {
+    let mut f = line.splitn(6, ' ');
+    let (range, _perms, offset, dev, inode, path) = (
+        f.next()?,
+        f.next()?,
+        f.next()?,
+        f.next()?,
+        f.next()?,
+        f.next()?,
+    );
+    let path = path.trim_start();
+    if !path.starts_with('/') || path.ends_with(" (deleted)") {
+        return None;
     }
-    Ok(maps)
+    let (start, end) = range.split_once('-')?;
+    Some(Mapping {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        offset: u64::from_str_radix(offset, 16).ok()?,
+        path: PathBuf::from(path),
+        dev: parse_dev(dev).unwrap_or(0),
+        inode: inode.parse().unwrap_or(0),
+    })
 }
 
 /// The instrumented binaries mapped into process `pid`, each with its load bias
 /// (run-time address − link-time address).
 pub fn for_process(pid: u32) -> Result<Vec<(Instrumented, u64)>> {
-    for_process_cached(pid, &mut Default::default())
+    for_process_in(&ProcDir::open(pid)?, &mut Default::default())
 }
 
-/// Files already looked at, instrumented or not, by identity (`(st_dev, st_ino)` as
-/// the kernel shows them in `maps`) and path: a file of another filesystem or mount
-/// namespace with the same inode number is another file. An instrumented one is held
-/// open, so its inode number cannot be reused meanwhile.
+/// Files already looked at, instrumented or not, by identity (`(st_dev, st_ino)` of
+/// the mapped file, from `fstat` of its `map_files` descriptor) and path. An
+/// instrumented one is held open, so its inode number cannot be reused meanwhile.
 pub type SeenFiles = std::collections::HashMap<(FileId, PathBuf), Option<Instrumented>>;
 
-/// [`for_process`] for sessions that look at many processes: what each file is
-/// (instrumented or not) is remembered in `seen`, and files already there that are
-/// instrumented are returned again (their bias differs per process).
-pub fn for_process_cached(pid: u32, seen: &mut SeenFiles) -> Result<Vec<(Instrumented, u64)>> {
-    let maps = process_mappings(pid)?;
+/// [`for_process`] of a held `/proc/PID` (its `maps` and `map_files` read through
+/// it), for sessions that look at many processes: what each file is (instrumented or
+/// not) is remembered in `seen`, and files already there that are instrumented are
+/// returned again (their bias differs per process).
+pub(crate) fn for_process_in(
+    proc: &ProcDir,
+    seen: &mut SeenFiles,
+) -> Result<Vec<(Instrumented, u64)>> {
+    let maps = mappings_of(proc)?;
     let mut out = Vec::new();
     let mut done = BTreeSet::new();
     for m in &maps {
-        let id = FileId {
-            dev: m.dev,
-            ino: m.inode,
-        };
-        let key = (id, m.path.clone());
-        if !done.insert(key.clone()) {
+        if !done.insert((m.dev, m.inode, &m.path)) {
             continue;
         }
+        let at = match mapped_file(proc, m) {
+            Ok(at) => at,
+            Err(e) => {
+                log::debug!("{e:#}");
+                continue;
+            }
+        };
+        let key = (at.1, m.path.clone());
         let b = match seen.get(&key) {
             Some(b) => b.clone(),
-            // Only what the file says is remembered: a mapping that changed under us
-            // (exec still settling) is looked at again next time.
-            None => match open_mapped(pid, m) {
+            // Only what the file says is remembered: a file that could not be read
+            // is looked at again next time.
+            None => match read_mapped(&at.0, &m.path) {
                 Ok(b) => {
                     seen.insert(key, b.clone());
                     b
@@ -678,47 +716,59 @@ pub fn for_process_cached(pid: u32, seen: &mut SeenFiles) -> Result<Vec<(Instrum
             },
         };
         if let Some(b) = b {
-            match load_bias(&b, &maps) {
+            match load_bias_in(proc, &b, &maps) {
                 Ok(bias) => out.push((b, bias)),
-                Err(e) => log::warn!("{} in process {pid}: {e:#}", b.path.display()),
+                Err(e) => log::warn!("{} in process {}: {e:#}", b.path.display(), proc.pid),
             }
         }
     }
     Ok(out)
 }
 
-/// The file process `pid` maps at `m`, opened through `/proc/PID/map_files` (the
-/// mapped file itself, not whatever its path names now; also right for processes in
-/// other mount namespaces), if it is instrumented.
-fn open_mapped(pid: u32, m: &Mapping) -> Result<Option<Instrumented>> {
-    // Named without the zero padding of the maps file (`400000-401000`).
-    let link = format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end);
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(&link)
-        .with_context(|| format!("cannot open {link}"))?;
-    let held = HeldFile::check(f, MAX_BINARY_BYTES).with_context(|| format!("{link}: refused"))?;
-    if held.id.ino != m.inode || held.id.dev != m.dev {
+/// The file mapped at `m` (an `O_PATH` descriptor through `map_files`: the mapped
+/// inode itself, not whatever its path names now, also right for processes in other
+/// mount namespaces) and its identity, if it is still inode `m.inode`. Only the inode
+/// is compared: the device `maps` shows is the superblock's, which is not `st_dev` on
+/// btrfs or overlayfs.
+fn mapped_file(proc: &ProcDir, m: &Mapping) -> Result<(File, FileId)> {
+    let at = proc.map_file(m.start, m.end)?;
+    let md = at.metadata().context("fstat of a mapped file")?;
+    if md.ino() != m.inode {
         bail!(
-            "{link} is not inode {} of device {:#x} any more",
-            m.inode,
-            m.dev
+            "/proc/{}/map_files/{:x}-{:x} is not inode {} any more",
+            proc.pid,
+            m.start,
+            m.end,
+            m.inode
         );
     }
-    read_instrumented_file(held, &m.path)
+    Ok((
+        at,
+        FileId {
+            dev: md.dev(),
+            ino: md.ino(),
+        },
+    ))
+}
+
+/// The mapped file `at` (`O_PATH`), if it is instrumented: checked and held
+/// ([`HeldFile::reopen`]: a regular file of bounded size, never a device opened).
+fn read_mapped(at: &File, path: &Path) -> Result<Option<Instrumented>> {
+    let held = HeldFile::reopen(at, MAX_BINARY_BYTES)
+        .map_err(|e| anyhow::Error::from(e).context(format!("{}: refused", path.display())))?;
+    read_instrumented_file(held, path)
 }
 
 /// Load bias of `b` in a process: where its first PT_LOAD segment was mapped (the
-/// mapping of that very file, by `(st_dev, st_ino)`).
-fn load_bias(b: &Instrumented, maps: &[Mapping]) -> Result<u64> {
+/// mapping of that very file: same inode in `maps`, and the same `(st_dev, st_ino)`
+/// through its `map_files` descriptor).
+pub(crate) fn load_bias_in(proc: &ProcDir, b: &Instrumented, maps: &[Mapping]) -> Result<u64> {
     let (vaddr, offset) = b.first_load.context("no PT_LOAD segment")?;
     let page = 4096u64;
     let m = maps
         .iter()
-        .find(|m| {
-            m.inode == b.file.id.ino && m.dev == b.file.id.dev && m.offset == offset & !(page - 1)
-        })
+        .filter(|m| m.inode == b.file.id.ino && m.offset == offset & !(page - 1))
+        .find(|m| mapped_file(proc, m).is_ok_and(|(_, id)| id == b.file.id))
         .context("first segment not found in /proc/PID/maps")?;
     Ok(m.start.wrapping_sub(vaddr & !(page - 1)))
 }
@@ -793,7 +843,7 @@ mod tests {
             file: held,
             first_load: parts.first_load,
         };
-        let bias = load_bias(&b, &maps).unwrap();
+        let bias = load_bias_in(&ProcDir::open(std::process::id()).unwrap(), &b, &maps).unwrap();
         // PIE test binaries load high, non-PIE at bias 0.
         assert!(bias == 0 || bias > 0x1000);
     }

@@ -13,16 +13,17 @@ pub mod filters;
 pub mod gate;
 pub mod host;
 mod live;
+mod procdir;
 mod remote;
 mod seed;
-mod shares;
-mod test_hook;
 pub mod semaphores;
+mod shares;
 mod stop_drain;
 mod summary;
 mod target;
 pub mod target_data;
 mod teardown;
+mod test_hook;
 pub mod userdrain;
 
 use std::{
@@ -464,11 +465,12 @@ fn finish(mut live: Live, pipeline: Pipeline, end: Close) -> Result<()> {
     if end.waits.refused > 0 {
         eprintln!(
             "utrace: warning: {} connections to the session socket refused (over {} held \
-             for one user or {} in all, or no descriptor left); their programs did not wait \
-             for the tracer",
+             for one user or {} in all, or no descriptor left: {}); their programs did not \
+             wait for the tracer",
             end.waits.refused,
             announce::MAX_HELD_PER_UID,
-            announce::MAX_HELD
+            announce::MAX_HELD,
+            end.waits.refused_no_fd
         );
     }
     live.print_refusals();

@@ -1,15 +1,7 @@
 //! Processes already running: their mappings scanned for instrumented binaries, each
 //! binary's RW area seeded into `TABLES` (so exits drain it) and its load noted in the file.
 
-use std::{
-    ffi::{CStr, CString},
-    fs::File,
-    io::Read,
-    os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd},
-        unix::fs::FileExt,
-    },
-};
+use std::{fs::File, os::unix::fs::FileExt};
 
 use anyhow::{Context, Result, bail};
 use aya::maps::HashMap;
@@ -23,6 +15,7 @@ use crate::{
         binaries::{self, Instrumented},
         consumer::Pipeline,
         live::Live,
+        procdir::ProcDir,
         shares::{self, BinaryRefusal},
     },
     tracefile::encode_load,
@@ -41,74 +34,23 @@ pub(super) fn all_pids() -> Vec<u32> {
         .collect()
 }
 
-/// A process's `/proc/PID` directory, opened once: what is read or written below it is
-/// opened relative to it (`openat`), so it is this process, never a later one that got
-/// its pid.
-struct ProcDir {
-    dir: OwnedFd,
+/// A process as the tracer looks at it: its `/proc/PID` held, and its `mem` opened
+/// before its `maps` is read. A `mem` descriptor is bound to the address space it was
+/// opened on: if the process execs after that, the RW areas found in `maps` (of
+/// either image) cannot be reached through it, and root writes nothing into the new
+/// image.
+pub(super) struct Image {
+    proc: ProcDir,
+    mem: File,
+    start: u64,
 }
 
-impl ProcDir {
-    fn open(pid: u32) -> Result<Self> {
-        let path = CString::new(format!("/proc/{pid}")).context("pid path")?;
-        // SAFETY: a valid C string; the result is checked and owned below.
-        let fd = unsafe {
-            libc::open(
-                path.as_ptr(),
-                libc::O_DIRECTORY | libc::O_RDONLY | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("cannot open /proc/{pid}"));
-        }
-        // SAFETY: a new descriptor we own.
-        let dir = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(ProcDir { dir })
-    }
-
-    /// `name` in this process's directory, opened with `flags`.
-    fn open_at(&self, name: &CStr, flags: libc::c_int) -> Result<File> {
-        // SAFETY: a directory descriptor we hold and a valid C string; the result is
-        // checked and owned below.
-        let fd =
-            unsafe { libc::openat(self.dir.as_raw_fd(), name.as_ptr(), flags | libc::O_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("cannot open {}", name.to_string_lossy()));
-        }
-        // SAFETY: a new descriptor we own.
-        Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
-    }
-
-    /// A small text file of the directory (at most 64 KiB read).
-    fn read(&self, name: &CStr) -> Result<String> {
-        let mut text = String::new();
-        self.open_at(name, libc::O_RDONLY)?
-            .take(64 << 10)
-            .read_to_string(&mut text)?;
-        Ok(text)
-    }
-
-    /// The process's start time (field 22 of `stat`, after the command's closing
-    /// parenthesis): another process that got the pid has another.
-    fn start_time(&self) -> Result<u64> {
-        let stat = self.read(c"stat")?;
-        let (_, rest) = stat.rsplit_once(')').context("stat without a command")?;
-        rest.split_whitespace()
-            .nth(19)
-            .and_then(|f| f.parse().ok())
-            .context("stat without a start time")
-    }
-
-    /// The process's real uid (`status`).
-    fn real_uid(&self) -> Result<u32> {
-        let status = self.read(c"status")?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|l| l.split_whitespace().next()?.parse().ok())
-            .context("status without a Uid line")
+impl Image {
+    pub(super) fn open(pid: u32) -> Result<Self> {
+        let proc = ProcDir::open(pid)?;
+        let mem = proc.mem()?;
+        let start = proc.start_time()?;
+        Ok(Image { proc, mem, start })
     }
 }
 
@@ -135,6 +77,17 @@ fn tables_map(
     Ok(HashMap::try_from(map)?)
 }
 
+/// `b` is mapped at `bias` in the image (its `maps` read through its held
+/// `/proc/PID`, after its `mem` was opened).
+fn still_mapped(image: &Image, b: &Instrumented, bias: u64) -> Result<()> {
+    let maps = binaries::mappings_of(&image.proc)?;
+    let now = binaries::load_bias_in(&image.proc, b, &maps)?;
+    if now != bias {
+        bail!("mapped at bias {now:#x} now, not {bias:#x} (the process exec'd)");
+    }
+    Ok(())
+}
+
 /// What is done at a process's RW area.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Seeding {
@@ -146,17 +99,27 @@ enum Seeding {
 
 impl Live {
     /// Tell eBPF where `b`'s RW area is in process `pid` (loaded at `bias`), so that its
-    /// threads are drained at exit even if they never flush. Best effort.
+    /// threads are drained at exit even if they never flush. Best effort. The process
+    /// was looked at earlier (`-p`): its `mem` is opened now, then its `maps` read again
+    /// through the same `/proc/PID`, and `b` must still be mapped at `bias` (an exec in
+    /// between is another image).
     pub(super) fn seed_table(&mut self, pid: u32, b: &Instrumented, bias: u64) {
-        self.seed(pid, b, bias, Seeding::Traced);
+        match Image::open(pid).and_then(|image| still_mapped(&image, b, bias).map(|()| image)) {
+            Ok(image) => self.seed(&image, b, bias, Seeding::Traced),
+            Err(e) => log::info!(
+                "{} in process {pid}: {e:#}; its threads are learned at their next flush",
+                b.path.display()
+            ),
+        }
     }
 
-    fn seed(&mut self, pid: u32, b: &Instrumented, bias: u64, how: Seeding) {
+    fn seed(&mut self, image: &Image, b: &Instrumented, bias: u64, how: Seeding) {
+        let pid = image.proc.pid;
         let rw_base = bias.wrapping_add(b.meta.rw_vaddr);
         if self.seeded.contains(&(pid, rw_base)) {
             return;
         }
-        if let Err(e) = self.try_seed_table(pid, rw_base, how) {
+        if let Err(e) = self.try_seed_table(image, rw_base, how) {
             log::info!(
                 "{} in process {pid}: {e:#}; its threads are learned at their next flush",
                 b.path.display()
@@ -166,15 +129,15 @@ impl Live {
         self.seeded.insert((pid, rw_base));
     }
 
-    /// Check the magic and write through one descriptor of `/proc/PID/mem`, opened
-    /// relative to the process's held directory: the descriptor stays on the image it
-    /// was opened on (after an exec, writes through it fail instead of landing in the
-    /// new image), and the start time shows the pid was not taken by another process.
-    fn try_seed_table(&mut self, pid: u32, rw_base: u64, how: Seeding) -> Result<()> {
-        let proc = ProcDir::open(pid)?;
-        let start = proc.start_time()?;
+    /// Check the magic and write through the image's one descriptor of
+    /// `/proc/PID/mem`, opened before its maps were read: it stays on the image it was
+    /// opened on (after an exec, reads and writes through it fail instead of reaching
+    /// the new image), and the start time shows the pid was not taken by another
+    /// process.
+    fn try_seed_table(&mut self, image: &Image, rw_base: u64, how: Seeding) -> Result<()> {
+        let (proc, mem, start) = (&image.proc, &image.mem, image.start);
+        let pid = proc.pid;
         let uid = proc.real_uid()?;
-        let mem = proc.open_at(c"mem", libc::O_RDWR)?;
         let mut magic = [0u8; 8];
         mem.read_exact_at(&mut magic, rw_base)
             .with_context(|| format!("cannot read the RW area at {rw_base:#x}"))?;
@@ -186,9 +149,9 @@ impl Live {
             bail!("process {pid} is another process now");
         }
         if how == Seeding::Released {
-            return tell(&mem, rw_base, false);
+            return tell(mem, rw_base, false);
         }
-        tell(&mem, rw_base, self.wait)?;
+        tell(mem, rw_base, self.wait)?;
         if !self.shares.may_seed(pid, uid) {
             bail!("its user (uid {uid}) has its share of TABLES entries");
         }
@@ -223,7 +186,11 @@ impl Live {
     /// neither held open nor read again; its later programs wait out their time and
     /// count as lost before attach). Best effort (the process may be gone).
     pub(super) fn scan_process(&mut self, pid: u32, seen: &mut SeenFiles, pipeline: &Pipeline) {
-        let found = match binaries::for_process_cached(pid, seen) {
+        let found = Image::open(pid).and_then(|image| {
+            let found = binaries::for_process_in(&image.proc, seen)?;
+            Ok((image, found))
+        });
+        let (image, found) = match found {
             Ok(f) => f,
             Err(e) => {
                 log::debug!("{e:#}");
@@ -233,11 +200,11 @@ impl Live {
         for (b, bias) in found {
             match self.add_binary(b.clone(), Some(pipeline)) {
                 Ok(_) => {
-                    self.seed(pid, &b, bias, Seeding::Traced);
+                    self.seed(&image, &b, bias, Seeding::Traced);
                     self.note_load(pid, &b, bias, pipeline);
                 }
                 Err(e) if e.is::<BinaryRefusal>() => {
-                    self.seed(pid, &b, bias, Seeding::Released);
+                    self.seed(&image, &b, bias, Seeding::Released);
                     if self.shares.keep_refused(b.file.id) {
                         continue;
                     }

@@ -3,7 +3,7 @@
 //! programs go untraced. A uid may take at most half of each; every refusal is counted
 //! (once per file or process) and reported in the session summary.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use anyhow::{Context, Result};
 use aya::{
@@ -30,6 +30,38 @@ pub enum BinaryRefusal {
     SameIdOtherContents { id: u64 },
 }
 
+impl BinaryRefusal {
+    /// The kind of refusal, as the summary counts them.
+    pub fn kind(self) -> RefusalKind {
+        match self {
+            BinaryRefusal::SessionFull => RefusalKind::SessionFull,
+            BinaryRefusal::TooManyCopies => RefusalKind::TooManyCopies,
+            BinaryRefusal::UidShare { .. } => RefusalKind::UidShare,
+            BinaryRefusal::SameIdOtherContents { .. } => RefusalKind::SameIdOtherContents,
+        }
+    }
+}
+
+/// A kind of [`BinaryRefusal`] (the summary's order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RefusalKind {
+    SessionFull,
+    TooManyCopies,
+    UidShare,
+    SameIdOtherContents,
+}
+
+impl std::fmt::Display for RefusalKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RefusalKind::SessionFull => "the session is full",
+            RefusalKind::TooManyCopies => "the session has its share of copies",
+            RefusalKind::UidShare => "their owner's share is full",
+            RefusalKind::SameIdOtherContents => "another file has their binary_id",
+        })
+    }
+}
+
 /// Binaries a uid may have traced in a system-wide session.
 pub const BINARIES_PER_UID: u32 = MAX_BINARIES / 2;
 /// Processes of one uid that the tracer puts in `TABLES` in a system-wide session (the
@@ -44,7 +76,7 @@ pub struct Shares {
     binaries: HashMap<u32, u32>,
     /// Processes seeded into `TABLES`, per uid.
     tables: HashMap<u32, HashSet<u32>>,
-    pub refused_binaries: HashMap<&'static str, u64>,
+    pub refused_binaries: BTreeMap<RefusalKind, u64>,
     refused_files: HashSet<(FileId, u64)>,
     refused_pids: HashSet<u32>,
     pub refused_tables: u64,
@@ -66,10 +98,12 @@ impl Shares {
         }
     }
 
-    /// Whether a binary owned by `uid` may be traced (one more file).
+    /// Whether a binary owned by `uid` may be traced (one more file). Root's files are
+    /// not capped: no other user can make a file root's, and the system's own binaries
+    /// should not be limited to half the session.
     pub fn may_add_binary(&self, uid: u32) -> Result<(), BinaryRefusal> {
         let have = self.binaries.get(&uid).copied().unwrap_or(0);
-        if self.capped && have >= BINARIES_PER_UID {
+        if self.capped && uid != 0 && have >= BINARIES_PER_UID {
             return Err(BinaryRefusal::UidShare {
                 uid,
                 cap: BINARIES_PER_UID,
@@ -87,13 +121,7 @@ impl Shares {
         if !self.refused_files.insert((file, id)) {
             return false;
         }
-        let kind = match why {
-            BinaryRefusal::SessionFull => "the session is full",
-            BinaryRefusal::TooManyCopies => "the session has its share of copies",
-            BinaryRefusal::UidShare { .. } => "their owner's share is full",
-            BinaryRefusal::SameIdOtherContents { .. } => "another file has their binary_id",
-        };
-        *self.refused_binaries.entry(kind).or_default() += 1;
+        *self.refused_binaries.entry(why.kind()).or_default() += 1;
         true
     }
 
@@ -135,9 +163,7 @@ impl Shares {
     /// The summary's lines about refusals (none when nothing was refused).
     pub fn summary_lines(&self) -> Vec<String> {
         let mut lines = Vec::new();
-        let mut kinds: Vec<_> = self.refused_binaries.iter().collect();
-        kinds.sort();
-        for (why, n) in kinds {
+        for (why, n) in &self.refused_binaries {
             lines.push(format!(
                 "{n} instrumented binar{} not traced: {why}",
                 if *n == 1 { "y" } else { "ies" }
@@ -207,4 +233,50 @@ fn table_uids(ebpf: &mut Ebpf) -> Result<EbpfHashMap<&mut MapData, u32, u64>> {
 
 fn alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review item 6: root's files counted as uid 0 and were capped at half the
+    /// session, so a system-wide session traced at most 32 system binaries.
+    #[test]
+    fn root_files_are_not_capped_other_users_are() {
+        let mut s = Shares::new(true);
+        for _ in 0..MAX_BINARIES {
+            assert_eq!(s.may_add_binary(0), Ok(()));
+            s.charge_binary(0);
+        }
+        for _ in 0..BINARIES_PER_UID {
+            assert_eq!(s.may_add_binary(1000), Ok(()));
+            s.charge_binary(1000);
+        }
+        assert_eq!(
+            s.may_add_binary(1000),
+            Err(BinaryRefusal::UidShare {
+                uid: 1000,
+                cap: BINARIES_PER_UID
+            })
+        );
+    }
+
+    /// Refusals are counted once per file, by kind, in the kinds' order.
+    #[test]
+    fn refusals_counted_once_by_kind_in_order() {
+        let mut s = Shares::new(true);
+        let file = |ino| FileId { dev: 1, ino };
+        assert!(s.refuse_binary(file(3), 7, BinaryRefusal::SameIdOtherContents { id: 7 }));
+        assert!(!s.refuse_binary(file(3), 7, BinaryRefusal::SameIdOtherContents { id: 7 }));
+        assert!(s.refuse_binary(file(4), 8, BinaryRefusal::UidShare { uid: 5, cap: 32 }));
+        assert!(s.refuse_binary(file(5), 9, BinaryRefusal::SessionFull));
+        assert_eq!(
+            s.summary_lines(),
+            [
+                "1 instrumented binary not traced: the session is full",
+                "1 instrumented binary not traced: their owner's share is full",
+                "1 instrumented binary not traced: another file has their binary_id",
+            ]
+        );
+    }
 }
