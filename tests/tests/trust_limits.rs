@@ -361,3 +361,112 @@ fn the_debug_cache_follows_no_users_link() {
         .collect();
     assert!(inside.is_empty(), "written through the link: {inside:?}");
 }
+
+/// Row 5 (review item 5), the debug cache at a session's end. The hostile user's
+/// binary (no DWARF) has a `.gnu_debuglink` naming `limits.debug` beside it, and the
+/// user makes that a sparse file of 1 TiB (or its real debug file, owned by the user).
+/// Before: the root tracer mapped the candidate and computed its CRC-32 over the whole
+/// terabyte at the end of the session (hours; a user truncating the mapped file
+/// meanwhile killed root with SIGBUS), and cached the user's debug file under root's
+/// cache. Now the cache step reads candidates by descriptor with bounded reads, none
+/// past 4 GiB, and as root only files owned by root or itself: the session ends at
+/// once and nothing of the user's is cached.
+#[test]
+fn the_debug_cache_reads_no_users_file_as_root() {
+    let tmp = TempDir::new("trust-cache-debuglink");
+    open_to_all(tmp.path());
+    let hostile = LocalUser::hostile();
+    let full = tmp.join("limits");
+    compile("gcc", &[fixture("trust_limits.c")], &["-O2", "-g"], &full);
+    let (debug, stripped, traced) = (
+        tmp.join("limits.debug"),
+        tmp.join("limits.stripped"),
+        tmp.join("limits.traced"),
+    );
+    let objcopy =
+        |args: &[&std::ffi::OsStr]| run(Command::new("objcopy").args(args), RUN_TIMEOUT).ok();
+    objcopy(&[
+        "--only-keep-debug".as_ref(),
+        full.as_os_str(),
+        debug.as_os_str(),
+    ]);
+    let link = format!("--add-gnu-debuglink={}", debug.display());
+    objcopy(&[
+        "--strip-debug".as_ref(),
+        link.as_ref(),
+        full.as_os_str(),
+        stripped.as_os_str(),
+    ]);
+    rewriter(&[
+        stripped.as_os_str(),
+        "-o".as_ref(),
+        traced.as_os_str(),
+        "--functions".as_ref(),
+        "rec".as_ref(),
+    ])
+    .ok();
+    let cache = tmp.join("cache");
+    std::fs::create_dir(&cache).unwrap();
+
+    let _g = tracing_lock();
+    let session = |name: &str| {
+        let trace = tmp.join(name);
+        let t0 = Instant::now();
+        let o = run(
+            Command::new(tracer_bin())
+                .args(["record", "-o"])
+                .arg(&trace)
+                .arg("--")
+                .arg(&traced)
+                .args(["plain", "10"])
+                .env("UTRACE_DEBUG_CACHE", &cache),
+            RUN_TIMEOUT,
+        );
+        let took = t0.elapsed();
+        assert!(o.success(), "{}", o.describe());
+        let values = dump(&trace).iter().filter(|r| &*r.symbol == "rec").count();
+        assert_eq!(values, 10, "{}", o.describe());
+        (took, walk_files(&cache))
+    };
+    // Control: root's own files are found by the debuglink and cached.
+    let (_, cached) = session("T0");
+    assert_eq!(cached.len(), 1, "root's debug file not cached: {cached:?}");
+    assert_eq!(
+        std::fs::read(&cached[0]).unwrap(),
+        std::fs::read(&debug).unwrap()
+    );
+    std::fs::remove_file(&cached[0]).unwrap();
+    hostile.own(&traced);
+    hostile.own(&debug);
+    // The user's real debug file (the CRC matches): not cached by root.
+    let (took, cached) = session("T1");
+    assert!(cached.is_empty(), "the user's file was cached: {cached:?}");
+    eprintln!("with the user's debug file: {took:?}");
+    // A sparse terabyte at the debuglink's name: not read at all.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&debug)
+        .unwrap();
+    f.set_len(1 << 40).unwrap();
+    drop(f);
+    assert_eq!(std::fs::metadata(&debug).unwrap().uid(), hostile.uid);
+    let (took, cached) = session("T2");
+    assert!(cached.is_empty(), "the user's file was cached: {cached:?}");
+    eprintln!("with a sparse 1 TiB debug file: {took:?}");
+    assert!(took < Duration::from_secs(30), "the session took {took:?}");
+}
+
+/// Every file under `dir`, recursively.
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk_files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

@@ -83,6 +83,107 @@ pub fn map_regular(path: &Path) -> Option<memmap2::Mmap> {
     unsafe { memmap2::Mmap::map(&f) }.ok()
 }
 
+/// Largest file the cache step reads (the tracer's limit on a binary, `MAX_BINARY_BYTES`
+/// in `record::binaries`): a debug file is no bigger than what it describes, give or take.
+pub const MAX_CACHED_FILE_BYTES: u64 = 4 << 30;
+
+/// How candidate files are read.
+#[derive(Clone, Copy)]
+enum Reading {
+    /// Mapped ([`map_regular`]): readers, running as the user who reads the trace.
+    Map,
+    /// Read whole into memory through a descriptor, at most [`MAX_CACHED_FILE_BYTES`],
+    /// and only files owned by root or the effective user when the tracer is root: the
+    /// cache step at a session's end, where a root tracer handles files of every user
+    /// it traced (a mapping of a file its owner truncates faults, killing root with
+    /// SIGBUS; a sparse file of a terabyte would be checksummed whole).
+    Bounded,
+}
+
+/// A candidate file's bytes, mapped or read.
+enum Bytes {
+    Map(memmap2::Mmap),
+    Read(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Map(m) => m,
+            Bytes::Read(v) => v,
+        }
+    }
+}
+
+impl Reading {
+    fn load(self, path: &Path) -> Option<Bytes> {
+        match self {
+            Reading::Map => map_regular(path).map(Bytes::Map),
+            Reading::Bounded => match read_bounded(path, MAX_CACHED_FILE_BYTES) {
+                Ok(v) => Some(Bytes::Read(v)),
+                Err(why) => {
+                    log::info!("{}: not read for the debug cache: {why}", path.display());
+                    None
+                }
+            },
+        }
+    }
+}
+
+/// Why the cache step does not read a file.
+#[derive(Debug, thiserror::Error)]
+pub enum NotRead {
+    #[error("not a regular file")]
+    NotRegular,
+    #[error("{size} bytes, more than the {max} read")]
+    TooBig { size: u64, max: u64 },
+    #[error("owned by uid {0}, neither root nor us")]
+    Foreign(u32),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// `path`'s bytes, read (never mapped) through one descriptor: opened `O_PATH` first
+/// (a FIFO or device at the path is never opened for real), `fstat`ed regular, at most
+/// `max` bytes and, as root, owned by root or the effective user; then reopened for
+/// reading through `/proc/self/fd/N` and read with at most `max + 1` bytes asked for
+/// (a file that grows meanwhile is refused, one that shrinks just reads short).
+fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, NotRead> {
+    use std::io::Read;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+        .open(path)?;
+    let m = held.metadata()?;
+    if !m.is_file() {
+        return Err(NotRead::NotRegular);
+    }
+    if m.len() > max {
+        return Err(NotRead::TooBig { size: m.len(), max });
+    }
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    if euid == 0 && m.uid() != 0 {
+        return Err(NotRead::Foreign(m.uid()));
+    }
+    let fd_path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&held));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(fd_path)?;
+    let mut data = Vec::new();
+    f.take(max + 1).read_to_end(&mut data)?;
+    if data.len() as u64 > max {
+        return Err(NotRead::TooBig {
+            size: data.len() as u64,
+            max,
+        });
+    }
+    Ok(data)
+}
+
 fn facts_of(data: &[u8]) -> Option<FileFacts> {
     let obj = object::File::parse(data).ok()?;
     Some(FileFacts {
@@ -98,8 +199,8 @@ fn facts_of(data: &[u8]) -> Option<FileFacts> {
     })
 }
 
-fn facts(path: &Path) -> Option<FileFacts> {
-    facts_of(&map_regular(path)?)
+fn facts(path: &Path, how: Reading) -> Option<FileFacts> {
+    facts_of(&how.load(path)?)
 }
 
 /// A `.gnu_debuglink` name is a file name: one normal path component (not absolute,
@@ -121,7 +222,7 @@ pub fn locate(
     cache: Option<&Path>,
     dirs: &[PathBuf],
 ) -> Option<(PathBuf, &'static str)> {
-    locate_from(path, path, build_id, cache, dirs)
+    locate_from(path, path, build_id, cache, dirs, Reading::Map)
 }
 
 /// [`locate`] for a binary named `path` whose own bytes are read at `own_bytes` (the
@@ -133,6 +234,7 @@ fn locate_from(
     build_id: &[u8],
     cache: Option<&Path>,
     dirs: &[PathBuf],
+    reading: Reading,
 ) -> Option<(PathBuf, &'static str)> {
     // No recorded build-id: any file at the path is taken, with a note.
     let same_build = |f: &FileFacts| build_id.is_empty() || f.build_id.as_deref() == Some(build_id);
@@ -142,7 +244,7 @@ fn locate_from(
             path.display()
         );
     }
-    let own = facts(own_bytes).filter(|f| {
+    let own = facts(own_bytes, reading).filter(|f| {
         let ok = same_build(f);
         if !ok {
             log::warn!(
@@ -155,7 +257,7 @@ fn locate_from(
     if own.as_ref().is_some_and(|f| f.dwarf) {
         return Some((own_bytes.to_path_buf(), "binary"));
     }
-    let with_dwarf = |p: &Path| facts(p).is_some_and(|f| f.dwarf && same_build(&f));
+    let with_dwarf = |p: &Path| facts(p, reading).is_some_and(|f| f.dwarf && same_build(&f));
     if !build_id.is_empty() {
         if let Some(p) = cache.and_then(|c| build_id_path(c, build_id))
             && with_dwarf(&p)
@@ -192,7 +294,8 @@ fn locate_from(
         for c in candidates {
             if c != path
                 && c != own_bytes
-                && map_regular(&c)
+                && reading
+                    .load(&c)
                     .is_some_and(|m| crc32(&m) == crc && facts_of(&m).is_some_and(|f| f.dwarf))
             {
                 return Some((c, "debuglink"));
@@ -202,14 +305,30 @@ fn locate_from(
     own.map(|_| (own_bytes.to_path_buf(), "symbols"))
 }
 
-/// CRC-32 (IEEE) as `.gnu_debuglink` uses it.
+/// CRC-32 (IEEE) as `.gnu_debuglink` uses it (table-driven: debug files are large).
 fn crc32(data: &[u8]) -> u32 {
+    const TABLE: [u32; 256] = {
+        let mut t = [0u32; 256];
+        let mut i = 0;
+        while i < 256 {
+            let mut c = i as u32;
+            let mut k = 0;
+            while k < 8 {
+                c = if c & 1 != 0 {
+                    0xedb8_8320 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
+                k += 1;
+            }
+            t[i] = c;
+            i += 1;
+        }
+        t
+    };
     let mut crc = !0u32;
     for &b in data {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = (crc >> 1) ^ (0xedb8_8320 & (!(crc & 1)).wrapping_add(1));
-        }
+        crc = TABLE[((crc ^ u32::from(b)) & 0xff) as usize] ^ (crc >> 8);
     }
     !crc
 }
@@ -226,6 +345,10 @@ fn crc32(data: &[u8]) -> u32 {
 /// `own_bytes` is where the binary's own bytes are read (the session's held descriptor
 /// of it, so a file swapped in at `path` since it was traced is not cached under its
 /// build-id); `path` says where its debuglink and `/usr/lib/debug` files are.
+///
+/// Every file looked at here (the binary, debug files) is read as [`Reading::Bounded`]
+/// says: never mapped, at most [`MAX_CACHED_FILE_BYTES`], and, as root, only if owned
+/// by root or the effective user (another user's debug file is not cached).
 pub fn cache_debug_info(
     path: &Path,
     own_bytes: &Path,
@@ -254,14 +377,17 @@ pub fn cache_debug_info(
     if dir_has(&dir, name) {
         return Ok(());
     }
-    let Some((src, how)) = locate_from(path, own_bytes, build_id, None, dirs) else {
+    let Some((src, how)) = locate_from(path, own_bytes, build_id, None, dirs, Reading::Bounded)
+    else {
         return Ok(());
     };
     if how == "symbols" {
         return Ok(());
     }
-    // The bytes written are the bytes checked: the build-id again, on this mapping.
-    let data = map_regular(&src).with_context(|| format!("cannot read {}", src.display()))?;
+    // The bytes written are the bytes checked: the build-id again, on this copy.
+    let data = Reading::Bounded
+        .load(&src)
+        .with_context(|| format!("cannot read {}", src.display()))?;
     if facts_of(&data).and_then(|f| f.build_id).as_deref() != Some(build_id) {
         return Ok(()); // changed since located
     }
@@ -473,6 +599,32 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+    }
+
+    #[test]
+    fn bounded_reads_refuse_fifos_and_big_files() {
+        let base = std::env::temp_dir().join(format!("utrace-bounded-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).unwrap();
+        let fifo = base.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // No writer: opening it for reading would block; O_PATH does not.
+        assert!(matches!(read_bounded(&fifo, 100), Err(NotRead::NotRegular)));
+        let big = base.join("big");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(1 << 40)
+            .unwrap();
+        assert!(matches!(
+            read_bounded(&big, MAX_CACHED_FILE_BYTES),
+            Err(NotRead::TooBig { size, .. }) if size == 1 << 40
+        ));
+        std::fs::write(&big, b"0123456789").unwrap();
+        assert_eq!(read_bounded(&big, 10).unwrap(), b"0123456789");
+        assert!(matches!(read_bounded(&big, 9), Err(NotRead::TooBig { .. })));
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]
