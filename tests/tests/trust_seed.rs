@@ -3,11 +3,14 @@
 //! (`attached`, `on_full`) only through the `/proc/PID/mem` descriptor it checked the
 //! area's magic through, opened relative to the held `/proc/PID` directory.
 //!
-//! - A process that execs between the check and the write: the new image's bytes are
-//!   the same before and after (the write fails on the old image's descriptor).
+//! - A process that execs between the check and the write, or between the read of its
+//!   `maps` and the check: the new image's bytes are the same before and after (`mem`
+//!   is opened before `maps` is read, and stays on the image it was opened on).
 //! - A file on another filesystem with the same path and inode number as a file the
 //!   session already knows is not taken for it (the cache is keyed by `(st_dev,
 //!   st_ino)`): nothing is written into the process that maps it.
+//! - A legitimate user's program on overlayfs (`maps` and `fstat` disagree on its
+//!   device) is found and traced with `-p`.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
@@ -184,6 +187,140 @@ fn a_process_that_execs_between_check_and_write_gets_nothing_written() {
         );
     }
     assert!(after == before, "the new image's bytes changed: {err}");
+}
+
+/// Row 4 (exec), earlier: an exec between the tracer's read of `maps` and its check of
+/// the RW area (here: `-p`, the tracer paused after finding and parsing the binaries by
+/// `UTRACE_TEST_PAUSE=parsed`, before seeding). Before: `/proc/PID/mem` was opened only
+/// at the check, on the new image, which holds an RW magic at the old RW area's
+/// address: root wrote `attached` and `on_full` into it. Now `mem` is opened before
+/// `maps` is read again through the same `/proc/PID`, and the binary must still be
+/// mapped at the bias found: it is not (the process exec'd), so nothing is written;
+/// the new image is byte for byte the same after the session.
+#[test]
+fn a_process_that_execs_between_maps_read_and_check_gets_nothing_written() {
+    let hostile = LocalUser::hostile();
+    let tmp = TempDir::new("trust-seed-exec-maps");
+    let (stage1, meta, image) = build(&tmp, &hostile);
+    let ino = std::fs::metadata(&stage1).unwrap().ino();
+    let (mut p, mut stdin, mut out) = started(&hostile, &stage1);
+    let pid = p.id();
+    let rw_base = base_of(pid, ino).expect("stage1 mapped") + meta.rw_vaddr;
+    assert_eq!(read_mem(pid, rw_base, 8), RW_MAGIC.to_le_bytes());
+
+    let _g = tracing_lock();
+    let fifo = tmp.join("pause");
+    run(Command::new("mkfifo").arg(&fifo), RUN_TIMEOUT).ok();
+    let trace = tmp.join("exec.utrace");
+    let pause = ("UTRACE_TEST_PAUSE", format!("parsed:{}", fifo.display()));
+    let mut t = attach(pid, "2", &trace, &[pause]);
+    let gate = paused(&fifo, &mut t);
+    writeln!(stdin, "{} {rw_base:x} {RW_MAGIC:x}", image.display()).unwrap();
+    expect_line(&mut out, "ready\n");
+    let page = rw_base & !0xfff;
+    let before = read_mem(pid, page, 0x2000);
+    assert_eq!(read_mem(pid, rw_base, 8), RW_MAGIC.to_le_bytes());
+    drop(gate);
+    let err = finish(t, &trace);
+    let after = read_mem(pid, page, 0x2000);
+    drop(stdin);
+    let _ = p.wait();
+    let off = (rw_base - page) as usize;
+    for (what, at) in [("on_full", RWH_ON_FULL), ("attached", RWH_ATTACHED)] {
+        let i = off + at as usize;
+        assert_eq!(
+            after[i..i + 4],
+            [0x5a; 4],
+            "root wrote {what} into the new image: {err}"
+        );
+    }
+    assert!(after == before, "the new image's bytes changed: {err}");
+}
+
+/// Mounts made by a test, unmounted (innermost first) when it ends, passed or not.
+struct Mounts(Vec<PathBuf>);
+
+impl Mounts {
+    fn mount(&mut self, args: &[&str], at: &Path) {
+        run(Command::new("mount").args(args).arg(at), RUN_TIMEOUT).ok();
+        self.0.push(at.to_path_buf());
+    }
+}
+
+impl Drop for Mounts {
+    fn drop(&mut self) {
+        for at in self.0.iter().rev() {
+            let _ = Command::new("umount").arg("-l").arg(at).status();
+        }
+    }
+}
+
+/// Review item 2 (a legitimate user's program on overlayfs, `-p`). `maps` shows the
+/// overlay superblock's device, while `fstat` of the mapped file gives the lower
+/// layer's pseudo device (layers on two filesystems: a tmpfs under an ext4 upper,
+/// `xino=off`; btrfs subvolumes differ the same way). Before: the tracer required the
+/// two devices equal, so the program's binary was never opened and `-p` ended in
+/// "nothing to trace". Now the identity is `fstat`'s on both sides (the inode must
+/// match `maps`): the binary is found, traced, and its RW area told it is attached
+/// (read back through `/proc/PID/mem`).
+#[test]
+fn a_program_on_overlayfs_is_traced_with_p() {
+    let victim = LocalUser::victim();
+    let tmp = TempDir::new("trust-seed-overlay");
+    let (stage1, meta, _) = build(&tmp, &victim);
+    let (lower, upper, work, merged) = (
+        tmp.join("lower"),
+        tmp.join("upper"),
+        tmp.join("work"),
+        tmp.join("merged"),
+    );
+    for d in [&lower, &upper, &work, &merged] {
+        std::fs::create_dir_all(d).unwrap();
+        open_to_all(d);
+    }
+    let mut mounts = Mounts(Vec::new());
+    mounts.mount(&["-t", "tmpfs", "tmpfs"], &lower);
+    open_to_all(&lower);
+    std::fs::copy(&stage1, lower.join("stage1")).unwrap();
+    victim.own(&lower.join("stage1"));
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={},xino=off",
+        lower.display(),
+        upper.display(),
+        work.display()
+    );
+    mounts.mount(&["-t", "overlay", "overlay", "-o", &opts], &merged);
+    let prog = merged.join("stage1");
+    let st = std::fs::metadata(&prog).unwrap();
+    let (mut p, stdin, _out) = started(&victim, &prog);
+    let pid = p.id();
+    let rw_base = base_of(pid, st.ino()).expect("stage1 mapped") + meta.rw_vaddr;
+    // The kernel's two views of the file differ in the device (the case at hand).
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let line = maps
+        .lines()
+        .find(|l| l.ends_with("/merged/stage1"))
+        .unwrap();
+    let dev = line.split_whitespace().nth(3).unwrap().to_string();
+    let shown = format!(
+        "{:02x}:{:02x}",
+        libc::major(st.dev()),
+        libc::minor(st.dev())
+    );
+    assert_ne!(dev, shown, "maps and fstat agree on the device: {line}");
+
+    let _g = tracing_lock();
+    let trace = tmp.join("overlay.utrace");
+    let err = finish(attach(pid, "1", &trace, &[]), &trace);
+    let attached = read_mem(pid, rw_base + RWH_ATTACHED, 4);
+    drop(stdin);
+    let _ = p.wait();
+    assert_eq!(
+        attached,
+        ATTACHED.to_le_bytes(),
+        "the program on overlayfs was not traced: {err}"
+    );
+    drop(mounts);
 }
 
 /// A system-wide session, started and ready; its stderr goes to `TRACE.err`. Another
