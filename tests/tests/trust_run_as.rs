@@ -182,14 +182,85 @@ fn sudo_runs_the_invoking_user() {
     let trace = tmp.join("sudo.utrace");
     let out = record(&[], &sudo, &trace, &traced, &args, None);
     check_runs_as("under sudo", &u, &out, &trace, &forbidden);
+    // Said on stderr whatever the log level (a root shell reached by `sudo -i` still
+    // carries SUDO_UID). Before: only at the info log level, so never by default.
+    let notice = format!(
+        "utrace: running the command as {} (the sudo user); --run-as root keeps root",
+        u.name
+    );
+    let said = out.stderr_str().lines().filter(|l| *l == notice).count();
+    assert_eq!(said, 1, "{}", out.describe());
 
     let trace = tmp.join("root.utrace");
     let out = record(&["--run-as", "root"], &sudo, &trace, &traced, &args, None);
+    assert!(
+        !out.stderr_str().contains("(the sudo user)"),
+        "{}",
+        out.describe()
+    );
     assert_eq!(out.status(), 7, "{}", out.describe());
     assert_eq!(field(&out, "uid "), "0");
     assert_ne!(field(&out, "CapEff:"), "0000000000000000");
     assert_eq!(field(&out, "write "), "ok");
     check_records("--run-as root under sudo", &out, &trace);
+}
+
+/// `--run-as 4294967295:GID`, or `SUDO_UID=4294967295`: uid (and gid) `u32::MAX` is
+/// `-1` to setresuid/setresgid, "no change". Before: the child's setresuid(-1,-1,-1)
+/// "succeeded", its euid was still 0 so no capability was dropped, and the command ran
+/// as root with every capability (it wrote the root-owned file). Now such an id is
+/// refused with an error naming it, before anything runs; and the child checks with
+/// getresuid/getresgid that the ids it got are the ones asked for.
+#[test]
+fn an_id_the_kernel_reads_as_no_change_is_refused() {
+    let tmp = TempDir::new("runas-max");
+    let traced = build(&tmp);
+    let forbidden = forbidden_file(&tmp);
+    let u = LocalUser::hostile();
+    let gid = u.gid.to_string();
+    let args = [OsStr::new("who"), forbidden.as_os_str(), OsStr::new("5000")];
+    let max = u32::MAX.to_string();
+    let cases: [(&str, Case, &str); 4] = [
+        ("uid", (&["--run-as", &format!("{max}:{gid}")], &[]), "uid"),
+        (
+            "gid",
+            (&["--run-as", &format!("{}:{max}", u.uid)], &[]),
+            "gid",
+        ),
+        (
+            "SUDO_UID",
+            (&[], &[("SUDO_UID", &max), ("SUDO_GID", &gid)]),
+            "uid",
+        ),
+        (
+            "SUDO_GID",
+            (&[], &[("SUDO_UID", &u.uid.to_string()), ("SUDO_GID", &max)]),
+            "gid",
+        ),
+    ];
+    for (what, (flags, env), id) in cases {
+        let trace = tmp.join(format!("{what}.utrace"));
+        let out = record(flags, env, &trace, &traced, &args, None);
+        assert_ne!(
+            out.status(),
+            7,
+            "{what}: the command ran: {}",
+            out.describe()
+        );
+        assert!(!out.success(), "{what}: {}", out.describe());
+        let said = format!("{id} {max} cannot be run as");
+        assert!(
+            out.stderr_str().contains(&said),
+            "{what}: {}",
+            out.describe()
+        );
+        assert!(
+            !out.stdout_str().contains("uid "),
+            "{what}: {}",
+            out.describe()
+        );
+        assert_eq!(std::fs::read(&forbidden).unwrap(), b"root's\n", "{what}");
+    }
 }
 
 /// The loader asked for the command's libraries is the file's PT_INTERP, which the

@@ -39,6 +39,10 @@ pub enum RunAsError {
     BadSudoVar { var: &'static str, value: String },
     #[error("cannot read the user database: {0}")]
     Database(io::Error),
+    /// (uid_t)-1 or (gid_t)-1: "leave unchanged" to setresuid/setresgid, so the
+    /// command would keep root.
+    #[error("{what} {id} cannot be run as (the kernel reads it as \"no change\")")]
+    NoChangeId { what: &'static str, id: u32 },
 }
 
 impl RunAs {
@@ -55,10 +59,11 @@ impl RunAs {
                     std::env::var("SUDO_GID").ok().as_deref(),
                 )?;
                 if let Some(r) = &r {
-                    log::info!(
-                        "under sudo: the command runs as {} (uid {}); --run-as root keeps root",
-                        r.name,
-                        r.uid
+                    // Always said: a root shell reached by `sudo -i` or `sudo su` still
+                    // carries SUDO_UID, and its user may not expect to lose root.
+                    eprintln!(
+                        "utrace: running the command as {} (the sudo user); --run-as root keeps root",
+                        r.name
                     );
                 }
                 Ok(r)
@@ -69,6 +74,30 @@ impl RunAs {
 
     /// `USER[:GROUP]`, each a name or a number.
     pub fn parse(spec: &str) -> Result<RunAs, RunAsError> {
+        // Said before any lookup (u32::MAX has no account, which would hide why).
+        let (user, group) = spec.split_once(':').unwrap_or((spec, ""));
+        for (what, part) in [("uid", user), ("gid", group)] {
+            if part.parse::<u32>() == Ok(u32::MAX) {
+                return Err(RunAsError::NoChangeId { what, id: u32::MAX });
+            }
+        }
+        RunAs::parse_any(spec)?.representable()
+    }
+
+    /// This identity, unless one of its ids is `u32::MAX`, which the kernel's
+    /// set*id calls take for "no change" (the command would stay root).
+    fn representable(self) -> Result<RunAs, RunAsError> {
+        let bad = |what, id: u32| (id == u32::MAX).then_some(RunAsError::NoChangeId { what, id });
+        if let Some(e) = bad("uid", self.uid)
+            .or_else(|| bad("gid", self.gid))
+            .or_else(|| self.groups.iter().find_map(|&g| bad("group", g)))
+        {
+            return Err(e);
+        }
+        Ok(self)
+    }
+
+    fn parse_any(spec: &str) -> Result<RunAs, RunAsError> {
         let (user, group) = match spec.split_once(':') {
             Some((u, g)) => (u, Some(g)),
             None => (spec, None),
@@ -101,6 +130,17 @@ impl RunAs {
     /// The user who ran `sudo` (from sudo's `SUDO_UID` and `SUDO_GID`), None when
     /// not under sudo or when that user is root.
     pub fn from_sudo(uid: Option<&str>, gid: Option<&str>) -> Result<Option<RunAs>, RunAsError> {
+        for (what, v) in [("uid", uid), ("gid", gid)] {
+            if v.and_then(|v| v.parse::<u32>().ok()) == Some(u32::MAX) {
+                return Err(RunAsError::NoChangeId { what, id: u32::MAX });
+            }
+        }
+        RunAs::from_sudo_any(uid, gid)?
+            .map(RunAs::representable)
+            .transpose()
+    }
+
+    fn from_sudo_any(uid: Option<&str>, gid: Option<&str>) -> Result<Option<RunAs>, RunAsError> {
         let Some(uid) = uid else {
             return Ok(None);
         };
@@ -133,7 +173,9 @@ impl RunAs {
     }
 
     /// Become this identity: supplementary groups, then gid, then uid (real, effective
-    /// and saved, so none can be taken back).
+    /// and saved, so none can be taken back); then check with getresuid/getresgid that
+    /// all three of each are the ones asked for (a call that "succeeded" without
+    /// changing them must not leave the command root).
     ///
     /// # Safety
     /// Only in a child between fork and exec: raw system calls, which change the one
@@ -155,7 +197,26 @@ impl RunAs {
         step(r, ChildStep::Gid)?;
         // SAFETY: as above.
         let r = unsafe { libc::syscall(libc::SYS_setresuid, self.uid, self.uid, self.uid) };
-        step(r, ChildStep::Uid)
+        step(r, ChildStep::Uid)?;
+        let (mut a, mut b, mut c) = (0 as libc::uid_t, 0, 0);
+        // SAFETY: three valid out-pointers to uid_t (the raw call: async-signal-safe).
+        let r = unsafe { libc::syscall(libc::SYS_getresuid, &mut a, &mut b, &mut c) };
+        if r != 0 || [a, b, c] != [self.uid; 3] {
+            return Err(ChildError {
+                step: ChildStep::UidCheck,
+                errno: libc::EPERM,
+            });
+        }
+        let (mut a, mut b, mut c) = (0 as libc::gid_t, 0, 0);
+        // SAFETY: three valid out-pointers to gid_t.
+        let r = unsafe { libc::syscall(libc::SYS_getresgid, &mut a, &mut b, &mut c) };
+        if r != 0 || [a, b, c] != [self.gid; 3] {
+            return Err(ChildError {
+                step: ChildStep::GidCheck,
+                errno: libc::EPERM,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -553,10 +614,12 @@ pub enum ChildStep {
     Uid,
     Capabilities,
     Mask,
+    UidCheck,
+    GidCheck,
 }
 
 impl ChildStep {
-    const ALL: [ChildStep; 11] = [
+    const ALL: [ChildStep; 13] = [
         ChildStep::Exec,
         ChildStep::Descriptors,
         ChildStep::Drain,
@@ -568,6 +631,8 @@ impl ChildStep {
         ChildStep::Uid,
         ChildStep::Capabilities,
         ChildStep::Mask,
+        ChildStep::UidCheck,
+        ChildStep::GidCheck,
     ];
 
     fn from_u32(n: u32) -> ChildStep {
@@ -592,6 +657,8 @@ impl std::fmt::Display for ChildStep {
             ChildStep::Uid => "cannot change user",
             ChildStep::Capabilities => "cannot drop capabilities",
             ChildStep::Mask => "cannot restore the signal mask",
+            ChildStep::UidCheck => "the user ids after the change are not the ones asked for",
+            ChildStep::GidCheck => "the group ids after the change are not the ones asked for",
         })
     }
 }
@@ -662,6 +729,33 @@ mod tests {
             RunAs::parse("4000123"),
             Err(RunAsError::NoAccount(4000123))
         ));
+    }
+
+    #[test]
+    fn ids_the_kernel_reads_as_no_change_are_refused() {
+        for spec in [
+            "4294967295:5",
+            "4294967295",
+            "root:4294967295",
+            "5:4294967295",
+        ] {
+            assert!(
+                matches!(RunAs::parse(spec), Err(RunAsError::NoChangeId { .. })),
+                "{spec}: {:?}",
+                RunAs::parse(spec)
+            );
+        }
+        for (u, g) in [("4294967295", Some("5")), ("5", Some("4294967295"))] {
+            assert!(matches!(
+                RunAs::from_sudo(Some(u), g),
+                Err(RunAsError::NoChangeId { .. })
+            ));
+        }
+        let e = RunAs::parse("4294967295:5").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "uid 4294967295 cannot be run as (the kernel reads it as \"no change\")"
+        );
     }
 
     #[test]
