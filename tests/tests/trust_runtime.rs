@@ -687,3 +687,98 @@ fn a_tracer_out_of_descriptors_rests_instead_of_spinning() {
     eprintln!("{no_fd} connections refused for want of a descriptor");
     assert!(no_fd > 0, "never out of descriptors: {err}");
 }
+
+/// Bytes process `pid` has read (`rchar` of /proc/PID/io: every read, page cache or
+/// not).
+fn read_bytes(pid: u32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap();
+    io.lines()
+        .find_map(|l| l.strip_prefix("rchar: ")?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no rchar: {io}"))
+}
+
+/// A sparse 2 GiB file that looks like an ELF file whose `.symtab` is 2 GiB long: the
+/// section headers (three) and their names are a few hundred bytes at its start.
+fn huge_symtab_elf(path: &Path) {
+    use std::os::unix::fs::FileExt;
+    const SIZE: u64 = 2 << 30;
+    let mut h = vec![0u8; 64];
+    h[..4].copy_from_slice(b"\x7fELF");
+    h[4] = 2; // 64-bit
+    h[5] = 1; // little-endian
+    h[6] = 1;
+    h[16..18].copy_from_slice(&1u16.to_le_bytes()); // ET_REL
+    h[18..20].copy_from_slice(&62u16.to_le_bytes()); // x86-64
+    h[20..24].copy_from_slice(&1u32.to_le_bytes());
+    h[40..48].copy_from_slice(&64u64.to_le_bytes()); // e_shoff
+    h[52..54].copy_from_slice(&64u16.to_le_bytes()); // e_ehsize
+    h[58..60].copy_from_slice(&64u16.to_le_bytes()); // e_shentsize
+    h[60..62].copy_from_slice(&3u16.to_le_bytes()); // e_shnum
+    h[62..64].copy_from_slice(&1u16.to_le_bytes()); // e_shstrndx
+    let names = b"\0.shstrtab\0.symtab\0";
+    let section = |name: u32, kind: u32, off: u64, size: u64, link: u32, entsize: u64| {
+        let mut s = vec![0u8; 64];
+        s[0..4].copy_from_slice(&name.to_le_bytes());
+        s[4..8].copy_from_slice(&kind.to_le_bytes());
+        s[24..32].copy_from_slice(&off.to_le_bytes());
+        s[32..40].copy_from_slice(&size.to_le_bytes());
+        s[40..44].copy_from_slice(&link.to_le_bytes());
+        s[48..56].copy_from_slice(&8u64.to_le_bytes());
+        s[56..64].copy_from_slice(&entsize.to_le_bytes());
+        s
+    };
+    h.extend(vec![0u8; 64]);
+    h.extend(section(1, 3, 512, names.len() as u64, 0, 0)); // .shstrtab
+    let symtab = SIZE - 4096;
+    h.extend(section(11, 2, 4096, symtab - symtab % 24, 1, 24)); // .symtab
+    h.resize(512, 0);
+    h.extend_from_slice(names);
+    let f = std::fs::File::create(path).unwrap();
+    f.write_all_at(&h, 0).unwrap();
+    f.set_len(SIZE).unwrap();
+}
+
+/// Review item 1 (row 5): the holder of the session socket looked at every file each
+/// connecting process maps with a full ELF parser (`object`, which reads `.symtab`
+/// whole), in its own thread. `utrace-hostile` maps a sparse 2 GiB "ELF file" whose
+/// `.symtab` spans it and connects (and gives up, as a program that waited in vain
+/// does). Before: root read the 2 GiB (and held them in memory) while every other
+/// program waited. Now only the headers and section names are read, with bounded reads
+/// through an `O_PATH` descriptor reopened once `fstat` says it is a regular file of
+/// bounded size: the tracer reads less than 16 MiB in all (its `rchar`).
+#[test]
+fn a_mapped_file_with_a_huge_symtab_is_not_read_by_the_announce_holder() {
+    let tmp = TempDir::new("trust-announce-elf");
+    open_to_all(tmp.path());
+    let flood = tmp.join("flood");
+    compile("gcc", &[fixture("trust_flood.c")], &["-O2"], &flood);
+    let hostile = LocalUser::hostile();
+    let dir = tmp.join("hostile");
+    std::fs::create_dir_all(&dir).unwrap();
+    open_to_all(&dir);
+    let bait = dir.join("bait.so");
+    huge_symtab_elf(&bait);
+    hostile.own(&bait);
+    let _g = tracing_lock();
+    let trace = tmp.join("sw.utrace");
+    let (session, pid) = start_limited_session(&trace, "4");
+    let read0 = read_bytes(pid);
+    let (mut fl, _, connected) = spawn_as(
+        &hostile,
+        &flood,
+        &["1", "1", "--forge", "--map", bait.to_str().unwrap()],
+        "flood: connected",
+    );
+    assert_eq!(connected.trim(), "flood: connected 1");
+    let _ = fl.wait(); // the hostile user's process, started by this test
+    std::thread::sleep(Duration::from_millis(500));
+    let read = read_bytes(pid) - read0;
+    eprintln!("the tracer read {read} bytes while the bait was mapped");
+    let session = session.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&session.stderr).into_owned();
+    assert!(session.status.success(), "session: {err}");
+    assert!(
+        read < 16 << 20,
+        "the tracer read {read} bytes for one connection: {err}"
+    );
+}
