@@ -380,9 +380,10 @@ fn run(st: &mut State, sock: &OwnedFd, main: u32) -> Result<i32> {
             }
             let tid = tid as u32;
             if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
-                // The task is reaped already, but its id is still listed in `seized`
-                // and the kernel gives a pid out again only after many others: what
-                // it sent before dying is read now, then the id is forgotten.
+                // waitpid has reaped the task: its id is free, but the kernel hands
+                // pids out cyclically, so not again at once. What it sent before dying
+                // is in the socket already: read it while the id still counts as
+                // seized, then forget the id.
                 st.drain_socket(sock)?;
                 st.seized.0.remove(&tid);
                 if tid == main {
