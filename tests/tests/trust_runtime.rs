@@ -741,11 +741,13 @@ fn huge_symtab_elf(path: &Path) {
 /// Review item 1 (row 5): the holder of the session socket looked at every file each
 /// connecting process maps with a full ELF parser (`object`, which reads `.symtab`
 /// whole), in its own thread. `utrace-hostile` maps a sparse 2 GiB "ELF file" whose
-/// `.symtab` spans it and connects (and gives up, as a program that waited in vain
-/// does). Before: root read the 2 GiB (and held them in memory) while every other
-/// program waited. Now only the headers and section names are read, with bounded reads
-/// through an `O_PATH` descriptor reopened once `fstat` says it is a regular file of
-/// bounded size: the tracer reads less than 16 MiB in all (its `rchar`).
+/// `.symtab` spans it, connects, gives up (as a program that waited in vain does) and
+/// holds the connection 2 s. Before: root allocated and zero-filled 2 GiB for it (its
+/// peak resident memory grew by 1.8 GB within the 2.5 s, then a 2 GiB read) while every
+/// other program waited. Now only the headers and section names are read, with bounded
+/// reads through an `O_PATH` descriptor reopened once `fstat` says it is a regular file
+/// of bounded size: the tracer's peak memory (`VmHWM`) and bytes read (`rchar`) grow by
+/// less than 16 MiB each.
 #[test]
 fn a_mapped_file_with_a_huge_symtab_is_not_read_by_the_announce_holder() {
     let tmp = TempDir::new("trust-announce-elf");
@@ -761,24 +763,42 @@ fn a_mapped_file_with_a_huge_symtab_is_not_read_by_the_announce_holder() {
     hostile.own(&bait);
     let _g = tracing_lock();
     let trace = tmp.join("sw.utrace");
-    let (session, pid) = start_limited_session(&trace, "4");
-    let read0 = read_bytes(pid);
+    let (session, pid) = start_limited_session(&trace, "5");
+    let (read0, peak0) = (read_bytes(pid), peak_memory(pid));
     let (mut fl, _, connected) = spawn_as(
         &hostile,
         &flood,
-        &["1", "1", "--forge", "--map", bait.to_str().unwrap()],
+        &["1", "2", "--forge", "--map", bait.to_str().unwrap()],
         "flood: connected",
     );
     assert_eq!(connected.trim(), "flood: connected 1");
     let _ = fl.wait(); // the hostile user's process, started by this test
     std::thread::sleep(Duration::from_millis(500));
-    let read = read_bytes(pid) - read0;
-    eprintln!("the tracer read {read} bytes while the bait was mapped");
+    let (read, peak) = (read_bytes(pid) - read0, peak_memory(pid) - peak0);
+    eprintln!("the tracer read {read} bytes and its peak memory grew {peak} bytes");
     let session = session.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&session.stderr).into_owned();
     assert!(session.status.success(), "session: {err}");
     assert!(
-        read < 16 << 20,
-        "the tracer read {read} bytes for one connection: {err}"
+        peak < 16 << 20,
+        "the tracer's peak memory grew {peak} bytes: {err}"
     );
+    assert!(read < 16 << 20, "the tracer read {read} bytes: {err}");
+}
+
+/// Peak resident memory of process `pid` in bytes (`VmHWM` of /proc/PID/status).
+fn peak_memory(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("VmHWM:")?
+                .trim()
+                .strip_suffix(" kB")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .map(|kb: u64| kb << 10)
+        .unwrap_or_else(|| panic!("no VmHWM: {status}"))
 }
