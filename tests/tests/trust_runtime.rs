@@ -743,8 +743,8 @@ fn huge_symtab_elf(path: &Path) {
 /// whole), in its own thread. `utrace-hostile` maps a sparse 2 GiB "ELF file" whose
 /// `.symtab` spans it, connects, gives up (as a program that waited in vain does) and
 /// holds the connection 2 s. Before: root allocated and zero-filled 2 GiB for it (its
-/// peak resident memory grew by 1.8 GB within the 2.5 s, then a 2 GiB read) while every
-/// other program waited. Now only the headers and section names are read, with bounded
+/// peak resident memory grew by 2,147,545,088 bytes within 2.5 s, then came a 2 GiB
+/// read) while every other program waited. Now only the headers and section names are read, with bounded
 /// reads through an `O_PATH` descriptor reopened once `fstat` says it is a regular file
 /// of bounded size: the tracer's peak memory (`VmHWM`) and bytes read (`rchar`) grow by
 /// less than 16 MiB each.
