@@ -36,7 +36,12 @@ impl LocalUser {
         let _g = MADE.lock().unwrap_or_else(|e| e.into_inner());
         if id_of(name, "-u").is_none() {
             let st = Command::new("useradd")
-                .args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin"])
+                .args([
+                    "--system",
+                    "--no-create-home",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                ])
                 .arg(name)
                 .status()
                 .expect("useradd (package passwd) must be installed");

@@ -423,19 +423,15 @@ mod tests {
             rlim_max: 0,
         };
         // SAFETY: valid out-parameter.
-        assert_eq!(
-            unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut saved) },
-            0
-        );
+        let got = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut saved) };
+        assert_eq!(got, 0);
         let lowered = libc::rlimit {
             rlim_cur: saved.rlim_cur.min(saved.rlim_max) / 2,
             rlim_max: saved.rlim_max,
         };
         // SAFETY: a valid rlimit, lower than the current one.
-        assert_eq!(
-            unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lowered) },
-            0
-        );
+        let set = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lowered) };
+        assert_eq!(set, 0);
         let shown = |v: libc::rlim_t| {
             if v == libc::RLIM_INFINITY {
                 "unlimited".to_string()
