@@ -126,3 +126,66 @@ pub fn finish_session(child: Child, what: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The debug cache of sessions a test starts by hand (outside [`tracer_record`]).
+pub fn scratch_debug_cache() -> PathBuf {
+    std::env::temp_dir().join("utrace-test-debug-cache")
+}
+
+/// A `tracer record --system-wide -o TRACE` session, started and ready (its control
+/// socket exists); its stderr goes to `TRACE.err` (a pipe nobody reads while it runs
+/// could fill and stop it). A session of another test binary holding the session name
+/// is waited out, up to [`crate::RUN_TIMEOUT`]. The caller holds [`tracing_lock`].
+pub fn system_wide_session(trace: &Path) -> Child {
+    let t0 = Instant::now();
+    loop {
+        let err = std::fs::File::create(trace.with_extension("err")).unwrap();
+        let mut c = Command::new(tracer_bin())
+            .args(["record", "--system-wide", "-o"])
+            .arg(trace)
+            .env("UTRACE_DEBUG_CACHE", scratch_debug_cache())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .unwrap();
+        let sock = PathBuf::from(format!("/run/utrace/{}.sock", c.id()));
+        while !sock.exists() && c.try_wait().unwrap().is_none() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if sock.exists() {
+            return c;
+        }
+        let err = std::fs::read_to_string(trace.with_extension("err")).unwrap();
+        assert!(
+            err.contains("cannot listen on the session socket")
+                && t0.elapsed() < crate::RUN_TIMEOUT,
+            "the session ended before it started: {err}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The writing end of a `UTRACE_TEST_PAUSE` FIFO once the tracer `t` waits at it (it
+/// opened the reading end); panics if the tracer ends first. Writing a byte (or
+/// dropping it) lets the tracer go on.
+pub fn paused(fifo: &Path, t: &mut Child) -> std::fs::File {
+    use std::os::unix::fs::OpenOptionsExt;
+    let t0 = Instant::now();
+    loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(fifo)
+        {
+            Ok(f) => return f,
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {}
+            Err(e) => panic!("{}: {e}", fifo.display()),
+        }
+        if let Some(st) = t.try_wait().unwrap() {
+            let out = t.stderr.take().map(std::io::read_to_string);
+            panic!("the tracer ended before its pause ({st}): {out:?}");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "no pause");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

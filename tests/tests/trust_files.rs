@@ -14,7 +14,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -67,29 +67,6 @@ fn mkfifo(path: &Path) {
     run(Command::new("mkfifo").arg(path), RUN_TIMEOUT).ok();
 }
 
-/// The writing end of the pause FIFO, once the tracer `t` waits at it (it opened the
-/// reading end); panics if the tracer ends first.
-fn paused(fifo: &Path, t: &mut Child) -> File {
-    let t0 = Instant::now();
-    loop {
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(fifo)
-        {
-            Ok(f) => return f,
-            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {}
-            Err(e) => panic!("{}: {e}", fifo.display()),
-        }
-        if let Some(st) = t.try_wait().unwrap() {
-            let out = t.stderr.take().map(std::io::read_to_string);
-            panic!("the tracer ended before its pause ({st}): {out:?}");
-        }
-        assert!(t0.elapsed() < Duration::from_secs(120), "no pause");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// Wait until session `t`'s control socket exists (the session is set up).
 fn wait_session(t: &mut Child) {
     let sock = PathBuf::from(format!("/run/utrace/{}.sock", t.id()));
@@ -105,10 +82,6 @@ fn wait_session(t: &mut Child) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-fn debug_cache() -> PathBuf {
-    std::env::temp_dir().join("utrace-test-debug-cache")
 }
 
 /// trust_files_lib.c built as a shared library with `VARIANT` = `variant`.
@@ -219,7 +192,7 @@ fn a_library_swapped_for_libc_after_parsing_puts_nothing_into_libc() {
         .arg(&trace)
         .args(["--", "/bin/sleep", "2"])
         .env("UTRACE_TEST_PAUSE", format!("parsed:{}", fifo.display()))
-        .env("UTRACE_DEBUG_CACHE", debug_cache())
+        .env("UTRACE_DEBUG_CACHE", scratch_debug_cache())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -278,37 +251,6 @@ fn program(
     let (_, _, meta) = rewrite(&orig, Some(&out), fns);
     owner.own(&out);
     (out, meta)
-}
-
-/// A system-wide session, started and ready; its stderr goes to `TRACE.err` (a pipe
-/// nobody reads while it runs could fill and stop it). Another test binary's session
-/// holding the session name (tests of several binaries run at once) is waited out.
-fn system_wide(trace: &Path) -> Child {
-    let t0 = Instant::now();
-    loop {
-        let err = File::create(trace.with_extension("err")).unwrap();
-        let mut c = Command::new(tracer_bin())
-            .args(["record", "--system-wide", "-o"])
-            .arg(trace)
-            .env("UTRACE_DEBUG_CACHE", debug_cache())
-            .stdout(Stdio::null())
-            .stderr(err)
-            .spawn()
-            .unwrap();
-        let sock = PathBuf::from(format!("/run/utrace/{}.sock", c.id()));
-        while !sock.exists() && c.try_wait().unwrap().is_none() {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if sock.exists() {
-            return c;
-        }
-        let err = std::fs::read_to_string(trace.with_extension("err")).unwrap();
-        assert!(
-            err.contains("cannot listen on the session socket") && t0.elapsed() < RUN_TIMEOUT,
-            "the session ended before it started: {err}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
 }
 
 /// End a session from [`system_wide`] (SIGINT): its stderr.
@@ -421,7 +363,7 @@ fn one_user_filling_the_binary_slots_leaves_room_for_others() {
 
     let trace = tmp.join("sw.utrace");
     let _g = tracing_lock();
-    let session = system_wide(&trace);
+    let session = system_wide_session(&trace);
     let mut c = hostile.command(&loader);
     c.args(&libs);
     let (mut l, stdin, line) = started_waiting(c);
@@ -520,7 +462,7 @@ fn a_file_with_a_victims_binary_id_is_not_taken_for_it() {
 
     let trace = tmp.join("sw.utrace");
     let _g = tracing_lock();
-    let session = system_wide(&trace);
+    let session = system_wide_session(&trace);
     let (n1, n2) = (12, 30);
     let v1 = run_victim(&victim, &vprog, n1);
     // The forged program, run as the hostile user while the session runs.

@@ -14,7 +14,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -39,28 +39,6 @@ fn read_mem(pid: u32, addr: u64, len: usize) -> Vec<u8> {
     let mut buf = vec![0u8; len];
     mem.read_exact_at(&mut buf, addr).unwrap();
     buf
-}
-
-/// The writing end of the pause FIFO once the tracer `t` waits at it.
-fn paused(fifo: &Path, t: &mut Child) -> File {
-    let t0 = Instant::now();
-    loop {
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(fifo)
-        {
-            Ok(f) => return f,
-            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {}
-            Err(e) => panic!("{}: {e}", fifo.display()),
-        }
-        if let Some(st) = t.try_wait().unwrap() {
-            let out = t.stderr.take().map(std::io::read_to_string);
-            panic!("the tracer ended before its pause ({st}): {out:?}");
-        }
-        assert!(t0.elapsed() < Duration::from_secs(120), "no pause");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// `tracer record -p PID --duration S` (with extra environment), stderr to `err`.
@@ -323,40 +301,6 @@ fn a_program_on_overlayfs_is_traced_with_p() {
     drop(mounts);
 }
 
-/// A system-wide session, started and ready; its stderr goes to `TRACE.err`. Another
-/// test binary's session holding the session name (tests of several binaries run at
-/// once) is waited out.
-fn system_wide(trace: &Path) -> Child {
-    let t0 = Instant::now();
-    loop {
-        let err = File::create(trace.with_extension("err")).unwrap();
-        let mut c = Command::new(tracer_bin())
-            .args(["record", "--system-wide", "-o"])
-            .arg(trace)
-            .env(
-                "UTRACE_DEBUG_CACHE",
-                std::env::temp_dir().join("utrace-test-debug-cache"),
-            )
-            .stdout(Stdio::null())
-            .stderr(err)
-            .spawn()
-            .unwrap();
-        let sock = PathBuf::from(format!("/run/utrace/{}.sock", c.id()));
-        while !sock.exists() && c.try_wait().unwrap().is_none() {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if sock.exists() {
-            return c;
-        }
-        let err = std::fs::read_to_string(trace.with_extension("err")).unwrap();
-        assert!(
-            err.contains("cannot listen on the session socket") && t0.elapsed() < RUN_TIMEOUT,
-            "the session ended before it started: {err}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
 /// A tmpfs mounted at `dir` (empty: its first file gets inode 2), unmounted on drop.
 struct Tmpfs(PathBuf);
 
@@ -424,7 +368,7 @@ fn a_file_with_a_known_files_inode_on_another_device_is_not_taken_for_it() {
 
     let _g = tracing_lock();
     let trace = tmp.join("sw.utrace");
-    let mut session = system_wide(&trace);
+    let mut session = system_wide_session(&trace);
     // The known file, run: the session looks at it (instrumented) and tells it.
     let (mut a, a_stdin, _a_out) = started(&hostile, &prog);
     let a_rw = base_of(a.id(), known.ino()).unwrap() + meta.rw_vaddr;

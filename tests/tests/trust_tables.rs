@@ -10,45 +10,12 @@
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Instant;
 
 use tests::own_slot::build_rec_only;
 use tests::*;
 use tracer_common::ebpf::{MAX_PROCESSES, TABLES_PER_UID};
-
-/// A system-wide session, started and ready; its stderr goes to `TRACE.err`. Another
-/// test binary's session holding the session name is waited out.
-fn system_wide(trace: &Path) -> Child {
-    let t0 = Instant::now();
-    loop {
-        let err = std::fs::File::create(trace.with_extension("err")).unwrap();
-        let mut c = Command::new(tracer_bin())
-            .args(["record", "--system-wide", "-o"])
-            .arg(trace)
-            .env(
-                "UTRACE_DEBUG_CACHE",
-                std::env::temp_dir().join("utrace-test-debug-cache"),
-            )
-            .stdout(Stdio::null())
-            .stderr(err)
-            .spawn()
-            .unwrap();
-        let sock = PathBuf::from(format!("/run/utrace/{}.sock", c.id()));
-        while !sock.exists() && c.try_wait().unwrap().is_none() {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if sock.exists() {
-            return c;
-        }
-        let err = std::fs::read_to_string(trace.with_extension("err")).unwrap();
-        assert!(
-            err.contains("cannot listen on the session socket") && t0.elapsed() < RUN_TIMEOUT,
-            "the session ended before it started: {err}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
 
 /// `traced` copied into a directory of `u`'s own, owned by `u`.
 fn copy_for(tmp: &TempDir, u: &LocalUser, traced: &Path) -> PathBuf {
@@ -88,7 +55,7 @@ fn one_user_cannot_fill_tables() {
     let hog = copy_for(&tmp, &hostile, &traced);
     let prey = copy_for(&tmp, &victim, &traced);
     let trace = tmp.join("T");
-    let mut session = system_wide(&trace);
+    let mut session = system_wide_session(&trace);
 
     let n = MAX_PROCESSES as u64 + 16;
     let t0 = Instant::now();
