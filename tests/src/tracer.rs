@@ -58,6 +58,20 @@ pub fn tracer_record_qemu(trace: &Path, prog: &Path, args: &[&str]) -> Out {
     )
 }
 
+/// The command `tracer record FLAGS -o TRACE -- PROG` (arguments to add), its debug
+/// information cached in [`scratch_debug_cache`], not root's cache.
+pub fn record_command(flags: &[&str], trace: &Path, prog: &Path) -> Command {
+    let mut c = Command::new(tracer_bin());
+    c.arg("record")
+        .args(flags)
+        .arg("-o")
+        .arg(trace)
+        .arg("--")
+        .arg(prog)
+        .env("UTRACE_DEBUG_CACHE", scratch_debug_cache());
+    c
+}
+
 /// `tracer record FLAGS -o TRACE -- PROG ARGS` (e.g. FLAGS = ["--user"]).
 pub fn tracer_record_with(
     flags: &[&str],
@@ -67,19 +81,8 @@ pub fn tracer_record_with(
     env: &[(&str, &OsStr)],
 ) -> Out {
     let _g = tracing_lock();
-    let mut c = Command::new(tracer_bin());
-    c.arg("record")
-        .args(flags)
-        .arg("-o")
-        .arg(trace)
-        .arg("--")
-        .arg(prog)
-        .args(args);
-    // Sessions cache debug information; the tests' go to a scratch cache, not root's.
-    c.env(
-        "UTRACE_DEBUG_CACHE",
-        std::env::temp_dir().join("utrace-test-debug-cache"),
-    );
+    let mut c = record_command(flags, trace, prog);
+    c.args(args);
     for (k, v) in env {
         c.env(k, v);
     }

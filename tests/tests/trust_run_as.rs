@@ -48,19 +48,8 @@ fn record(
     before: Option<Start>,
 ) -> Out {
     let _g = tracing_lock();
-    let mut c = Command::new(tracer_bin());
-    c.arg("record")
-        .args(flags)
-        .arg("-o")
-        .arg(trace)
-        .arg("--")
-        .arg(prog)
-        .args(args)
-        .env(
-            "UTRACE_DEBUG_CACHE",
-            std::env::temp_dir().join("utrace-test-debug-cache"),
-        )
-        .envs(env.iter().copied());
+    let mut c = record_command(flags, trace, prog);
+    c.args(args).envs(env.iter().copied());
     if let Some(s) = before {
         s.install(&mut c);
     }

@@ -120,7 +120,7 @@ fn a_process_that_execs_between_check_and_write_gets_nothing_written() {
     let tmp = TempDir::new("trust-seed-exec");
     let (stage1, meta, image) = build(&tmp, &hostile);
     let ino = std::fs::metadata(&stage1).unwrap().ino();
-    let (mut p, mut stdin, mut out) = started(&hostile, &stage1);
+    let (mut p, stdin, out) = started(&hostile, &stage1);
     let pid = p.id();
     let rw_base = base_of(pid, ino).expect("stage1 mapped") + meta.rw_vaddr;
     assert_eq!(read_mem(pid, rw_base, 8), RW_MAGIC.to_le_bytes());
@@ -136,35 +136,7 @@ fn a_process_that_execs_between_check_and_write_gets_nothing_written() {
     );
 
     // With the exec between the check and the write.
-    let fifo = tmp.join("pause");
-    run(Command::new("mkfifo").arg(&fifo), RUN_TIMEOUT).ok();
-    let trace = tmp.join("exec.utrace");
-    let pause = (
-        "UTRACE_TEST_PAUSE",
-        format!("seed-checked:{}", fifo.display()),
-    );
-    let mut t = attach(pid, "2", &trace, &[pause]);
-    let gate = paused(&fifo, &mut t);
-    writeln!(stdin, "{} {rw_base:x} {RW_MAGIC:x}", image.display()).unwrap();
-    expect_line(&mut out, "ready\n");
-    let page = rw_base & !0xfff;
-    let before = read_mem(pid, page, 0x2000);
-    assert_eq!(read_mem(pid, rw_base, 8), RW_MAGIC.to_le_bytes());
-    drop(gate);
-    let err = finish(t, &trace);
-    let after = read_mem(pid, page, 0x2000);
-    drop(stdin);
-    let _ = p.wait();
-    let off = (rw_base - page) as usize;
-    for (what, at) in [("on_full", RWH_ON_FULL), ("attached", RWH_ATTACHED)] {
-        let i = off + at as usize;
-        assert_eq!(
-            after[i..i + 4],
-            [0x5a; 4],
-            "root wrote {what} into the new image: {err}"
-        );
-    }
-    assert!(after == before, "the new image's bytes changed: {err}");
+    exec_while_paused("seed-checked", &tmp, &mut p, stdin, out, rw_base, &image);
 }
 
 /// Row 4 (exec), earlier: an exec between the tracer's read of `maps` and its check of
@@ -181,16 +153,33 @@ fn a_process_that_execs_between_maps_read_and_check_gets_nothing_written() {
     let tmp = TempDir::new("trust-seed-exec-maps");
     let (stage1, meta, image) = build(&tmp, &hostile);
     let ino = std::fs::metadata(&stage1).unwrap().ino();
-    let (mut p, mut stdin, mut out) = started(&hostile, &stage1);
+    let (mut p, stdin, out) = started(&hostile, &stage1);
     let pid = p.id();
     let rw_base = base_of(pid, ino).expect("stage1 mapped") + meta.rw_vaddr;
     assert_eq!(read_mem(pid, rw_base, 8), RW_MAGIC.to_le_bytes());
 
     let _g = tracing_lock();
+    exec_while_paused("parsed", &tmp, &mut p, stdin, out, rw_base, &image);
+}
+
+/// A `-p` session of the hostile process `p` paused at `point` (`UTRACE_TEST_PAUSE`);
+/// meanwhile `p` execs into `image`, which holds an RW magic at `rw_base` and 0x5a
+/// around it; then the session goes on. Nothing may change in the new image (`on_full`
+/// and `attached` above all). The caller holds [`tracing_lock`].
+fn exec_while_paused(
+    point: &str,
+    tmp: &TempDir,
+    p: &mut Child,
+    mut stdin: ChildStdin,
+    mut out: BufReader<ChildStdout>,
+    rw_base: u64,
+    image: &Path,
+) {
+    let pid = p.id();
     let fifo = tmp.join("pause");
     run(Command::new("mkfifo").arg(&fifo), RUN_TIMEOUT).ok();
     let trace = tmp.join("exec.utrace");
-    let pause = ("UTRACE_TEST_PAUSE", format!("parsed:{}", fifo.display()));
+    let pause = ("UTRACE_TEST_PAUSE", format!("{point}:{}", fifo.display()));
     let mut t = attach(pid, "2", &trace, &[pause]);
     let gate = paused(&fifo, &mut t);
     writeln!(stdin, "{} {rw_base:x} {RW_MAGIC:x}", image.display()).unwrap();
