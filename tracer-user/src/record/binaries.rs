@@ -606,7 +606,7 @@ fn collect(candidates: Vec<PathBuf>) -> Result<Vec<Instrumented>> {
 }
 
 /// A file mapping of a process.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Mapping {
     pub start: u64,
     pub offset: u64,
@@ -718,7 +718,12 @@ pub(crate) fn for_process_in(
         if let Some(b) = b {
             match load_bias_in(proc, &b, &maps) {
                 Ok(bias) => out.push((b, bias)),
-                Err(e) => log::warn!("{} in process {}: {e:#}", b.path.display(), proc.pid),
+                // A process that exits or execs while it is read loses its mappings:
+                // nothing to warn about (its exec is seen on its own).
+                Err(e) if mappings_of(proc).is_ok_and(|now| now == maps) => {
+                    log::warn!("{} in process {}: {e:#}", b.path.display(), proc.pid)
+                }
+                Err(e) => log::debug!("process {} changed while read: {e:#}", proc.pid),
             }
         }
     }
