@@ -2,7 +2,9 @@
 //! is missing, and relinks when it changes.
 fn main() {
     // BPF global functions (see src/slots.rs): bpf-linker internalizes the rest.
-    println!("cargo::rustc-link-arg=--export=drain_slot_sleepable,drain_slot_atomic");
+    println!(
+        "cargo::rustc-link-arg=--export=drain_slot_sleepable,drain_slot_atomic,emit_chunk_sleepable,emit_chunk_atomic,name_string"
+    );
     // aya-build passes --cfg bpf_target_arch="<host arch>" when it builds us.
     println!("cargo::rustc-check-cfg=cfg(bpf_target_arch, values(\"x86_64\", \"aarch64\"))");
     match which::which("bpf-linker") {

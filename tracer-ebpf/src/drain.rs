@@ -220,18 +220,13 @@ extern "C" fn drain_chunk<const S: bool>(index: u64, ctx: *mut c_void) -> i64 {
     }
     let left = span_n - first;
     let count = if left > per_chunk { per_chunk } else { left };
-    // Small drains (uprobe sites, thread exits) get a smaller ring-buffer entry: the
-    // reservation size must be a constant, hence a few size classes.
     let src = base + first * RECORD_SIZE as u64;
-    let r = if count <= 4 {
-        emit::<S, 4>(c, src, count)
-    } else if count <= 16 {
-        emit::<S, 16>(c, src, count)
-    } else if count <= SMALL_CHUNK_RECORDS as u64 {
-        emit::<S, SMALL_CHUNK_RECORDS>(c, src, count)
+    let how = count | (c.hold as u64) << HOW_HOLD_SHIFT | (c.cause as u64) << HOW_CAUSE_SHIFT;
+    let r = Emit::from_code(if S {
+        emit_chunk_sleepable(src, how, c.pid_tid, c.binary_id, c.time)
     } else {
-        emit::<S, CHUNK_RECORDS>(c, src, count)
-    };
+        emit_chunk_atomic(src, how, c.pid_tid, c.binary_id, c.time)
+    });
     match r {
         Emit::Done { kept, lost } => {
             c.delivered += kept;
@@ -264,6 +259,87 @@ enum Emit {
     ReadFailed,
 }
 
+const EMIT_NO_ROOM: i64 = -1;
+const EMIT_READ_FAILED: i64 = -2;
+/// `how` of [`emit_chunk`]: the record count in the low bits, then these.
+const HOW_HOLD_SHIFT: u32 = 16;
+const HOW_CAUSE_SHIFT: u32 = 32;
+
+impl Emit {
+    /// As a global function returns it: a scalar.
+    #[inline(always)]
+    fn code(self) -> i64 {
+        match self {
+            Emit::Done { kept, lost } => (kept | lost << 16) as i64,
+            Emit::NoRoom => EMIT_NO_ROOM,
+            Emit::ReadFailed => EMIT_READ_FAILED,
+        }
+    }
+
+    #[inline(always)]
+    fn from_code(code: i64) -> Emit {
+        match code {
+            EMIT_NO_ROOM => Emit::NoRoom,
+            c if c < 0 => Emit::ReadFailed,
+            c => Emit::Done {
+                kept: c as u64 & 0xffff,
+                lost: (c as u64 >> 16) & 0xffff,
+            },
+        }
+    }
+}
+
+// The chunk copy as two BPF global functions (exported by build.rs), like the drain
+// itself (`slots::drain_slot_*`): the verifier walks a bpf_loop callback until its
+// states converge (Linux 6.7 on), and every size class of the copy inlined there
+// cost it about 25,000 instructions per program; a global function is checked once,
+// for any arguments. Scalars only (see there), at most five: `how` packs the count,
+// the hold flag and the cause.
+
+global_pair!(
+    /// [`emit_chunk`] as a global function.
+    emit_chunk_sleepable, emit_chunk_atomic
+        => emit_chunk(src: u64, how: u64, pid_tid: u64, binary_id: u64, time: u64)
+);
+
+/// One chunk of `count` records at `src` (`how`: count, hold, cause) into the ring
+/// buffer, as [`Emit::code`]. Small drains (uprobe sites, thread exits) get a smaller
+/// ring-buffer entry: the reservation size must be a constant, hence a few size
+/// classes.
+#[inline(always)]
+fn emit_chunk<const S: bool>(src: u64, how: u64, pid_tid: u64, binary_id: u64, time: u64) -> i64 {
+    let h = Head {
+        pid_tid,
+        binary_id,
+        cause: (how >> HOW_CAUSE_SHIFT) as u32,
+        time,
+        hold: (how >> HOW_HOLD_SHIFT) & 1 != 0,
+    };
+    let count = how & 0xffff;
+    if count == 0 || count > per_chunk() {
+        return EMIT_READ_FAILED;
+    }
+    let r = if count <= 4 {
+        emit::<S, 4>(&h, src, count)
+    } else if count <= 16 {
+        emit::<S, 16>(&h, src, count)
+    } else if count <= SMALL_CHUNK_RECORDS as u64 {
+        emit::<S, SMALL_CHUNK_RECORDS>(&h, src, count)
+    } else {
+        emit::<S, CHUNK_RECORDS>(&h, src, count)
+    };
+    r.code()
+}
+
+/// What every chunk header of a drain says, and whether the drain holds.
+struct Head {
+    pid_tid: u64,
+    binary_id: u64,
+    cause: u32,
+    time: u64,
+    hold: bool,
+}
+
 /// `count` in [1, max] (a power of two) in a form the verifier can bound: the
 /// volatile read keeps LLVM from proving the mask redundant (it knows the caller's
 /// `count <= max`) and dropping it; older verifiers (Linux 6.1) do not carry that
@@ -291,13 +367,13 @@ fn read_records<const S: bool>(dst: *mut u8, len: u32, src: u64) -> bool {
 /// Put `count` (1..=RECORDS, RECORDS a power of two) records at `src` into one
 /// ring-buffer entry with room for RECORDS records.
 #[inline(always)]
-fn emit<const S: bool, const RECORDS: usize>(c: &DrainCtx, src: u64, count: u64) -> Emit {
+fn emit<const S: bool, const RECORDS: usize>(h: &Head, src: u64, count: u64) -> Emit {
     let bytes = CHUNK_HEADER_BYTES + RECORDS * RECORD_SIZE;
-    if c.hold != 0 && !room_to_spare(bytes as u64) {
+    if h.hold && !room_to_spare(bytes as u64) {
         return Emit::NoRoom;
     }
     let Some(mut entry) = EVENTS.reserve_bytes(bytes, 0) else {
-        if c.hold != 0 {
+        if h.hold {
             return Emit::NoRoom;
         }
         // A chunk lost to a full ring buffer leaves a gap in the sequence.
@@ -309,7 +385,8 @@ fn emit<const S: bool, const RECORDS: usize>(c: &DrainCtx, src: u64, count: u64)
     };
     let seq = next_seq();
     let base = entry.as_mut_ptr();
-    let header = header(c, count, seq);
+    let header = ChunkHeader::new(CHUNK_KIND_RECORDS, h.pid_tid, h.binary_id, h.cause, h.time)
+        .with_records(count as u32, seq);
     // SAFETY: the reservation is at least CHUNK_HEADER_BYTES bytes long and 8-byte aligned.
     unsafe { base.cast::<ChunkHeader>().write(header) };
     let len = bounded(count, RECORDS as u64) * RECORD_SIZE as u64;

@@ -43,6 +43,30 @@
 // Inline asm for the atomics (src/atomic.rs); this crate is only built with nightly.
 #![feature(asm_experimental_arch)]
 
+/// A BPF global function in two exported copies, one for sleepable programs and one
+/// for the others (an exported function has one body, so not one generic), each
+/// calling `$inner::<true>` or `::<false>` with its scalar arguments. Exported by
+/// build.rs; why global: `slots::drain_slot_sleepable`.
+macro_rules! global_pair {
+    ($(#[$doc:meta])* $sleepable:ident, $atomic:ident => $inner:ident($($arg:ident: $t:ty),*)) => {
+        $(#[$doc])*
+        /// (Sleepable programs.)
+        #[unsafe(no_mangle)]
+        #[inline(never)]
+        pub extern "C" fn $sleepable($($arg: $t),*) -> i64 {
+            $inner::<true>($($arg),*)
+        }
+
+        $(#[$doc])*
+        /// (Other programs.)
+        #[unsafe(no_mangle)]
+        #[inline(never)]
+        pub extern "C" fn $atomic($($arg: $t),*) -> i64 {
+            $inner::<false>($($arg),*)
+        }
+    };
+}
+
 mod arch;
 mod atomic;
 mod books;

@@ -284,31 +284,11 @@ pub fn drain_slot<const S: bool>(
 // arguments by their type alone, not by what its callers pass. Two symbols, not one
 // generic: an exported function has one body.
 
-/// [`drain_slot`] for sleepable programs.
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn drain_slot_sleepable(
-    slot_addr: u64,
-    rw: u64,
-    pid_tid: u64,
-    cause: u32,
-    after: u32,
-) -> i64 {
-    drain_slot_in::<true>(slot_addr, rw, pid_tid, cause, after)
-}
-
-/// [`drain_slot`] for the others.
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn drain_slot_atomic(
-    slot_addr: u64,
-    rw: u64,
-    pid_tid: u64,
-    cause: u32,
-    after: u32,
-) -> i64 {
-    drain_slot_in::<false>(slot_addr, rw, pid_tid, cause, after)
-}
+global_pair!(
+    /// [`drain_slot`] as a global function.
+    drain_slot_sleepable, drain_slot_atomic
+        => drain_slot_in(slot_addr: u64, rw: u64, pid_tid: u64, cause: u32, after: u32)
+);
 
 #[inline(always)]
 fn drain_slot_in<const S: bool>(

@@ -26,7 +26,7 @@ use tracer_common::{
 };
 
 use crate::maps::{
-    EVENTS, STRING_SEEN_CACHE, STRING_SITE_CACHE, STRING_SITES, STRINGS, StringState,
+    EVENTS, SCRATCH, STRING_SEEN_CACHE, STRING_SITE_CACHE, STRING_SITES, STRINGS, StringState,
 };
 
 /// Whether sites of `binary_id` have string arguments (one lookup per drain).
@@ -70,11 +70,13 @@ pub unsafe fn name_strings(st: *mut StringState, r: *const Record) {
         return;
     }
     let bits = (st.mask >> first_bit) & 3;
+    let (value, aux) = (r.value, r.aux);
+    // `st` is not used past here: name_string reaches the scratch itself.
     if bits & 1 != 0 {
-        name_one(st, r.value);
+        name_string(value);
     }
     if bits & 2 != 0 {
-        name_one(st, r.aux);
+        name_string(aux);
     }
 }
 
@@ -101,11 +103,27 @@ fn site_mask(st: &mut StringState, site: u32) -> u64 {
     mask
 }
 
-/// Send the string at `ptr` unless this process sent the same first bytes for it. Its
-/// own frame (at most 32 bytes), called from the drain's callback (at most 64): Linux
-/// 6.1 counts callback frames, rounded up to 32 bytes, into the verifier's 512-byte
-/// chain, and the flush's chain has 96 bytes left for both.
+/// Send the string at `ptr` unless this process sent the same first bytes for it: a
+/// BPF global function (exported by build.rs), checked once by the verifier, not again
+/// in every state of the drain's per-record callback, which it walks until they
+/// converge (about 100,000 instructions a program when it was a static function).
+/// Scalars only: it finds the string state in this CPU's scratch, which the calling
+/// drain holds (its busy flag). Its frame is at most 32 bytes, called from the drain's
+/// callback (at most 64): Linux 6.1 counts callback frames, rounded up to 32 bytes,
+/// into the verifier's 512-byte chain, and the flush's chain has 96 bytes left for
+/// both.
+#[unsafe(no_mangle)]
 #[inline(never)]
+pub extern "C" fn name_string(ptr: u64) -> i64 {
+    let Some(s) = SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's scratch, held by the drain that calls (see above).
+    name_one(unsafe { &mut (*s).strings }, ptr);
+    0
+}
+
+#[inline(always)]
 fn name_one(st: &mut StringState, ptr: u64) {
     if ptr == 0 {
         return;

@@ -357,7 +357,9 @@ extern "C" fn save_inherited() {
 fn main() {
     // Saved already (above); again in case a platform skipped the constructor.
     record::credentials::save_inherited();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+        .format_timestamp_millis()
+        .init();
     let cli = Cli::parse();
     let code = match run(cli) {
         Ok(code) => code,

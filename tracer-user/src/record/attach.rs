@@ -152,6 +152,7 @@ impl Live {
             files: std::collections::HashMap::new(),
             copies: Vec::new(),
             shares: Shares::new(system_wide),
+            system_wide,
         })
     }
 }
@@ -603,7 +604,11 @@ fn preload(ebpf: &mut Ebpf) -> std::collections::HashMap<String, Result<(), Prog
                         Program::TracePoint(p) => p.load(),
                         _ => Ok(()),
                     };
-                    log::debug!("{name} verified in {:?} (in parallel)", t.elapsed());
+                    let insns = p.info().ok().and_then(|i| i.verified_instruction_count());
+                    log::debug!(
+                        "{name} verified in {:?} (in parallel, {insns:?} instructions processed)",
+                        t.elapsed()
+                    );
                     (name.to_string(), r)
                 })
             })

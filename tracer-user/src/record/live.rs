@@ -41,6 +41,8 @@ pub(super) struct Live {
     pub(super) copies: Vec<Instrumented>,
     /// Per-uid shares of a system-wide session, and what was refused.
     pub(super) shares: Shares,
+    /// Every process runs the programs, not only `TARGETS`.
+    pub(super) system_wide: bool,
 }
 
 impl Live {

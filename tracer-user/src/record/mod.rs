@@ -437,7 +437,7 @@ struct Close {
 /// the kernel counters match the file: stats, the summary, the debug cache.
 fn finish(mut live: Live, pipeline: Pipeline, end: Close) -> Result<()> {
     let frozen = end.stop_pid.and_then(|pid| stop_drain_frozen(&live, pid));
-    if let Err(e) = teardown::stop(&mut live.ebpf) {
+    if let Err(e) = teardown::stop(&mut live.ebpf, live.system_wide) {
         log::warn!("{e:#}; taking every probe down now");
         attach::detach(&mut live.ebpf);
     }

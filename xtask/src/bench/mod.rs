@@ -94,6 +94,9 @@ pub struct Args {
     /// Single-row INSERTs of the real-program section's sqlite workload.
     #[arg(long, default_value_t = 200_000)]
     real_rows: u64,
+    /// Runs of every real-program row, interleaved; the table shows each row's median.
+    #[arg(long, default_value_t = 3)]
+    real_rounds: usize,
     /// Also run the real-program section's `tracer record` rows with the rewriter and
     /// tracer in DIR (another build's `target/release`): before and after in one run.
     #[arg(long, value_name = "DIR")]
@@ -154,7 +157,11 @@ pub fn bench(args: &Args) -> Result<()> {
         readers::readers(args.readers_records)?;
     }
     if run(Section::Real) {
-        real::real(args.real_rows, args.real_baseline.as_deref())?;
+        real::real(
+            args.real_rows,
+            args.real_rounds,
+            args.real_baseline.as_deref(),
+        )?;
     }
     if run(Section::Python) {
         real::python()?;
