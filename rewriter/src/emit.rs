@@ -5,7 +5,7 @@
 use crate::Options;
 use crate::elf::read::{Function, Input, Kind};
 use crate::error::{Error, Result};
-use crate::isa::{FunctionPlan, Isa, Runtime, SiteReq};
+use crate::isa::{FunctionPlan, Isa, Runtime, SiteReq, SlotLookup};
 use crate::layout::{RW_FILESZ, Segments};
 use crate::plan::Sites;
 use crate::select::Selection;
@@ -25,6 +25,8 @@ pub struct Report {
     pub per_kind: std::collections::BTreeMap<SiteKind, (usize, usize)>,
     pub input_size: u64,
     pub output_size: u64,
+    /// How the stubs find their thread's slot.
+    pub slot_lookup: SlotLookup,
 }
 
 /// The emitted RX segment contents and what goes into the metadata.
@@ -69,6 +71,7 @@ pub fn code(
             kind: input.kind.name(),
             sites: sites.info.len(),
             input_size: input.data.len() as u64,
+            slot_lookup: seg.layout.slot_lookup,
             ..Default::default()
         },
     };

@@ -6,8 +6,8 @@
 //! whenever the padding that needs stays small, because qemu-user computes AT_PHDR as
 //! load base + e_phoff.
 
-use crate::elf::read::{Input, Phdr, in_user_space};
-use crate::isa::{FunctionPlan, Isa, Layout};
+use crate::elf::read::{Input, Kind, Phdr, in_user_space};
+use crate::isa::{FunctionPlan, IndexWhy, Isa, Layout, SlotLookup};
 use crate::plan::SiteInfo;
 use crate::{Error, Options, Result};
 use tracer_common::{BUF_ALIGN, BUF_FAST_CIRCULAR, FAST_RING_BYTES, RECORD_SIZE, rw_size};
@@ -60,7 +60,12 @@ pub fn place(
     let loads: Vec<&Phdr> = input.loads().collect();
     let base = loads[0].vaddr - loads[0].offset;
     let max_vend = loads.iter().map(|p| p.vaddr + p.memsz).max().unwrap_or(0);
-    let new_phnum = input.phdrs.len() as u64 + 2;
+    // Two PT_LOADs, and a PT_TLS for a thread word.
+    let word = matches!(
+        slot_lookup(input, isa, opts.nslots),
+        SlotLookup::ThreadWord(_)
+    );
+    let new_phnum = input.phdrs.len() as u64 + 2 + u64::from(word);
     let tx_vaddr_min = align_up(max_vend, a);
     let mut tx_off = align_up(input.data.len() as u64, a);
     let tx_vaddr = if base + tx_off >= tx_vaddr_min {
@@ -81,6 +86,7 @@ pub fn place(
         pre_tls: input.kind.is_static(),
         time_mode: opts.time_mode,
         buf_kind: opts.buf_kind,
+        slot_lookup: slot_lookup(input, isa, opts.nslots),
     };
     // The RW area past its 64 KiB-aligned start: everything must stay a user address.
     let rw_end =
@@ -120,6 +126,25 @@ impl Segments {
         let rw_align = self.rw_align();
         align_up(self.tx_off + tx_size, rw_align) + (self.layout.rw_vaddr % rw_align)
     }
+}
+
+/// A thread word where the executable's TLS block is ours alone: a dynamically linked
+/// executable without `PT_TLS` (its block is then the 8 bytes next to the thread
+/// pointer; libraries' blocks lie beyond it).
+fn slot_lookup(input: &Input, isa: &dyn Isa, nslots: u32) -> SlotLookup {
+    let why = match input.kind {
+        _ if !nslots.is_power_of_two() => IndexWhy::SlotCount,
+        Kind::SharedLib => IndexWhy::SharedLibrary,
+        Kind::StaticExec | Kind::StaticPie => IndexWhy::StaticExecutable,
+        Kind::Exec | Kind::Pie if input.phdrs.iter().any(|p| p.p_type == object::elf::PT_TLS) => {
+            IndexWhy::OwnTls
+        }
+        Kind::Exec | Kind::Pie => match isa.thread_word_offset() {
+            Some(off) => return SlotLookup::ThreadWord(off),
+            None => IndexWhy::Isa,
+        },
+    };
+    SlotLookup::Index(why)
 }
 
 /// binary_id: the original's identity plus what was chosen (FNV-1a).

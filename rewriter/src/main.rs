@@ -133,9 +133,10 @@ fn main() -> ExitCode {
                 );
             }
             println!(
-                "  time: {}; buffers: {}",
+                "  time: {}; buffers: {}; slot lookup: {}",
                 opts.time_mode.name(),
-                ["trace", "circular", "fast-circular"][opts.buf_kind as usize % 3]
+                ["trace", "circular", "fast-circular"][opts.buf_kind as usize % 3],
+                r.slot_lookup.describe()
             );
             if args.verbose {
                 for (f, why) in &r.uprobe_reasons {

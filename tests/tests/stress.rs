@@ -8,9 +8,12 @@
 //!   (more threads than buffer slots: slots must be released and reused).
 //!
 //! Each runs twice: through the kernel (flush uprobe + eBPF) and with the user-space
-//! drain (`tracer record --user`: socket + ptrace, no eBPF).
+//! drain (`tracer record --user`: socket + ptrace, no eBPF). The fixture has no TLS of
+//! its own, so its stubs find their slot through the thread word the rewriter adds (a
+//! `PT_TLS` of 8 bytes, read at `%fs:-8`); the `own_tls` tests build it with a
+//! `__thread` variable, which keeps the index (readelf and objdump tell which).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use tests::*;
@@ -23,17 +26,17 @@ struct Built {
     meta: Metadata,
 }
 
-fn build(tag: &str) -> Built {
+fn build(tag: &str, own_tls: bool) -> Built {
     let tmp = TempDir::new(tag);
     let orig = tmp.join("stress");
-    compile(
-        "gcc",
-        &[fixture("stress.c")],
-        &["-O2", "-g", "-pthread"],
-        &orig,
-    );
+    let mut flags = vec!["-O2", "-g", "-pthread"];
+    if own_tls {
+        flags.push("-DOWN_TLS");
+    }
+    compile("gcc", &[fixture("stress.c")], &flags, &orig);
     let (traced, _, meta) = rewrite(&orig, None, &[]);
     assert_eq!(traced, tmp.join("stress.traced"), "default output path");
+    check_slot_lookup(&orig, &traced, own_tls);
     assert!(
         meta.sites.iter().any(|s| s.name == "hit"),
         "no site for hit"
@@ -45,6 +48,48 @@ fn build(tag: &str) -> Built {
         traced,
         trace,
         meta,
+    }
+}
+
+/// `readelf -lW`'s TLS lines.
+fn tls_headers(bin: &Path) -> Vec<String> {
+    let o = run(Command::new("readelf").arg("-lW").arg(bin), TRACE_TIMEOUT);
+    assert_eq!(o.status(), 0, "{}", o.describe());
+    o.stdout_str()
+        .lines()
+        .filter(|l| l.trim_start().starts_with("TLS "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Without TLS of its own the rewritten executable gets a `PT_TLS` of 8 bytes and its
+/// stubs read `%fs:-8`; with its own, its TLS header is unchanged and no stub does.
+fn check_slot_lookup(orig: &Path, traced: &Path, own_tls: bool) {
+    let (before, after) = (tls_headers(orig), tls_headers(traced));
+    let dis = run(
+        Command::new("objdump")
+            .args(["-d", "--no-show-raw-insn"])
+            .arg(traced),
+        TRACE_TIMEOUT,
+    );
+    let word_loads = dis
+        .stdout_str()
+        .lines()
+        .filter(|l| l.contains("mov    %fs:0xfffffffffffffff8,%esi"))
+        .count();
+    if own_tls {
+        assert_eq!((before.len(), &after), (1, &before), "TLS headers");
+        assert_eq!(word_loads, 0, "stubs reading a thread word");
+    } else {
+        assert!(before.is_empty(), "TLS of its own: {before:?}");
+        let f: Vec<&str> = after.iter().flat_map(|l| l.split_whitespace()).collect();
+        // Type Offset VirtAddr PhysAddr FileSiz MemSiz Flg Align
+        assert_eq!(
+            (f.len(), f.get(4), f.get(5), f.last()),
+            (8, Some(&"0x000000"), Some(&"0x000008"), Some(&"0x8")),
+            "the added TLS header: {after:?}"
+        );
+        assert!(word_loads >= 2, "{word_loads} stubs read the thread word");
     }
 }
 
@@ -76,7 +121,7 @@ fn run_all(b: &Built, flags: &[&str], args: &[&str], want: &str) -> Vec<Rec> {
 }
 
 fn one_thread_million_calls(flags: &[&str]) {
-    let b = build("stress-one");
+    let b = build("stress-one", false);
     let n = 1_000_000u64;
     let recs = run_all(&b, flags, &["one", "1000000"], "one total=1000000\n");
     let hits: Vec<&Rec> = recs.iter().filter(|r| &*r.symbol == "hit").collect();
@@ -94,8 +139,8 @@ fn one_thread_million_calls(flags: &[&str]) {
     assert_eq!(rep.count_of("hit"), n, "report count of hit");
 }
 
-fn eight_threads_100k_calls_each(flags: &[&str]) {
-    let b = build("stress-threads");
+fn eight_threads_100k_calls_each(flags: &[&str], own_tls: bool) {
+    let b = build("stress-threads", own_tls);
     let n = 100_000u64;
     let recs = run_all(
         &b,
@@ -127,8 +172,8 @@ fn eight_threads_100k_calls_each(flags: &[&str]) {
     assert_eq!(tags, (0..8).collect::<Vec<u64>>(), "thread tags");
 }
 
-fn two_thousand_short_lived_threads(flags: &[&str]) {
-    let b = build("stress-churn");
+fn two_thousand_short_lived_threads(flags: &[&str], own_tls: bool) {
+    let b = build("stress-churn", own_tls);
     let (k_threads, base) = (2000u64, 100u64);
     let total: u64 = (0..k_threads).map(|k| base + k).sum();
     let recs = run_all(
@@ -147,12 +192,12 @@ fn kernel_one_thread_million_calls() {
 
 #[test]
 fn kernel_eight_threads_100k_calls_each() {
-    eight_threads_100k_calls_each(&[]);
+    eight_threads_100k_calls_each(&[], false);
 }
 
 #[test]
 fn kernel_two_thousand_short_lived_threads() {
-    two_thousand_short_lived_threads(&[]);
+    two_thousand_short_lived_threads(&[], false);
 }
 
 #[test]
@@ -162,10 +207,20 @@ fn user_one_thread_million_calls() {
 
 #[test]
 fn user_eight_threads_100k_calls_each() {
-    eight_threads_100k_calls_each(&["--user"]);
+    eight_threads_100k_calls_each(&["--user"], false);
 }
 
 #[test]
 fn user_two_thousand_short_lived_threads() {
-    two_thousand_short_lived_threads(&["--user"]);
+    two_thousand_short_lived_threads(&["--user"], false);
+}
+
+#[test]
+fn kernel_eight_threads_100k_calls_each_own_tls() {
+    eight_threads_100k_calls_each(&[], true);
+}
+
+#[test]
+fn kernel_two_thousand_short_lived_threads_own_tls() {
+    two_thousand_short_lived_threads(&[], true);
 }

@@ -12,6 +12,7 @@ use object::elf;
 
 use super::read::{Input, Phdr};
 use crate::error::{Error, Result};
+use crate::isa::SlotLookup;
 use crate::layout::{PHDR_SIZE, RW_FILESZ, Segments, align_up};
 use tracer_common::meta;
 
@@ -112,6 +113,19 @@ fn program_headers(input: &Input, new: &NewParts) -> Vec<Phdr> {
         },
     ];
     phdrs.splice(last_load + 1..last_load + 1, new_loads);
+    if let SlotLookup::ThreadWord(_) = seg.layout.slot_lookup {
+        // The executable's TLS block: the thread word alone, zero in every new thread.
+        phdrs.push(Phdr {
+            p_type: elf::PT_TLS,
+            p_flags: elf::PF_R,
+            offset: seg.tx_off,
+            vaddr: seg.tx_vaddr,
+            paddr: seg.tx_vaddr,
+            filesz: 0,
+            memsz: 8,
+            align: 8,
+        });
+    }
     phdrs
 }
 

@@ -38,6 +38,66 @@ pub struct Layout {
     pub time_mode: TimeMode,
     /// `BUF_*`: what a stub does when the buffer is full.
     pub buf_kind: u32,
+    /// How stubs find their thread's slot (`SlotLookup::ThreadWord`: the thread-pointer
+    /// offset of the word that holds it).
+    pub slot_lookup: SlotLookup,
+}
+
+/// How a stub finds its thread's `Slot`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotLookup {
+    /// One load at this offset from the thread pointer: a word of the executable's own
+    /// static TLS block (a `PT_TLS` the rewriter adds) holding the slot's offset from
+    /// `SLOTS_OFF`, like an index entry (0: the sentinel); `register` writes it.
+    ThreadWord(i32),
+    /// The index, by a hash of the thread pointer (`tracer_common::layout`).
+    Index(IndexWhy),
+}
+
+/// Why a binary's stubs use the index rather than a thread word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexWhy {
+    /// A library's TLS block is not at a fixed offset from the thread pointer.
+    SharedLibrary,
+    /// Stubs run before libc installs the thread pointer (the pre-TLS slot).
+    StaticExecutable,
+    /// The executable has its own `PT_TLS`, which a word cannot be added to without
+    /// moving its variables.
+    OwnTls,
+    /// This ISA's stubs do not read a thread word yet.
+    Isa,
+    /// The slot count is not a power of two, so no mask keeps a thread word's value
+    /// among the slots.
+    SlotCount,
+}
+
+/// The mask that keeps any 32-bit value the byte offset of one of `nslots` slots
+/// (a power of two) from `SLOTS_OFF`.
+pub fn slot_mask(nslots: u32) -> u32 {
+    let size = tracer_common::SLOT_SIZE as u32;
+    (nslots * size - 1) & !(size - 1)
+}
+
+/// The index: what every binary's stubs can use.
+impl Default for SlotLookup {
+    fn default() -> Self {
+        SlotLookup::Index(IndexWhy::Isa)
+    }
+}
+
+impl SlotLookup {
+    pub fn describe(self) -> &'static str {
+        match self {
+            SlotLookup::ThreadWord(_) => "thread word",
+            SlotLookup::Index(IndexWhy::SharedLibrary) => "index (a shared library)",
+            SlotLookup::Index(IndexWhy::StaticExecutable) => "index (a static executable)",
+            SlotLookup::Index(IndexWhy::OwnTls) => "index (the executable has its own TLS)",
+            SlotLookup::Index(IndexWhy::Isa) => "index (not on this ISA yet)",
+            SlotLookup::Index(IndexWhy::SlotCount) => {
+                "index (the slot count is not a power of two)"
+            }
+        }
+    }
 }
 
 /// A site asked for, before planning.
@@ -510,6 +570,9 @@ pub trait Isa: crate::flow::FlowArch + Sync {
     fn anchor(&self) -> &'static [u8];
     /// Alignment the new segments need (page size the binaries assume).
     fn segment_align(&self) -> u64;
+    /// Where an executable's static TLS block of 8 bytes (its only one) lies from the
+    /// thread pointer, by this ISA's TLS variant; None where stubs use no thread word.
+    fn thread_word_offset(&self) -> Option<i32>;
     /// Where the values of a uprobe site's record are, for the eBPF `site` program:
     /// a memory site's effective address (and its record flags), a USDT probe's
     /// arguments. `addr` is where the uprobe sits (the site's instruction). None for

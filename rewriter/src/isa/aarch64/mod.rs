@@ -291,6 +291,10 @@ impl Isa for Aarch64 {
         0x10000
     }
 
+    fn thread_word_offset(&self) -> Option<i32> {
+        None
+    }
+
     fn uprobe_operands(
         &self,
         input: &Input,

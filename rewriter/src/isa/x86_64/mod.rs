@@ -835,6 +835,11 @@ impl Isa for X86_64 {
         0x1000
     }
 
+    fn thread_word_offset(&self) -> Option<i32> {
+        // TLS variant II: the executable's block ends at the thread pointer.
+        Some(-8)
+    }
+
     fn uprobe_operands(
         &self,
         input: &Input,

@@ -5,7 +5,7 @@
 use iced_x86::code_asm::*;
 use iced_x86::{BlockEncoderOptions, Register};
 
-use super::super::{Layout, Runtime};
+use super::super::{Layout, Runtime, SlotLookup};
 use super::stub::lea_rip;
 use super::wait;
 use crate::isa::linux::*;
@@ -213,7 +213,7 @@ fn emit_register(
     a.test(eax, eax)?;
     a.je(lb.found)?; // register_index follows
     a.mov(dword_ptr(rdx + RWH_ON_FULL as i32), ON_FULL_WAIT)?;
-    register_index(a, &mut lb)?;
+    register_index(a, l, &mut lb)?;
     register_leave(a, &mut lb)
 }
 
@@ -433,9 +433,14 @@ fn register_handover(
     Ok(())
 }
 
-/// `found`: point index[h(tp)] at the slot, %rcx = 1.
-fn register_index(a: &mut CodeAssembler, lb: &mut RegisterLabels) -> Result<(), IcedError> {
-    // rsi = this thread's slot: point index[h(tp)] at it.
+/// `found`: point index[h(tp)] (and the thread word) at the slot, %rcx = 1.
+fn register_index(
+    a: &mut CodeAssembler,
+    l: &Layout,
+    lb: &mut RegisterLabels,
+) -> Result<(), IcedError> {
+    // rsi = this thread's slot: point index[h(tp)] at it. The index stays the way
+    // the eBPF exit drains find a slot from the task's FS base.
     a.set_label(&mut lb.found)?;
     a.mov(rax, r8)?;
     a.shr(rax, 16)?;
@@ -444,6 +449,9 @@ fn register_index(a: &mut CodeAssembler, lb: &mut RegisterLabels) -> Result<(), 
     a.sub(rcx, rdx)?;
     a.sub(rcx, SLOTS_OFF as i32)?;
     a.mov(dword_ptr(rdx + rax * 4 + INDEX_OFF as i32), ecx)?;
+    if let SlotLookup::ThreadWord(off) = l.slot_lookup {
+        a.mov(dword_ptr(i64::from(off) as u64).fs(), ecx)?;
+    }
     a.mov(ecx, 1)?;
 
     Ok(())

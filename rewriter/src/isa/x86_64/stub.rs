@@ -42,7 +42,7 @@ use iced_x86::{
     BlockEncoderOptions, Code, FlowControl, Instruction, MemoryOperand, Mnemonic, OpKind, Register,
 };
 
-use super::super::{Layout, PlacedSite, Runtime, Trampoline, Window};
+use super::super::{Layout, PlacedSite, Runtime, SlotLookup, Trampoline, Window, slot_mask};
 use crate::isa::arg::{Arg, ArgLoc, Reg as UsdtReg};
 use tracer_common::meta::{SiteKind, TimeMode};
 use tracer_common::{
@@ -389,8 +389,8 @@ fn emit_prologue(
     })
 }
 
-/// Find the thread's slot (`miss` when the index does not name this thread) and
-/// reserve `nrec` records: %r11 = the first, %rsi = the slot.
+/// Find the thread's slot (`miss` when the thread word or the index does not name
+/// this thread) and reserve `nrec` records: %r11 = the first, %rsi = the slot.
 fn emit_reserve(
     a: &mut CodeAssembler,
     layout: &Layout,
@@ -398,12 +398,22 @@ fn emit_reserve(
     miss: CodeLabel,
 ) -> Result<(), IcedError> {
     a.mov(r11, qword_ptr(0u64).fs())?;
-    a.mov(rcx, r11)?;
-    a.shr(rcx, 16)?;
-    a.movzx(ecx, cx)?;
-    lea_rip(a, Register::RSI, layout.rw_vaddr + INDEX_OFF)?;
-    a.mov(ecx, dword_ptr(rsi + rcx * 4))?;
-    lea_rip(a, Register::RSI, layout.rw_vaddr + SLOTS_OFF)?;
+    match layout.slot_lookup {
+        SlotLookup::ThreadWord(off) => {
+            // Whatever the word holds stays among the slots (a thread whose TLS is
+            // not libc's: a miss, never a stray store).
+            a.mov(esi, dword_ptr(i64::from(off) as u64).fs())?;
+            a.and(esi, slot_mask(layout.nslots))?;
+        }
+        SlotLookup::Index(_) => {
+            a.mov(rcx, r11)?;
+            a.shr(rcx, 16)?;
+            a.movzx(ecx, cx)?;
+            lea_rip(a, Register::RSI, layout.rw_vaddr + INDEX_OFF)?;
+            a.mov(esi, dword_ptr(rsi + rcx * 4))?;
+        }
+    }
+    lea_rip(a, Register::RCX, layout.rw_vaddr + SLOTS_OFF)?;
     a.add(rsi, rcx)?;
     a.cmp(qword_ptr(rsi), r11)?;
     a.jne(miss)?;
