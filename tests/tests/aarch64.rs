@@ -574,12 +574,45 @@ fn signals_under_qemu() {
 // ---- stress.c (see stress.rs) under the tracer
 
 /// stress.c built with gcc -O2 -pthread, only `hit` instrumented, 1024-record buffers.
+/// It has no TLS of its own: with a power-of-two slot count its stubs read the thread
+/// word at `tpidr_el0 + 16` (a `PT_TLS` of 8 bytes added), else the index.
 fn stress_build(tag: &str, slots: &str) -> Option<(TempDir, PathBuf, PathBuf)> {
     let tmp = TempDir::new(tag);
     toolchain(GCC, tmp.path(), &[])?;
     let (orig, traced) = (tmp.join("stress"), tmp.join("stress.traced"));
     compile(GCC, &[fixture("stress.c")], &["-O2", "-pthread"], &orig);
     rewrite_a64_default(&orig, &traced, &["--functions", "hit", "--slots", slots]);
+    let word = slots.parse::<u32>().is_ok_and(u32::is_power_of_two);
+    let readelf = run(
+        Command::new("aarch64-linux-gnu-readelf")
+            .arg("-lW")
+            .arg(&traced),
+        TRACE_TIMEOUT,
+    );
+    let tls: Vec<String> = readelf
+        .stdout_str()
+        .lines()
+        .filter(|l| l.trim_start().starts_with("TLS "))
+        .map(|l| l.split_whitespace().skip(4).collect::<Vec<_>>().join(" "))
+        .collect();
+    let dis = run(
+        Command::new("aarch64-linux-gnu-objdump")
+            .arg("-d")
+            .arg(&traced),
+        TRACE_TIMEOUT,
+    );
+    let loads = dis
+        .stdout_str()
+        .lines()
+        .filter(|l| l.contains("ldr\tw11, [x10, #16]"))
+        .count();
+    if word {
+        assert_eq!(tls, ["0x000000 0x000008 R 0x8"], "the added TLS header");
+        assert!(loads >= 1, "no stub reads the thread word");
+    } else {
+        assert!(tls.is_empty(), "TLS headers: {tls:?}");
+        assert_eq!(loads, 0, "stubs reading a thread word");
+    }
     Some((tmp, orig, traced))
 }
 
@@ -631,11 +664,11 @@ fn one_thread_many_calls_under_qemu() {
     }
 }
 
-/// 8 threads × 30,000 calls, 10 usable slots: 8 distinct tids, exactly 30,000 records
-/// each, values in order, one tag per thread.
+/// 8 threads × 30,000 calls, 14 usable slots (found through the thread word): 8
+/// distinct tids, exactly 30,000 records each, values in order, one tag per thread.
 #[test]
 fn threads_under_qemu() {
-    let Some((tmp, orig, traced)) = stress_build("a64-threads", "12") else {
+    let Some((tmp, orig, traced)) = stress_build("a64-threads", "16") else {
         return;
     };
     let n = 30_000u64;
@@ -662,7 +695,8 @@ fn threads_under_qemu() {
     assert_eq!(tags, (0..8).collect::<Vec<u64>>(), "thread tags");
 }
 
-/// 300 short-lived threads, at most 6 alive, 10 usable slots: the tracer releases each
+/// 300 short-lived threads, at most 6 alive, 10 usable slots (found through the index):
+/// the tracer releases each
 /// exiting thread's slot, so slots are reused; thread k has exactly 2000 + k records,
 /// in order, under one tid, and no tid mixes two threads' records.
 ///

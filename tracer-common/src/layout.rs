@@ -17,7 +17,7 @@
 //! A thread's buffer is found from its thread pointer `tp` (`%fs:0` on x86-64,
 //! `tpidr_el0` on AArch64): `h = (tp >> 16) & 0xffff` (a 16-bit load, no shift, so the
 //! stub leaves the flags alone), `slot = SLOTS + index[h]`, hit when `slot.key == tp`.
-//! Stubs of an x86-64 executable without TLS of its own read the same offset from a
+//! Stubs of an executable without TLS of its own read the same offset from a
 //! word of the thread's static TLS block instead (`rewriter::isa::SlotLookup`); the
 //! index is kept either way.
 

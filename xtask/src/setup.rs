@@ -44,6 +44,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "lttng-tools",
     "liblttng-ust-dev",
     "babeltrace2",
+    // `--real-profile`: where a traced record's nanoseconds go (perf record).
+    "linux-perf",
     // tests/tests/python.rs: the oracle of Python's USDT probes, on the untouched
     // interpreter (python3 itself is in every Debian install).
     "bpftrace",

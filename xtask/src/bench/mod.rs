@@ -101,6 +101,10 @@ pub struct Args {
     /// tracer in DIR (another build's `target/release`): before and after in one run.
     #[arg(long, value_name = "DIR")]
     real_baseline: Option<std::path::PathBuf>,
+    /// After the real-program table, profile one more session of each mode (`perf
+    /// record`) and print the ns a record of each stage of the record's path.
+    #[arg(long)]
+    real_profile: bool,
     /// Skip the real-program section.
     #[arg(long)]
     no_real: bool,
@@ -161,6 +165,7 @@ pub fn bench(args: &Args) -> Result<()> {
             args.real_rows,
             args.real_rounds,
             args.real_baseline.as_deref(),
+            args.real_profile,
         )?;
     }
     if run(Section::Python) {

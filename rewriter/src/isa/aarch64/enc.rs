@@ -147,6 +147,10 @@ pub fn str_w(rt: u32, rn: u32, off: u32) -> u32 {
 pub fn ldrsw(rt: u32, rn: u32, off: u32) -> u32 {
     0xb980_0000 | (off / 4) << 10 | rn << 5 | rt
 }
+/// `and wd, wn, #mask`, the mask `width` ones from bit `lsb` (1 <= width < 32).
+pub fn and_w_ones(rd: u32, rn: u32, lsb: u32, width: u32) -> u32 {
+    0x1200_0000 | ((32 - lsb) % 32) << 16 | (width - 1) << 10 | rn << 5 | rd
+}
 /// `ldr wt, [xn, xm, lsl #2]`.
 pub fn ldr_w_idx(rt: u32, rn: u32, rm: u32) -> u32 {
     0xb860_7800 | rm << 16 | rn << 5 | rt
@@ -431,6 +435,9 @@ pub(crate) mod tests {
             (msr(NZCV, 14), "msr nzcv, x14"),
             (msr(TPIDR_EL0, 9), "msr tpidr_el0, x9"),
             (ubfx(11, 10, 16, 16), "ubfx x11, x10, #16, #16"),
+            (and_w_ones(11, 11, 6, 10), "and w11, w11, #0xffc0"),
+            (ldr_w(11, 10, 16), "ldr w11, [x10, #16]"),
+            (str_w(1, 7, 16), "str w1, [x7, #16]"),
             (lsr(0, 0, 6), "lsr x0, x0, #6"),
             (NOP, "nop"),
             (RET, "ret"),

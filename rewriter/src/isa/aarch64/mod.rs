@@ -292,7 +292,8 @@ impl Isa for Aarch64 {
     }
 
     fn thread_word_offset(&self) -> Option<i32> {
-        None
+        // TLS variant I: the executable's block follows the 16-byte TCB.
+        Some(16)
     }
 
     fn uprobe_operands(

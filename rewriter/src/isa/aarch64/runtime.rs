@@ -5,7 +5,7 @@
 use super::enc::*;
 use super::wait;
 use crate::isa::linux::*;
-use crate::isa::{Layout, Runtime};
+use crate::isa::{Layout, Runtime, SlotLookup};
 use tracer_common::*;
 
 const SYS_GETPID: u64 = 172;
@@ -202,7 +202,7 @@ fn emit_register(
     a.cbz_l(true, false, 0, lb.found);
     a.put(movz(0, ON_FULL_WAIT, 0));
     a.put(str_w(0, 6, RWH_ON_FULL as u32));
-    register_index(a, &lb);
+    register_index(a, l, &lb);
     register_leave(a, &lb);
     Ok(())
 }
@@ -406,8 +406,8 @@ fn register_handover(a: &mut Asm, lb: &RegisterLabels, flush: Label, user_drain:
     a.bind(lb.no_handover);
 }
 
-/// `found`: point index[h(tp)] at the slot (x9).
-fn register_index(a: &mut Asm, lb: &RegisterLabels) {
+/// `found`: point index[h(tp)] (and the thread word) at the slot (x9).
+fn register_index(a: &mut Asm, l: &Layout, lb: &RegisterLabels) {
     // x9 = this thread's slot: point index[h(tp)] at it.
     a.bind(lb.found);
     a.put(ubfx(0, 7, 16, 16));
@@ -415,6 +415,9 @@ fn register_index(a: &mut Asm, lb: &RegisterLabels) {
     a.put(sub_imm(1, 1, (SLOTS_OFF >> 12) as u32, true));
     add_big(a, 2, 6, INDEX_OFF);
     a.put(str_w_idx(1, 2, 0));
+    if let SlotLookup::ThreadWord(off) = l.slot_lookup {
+        a.put(str_w(1, 7, off as u32));
+    }
 }
 
 /// `done`: restore the signal mask, registers and NZCV; return x9.
@@ -505,9 +508,12 @@ fn emit_user_discovery(a: &mut Asm, user_send: Label) {
     a.put(ldr_w(0, 6, RWH_USER_STATE as u32));
     a.put(sub_imm(0, 0, USER_ON, false));
     a.cbz_l(true, true, 0, off);
-    // Payload [slot, rw_base] on the stack.
-    a.put(sub_imm(SP, SP, 16, false));
+    // Payload [slot, rw_base] on the stack, then x5 and x7, which user_send clobbers
+    // (register's rw_base and tp: the index and the thread word are written with
+    // them afterwards).
+    a.put(sub_imm(SP, SP, 32, false));
     a.put(stp(9, 6, SP, 0));
+    a.put(stp(5, 7, SP, 16));
     a.put_all(&mov_imm64(
         0,
         chunk_kind_cause(CHUNK_KIND_SLOT, CAUSE_REGISTER),
@@ -516,7 +522,9 @@ fn emit_user_discovery(a: &mut Asm, user_send: Label) {
     a.put(add_imm(2, SP, 0, false));
     a.put(movz(3, 16, 0));
     a.bl_l(user_send);
-    a.put(add_imm(SP, SP, 16, false));
+    a.put(ldp(5, 7, SP, 16));
+    a.put(ldr_x(6, SP, 8));
+    a.put(add_imm(SP, SP, 32, false));
     a.bind(off);
 }
 

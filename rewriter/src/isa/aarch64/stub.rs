@@ -8,10 +8,13 @@
 //!   [memory site: EA of the access → x10 → [sp, #48]] (mem.rs)
 //! retry:
 //!   mrs   x10, tpidr_el0 ; cbz x10, out          ; no thread pointer yet: skip
+//!   ldr   w11, [x10, #16] ; and w11, w11, #MASK   ; thread word: byte offset of the slot
+//!   adrp  x9, SLOTS ; add x9, x9, :lo12:SLOTS ; add x9, x9, x11   ; slot
+//!   (the index, where there is no thread word: `isa::SlotLookup`:
 //!   ubfx  x11, x10, #16, #16                      ; h
 //!   adrp  x9, INDEX ; add x9, x9, :lo12:INDEX
 //!   ldr   w11, [x9, x11, lsl #2]                  ; byte offset of the slot
-//!   add   x9, x9, #(SLOTS-INDEX) ; add x9, x9, x11        ; slot
+//!   add   x9, x9, #(SLOTS-INDEX) ; add x9, x9, x11)       ; slot
 //!   ldr   x12, [x9] ; sub x12, x12, x10 ; cbnz x12, miss  ; key == tp, flags untouched
 //!   ldr   x12, [x9, #56] ; add x12, x12, #1 ; str x12, [x9, #56]   ; inflight += 1
 //!   add   x13, x9, #8
@@ -39,7 +42,7 @@
 use super::enc::*;
 use super::{mem, reloc};
 use crate::isa::arg::{Arg, ArgLoc, Reg as UsdtReg};
-use crate::isa::{Layout, PlacedSite, Runtime};
+use crate::isa::{Layout, PlacedSite, Runtime, SlotLookup, slot_mask};
 use tracer_common::meta::{SiteKind, TimeMode};
 use tracer_common::{
     BUF_CIRCULAR, BUF_FAST_CIRCULAR, BUF_TRACE, FLAG_RING, FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE,
@@ -302,12 +305,24 @@ fn emit_reserve(
     let reserve = a.label();
     a.put(mrs(10, TPIDR_EL0));
     a.cbz_l(true, false, 10, out);
-    a.put(ubfx(11, 10, 16, 16));
-    a.addr(9, layout.rw_vaddr + INDEX_OFF)?;
-    a.put(ldr_w_idx(11, 9, 11));
-    let slots_from_index = SLOTS_OFF - INDEX_OFF;
-    debug_assert!(slots_from_index & 0xfff == 0 && slots_from_index >> 12 < 0x1000);
-    a.put(add_imm(9, 9, (slots_from_index >> 12) as u32, true));
+    match layout.slot_lookup {
+        SlotLookup::ThreadWord(off) => {
+            // Whatever the word holds stays among the slots: a miss, never a stray
+            // store.
+            let mask = slot_mask(layout.nslots);
+            a.put(ldr_w(11, 10, off as u32));
+            a.put(and_w_ones(11, 11, mask.trailing_zeros(), mask.count_ones()));
+            a.addr(9, layout.rw_vaddr + SLOTS_OFF)?;
+        }
+        SlotLookup::Index(_) => {
+            a.put(ubfx(11, 10, 16, 16));
+            a.addr(9, layout.rw_vaddr + INDEX_OFF)?;
+            a.put(ldr_w_idx(11, 9, 11));
+            let slots_from_index = SLOTS_OFF - INDEX_OFF;
+            debug_assert!(slots_from_index & 0xfff == 0 && slots_from_index >> 12 < 0x1000);
+            a.put(add_imm(9, 9, (slots_from_index >> 12) as u32, true));
+        }
+    }
     a.put(add_reg(9, 9, 11));
     a.put(ldr_x(12, 9, 0));
     a.put(sub_reg(12, 12, 10));

@@ -15,9 +15,12 @@
 //! of the same compiler, stubs ÷ limit, traced ÷ stubs, slowdowns of the peers ÷ ours.
 //! `--real-baseline DIR` adds the rewritten rows of another build (its
 //! `target/release`), so a change is measured against its base in one run.
+//! `--real-profile` then profiles one more session of each mode (`breakdown.rs`): ns a
+//! record per stage of the record's path.
 //! The python section (`python.rs`): python3.11's own functions by name, beside
 //! bpftrace.
 
+mod breakdown;
 mod lttng;
 mod python;
 mod ratios;
@@ -68,7 +71,7 @@ impl Tools {
     }
 }
 
-pub fn real(rows: u64, rounds: usize, baseline: Option<&Path>) -> Result<()> {
+pub fn real(rows: u64, rounds: usize, baseline: Option<&Path>, profile: bool) -> Result<()> {
     println!();
     println!("== real program: sqlite3 {rows} INSERTs + queries, every function traced");
     if !util::is_root() {
@@ -100,6 +103,12 @@ pub fn real(rows: u64, rounds: usize, baseline: Option<&Path>) -> Result<()> {
     check_outputs(&table)?;
     print(&table);
     ratios::print(&table);
+    if profile {
+        for (mode, t, bin) in stubs.iter().filter(|(_, t, _)| t.label.is_empty()) {
+            let name = format!("{}{mode}", ratios::TRACED);
+            breakdown::print(&dir, &t.tracer, bin, &name, &args)?;
+        }
+    }
     Ok(())
 }
 
