@@ -70,13 +70,8 @@ pub(super) fn print(
     c.args(["record", "-q", "-a", "-e", "cpu-clock", "-F", FREQ, "-o"])
         .arg(&data)
         .arg("--")
-        .arg(tracer)
-        .arg("record")
-        .arg("-o")
-        .arg(&trace)
-        .env("UTRACE_DEBUG_CACHE", dir.join("debug-cache"))
-        .arg("--")
-        .arg(traced);
+        .arg(tracer);
+    super::record_args(&mut c, dir, &trace, traced);
     args(&mut c);
     let out = c.output().context("perf record")?;
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -242,12 +242,7 @@ fn utrace(
     let trace = dir.join("sqlite3.utrace");
     let _ = std::fs::remove_file(&trace);
     let mut c = cmd(&tools.tracer);
-    c.arg("record")
-        .arg("-o")
-        .arg(&trace)
-        .env("UTRACE_DEBUG_CACHE", dir.join("debug-cache"))
-        .arg("--")
-        .arg(traced);
+    record_args(&mut c, dir, &trace, traced);
     args(&mut c);
     let run = measured(&mut c)?;
     let (records, dropped) = summary_line(&run.stderr)?;
@@ -260,6 +255,16 @@ fn utrace(
         lost: Some(dropped),
         trace_bytes,
     })
+}
+
+/// `record -o TRACE -- TRACED` (the program's arguments follow), for a tracer command.
+fn record_args(c: &mut Command, dir: &Path, trace: &Path, traced: &Path) {
+    c.arg("record")
+        .arg("-o")
+        .arg(trace)
+        .env("UTRACE_DEBUG_CACHE", dir.join("debug-cache"))
+        .arg("--")
+        .arg(traced);
 }
 
 /// `utrace: N records from T threads, D dropped -> FILE` (the tracer's last words).
