@@ -101,8 +101,9 @@ impl<const T: usize> Model<T> {
         self.table[self.prev.site as usize % T].next
     }
 
-    /// After record `r`, whose site's entry was `seen` (default if none).
-    fn update(&mut self, r: &Record, seen: &Seen) {
+    /// After record `r`, whose site's entry was `seen` (default if none). Returns the
+    /// successor the next record's [`Model::successor`] sees.
+    fn update(&mut self, r: &Record, seen: &Seen) -> Option<u32> {
         let prev = self.prev.site;
         if self.started {
             self.table[prev as usize % T].next = Some(r.site);
@@ -123,6 +124,7 @@ impl<const T: usize> Model<T> {
             next,
         };
         self.prev = *r;
+        next
     }
 }
 
@@ -195,11 +197,14 @@ fn pack_with<const T: usize>(records: impl ExactSizeIterator<Item = Record>, out
         n: 0,
     };
     let mut m = Model::<T>::new();
+    // `m.successor()`, kept in a register: the loop need not wait for the table entry
+    // the last record's update stored.
+    let mut succ = None;
     for r in records.take(o.b.len() / MAX_PACKED) {
         let at = o.n;
         o.n += 1;
         let mut tag = 0;
-        if m.successor() == Some(r.site) {
+        if succ == Some(r.site) {
             tag |= SITE;
         } else {
             o.put_varint(zigzag(
@@ -216,7 +221,7 @@ fn pack_with<const T: usize>(records: impl ExactSizeIterator<Item = Record>, out
         tag |= field_mode(seen.valid, r.aux, seen.aux, m.prev.aux, &mut o) << AUX_SHIFT;
         o.put_varint(zigzag(r.time.wrapping_sub(m.prev.time)));
         o.b[at].write(tag);
-        m.update(&r, &seen);
+        succ = m.update(&r, &seen);
     }
     let n = o.n;
     // SAFETY: `Out` wrote every one of the first `n` bytes of the spare capacity (a
@@ -326,7 +331,7 @@ fn unpack_with<const T: usize>(bytes: &[u8], count: usize) -> Result<Vec<Record>
             value,
             aux,
         };
-        m.update(&r, &seen);
+        let _ = m.update(&r, &seen);
         out.push(r);
     }
     match bytes.len() - c.at {
