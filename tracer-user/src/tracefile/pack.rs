@@ -94,6 +94,22 @@ impl<const T: usize> Model<T> {
         (s.valid && s.site == site).then_some(s)
     }
 
+    /// `at(site)`, or an unseen site's default, field by field: selected, not copied
+    /// whole out of the table (the copy was a fifth of the packer's time).
+    #[inline(always)]
+    fn seen(&self, site: u32) -> Seen {
+        let e = &self.table[site as usize % T];
+        let valid = e.valid && e.site == site;
+        Seen {
+            valid,
+            site: if valid { site } else { 0 },
+            flags: if valid { e.flags } else { 0 },
+            value: if valid { e.value } else { 0 },
+            aux: if valid { e.aux } else { 0 },
+            next: if valid { e.next } else { None },
+        }
+    }
+
     fn successor(&self) -> Option<u32> {
         if !self.started {
             return None;
@@ -211,7 +227,7 @@ fn pack_with<const T: usize>(records: impl ExactSizeIterator<Item = Record>, out
                 i64::from(r.site.wrapping_sub(m.prev.site) as i32) as u64
             ));
         }
-        let seen = m.at(r.site).copied().unwrap_or_default();
+        let seen = m.seen(r.site);
         if seen.valid && seen.flags == r.flags {
             tag |= FLAGS;
         } else {
