@@ -15,15 +15,16 @@ use std::{
         mpsc::{Receiver, Sender, SyncSender, sync_channel},
     },
     thread::JoinHandle,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, anyhow};
 use aya::maps::{MapData, RingBuf};
 use aya_log::EbpfLogger;
 
-use tracer_common::{CHUNK_KIND_COMM, CHUNK_KIND_MAPPED, CHUNK_KIND_STRING};
+use tracer_common::{CHUNK_KIND_COMM, CHUNK_KIND_MAPPED, CHUNK_KIND_RECORDS, CHUNK_KIND_STRING};
 
-use crate::tracefile::{Writer, encode_chunk, encode_comm, encode_string};
+use crate::tracefile::{ChunkGroup, Writer, encode_chunk, encode_comm, encode_string};
 
 /// Batches handed to the writer at once (bytes, soft limit).
 const BATCH_BYTES: usize = 1 << 20;
@@ -35,6 +36,8 @@ const CHANNEL_BATCHES: usize = 64;
 /// How long the consumer sleeps at most: drains wake it only when the ring fills up
 /// (see the eBPF `drain::wakeup`).
 const POLL_MS: i32 = 10;
+/// How long chunks wait for more of a group (the live view sees them this late).
+const GROUP_WAIT: Duration = Duration::from_millis(200);
 
 pub type Logger = EbpfLogger<&'static dyn log::Log>;
 
@@ -146,6 +149,11 @@ fn consume_loop(
     // return addresses of forked children and static programs become readable).
     let mut pids: std::collections::HashSet<u32> = std::collections::HashSet::new();
     let mut last_pid = 0;
+    // Chunks of records packed together; any other section first writes them out, so
+    // the file keeps the ring buffer's order. A group waits for more chunks across
+    // polls, at most GROUP_WAIT.
+    let mut group = ChunkGroup::default();
+    let mut group_since: Option<Instant> = None;
     loop {
         // Read the flag before draining: entries produced before it was set are in
         // the buffer by now, so one more full drain gets everything.
@@ -163,6 +171,14 @@ fn consume_loop(
                 }
                 continue;
             }
+            let grouped = match kind {
+                Some(CHUNK_KIND_RECORDS) => group.add(&item, &mut batch),
+                _ => None,
+            };
+            if grouped.is_none() {
+                group.flush(&mut batch);
+            }
+            group_since = group_since.or(grouped.map(|_| Instant::now()));
             // Announcements: a section each, no records.
             let announced = match kind {
                 Some(CHUNK_KIND_COMM) => Some(encode_comm(&item, &mut batch)),
@@ -173,7 +189,7 @@ fn consume_loop(
                 seen.bad_entries += u64::from(!ok);
                 continue;
             }
-            match encode_chunk(&item, &mut batch) {
+            match grouped.or_else(|| encode_chunk(&item, &mut batch)) {
                 Some(h) => {
                     seen.records += u64::from(h.count);
                     seen.chunks += 1;
@@ -195,6 +211,10 @@ fn consume_loop(
                 tx.send(full)
                     .map_err(|_| anyhow!("the writer thread stopped"))?;
             }
+        }
+        if stopping || group_since.is_some_and(|t| t.elapsed() >= GROUP_WAIT) {
+            group.flush(&mut batch);
+            group_since = None;
         }
         if !batch.is_empty() {
             let b = std::mem::replace(&mut batch, Vec::with_capacity(BATCH_CAPACITY));

@@ -8,7 +8,7 @@
 //! ```text
 //! file header (16 bytes)
 //!   0   [u8; 8]  magic "UTRCTRAC"
-//!   8   u32      format version (FORMAT_VERSION = 4; readers take 2 to 4)
+//!   8   u32      format version (FORMAT_VERSION = 5; readers take 2 to 5)
 //!   12  u32      reserved, 0
 //! section (16-byte header + payload), repeated
 //!   0   u32      kind (SECTION_*)
@@ -32,6 +32,12 @@
 //!   `ChunkHeader` (tracer-common `chunk.rs`) as eBPF wrote it, then its `count`
 //!   records packed on their own (`pack.rs`: a tag byte and varints per record, about
 //!   6 bytes instead of 32). Chunks are in delivery order.
+//! - `SECTION_CHUNKS_PACKED` (9, any number, version 5): consecutive ring-buffer
+//!   entries of records (1 to `GROUP_CHUNKS_MAX`): `u32 n`, `u32` 0, their `n` 48-byte
+//!   headers, then all their records packed as one stream in the same coding (the
+//!   predictions carry over from one chunk to the next: about 4 bytes a record). The
+//!   tracer groups the chunks of a drain this way; single chunks (uprobe sites, the
+//!   user-space drain) stay `SECTION_CHUNK_PACKED`.
 //! - `SECTION_CHUNK` (3, version 2 files): the same with the records as they are,
 //!   `count` 32-byte `Record`s (`record.rs`).
 //! - `SECTION_COMM` (5, any number): a thread's name as the kernel had it when its
@@ -80,8 +86,9 @@ pub const MAGIC: [u8; 8] = *b"UTRCTRAC";
 /// 2: chunk headers carry the drain's clock sample (48 bytes). 3: chunks are written
 /// packed (`SECTION_CHUNK_PACKED`); version 2 files still read. 4: chunks of up to
 /// 512 records, not 128, packed against a 256-entry site table, not 64 (`pack.rs`);
-/// versions 2 and 3 still read.
-pub const FORMAT_VERSION: u32 = 4;
+/// versions 2 and 3 still read. 5: consecutive chunks packed as one stream
+/// (`SECTION_CHUNKS_PACKED`); earlier versions still read.
+pub const FORMAT_VERSION: u32 = 5;
 /// The oldest version readers accept (older ones are refused, naming both).
 pub const OLDEST_READABLE: u32 = 2;
 const FILE_HEADER_LEN: usize = 16;
@@ -95,6 +102,12 @@ pub const SECTION_COMM: u32 = 5;
 pub const SECTION_LOAD: u32 = 6;
 pub const SECTION_CHUNK_PACKED: u32 = 7;
 pub const SECTION_STRING: u32 = 8;
+pub const SECTION_CHUNKS_PACKED: u32 = 9;
+/// Most chunks in one `SECTION_CHUNKS_PACKED` (the tracer writes up to `GROUP_CHUNKS`).
+pub const GROUP_CHUNKS_MAX: usize = 64;
+/// Chunks the tracer packs together at most: one flush of the default 4,096-record
+/// buffer.
+pub const GROUP_CHUNKS: usize = 8;
 /// Bytes of a string section's payload before its text.
 pub const STRING_SECTION_FIXED: usize = 32;
 
@@ -320,6 +333,55 @@ mod tests {
         let e = read(1, &v2).unwrap_err().to_string();
         assert!(e.contains("version 1 is not supported"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Chunks packed as a group (version 5) read back as the chunks they were, in
+    /// order, beside a single packed chunk; a group of the wrong size or kind, or with
+    /// bytes missing, is an error.
+    #[test]
+    fn chunk_groups_read_back_as_their_chunks() {
+        let mut sections = Vec::new();
+        let mut group = ChunkGroup::default();
+        let mut want = Vec::new();
+        for (i, n) in [3u32, 512, 1, 9].into_iter().enumerate() {
+            let mut e = entry(CHUNK_KIND_RECORDS, n, tracer_common::CHUNK_BYTES);
+            e[16..24].copy_from_slice(&(i as u64).to_le_bytes()); // seq
+            let h = group.add(&e, &mut sections).unwrap();
+            want.push((h.seq, n));
+        }
+        assert!(
+            group
+                .add(&entry(CHUNK_KIND_UPROBE, 1, 80), &mut sections)
+                .is_none()
+        );
+        group.flush(&mut sections);
+        let one = entry(CHUNK_KIND_RECORDS, 2, tracer_common::CHUNK_BYTES);
+        encode_chunk(&one, &mut sections).unwrap();
+        want.push((0, 2));
+        let mut b = MAGIC.to_vec();
+        b.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b.extend_from_slice(&[0; 4]);
+        let file = |body: &[u8]| [&b[..], body].concat();
+        let mut r = Reader::from_bytes("groups", file(&sections)).unwrap();
+        let mut got = Vec::new();
+        while let Some(Section::Chunk(c)) = r.next_section().unwrap() {
+            let sites: Vec<u32> = c.records.iter().map(|r| r.site).collect();
+            assert_eq!(sites, (0..c.header.count).collect::<Vec<_>>());
+            got.push((c.header.seq, c.header.count));
+        }
+        assert_eq!(got, want);
+        assert!(r.truncated().is_none());
+        // Damaged groups: too many chunks, a record count past the bytes.
+        let bad = |edit: &dyn Fn(&mut Vec<u8>)| {
+            let mut s = sections.clone();
+            edit(&mut s);
+            let mut r = Reader::from_bytes("bad", file(&s)).unwrap();
+            r.next_section().map(|_| ()).unwrap_err().to_string()
+        };
+        let e = bad(&|s| s[16..20].copy_from_slice(&65u32.to_le_bytes()));
+        assert!(e.contains("bad chunk group section"), "{e}");
+        let e = bad(&|s| s[24 + 4..24 + 8].copy_from_slice(&600u32.to_le_bytes()));
+        assert!(e.contains("bad chunk group section"), "{e}");
     }
 
     #[test]

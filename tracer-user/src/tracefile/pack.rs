@@ -71,9 +71,19 @@ struct Seen {
     next: Option<u32>,
 }
 
+/// Entries of the per-site table of a chunk group (`SECTION_CHUNKS_PACKED`, format
+/// version 5): a group's 4,096 records meet more sites than one chunk's 512 (a sqlite
+/// trace: 5.1 bytes a record with 256 entries, 3.8 with 4,096).
+const GROUP_TABLE: usize = 4096;
+/// Words of `Model::valid`: a bit for each entry of the largest table.
+const VALID_WORDS: usize = GROUP_TABLE / 64;
+
 /// The predictions both sides keep, updated after each record.
 struct Model<const T: usize> {
-    table: [Seen; T],
+    /// `T` entries; one is valid when its bit in `valid` is set (a new stream clears
+    /// the bits, not the entries).
+    table: Vec<Seen>,
+    valid: [u64; VALID_WORDS],
     prev: Record,
     /// A record came before: `prev` is real, and its table entry is its own (the
     /// update wrote it last), so it needs no lookup.
@@ -83,23 +93,37 @@ struct Model<const T: usize> {
 impl<const T: usize> Model<T> {
     fn new() -> Self {
         Model {
-            table: [Seen::default(); T],
+            table: vec![Seen::default(); T],
+            valid: [0; VALID_WORDS],
             prev: Record::default(),
             started: false,
         }
     }
 
+    /// Forget everything: a new stream starts.
+    fn reset(&mut self) {
+        self.valid = [0; VALID_WORDS];
+        self.prev = Record::default();
+        self.started = false;
+    }
+
+    fn is_valid(&self, i: usize) -> bool {
+        self.valid[i / 64] >> (i % 64) & 1 != 0
+    }
+
     fn at(&self, site: u32) -> Option<&Seen> {
-        let s = &self.table[site as usize % T];
-        (s.valid && s.site == site).then_some(s)
+        let i = site as usize % T;
+        let s = &self.table[i];
+        (self.is_valid(i) && s.site == site).then_some(s)
     }
 
     /// `at(site)`, or an unseen site's default, field by field: selected, not copied
     /// whole out of the table (the copy was a fifth of the packer's time).
     #[inline(always)]
     fn seen(&self, site: u32) -> Seen {
-        let e = &self.table[site as usize % T];
-        let valid = e.valid && e.site == site;
+        let i = site as usize % T;
+        let e = &self.table[i];
+        let valid = self.is_valid(i) && e.site == site;
         Seen {
             valid,
             site: if valid { site } else { 0 },
@@ -131,7 +155,9 @@ impl<const T: usize> Model<T> {
             seen.next
         };
         self.started = true;
-        self.table[r.site as usize % T] = Seen {
+        let i = r.site as usize % T;
+        self.valid[i / 64] |= 1 << (i % 64);
+        self.table[i] = Seen {
             valid: true,
             site: r.site,
             flags: r.flags,
@@ -200,22 +226,49 @@ fn field_mode(seen: bool, now: u64, site: u64, prev: u64, out: &mut Out) -> u8 {
     }
 }
 
-/// Append `records`, packed, to `out`.
+/// Append `records`, packed on their own, to `out`.
 pub fn pack(records: impl ExactSizeIterator<Item = Record>, out: &mut Vec<u8>) {
-    pack_with::<TABLE>(records, out)
+    pack_with(&mut Model::<TABLE>::new(), records, out)
 }
 
-/// [`pack`] against a table of `T` entries.
-fn pack_with<const T: usize>(records: impl ExactSizeIterator<Item = Record>, out: &mut Vec<u8>) {
+/// Packs the records of several chunks as one stream (`SECTION_CHUNKS_PACKED`): the
+/// predictions carry over from chunk to chunk, where a chunk packed on its own starts
+/// cold (a sqlite trace: 6.2 bytes a record in chunks of 512, 3.8 in groups of 8).
+pub struct GroupPacker(Model<GROUP_TABLE>);
+
+impl Default for GroupPacker {
+    fn default() -> Self {
+        GroupPacker(Model::new())
+    }
+}
+
+impl GroupPacker {
+    /// Forget everything: a new group starts.
+    pub fn start(&mut self) {
+        self.0.reset();
+    }
+
+    /// Append `records`, packed after the group's earlier ones, to `out`.
+    pub fn pack(&mut self, records: impl ExactSizeIterator<Item = Record>, out: &mut Vec<u8>) {
+        pack_with(&mut self.0, records, out)
+    }
+}
+
+/// Append `records` to `out`, packed against model `m` (as it was left by the records
+/// before them), a table of `T` entries.
+fn pack_with<const T: usize>(
+    m: &mut Model<T>,
+    records: impl ExactSizeIterator<Item = Record>,
+    out: &mut Vec<u8>,
+) {
     out.reserve(records.len() * MAX_PACKED);
     let mut o = Out {
         b: out.spare_capacity_mut(),
         n: 0,
     };
-    let mut m = Model::<T>::new();
     // `m.successor()`, kept in a register: the loop need not wait for the table entry
     // the last record's update stored.
-    let mut succ = None;
+    let mut succ = m.successor();
     for r in records.take(o.b.len() / MAX_PACKED) {
         let at = o.n;
         o.n += 1;
@@ -306,7 +359,33 @@ pub fn unpack_version(bytes: &[u8], count: usize, version: u32) -> Result<Vec<Re
 }
 
 fn unpack_with<const T: usize>(bytes: &[u8], count: usize) -> Result<Vec<Record>, PackError> {
-    let mut m = Model::<T>::new();
+    unpack_into(&mut Model::<T>::new(), bytes, count)
+}
+
+/// Unpacks chunk groups (`SECTION_CHUNKS_PACKED`): [`GroupPacker`]'s counterpart, its
+/// table reused from group to group.
+pub struct GroupUnpacker(Model<GROUP_TABLE>);
+
+impl Default for GroupUnpacker {
+    fn default() -> Self {
+        GroupUnpacker(Model::new())
+    }
+}
+
+impl GroupUnpacker {
+    /// Exactly `count` records from `bytes`, a group's stream.
+    pub fn unpack(&mut self, bytes: &[u8], count: usize) -> Result<Vec<Record>, PackError> {
+        self.0.reset();
+        unpack_into(&mut self.0, bytes, count)
+    }
+}
+
+/// Exactly `count` records from `bytes`, against model `m` (fresh).
+fn unpack_into<const T: usize>(
+    m: &mut Model<T>,
+    bytes: &[u8],
+    count: usize,
+) -> Result<Vec<Record>, PackError> {
     let mut c = Bytes {
         b: bytes,
         at: 0,
@@ -442,13 +521,32 @@ mod tests {
             r(7, 0, 1050, 12, 0x4020),
         ];
         let mut v3 = Vec::new();
-        pack_with::<TABLE_V3>(recs.iter().copied(), &mut v3);
+        pack_with(&mut Model::<TABLE_V3>::new(), recs.iter().copied(), &mut v3);
         assert_eq!(v3, GOLDEN_V3);
         assert_eq!(unpack_version(&v3, recs.len(), 3).as_deref(), Ok(&recs[..]));
         let mut v4 = Vec::new();
         pack(recs.iter().copied(), &mut v4);
         assert_eq!(v4, GOLDEN_V4);
         assert_eq!(unpack_version(&v4, recs.len(), 4).as_deref(), Ok(&recs[..]));
+        // A group (version 5) codes its records as one stream, the same way: split in
+        // two chunks (the model carries over), the same bytes; its bigger table only
+        // matters where sites collide in 256 entries.
+        let mut g = GroupPacker::default();
+        let mut v5 = Vec::new();
+        for _ in 0..2 {
+            v5.clear();
+            g.start();
+            g.pack(recs[..4].iter().copied(), &mut v5);
+            g.pack(recs[4..].iter().copied(), &mut v5);
+            assert_eq!(v5, GOLDEN_V4);
+        }
+        let mut u = GroupUnpacker::default();
+        assert_eq!(u.unpack(&v5, recs.len()).as_deref(), Ok(&recs[..]));
+        assert_eq!(
+            u.unpack(&v5, recs.len()).as_deref(),
+            Ok(&recs[..]),
+            "reused"
+        );
     }
 
     #[test]

@@ -9,15 +9,18 @@ use std::{
 
 use anyhow::{Context, Result, bail, ensure};
 use tracer_common::{
-    CHUNK_HEADER_BYTES, CHUNK_RECORDS, ChunkHeader, RECORD_SIZE, Record, STRING_BYTES,
-    STRING_CHANGED, STRING_TRUNCATED, STRING_UNREADABLE, operand::MAX_OPERAND_RECORDS,
+    CHUNK_HEADER_BYTES, CHUNK_KIND_RECORDS, CHUNK_RECORDS, ChunkHeader, RECORD_SIZE, Record,
+    STRING_BYTES, STRING_CHANGED, STRING_TRUNCATED, STRING_UNREADABLE,
+    operand::MAX_OPERAND_RECORDS,
 };
 
 use super::{
-    BinaryInfo, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, MAGIC, MAX_SECTION, OLDEST_READABLE,
-    SECTION_BINARY, SECTION_CHUNK, SECTION_CHUNK_PACKED, SECTION_COMM, SECTION_HEADER_LEN,
-    SECTION_LOAD, SECTION_SESSION, SECTION_STATS, SECTION_STRING, STRING_SECTION_FIXED,
-    SessionInfo, chunk_header, pack::unpack_version, u32_at, u64_at,
+    BinaryInfo, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, GROUP_CHUNKS_MAX, MAGIC, MAX_SECTION,
+    OLDEST_READABLE, SECTION_BINARY, SECTION_CHUNK, SECTION_CHUNK_PACKED, SECTION_CHUNKS_PACKED,
+    SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SESSION, SECTION_STATS, SECTION_STRING,
+    STRING_SECTION_FIXED, SessionInfo, chunk_header,
+    pack::{GroupUnpacker, unpack_version},
+    u32_at, u64_at,
 };
 
 /// One chunk as stored: header and its valid records.
@@ -69,6 +72,9 @@ pub struct Reader<R = BufReader<File>> {
     truncated: Option<Truncation>,
     /// The file's format version (packed chunks differ between 3 and 4).
     version: u32,
+    /// Chunks of a `SECTION_CHUNKS_PACKED` not handed out yet, in order.
+    pending: std::collections::VecDeque<Chunk>,
+    groups: GroupUnpacker,
 }
 
 /// Read exactly `buf.len()` bytes; Ok(false) on a clean or partial end of file.
@@ -135,6 +141,8 @@ impl<R: Read> Reader<R> {
             offset: FILE_HEADER_LEN as u64,
             truncated: None,
             version,
+            pending: Default::default(),
+            groups: Default::default(),
         })
     }
 
@@ -158,6 +166,9 @@ impl<R: Read> Reader<R> {
 
     /// The next complete section, or None at the end (check [`Reader::truncated`]).
     pub fn next_section(&mut self) -> Result<Option<Section>> {
+        if let Some(c) = self.pending.pop_front() {
+            return Ok(Some(Section::Chunk(c)));
+        }
         if self.truncated.is_some() {
             return Ok(None);
         }
@@ -201,6 +212,15 @@ impl<R: Read> Reader<R> {
                 chunk(kind, &payload, self.version)
                     .with_context(|| format!("{at}: bad chunk section"))?,
             ),
+            SECTION_CHUNKS_PACKED if self.version >= 5 => {
+                self.pending = chunk_group(&payload, &mut self.groups)
+                    .with_context(|| format!("{at}: bad chunk group section"))?
+                    .into();
+                match self.pending.pop_front() {
+                    Some(c) => Section::Chunk(c),
+                    None => bail!("{at}: empty chunk group section"),
+                }
+            }
             SECTION_COMM => {
                 ensure!(
                     payload.len() == 24,
@@ -291,6 +311,43 @@ fn chunk(kind: u32, payload: &[u8], version: u32) -> Result<Chunk> {
             .collect()
     };
     Ok(Chunk { header, records })
+}
+
+/// A chunk group section: `n`, their headers, then all their records packed as one
+/// stream (`pack.rs`).
+fn chunk_group(payload: &[u8], unpacker: &mut GroupUnpacker) -> Result<Vec<Chunk>> {
+    ensure!(payload.len() >= 8, "shorter than its count");
+    let n = u32_at(payload, 0) as usize;
+    ensure!(
+        (1..=GROUP_CHUNKS_MAX).contains(&n),
+        "a group of {n} chunks (1 to {GROUP_CHUNKS_MAX})"
+    );
+    let heads = payload
+        .get(8..8 + n * CHUNK_HEADER_BYTES)
+        .context("shorter than its chunk headers")?;
+    let headers: Vec<ChunkHeader> = heads
+        .chunks_exact(CHUNK_HEADER_BYTES)
+        .map(|h| chunk_header(h).context("bad chunk header"))
+        .collect::<Result<_>>()?;
+    for h in &headers {
+        ensure!(
+            h.kind == CHUNK_KIND_RECORDS && h.count as usize <= CHUNK_RECORDS,
+            "a grouped chunk of kind {} and {} records",
+            h.kind,
+            h.count
+        );
+    }
+    let total = headers.iter().map(|h| h.count as usize).sum();
+    let mut records = unpacker
+        .unpack(&payload[8 + heads.len()..], total)?
+        .into_iter();
+    Ok(headers
+        .into_iter()
+        .map(|header| Chunk {
+            records: records.by_ref().take(header.count as usize).collect(),
+            header,
+        })
+        .collect())
 }
 
 /// The stats section of a trace, found by skipping over all other payloads (so a

@@ -15,16 +15,16 @@ use tracer_common::{
 
 use super::direct::DirectWriter;
 use super::{
-    BinaryInfo, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, MAGIC, SECTION_BINARY,
-    SECTION_CHUNK_PACKED, SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SESSION,
-    SECTION_STATS, SECTION_STRING, STRING_SECTION_FIXED, SessionInfo, chunk_header, pack::pack,
+    BinaryInfo, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, GROUP_CHUNKS, MAGIC, SECTION_BINARY,
+    SECTION_CHUNK_PACKED, SECTION_CHUNKS_PACKED, SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD,
+    SECTION_SESSION, SECTION_STATS, SECTION_STRING, STRING_SECTION_FIXED, SessionInfo,
+    chunk_header,
+    pack::{GroupPacker, pack},
     u32_at, u64_at,
 };
 
-/// Check a ring-buffer entry and append it to `out` as a packed chunk section: its
-/// header, then its `count` records packed (`pack`). Returns the header, or None if
-/// the entry is malformed.
-pub fn encode_chunk(entry: &[u8], out: &mut Vec<u8>) -> Option<ChunkHeader> {
+/// A well-formed ring-buffer entry of records: its header and its records.
+fn chunk_records(entry: &[u8]) -> Option<(ChunkHeader, impl ExactSizeIterator<Item = Record>)> {
     let h = chunk_header(entry)?;
     let max = match h.kind {
         CHUNK_KIND_RECORDS => CHUNK_RECORDS,
@@ -39,6 +39,58 @@ pub fn encode_chunk(entry: &[u8], out: &mut Vec<u8>) -> Option<ChunkHeader> {
     let records = entry[CHUNK_HEADER_BYTES..len]
         .chunks_exact(RECORD_SIZE)
         .map(|r| Record::from_bytes(r.try_into().expect("RECORD_SIZE bytes")));
+    Some((h, records))
+}
+
+/// Consecutive chunks of records, packed as one stream into one
+/// `SECTION_CHUNKS_PACKED` (up to `GROUP_CHUNKS`).
+#[derive(Default)]
+pub struct ChunkGroup {
+    headers: Vec<u8>,
+    packed: Vec<u8>,
+    n: u32,
+    packer: GroupPacker,
+}
+
+impl ChunkGroup {
+    /// Add a ring-buffer entry of `CHUNK_KIND_RECORDS`; its header, or None if the
+    /// entry is not one or is malformed (nothing added). Full groups go to `out`.
+    pub fn add(&mut self, entry: &[u8], out: &mut Vec<u8>) -> Option<ChunkHeader> {
+        let (h, records) = chunk_records(entry).filter(|(h, _)| h.kind == CHUNK_KIND_RECORDS)?;
+        if self.n == 0 {
+            self.packer.start();
+        }
+        self.headers.extend_from_slice(&entry[..CHUNK_HEADER_BYTES]);
+        self.packer.pack(records, &mut self.packed);
+        self.n += 1;
+        if self.n as usize == GROUP_CHUNKS {
+            self.flush(out);
+        }
+        Some(h)
+    }
+
+    /// The chunks added so far as one section, appended to `out` (none: nothing).
+    pub fn flush(&mut self, out: &mut Vec<u8>) {
+        if self.n == 0 {
+            return;
+        }
+        let len = 8 + self.headers.len() + self.packed.len();
+        push_section_header(out, SECTION_CHUNKS_PACKED, len as u64);
+        out.extend_from_slice(&self.n.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&self.headers);
+        out.extend_from_slice(&self.packed);
+        self.headers.clear();
+        self.packed.clear();
+        self.n = 0;
+    }
+}
+
+/// Check a ring-buffer entry and append it to `out` as a packed chunk section: its
+/// header, then its `count` records packed (`pack`). Returns the header, or None if
+/// the entry is malformed.
+pub fn encode_chunk(entry: &[u8], out: &mut Vec<u8>) -> Option<ChunkHeader> {
+    let (h, records) = chunk_records(entry)?;
     let at = out.len();
     push_section_header(out, SECTION_CHUNK_PACKED, 0);
     out.extend_from_slice(&entry[..CHUNK_HEADER_BYTES]);
