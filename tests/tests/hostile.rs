@@ -205,11 +205,34 @@ fn hostile_process() {
 
 /// (offset, kind, payload length) of each section of a trace file.
 /// The section kind of record chunks (packed, format versions 3 and 4).
+/// A packed chunk, and a group of them (format 5: `u32 n`, `u32` 0, `n` headers, the
+/// records of all).
 const CHUNK: u32 = 7;
+const GROUP: u32 = 9;
 
-/// The record count in the header of the chunk section at `off`.
-fn chunk_count(b: &[u8], off: usize) -> usize {
-    u32::from_le_bytes(b[off + 16 + 4..off + 16 + 8].try_into().unwrap()) as usize
+/// Where the chunk headers of the section at `off` of `kind` are (none: not chunks).
+fn chunk_headers(b: &[u8], off: usize, kind: u32) -> Vec<usize> {
+    match kind {
+        CHUNK => vec![off + 16],
+        GROUP => {
+            let n = u32::from_le_bytes(b[off + 16..off + 20].try_into().unwrap()) as usize;
+            (0..n).map(|i| off + 16 + 8 + 48 * i).collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The record count in the chunk header at `h`.
+fn count_at(b: &[u8], h: usize) -> usize {
+    u32::from_le_bytes(b[h + 4..h + 8].try_into().unwrap()) as usize
+}
+
+/// The records of the section at `off` of `kind` (0: not chunks).
+fn chunk_count(b: &[u8], off: usize, kind: u32) -> usize {
+    chunk_headers(b, off, kind)
+        .into_iter()
+        .map(|h| count_at(b, h))
+        .sum()
 }
 
 fn sections(b: &[u8]) -> Vec<(usize, u32, usize)> {
@@ -300,7 +323,15 @@ fn damaged_trace_files() {
     let kinds: Vec<u32> = secs.iter().map(|s| s.1).collect();
     assert_eq!(kinds.first(), Some(&1), "session first: {kinds:?}");
     assert_eq!(kinds.last(), Some(&4), "stats last: {kinds:?}");
-    assert!(kinds.contains(&2) && kinds.iter().filter(|&&k| k == CHUNK).count() >= 4);
+    let chunks: usize = secs
+        .iter()
+        .map(|&(o, k, _)| chunk_headers(&full, o, k).len())
+        .sum();
+    assert!(
+        kinds.contains(&2) && chunks >= 4,
+        "{chunks} chunks: {kinds:?}"
+    );
+    assert!(kinds.contains(&GROUP), "no chunk group: {kinds:?}");
     let base = read_all(&valid, "the valid trace");
     assert_eq!(base.codes, [0, 0, 0]);
     let base_dump = timeless(&base.dump);
@@ -331,7 +362,8 @@ fn damaged_trace_files() {
     };
 
     // Truncations at and around every section boundary: a readable prefix (the
-    // records of the complete chunks before the cut), flagged as truncated.
+    // records of the complete chunks and chunk groups before the cut), flagged as
+    // truncated.
     let mut records_before = 0;
     for (i, &(off, kind, len)) in secs.iter().enumerate() {
         for cut in [off, off + 1, off + 8, off + 16, off + 16 + len / 2] {
@@ -357,9 +389,7 @@ fn damaged_trace_files() {
             }
             assert_eq!(v.codes, [0, 0, 0], "{what}: {:?}", v.errors);
         }
-        if kind == CHUNK {
-            records_before += chunk_count(&full, off);
-        }
+        records_before += chunk_count(&full, off, kind);
     }
     // Random cuts, bit flips and byte garbage from a fixed seed.
     let mut seed = 0xdead_beef_u64;
@@ -399,17 +429,17 @@ fn damaged_trace_files() {
     // Chunks whose count disagrees with their payload.
     let chunk = *secs
         .iter()
-        .find(|s| s.1 == CHUNK && chunk_count(&full, s.0) > 1)
+        .find(|s| chunk_count(&full, s.0, s.1) > 1)
         .unwrap();
-    let count_of_chunk = chunk_count(&full, chunk.0);
-    for count in [
-        u32::MAX,
-        count_of_chunk as u32 + 1,
-        count_of_chunk as u32 - 1,
-        0,
-    ] {
+    let count_of_chunk = chunk_count(&full, chunk.0, chunk.1);
+    let head = *chunk_headers(&full, chunk.0, chunk.1)
+        .iter()
+        .find(|&&h| count_at(&full, h) > 1)
+        .unwrap();
+    let count_at_head = count_at(&full, head) as u32;
+    for count in [u32::MAX, count_at_head + 1, count_at_head - 1, 0] {
         let mut b = full.clone();
-        b[chunk.0 + 16 + 4..chunk.0 + 16 + 8].copy_from_slice(&count.to_le_bytes());
+        b[head + 4..head + 8].copy_from_slice(&count.to_le_bytes());
         let what = format!("chunk count {count}");
         let v = check(&b, &what);
         assert_eq!(v.codes, [1, 1, 1], "{what}: accepted");
@@ -475,8 +505,8 @@ fn damaged_trace_files() {
     b.extend_from_slice(&random);
     check(&b, "header then random bytes");
     let mut b = full.clone();
-    b[8] = 5;
-    assert_eq!(check(&b, "format version 5").codes, [1, 1, 1]);
+    b[8] = 6;
+    assert_eq!(check(&b, "format version 6").codes, [1, 1, 1]);
     let mut b = full.clone();
     b[8] = 1;
     assert_eq!(check(&b, "format version 1").codes, [1, 1, 1]);
