@@ -60,11 +60,9 @@ pub fn place(
     let loads: Vec<&Phdr> = input.loads().collect();
     let base = loads[0].vaddr - loads[0].offset;
     let max_vend = loads.iter().map(|p| p.vaddr + p.memsz).max().unwrap_or(0);
+    let lookup = slot_lookup(input, isa, opts.nslots);
     // Two PT_LOADs, and a PT_TLS for a thread word.
-    let word = matches!(
-        slot_lookup(input, isa, opts.nslots),
-        SlotLookup::ThreadWord(_)
-    );
+    let word = matches!(lookup, SlotLookup::ThreadWord(_));
     let new_phnum = input.phdrs.len() as u64 + 2 + u64::from(word);
     let tx_vaddr_min = align_up(max_vend, a);
     let mut tx_off = align_up(input.data.len() as u64, a);
@@ -86,7 +84,7 @@ pub fn place(
         pre_tls: input.kind.is_static(),
         time_mode: opts.time_mode,
         buf_kind: opts.buf_kind,
-        slot_lookup: slot_lookup(input, isa, opts.nslots),
+        slot_lookup: lookup,
     };
     // The RW area past its 64 KiB-aligned start: everything must stay a user address.
     let rw_end =
@@ -139,10 +137,7 @@ fn slot_lookup(input: &Input, isa: &dyn Isa, nslots: u32) -> SlotLookup {
         Kind::Exec | Kind::Pie if input.phdrs.iter().any(|p| p.p_type == object::elf::PT_TLS) => {
             IndexWhy::OwnTls
         }
-        Kind::Exec | Kind::Pie => match isa.thread_word_offset() {
-            Some(off) => return SlotLookup::ThreadWord(off),
-            None => IndexWhy::Isa,
-        },
+        Kind::Exec | Kind::Pie => return SlotLookup::ThreadWord(isa.thread_word_offset()),
     };
     SlotLookup::Index(why)
 }

@@ -64,8 +64,6 @@ pub enum IndexWhy {
     /// The executable has its own `PT_TLS`, which a word cannot be added to without
     /// moving its variables.
     OwnTls,
-    /// This ISA's stubs do not read a thread word yet.
-    Isa,
     /// The slot count is not a power of two, so no mask keeps a thread word's value
     /// among the slots.
     SlotCount,
@@ -78,10 +76,10 @@ pub fn slot_mask(nslots: u32) -> u32 {
     (nslots * size - 1) & !(size - 1)
 }
 
-/// The index: what every binary's stubs can use.
+/// The index: what every binary's stubs can use (a report before the layout is known).
 impl Default for SlotLookup {
     fn default() -> Self {
-        SlotLookup::Index(IndexWhy::Isa)
+        SlotLookup::Index(IndexWhy::SharedLibrary)
     }
 }
 
@@ -92,7 +90,6 @@ impl SlotLookup {
             SlotLookup::Index(IndexWhy::SharedLibrary) => "index (a shared library)",
             SlotLookup::Index(IndexWhy::StaticExecutable) => "index (a static executable)",
             SlotLookup::Index(IndexWhy::OwnTls) => "index (the executable has its own TLS)",
-            SlotLookup::Index(IndexWhy::Isa) => "index (not on this ISA yet)",
             SlotLookup::Index(IndexWhy::SlotCount) => {
                 "index (the slot count is not a power of two)"
             }
@@ -571,8 +568,8 @@ pub trait Isa: crate::flow::FlowArch + Sync {
     /// Alignment the new segments need (page size the binaries assume).
     fn segment_align(&self) -> u64;
     /// Where an executable's static TLS block of 8 bytes (its only one) lies from the
-    /// thread pointer, by this ISA's TLS variant; None where stubs use no thread word.
-    fn thread_word_offset(&self) -> Option<i32>;
+    /// thread pointer, by this ISA's TLS variant.
+    fn thread_word_offset(&self) -> i32;
     /// Where the values of a uprobe site's record are, for the eBPF `site` program:
     /// a memory site's effective address (and its record flags), a USDT probe's
     /// arguments. `addr` is where the uprobe sits (the site's instruction). None for

@@ -15,7 +15,7 @@ use std::{
         mpsc::{Receiver, Sender, SyncSender, sync_channel},
     },
     thread::JoinHandle,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{Context, Result, anyhow};
@@ -153,7 +153,6 @@ fn consume_loop(
     // the file keeps the ring buffer's order. A group waits for more chunks across
     // polls, at most GROUP_WAIT.
     let mut group = ChunkGroup::default();
-    let mut group_since: Option<Instant> = None;
     loop {
         // Read the flag before draining: entries produced before it was set are in
         // the buffer by now, so one more full drain gets everything.
@@ -178,7 +177,6 @@ fn consume_loop(
             if grouped.is_none() {
                 group.flush(&mut batch);
             }
-            group_since = group_since.or(grouped.map(|_| Instant::now()));
             // Announcements: a section each, no records.
             let announced = match kind {
                 Some(CHUNK_KIND_COMM) => Some(encode_comm(&item, &mut batch)),
@@ -212,9 +210,8 @@ fn consume_loop(
                     .map_err(|_| anyhow!("the writer thread stopped"))?;
             }
         }
-        if stopping || group_since.is_some_and(|t| t.elapsed() >= GROUP_WAIT) {
+        if stopping || group.age().is_some_and(|a| a >= GROUP_WAIT) {
             group.flush(&mut batch);
-            group_since = None;
         }
         if !batch.is_empty() {
             let b = std::mem::replace(&mut batch, Vec::with_capacity(BATCH_CAPACITY));

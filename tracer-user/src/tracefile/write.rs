@@ -50,6 +50,8 @@ pub struct ChunkGroup {
     packed: Vec<u8>,
     n: u32,
     packer: GroupPacker,
+    /// When the first chunk of the pending group came.
+    since: Option<std::time::Instant>,
 }
 
 impl ChunkGroup {
@@ -59,6 +61,7 @@ impl ChunkGroup {
         let (h, records) = chunk_records(entry).filter(|(h, _)| h.kind == CHUNK_KIND_RECORDS)?;
         if self.n == 0 {
             self.packer.start();
+            self.since = Some(std::time::Instant::now());
         }
         self.headers.extend_from_slice(&entry[..CHUNK_HEADER_BYTES]);
         self.packer.pack(records, &mut self.packed);
@@ -67,6 +70,11 @@ impl ChunkGroup {
             self.flush(out);
         }
         Some(h)
+    }
+
+    /// How long the pending chunks have waited (None: no chunk pending).
+    pub fn age(&self) -> Option<std::time::Duration> {
+        self.since.map(|t| t.elapsed())
     }
 
     /// The chunks added so far as one section, appended to `out` (none: nothing).
@@ -83,6 +91,7 @@ impl ChunkGroup {
         self.headers.clear();
         self.packed.clear();
         self.n = 0;
+        self.since = None;
     }
 }
 

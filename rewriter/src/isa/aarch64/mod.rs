@@ -291,9 +291,9 @@ impl Isa for Aarch64 {
         0x10000
     }
 
-    fn thread_word_offset(&self) -> Option<i32> {
+    fn thread_word_offset(&self) -> i32 {
         // TLS variant I: the executable's block follows the 16-byte TCB.
-        Some(16)
+        16
     }
 
     fn uprobe_operands(

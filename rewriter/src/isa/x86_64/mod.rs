@@ -835,9 +835,9 @@ impl Isa for X86_64 {
         0x1000
     }
 
-    fn thread_word_offset(&self) -> Option<i32> {
+    fn thread_word_offset(&self) -> i32 {
         // TLS variant II: the executable's block ends at the thread pointer.
-        Some(-8)
+        -8
     }
 
     fn uprobe_operands(
