@@ -30,7 +30,7 @@
 //!   reported without the binaries.
 //! - `SECTION_CHUNK_PACKED` (7, any number): a ring-buffer entry of records: its 48-byte
 //!   `ChunkHeader` (tracer-common `chunk.rs`) as eBPF wrote it, then its `count`
-//!   records packed on their own (`pack.rs`: a tag byte and varints per record, about
+//!   records packed on their own (`pack/`: a tag byte and varints per record, about
 //!   6 bytes instead of 32). Chunks are in delivery order.
 //! - `SECTION_CHUNKS_PACKED` (9, any number, version 5): consecutive ring-buffer
 //!   entries of records (1 to `GROUP_CHUNKS_MAX`): `u32 n`, `u32` 0, their `n` 48-byte
@@ -85,7 +85,7 @@ use clock::{Anchor, Calibration};
 pub const MAGIC: [u8; 8] = *b"UTRCTRAC";
 /// 2: chunk headers carry the drain's clock sample (48 bytes). 3: chunks are written
 /// packed (`SECTION_CHUNK_PACKED`); version 2 files still read. 4: chunks of up to
-/// 512 records, not 128, packed against a 256-entry site table, not 64 (`pack.rs`);
+/// 512 records, not 128, packed against a 256-entry site table, not 64 (`pack/`);
 /// versions 2 and 3 still read. 5: consecutive chunks packed as one stream
 /// (`SECTION_CHUNKS_PACKED`); earlier versions still read.
 pub const FORMAT_VERSION: u32 = 5;

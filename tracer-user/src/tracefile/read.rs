@@ -314,7 +314,7 @@ fn chunk(kind: u32, payload: &[u8], version: u32) -> Result<Chunk> {
 }
 
 /// A chunk group section: `n`, their headers, then all their records packed as one
-/// stream (`pack.rs`).
+/// stream (`pack/`).
 fn chunk_group(payload: &[u8], unpacker: &mut GroupUnpacker) -> Result<Vec<Chunk>> {
     ensure!(payload.len() >= 8, "shorter than its count");
     let n = u32_at(payload, 0) as usize;

@@ -129,7 +129,7 @@ fn stages(report: &str, program_comm: &str, file: &str) -> BTreeMap<Stage, f64> 
 fn stage_of((comm, dso, sym): (&str, &str, &str), program: (&str, &str)) -> Option<Stage> {
     let sym = sym.trim_start_matches("[.] ").trim_start_matches("[k] ");
     Some(match comm {
-        "utrace-consumer" if sym.contains("pack::pack") => Stage::Packer,
+        "utrace-consumer" if sym.contains("tracefile::pack::") => Stage::Packer,
         "utrace-consumer" => Stage::Consumer,
         "utrace-writer" => Stage::Writer,
         c if c.starts_with("utrace-") || c == "tracer" => Stage::Session,

@@ -24,11 +24,18 @@
 //! Differences are wrapping. Return addresses repeat per site and lie near the
 //! previous record's, arguments are passed down call chains, timestamps grow by
 //! little, sites follow each other in patterns: most records take 4 to 8 bytes.
+//!
+//! A chunk group (`SECTION_CHUNKS_PACKED`, version 5) codes its chunks as one such
+//! stream with a 4,096-entry table. The packer (`encode.rs`, the consumer's hot loop)
+//! and the readers' [`Model`] here compute the same predictions in two ways: the
+//! packer for speed, the model for checked reading.
 
-use std::mem::MaybeUninit;
+mod encode;
 
 use thiserror::Error;
 use tracer_common::Record;
+
+use encode::Encoder;
 
 /// Entries of the per-site table: format version 4 (sqlite: 6.2 bytes a record where
 /// version 3's 64 entries, whose collisions hid half the sites, gave 6.8).
@@ -117,23 +124,6 @@ impl<const T: usize> Model<T> {
         (self.is_valid(i) && s.site == site).then_some(s)
     }
 
-    /// `at(site)`, or an unseen site's default, field by field: selected, not copied
-    /// whole out of the table (the copy was a fifth of the packer's time).
-    #[inline(always)]
-    fn seen(&self, site: u32) -> Seen {
-        let i = site as usize % T;
-        let e = &self.table[i];
-        let valid = self.is_valid(i) && e.site == site;
-        Seen {
-            valid,
-            site: if valid { site } else { 0 },
-            flags: if valid { e.flags } else { 0 },
-            value: if valid { e.value } else { 0 },
-            aux: if valid { e.aux } else { 0 },
-            next: if valid { e.next } else { None },
-        }
-    }
-
     fn successor(&self) -> Option<u32> {
         if !self.started {
             return None;
@@ -170,75 +160,23 @@ impl<const T: usize> Model<T> {
     }
 }
 
-fn zigzag(d: u64) -> u64 {
-    let d = d as i64;
-    ((d << 1) ^ (d >> 63)) as u64
-}
-
 fn unzigzag(z: u64) -> u64 {
     (z >> 1) ^ (z & 1).wrapping_neg()
 }
 
-/// The most bytes one record packs into: a tag and five varints.
-const MAX_PACKED: usize = 1 + 5 * 10;
-
-/// Packed bytes written straight into a `Vec`'s reserved spare room: no capacity
-/// check or copy per record.
-struct Out<'a> {
-    b: &'a mut [MaybeUninit<u8>],
-    n: usize,
-}
-
-impl Out<'_> {
-    fn put(&mut self, v: u8) {
-        self.b[self.n].write(v);
-        self.n += 1;
-    }
-
-    fn put_varint(&mut self, mut v: u64) {
-        while v >= 0x80 {
-            self.put(v as u8 | 0x80);
-            v >>= 7;
-        }
-        self.put(v as u8);
-    }
-}
-
-/// How one value or aux is stored (a `DELTA_*`/`SAME_*` mode); puts its varint.
-#[inline(always)]
-fn field_mode(seen: bool, now: u64, site: u64, prev: u64, out: &mut Out) -> u8 {
-    if seen && now == site {
-        return SAME_SITE;
-    }
-    if now == prev {
-        return SAME_PREV;
-    }
-    let (a, b) = (
-        zigzag(now.wrapping_sub(site)),
-        zigzag(now.wrapping_sub(prev)),
-    );
-    if a <= b {
-        out.put_varint(a);
-        DELTA_SITE
-    } else {
-        out.put_varint(b);
-        DELTA_PREV
-    }
-}
-
 /// Append `records`, packed on their own, to `out`.
 pub fn pack(records: impl ExactSizeIterator<Item = Record>, out: &mut Vec<u8>) {
-    pack_with(&mut Model::<TABLE>::new(), records, out)
+    Encoder::<TABLE>::new().pack(records, out)
 }
 
 /// Packs the records of several chunks as one stream (`SECTION_CHUNKS_PACKED`): the
 /// predictions carry over from chunk to chunk, where a chunk packed on its own starts
 /// cold (a sqlite trace: 6.2 bytes a record in chunks of 512, 3.8 in groups of 8).
-pub struct GroupPacker(Model<GROUP_TABLE>);
+pub struct GroupPacker(Encoder<GROUP_TABLE>);
 
 impl Default for GroupPacker {
     fn default() -> Self {
-        GroupPacker(Model::new())
+        GroupPacker(Encoder::new())
     }
 }
 
@@ -250,52 +188,8 @@ impl GroupPacker {
 
     /// Append `records`, packed after the group's earlier ones, to `out`.
     pub fn pack(&mut self, records: impl ExactSizeIterator<Item = Record>, out: &mut Vec<u8>) {
-        pack_with(&mut self.0, records, out)
+        self.0.pack(records, out)
     }
-}
-
-/// Append `records` to `out`, packed against model `m` (as it was left by the records
-/// before them), a table of `T` entries.
-fn pack_with<const T: usize>(
-    m: &mut Model<T>,
-    records: impl ExactSizeIterator<Item = Record>,
-    out: &mut Vec<u8>,
-) {
-    out.reserve(records.len() * MAX_PACKED);
-    let mut o = Out {
-        b: out.spare_capacity_mut(),
-        n: 0,
-    };
-    // `m.successor()`, kept in a register: the loop need not wait for the table entry
-    // the last record's update stored.
-    let mut succ = m.successor();
-    for r in records.take(o.b.len() / MAX_PACKED) {
-        let at = o.n;
-        o.n += 1;
-        let mut tag = 0;
-        if succ == Some(r.site) {
-            tag |= SITE;
-        } else {
-            o.put_varint(zigzag(
-                i64::from(r.site.wrapping_sub(m.prev.site) as i32) as u64
-            ));
-        }
-        let seen = m.seen(r.site);
-        if seen.valid && seen.flags == r.flags {
-            tag |= FLAGS;
-        } else {
-            o.put_varint(u64::from(r.flags));
-        }
-        tag |= field_mode(seen.valid, r.value, seen.value, m.prev.value, &mut o) << VALUE_SHIFT;
-        tag |= field_mode(seen.valid, r.aux, seen.aux, m.prev.aux, &mut o) << AUX_SHIFT;
-        o.put_varint(zigzag(r.time.wrapping_sub(m.prev.time)));
-        o.b[at].write(tag);
-        succ = m.update(&r, &seen);
-    }
-    let n = o.n;
-    // SAFETY: `Out` wrote every one of the first `n` bytes of the spare capacity (a
-    // tag and the varints after it, in order, for each record).
-    unsafe { out.set_len(out.len() + n) };
 }
 
 /// A cursor over packed bytes; errors name the record being read.
@@ -521,7 +415,7 @@ mod tests {
             r(7, 0, 1050, 12, 0x4020),
         ];
         let mut v3 = Vec::new();
-        pack_with(&mut Model::<TABLE_V3>::new(), recs.iter().copied(), &mut v3);
+        Encoder::<TABLE_V3>::new().pack(recs.iter().copied(), &mut v3);
         assert_eq!(v3, GOLDEN_V3);
         assert_eq!(unpack_version(&v3, recs.len(), 3).as_deref(), Ok(&recs[..]));
         let mut v4 = Vec::new();
@@ -627,11 +521,16 @@ mod tests {
             }
         }
         let mut out = Vec::with_capacity(n * 8);
+        let mut g = GroupPacker::default();
         let t = std::time::Instant::now();
         for _ in 0..3 {
             out.clear();
-            for c in &chunks {
-                pack(c.iter().copied(), &mut out);
+            // As the consumer packs them: groups of `GROUP_CHUNKS` chunks.
+            for group in chunks.chunks(crate::tracefile::GROUP_CHUNKS) {
+                g.start();
+                for c in group {
+                    g.pack(c.iter().copied(), &mut out);
+                }
             }
         }
         let ns = t.elapsed().as_nanos() as f64 / (3 * n) as f64;
