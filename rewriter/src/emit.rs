@@ -27,6 +27,9 @@ pub struct Report {
     pub output_size: u64,
     /// How the stubs find their thread's slot.
     pub slot_lookup: SlotLookup,
+    /// Split-off parts (`.cold`) planned as their functions' (their exits are): the
+    /// part's address and its function's name.
+    pub parts: Vec<(u64, String)>,
 }
 
 /// The emitted RX segment contents and what goes into the metadata.
@@ -72,6 +75,12 @@ pub fn code(
             sites: sites.info.len(),
             input_size: input.data.len() as u64,
             slot_lookup: seg.layout.slot_lookup,
+            parts: sel
+                .chosen
+                .iter()
+                .filter(|c| c.part_of.is_some())
+                .map(|c| (c.f.addr, c.name.clone()))
+                .collect(),
             ..Default::default()
         },
     };

@@ -34,8 +34,8 @@ pub fn rewrite(name: &str, data: &[u8], opts: &Options) -> Result<(Vec<u8>, Repo
     let isa = isa_of(&input)?;
     options::check(name, opts)?;
     let (flow, eh_problem) = recover_or_warn(&input, isa);
-    let sel = select::select(&input, isa, &flow, opts)?;
     let targets = isa.branch_targets(&input, &flow);
+    let sel = select::select(&input, isa, &flow, &targets, opts)?;
     let sites = plan::sites(&input, isa, &flow, &targets, &sel, opts)?;
     let eh_problem = eh_problem.as_deref();
     let plans = plan::plan(&input, isa, &flow, eh_problem, &targets, &sel, &sites, opts);

@@ -133,12 +133,16 @@ fn main() -> ExitCode {
                 );
             }
             println!(
-                "  time: {}; buffers: {}; slot lookup: {}",
+                "  time: {}; buffers: {}; slot lookup: {}; split-off parts: {}",
                 opts.time_mode.name(),
                 ["trace", "circular", "fast-circular"][opts.buf_kind as usize % 3],
-                r.slot_lookup.describe()
+                r.slot_lookup.describe(),
+                r.parts.len()
             );
             if args.verbose {
+                for (at, f) in &r.parts {
+                    println!("  split-off part at {at:#x} of {f}");
+                }
                 for (f, why) in &r.uprobe_reasons {
                     println!("  uprobe site {f}: {why}");
                 }

@@ -39,6 +39,7 @@ struct Ctx<'a> {
     isa: &'a dyn Isa,
     facts: FlowFacts<'a>,
     fn_starts: &'a [u64],
+    sel: &'a Selection,
     probes: &'a [crate::select::usdt::Probe],
     values: HashMap<SiteKind, Arg>,
 }
@@ -68,6 +69,7 @@ pub fn sites(
             plt: &plt,
         },
         fn_starts: &fn_starts,
+        sel,
         probes: &sel.probes,
         values: values(input, opts)?,
     };
@@ -162,12 +164,23 @@ impl Ctx<'_> {
             if !c.selected {
                 continue; // planned only for its USDT probes
             }
-            if matches!(kind, SiteKind::FunctionEntry | SiteKind::FunctionExit) && !c.callable {
-                continue;
-            }
+            // A part has its function's exits, never an entry.
+            let whole = match (kind, c.part_of) {
+                (SiteKind::FunctionEntry, Some(_)) => continue,
+                (SiteKind::FunctionEntry | SiteKind::FunctionExit, None) if !c.callable => continue,
+                (_, Some(parent)) => self.sel.whole(parent),
+                (_, None) => self.sel.whole(f.addr),
+            };
             let value: Vec<Arg> = self.values.get(&kind).cloned().into_iter().collect();
-            let of =
-                crate::isa::sites_of(self.isa, self.input, f, kind, self.fn_starts, &self.facts);
+            let of = crate::isa::sites_of(
+                self.isa,
+                self.input,
+                f,
+                &whole,
+                kind,
+                self.fn_starts,
+                &self.facts,
+            );
             for addr in of {
                 add(kind, addr, &c.name, value.clone());
             }

@@ -42,6 +42,14 @@ pub fn have_qemu_aarch64(what: &str) -> bool {
 /// The arm64 sysroot of Debian's cross toolchain, for qemu-aarch64 `-L`.
 pub const A64_SYSROOT: &str = "/usr/aarch64-linux-gnu";
 
+/// An AArch64 program under qemu-user, no tracer: `qemu-aarch64 -L A64_SYSROOT PROG
+/// ARGS`.
+pub fn run_qemu_aarch64(prog: &Path, args: &[&str]) -> Out {
+    let mut c = Command::new("qemu-aarch64");
+    c.arg("-L").arg(A64_SYSROOT).arg(prog).args(args);
+    run(&mut c, crate::RUN_TIMEOUT)
+}
+
 /// An AArch64 program under qemu-user with the user-space drain: `tracer record --user
 /// --binary PROG -o TRACE -- qemu-aarch64 -L A64_SYSROOT PROG ARGS` (binfmt is off, so
 /// qemu is named; qemu itself is not instrumented).

@@ -14,7 +14,6 @@ use tracer_common::meta::{Metadata, SiteKind, SiteMode};
 
 const ROUNDS: u64 = 3000;
 const A64_ROUNDS: u64 = 500;
-const SYSROOT: &str = "/usr/aarch64-linux-gnu";
 
 /// What the fixture's functions return for argument `x` (see exits.c).
 fn expected_return(f: &str, x: u64) -> Option<u64> {
@@ -272,11 +271,7 @@ fn a64_case(opt: &str, time: &str) {
         "{what}: uprobe sites {uprobes:?}\n{line}"
     );
     let n = A64_ROUNDS.to_string();
-    let qemu = |prog: &Path| {
-        let mut c = Command::new("qemu-aarch64");
-        c.arg("-L").arg(SYSROOT).arg(prog).arg(&n);
-        run(&mut c, RUN_TIMEOUT)
-    };
+    let qemu = |prog: &Path| run_qemu_aarch64(prog, &[&n]);
     let want = qemu(&orig).ok();
     assert_eq!(
         want.stdout_str(),

@@ -12,6 +12,8 @@ use crate::util::{self, cmd};
 /// to add more.
 pub const APT_PACKAGES: &[&str] = &[
     "gcc",
+    // C++ fixtures (exceptions, `.cold` parts, demangling).
+    "g++",
     "clang",
     "binutils",
     // Headers, crt files and libc.a (static fixtures); only a Recommends of gcc.
@@ -21,6 +23,8 @@ pub const APT_PACKAGES: &[&str] = &[
     // AArch64 fixtures (tests/tests/aarch64.rs): cross gcc + binutils (objdump checks
     // the hand encoders), the arm64 sysroot, and qemu-user to run them.
     "gcc-aarch64-linux-gnu",
+    // C++ fixtures with exceptions and `.cold` parts (tests/tests/cold_parts.rs).
+    "g++-aarch64-linux-gnu",
     "binutils-aarch64-linux-gnu",
     "libc6-dev-arm64-cross",
     "qemu-user",

@@ -54,6 +54,9 @@ pub struct Flow {
     /// never materialises an address inside itself. Never a jump-table dispatch, never
     /// in `unresolved_indirect_jumps`; their targets are not recovered.
     pub tail_calls: Vec<u64>,
+    /// FDE starts whose CFI does not have the stack at its height at function entry:
+    /// code entered mid-frame, as a split-off part of a function is (sorted).
+    pub mid_frame: Vec<u64>,
     /// Oddities that did not stop the recovery (rejected tables, missing `.eh_frame`).
     pub warnings: Vec<String>,
 }
@@ -105,7 +108,18 @@ pub fn recover(input: &Input, arch: &dyn FlowArch) -> Result<Flow, FlowError> {
             tail_calls.push(at);
         }
     }
+    let starts: Vec<u64> = eh.fdes.iter().map(|&(start, _)| start).collect();
+    let heights = eh::at_entry_height(input, &eh, &starts, arch.entry_cfa());
+    let mut mid_frame: Vec<u64> = starts
+        .iter()
+        .zip(heights)
+        .filter(|(_, h)| *h == Some(false))
+        .map(|(&a, _)| a)
+        .collect();
+    mid_frame.sort_unstable();
+    mid_frame.dedup();
     let mut flow = Flow {
+        mid_frame,
         landing_pads: eh.landing_pads,
         fde_functions: eh.fdes,
         warnings: eh.warnings,

@@ -204,10 +204,13 @@ pub struct Targets {
     /// trampoline's copy. Never a symbol, a call's target, a jump-table target, a
     /// landing pad or an FDE start.
     pub local: Vec<(u64, u32)>,
+    /// `(to, from)` of every direct jump (not a call) to a function start (a symbol's
+    /// or an FDE's), sorted: who enters a split-off part.
+    entry_jumps: Vec<(u64, u64)>,
 }
 
 impl Targets {
-    fn new(input: &Input, pinned: Vec<u64>, branches: &[Branch]) -> Self {
+    fn new(input: &Input, pinned: Vec<u64>, function_starts: &[u64], branches: &[Branch]) -> Self {
         let mut fns: Vec<(u64, u64)> = input
             .functions
             .iter()
@@ -238,7 +241,26 @@ impl Targets {
                 local.push((t, group.len() as u32));
             }
         }
-        Targets { all, local }
+        let mut entry_jumps: Vec<(u64, u64)> = branches
+            .iter()
+            .filter(|b| !b.call && function_starts.binary_search(&b.to).is_ok())
+            .map(|b| (b.to, b.from))
+            .collect();
+        entry_jumps.sort_unstable();
+        Targets {
+            all,
+            local,
+            entry_jumps,
+        }
+    }
+
+    /// Where the direct jumps to function start `start` are.
+    pub fn jumps_to(&self, start: u64) -> impl Iterator<Item = u64> + '_ {
+        let lo = self.entry_jumps.partition_point(|j| j.0 < start);
+        self.entry_jumps[lo..]
+            .iter()
+            .take_while(move |j| j.0 == start)
+            .map(|j| j.1)
     }
 
     /// The number of jumps to `t` if it is local (see `local`).
@@ -404,17 +426,21 @@ pub struct InsnFacts {
     pub padding: bool,
 }
 
-/// Addresses of `f`'s sites of one kind. Entries: the function's address. Exits:
-/// returns, direct jumps to another function's start (tail calls; `fn_starts`: every
-/// function address, sorted) and indirect jumps that `flow` found to be tail calls.
-/// Blocks: the first instruction (after a landing pad), branch targets inside, and
-/// instructions after a control transfer (but not padding after a return or jump).
-/// Memory: instructions with an explicit memory operand that they read or write.
-/// Calls: every call. (USDT sites come from the probe notes, not from here.)
+/// Addresses of `f`'s sites of one kind. `whole`: the ranges of the function `f` is
+/// or is a split-off part of (`whole[0]` starts at its entry; the rest are its parts).
+/// Entries: the function's address. Exits: returns, direct jumps that leave the
+/// function for another function's start (tail calls; `fn_starts`: every function
+/// address, sorted) or for its own entry, and indirect jumps that `flow` found to be
+/// tail calls; jumps between the function and its parts are neither. Blocks: the first
+/// instruction (after a landing pad), branch targets inside, and instructions after a
+/// control transfer (but not padding after a return or jump). Memory: instructions with
+/// an explicit memory operand that they read or write. Calls: every call. (USDT sites
+/// come from the probe notes, not from here.)
 pub fn sites_of(
     isa: &dyn Isa,
     input: &Input,
     f: &Function,
+    whole: &[std::ops::Range<u64>],
     kind: SiteKind,
     fn_starts: &[u64],
     flow: &FlowFacts,
@@ -423,7 +449,9 @@ pub fn sites_of(
         let facts = isa.insn_facts(input, f, kind == SiteKind::Memory);
         facts.iter().filter(|i| pred(i)).map(|i| i.addr).collect()
     };
-    let inside = f.addr..f.addr + f.size;
+    let entry = whole.first().map_or(f.addr, |r| r.start);
+    let inside =
+        |t: u64| whole.iter().any(|r| r.contains(&t)) || (f.addr..f.addr + f.size).contains(&t);
     let is = |set: &[u64], a: u64| set.binary_search(&a).is_ok();
     match kind {
         SiteKind::FunctionEntry => vec![f.addr],
@@ -433,8 +461,8 @@ pub fn sites_of(
                 || i.direct_jump.is_some_and(|t| {
                     // A jump back to the function's own start runs its entry stub
                     // again: a tail call to itself.
-                    t == f.addr
-                        || !inside.contains(&t)
+                    t == entry
+                        || !inside(t)
                             && (is(fn_starts, t) || flow.plt.iter().any(|p| p.contains(&t)))
                 })
                 || i.indirect_jump && is(flow.tail_calls, i.addr)
@@ -510,13 +538,16 @@ pub trait Isa: crate::flow::FlowArch + Sync {
         for (addr, bytes) in input.code_sections() {
             self.direct_branches(addr, bytes, &mut branches);
         }
-        let mut pinned: Vec<u64> = input.functions.iter().map(|f| f.addr).collect();
+        let mut starts: Vec<u64> = input.functions.iter().map(|f| f.addr).collect();
+        starts.extend(flow.fde_functions.iter().map(|&(start, _)| start));
+        starts.sort_unstable();
+        starts.dedup();
+        let mut pinned = starts.clone();
         pinned.extend(&flow.jump_table_targets);
         pinned.extend(&flow.landing_pads);
-        pinned.extend(flow.fde_functions.iter().map(|&(start, _)| start));
         pinned.sort_unstable();
         pinned.dedup();
-        Targets::new(input, pinned, &branches)
+        Targets::new(input, pinned, &starts, &branches)
     }
     /// `f`'s instructions in address order, with what site selection needs of each
     /// (empty when `f` cannot be decoded). `memory`: also classify memory accesses

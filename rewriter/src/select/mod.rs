@@ -4,6 +4,7 @@
 
 pub mod demangle;
 pub mod functions;
+pub mod parts;
 pub mod spec;
 pub mod usdt;
 
@@ -13,7 +14,7 @@ use crate::Options;
 use crate::elf::read::{Function, Input};
 use crate::error::{Error, Result};
 use crate::flow::Flow;
-use crate::isa::Isa;
+use crate::isa::{Isa, Targets};
 use tracer_common::BUF_FAST_CIRCULAR;
 use tracer_common::meta::SiteKind;
 
@@ -27,6 +28,9 @@ pub struct Chosen {
     /// direct call reaches (an unnamed FDE range may be a split-off part of a function,
     /// entered by a jump with live registers).
     pub callable: bool,
+    /// A split-off part of the function starting here ([`parts`]): no entry, its
+    /// exits are that function's, and its sites report that function's name.
+    pub part_of: Option<u64>,
 }
 
 /// What the selection stage found.
@@ -37,24 +41,62 @@ pub struct Selection {
     pub chosen: Vec<Chosen>,
     /// The binary's USDT probes, when USDT sites were asked for.
     pub probes: Vec<usdt::Probe>,
+    /// Which regions of `functions` are split-off parts of which.
+    pub parts: parts::Parts,
 }
 
-/// Choose the functions to plan: the globs' matches, and those holding a USDT probe.
-pub fn select(input: &Input, isa: &dyn Isa, flow: &Flow, opts: &Options) -> Result<Selection> {
+impl Selection {
+    /// Every range of the function starting at `entry`: its own, then its parts'.
+    pub fn whole(&self, entry: u64) -> Vec<std::ops::Range<u64>> {
+        std::iter::once(entry)
+            .chain(self.parts.parts_of(entry))
+            .filter_map(|a| function_at(&self.functions, a).filter(|f| f.addr == a))
+            .map(|f| f.addr..f.addr.saturating_add(f.size))
+            .collect()
+    }
+}
+
+/// Choose the functions to plan: the globs' matches with their split-off parts, and
+/// those holding a USDT probe.
+pub fn select(
+    input: &Input,
+    isa: &dyn Isa,
+    flow: &Flow,
+    targets: &Targets,
+    opts: &Options,
+) -> Result<Selection> {
     let all = functions::functions(input, &flow.fde_functions);
     let named: HashSet<u64> = input.functions.iter().map(|f| f.addr).collect();
     let call_targets = isa.call_targets(input);
+    let parts = parts::Parts::find(input, isa, &all, flow, targets, &named, &call_targets);
     let callable =
         |f: &Function| named.contains(&f.addr) || call_targets.binary_search(&f.addr).is_ok();
     let mut chosen: Vec<Chosen> = functions::select(input, &all, &opts.functions)?
         .into_iter()
+        .filter(|(f, _)| parts.parent_of(f.addr).is_none())
         .map(|(f, name)| Chosen {
             callable: callable(f),
             f: f.clone(),
             name,
             selected: true,
+            part_of: None,
         })
         .collect();
+    let mut split = Vec::new();
+    for c in chosen.iter().filter(|c| c.callable) {
+        for part in parts.parts_of(c.f.addr) {
+            if let Some(f) = function_at(&all, part).filter(|f| f.addr == part) {
+                split.push(Chosen {
+                    f: f.clone(),
+                    name: c.name.clone(),
+                    selected: true,
+                    callable: false,
+                    part_of: Some(c.f.addr),
+                });
+            }
+        }
+    }
+    chosen.extend(split);
     let probes = probes(input, opts)?;
     for p in &probes {
         let f = function_at(&all, p.pc).ok_or_else(|| unplaced(input, p))?;
@@ -64,6 +106,7 @@ pub fn select(input: &Input, isa: &dyn Isa, flow: &Flow, opts: &Options) -> Resu
                 f: f.clone(),
                 name: f.names[0].clone(),
                 selected: false,
+                part_of: None,
             });
         }
     }
@@ -72,6 +115,7 @@ pub fn select(input: &Input, isa: &dyn Isa, flow: &Flow, opts: &Options) -> Resu
         functions: all,
         chosen,
         probes,
+        parts,
     })
 }
 
