@@ -19,10 +19,14 @@ pub struct Report {
     pub sites: usize,
     pub inline: usize,
     pub uprobe: usize,
+    /// Sites neither patched nor probed (a stub or trap there would break the program).
+    pub untraced: usize,
     /// (site, reason) for every uprobe site.
     pub uprobe_reasons: Vec<(String, FallbackReason)>,
-    /// (inline, uprobe) per site kind.
-    pub per_kind: std::collections::BTreeMap<SiteKind, (usize, usize)>,
+    /// (site, reason) for every untraced site.
+    pub untraced_reasons: Vec<(String, FallbackReason)>,
+    /// (inline, uprobe, untraced) per site kind.
+    pub per_kind: std::collections::BTreeMap<SiteKind, (usize, usize, usize)>,
     pub input_size: u64,
     pub output_size: u64,
     /// How the stubs find their thread's slot.
@@ -158,17 +162,30 @@ impl Emitted {
                 .find(|r| r.id == id)
                 .expect("plan of this function");
             self.uprobe(input, isa, f, req);
+            let said = self.reason(sites, id, why);
+            self.report.uprobe_reasons.push(said);
+        }
+        for (id, why) in plan.untraced {
             let s = &sites.info[id as usize];
-            self.reasons.push(SiteReason {
-                site: id,
-                reason: why.clone(),
-            });
-            self.report.uprobe_reasons.push((
-                format!("{} ({} at {:#x})", s.name, s.kind.name(), s.addr),
-                why,
-            ));
+            self.modes[id as usize] = Some((SiteMode::Untraced, s.addr));
+            let said = self.reason(sites, id, why);
+            self.report.untraced_reasons.push(said);
         }
         Ok(())
+    }
+
+    /// Keep why site `id` is not inline, for the metadata; returns it as the report
+    /// words it.
+    fn reason(&mut self, sites: &Sites, id: u32, why: FallbackReason) -> (String, FallbackReason) {
+        let s = &sites.info[id as usize];
+        self.reasons.push(SiteReason {
+            site: id,
+            reason: why.clone(),
+        });
+        (
+            format!("{} ({} at {:#x})", s.name, s.kind.name(), s.addr),
+            why,
+        )
     }
 
     /// A uprobe site: where its probe goes and, for memory and USDT sites, its operands.
@@ -205,6 +222,10 @@ impl Emitted {
                 SiteMode::Uprobe => {
                     self.report.uprobe += 1;
                     counts.1 += 1;
+                }
+                SiteMode::Untraced => {
+                    self.report.untraced += 1;
+                    counts.2 += 1;
                 }
             }
             let file_off = input

@@ -114,22 +114,24 @@ fn main() -> ExitCode {
     match result {
         Ok(r) => {
             println!(
-                "{} -> {} ({}): {} sites: {} inline, {} uprobe; {} -> {} bytes",
+                "{} -> {} ({}): {} sites: {} inline, {} uprobe{}; {} -> {} bytes",
                 args.input.display(),
                 output.display(),
                 r.kind,
                 r.sites,
                 r.inline,
                 r.uprobe,
+                untraced(r.untraced),
                 r.input_size,
                 r.output_size
             );
-            for (kind, (inline, uprobe)) in &r.per_kind {
-                let total = inline + uprobe;
+            for (kind, (inline, uprobe, not)) in &r.per_kind {
+                let total = inline + uprobe + not;
                 println!(
-                    "  {:<6} {total} sites: {inline} inline ({:.2}%), {uprobe} uprobe",
+                    "  {:<6} {total} sites: {inline} inline ({:.2}%), {uprobe} uprobe{}",
                     kind.name(),
-                    100.0 * *inline as f64 / total.max(1) as f64
+                    100.0 * *inline as f64 / total.max(1) as f64,
+                    untraced(*not)
                 );
             }
             println!(
@@ -146,6 +148,9 @@ fn main() -> ExitCode {
                 for (f, why) in &r.uprobe_reasons {
                     println!("  uprobe site {f}: {why}");
                 }
+                for (f, why) in &r.untraced_reasons {
+                    println!("  untraced site {f}: {why}");
+                }
             }
             ExitCode::SUCCESS
         }
@@ -153,5 +158,14 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `, N untraced` when sites were left untraced (none: nothing, the line as before).
+fn untraced(n: usize) -> String {
+    if n == 0 {
+        String::new()
+    } else {
+        format!(", {n} untraced")
     }
 }

@@ -72,14 +72,12 @@ pub fn rewrite_args(
             .iter()
             .filter(|s| k.is_none_or(|k| s.kind == k))
             .collect();
-        let inline = of_kind
-            .iter()
-            .filter(|s| s.mode == SiteMode::Inline)
-            .count() as u64;
+        let count = |m: SiteMode| of_kind.iter().filter(|s| s.mode == m).count() as u64;
         SiteCounts {
             total: of_kind.len() as u64,
-            inline,
-            uprobe: of_kind.len() as u64 - inline,
+            inline: count(SiteMode::Inline),
+            uprobe: count(SiteMode::Uprobe),
+            untraced: count(SiteMode::Untraced),
         }
     };
     assert_eq!(

@@ -17,6 +17,8 @@ pub struct SiteCounts {
     pub total: u64,
     pub inline: u64,
     pub uprobe: u64,
+    /// `, N untraced` (a stub or trap there would break the program); 0 when absent.
+    pub untraced: u64,
 }
 
 pub fn parse_site_counts(stdout: &str) -> Option<SiteCounts> {
@@ -38,10 +40,21 @@ pub fn parse_site_counts(stdout: &str) -> Option<SiteCounts> {
         {
             continue;
         }
+        let untraced = match nums.next() {
+            Some(c)
+                if c.get(1)
+                    .map(|s| s.trim_end_matches(|c: char| !c.is_alphanumeric()))
+                    == Some("untraced") =>
+            {
+                c[0].parse().ok()?
+            }
+            _ => 0,
+        };
         return Some(SiteCounts {
             total,
             inline: a[0].parse().ok()?,
             uprobe: b[0].parse().ok()?,
+            untraced,
         });
     }
     None
@@ -97,7 +110,7 @@ pub fn rewrite(
         .unwrap_or_else(|| panic!("no `N sites: I inline, U uprobe` line: {}", out.describe()));
     assert_eq!(
         counts.total,
-        counts.inline + counts.uprobe,
+        counts.inline + counts.uprobe + counts.untraced,
         "site counts: {counts:?}"
     );
     let meta = metadata(&path);
@@ -111,9 +124,10 @@ pub fn rewrite(
         .iter()
         .filter(|s| s.mode == SiteMode::Uprobe)
         .count() as u64;
+    let n_untraced = meta.sites.len() as u64 - n_inline - n_uprobe;
     assert_eq!(
-        (meta.sites.len() as u64, n_inline, n_uprobe),
-        (counts.total, counts.inline, counts.uprobe),
+        (meta.sites.len() as u64, n_inline, n_uprobe, n_untraced),
+        (counts.total, counts.inline, counts.uprobe, counts.untraced),
         "the site table in {META_SECTION} of {} disagrees with the rewriter's summary line",
         path.display()
     );
@@ -208,7 +222,8 @@ mod unit {
             Some(SiteCounts {
                 total: 1154,
                 inline: 1120,
-                uprobe: 34
+                uprobe: 34,
+                untraced: 0
             })
         );
         assert_eq!(
@@ -216,7 +231,17 @@ mod unit {
             Some(SiteCounts {
                 total: 2,
                 inline: 1,
-                uprobe: 1
+                uprobe: 1,
+                untraced: 0
+            })
+        );
+        assert_eq!(
+            parse_site_counts("  block  12 sites: 9 inline (75.00%), 1 uprobe, 2 untraced"),
+            Some(SiteCounts {
+                total: 12,
+                inline: 9,
+                uprobe: 1,
+                untraced: 2
             })
         );
         assert_eq!(parse_site_counts("no sites here"), None);

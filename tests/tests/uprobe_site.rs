@@ -68,7 +68,8 @@ fn check(functions: &[&str], tag: &str) {
             SiteCounts {
                 total: 2,
                 inline: 1,
-                uprobe: 1
+                uprobe: 1,
+                untraced: 0
             },
             "only the functions matching {functions:?}"
         );

@@ -146,6 +146,9 @@ pub enum SiteMode {
     Inline = 1,
     /// A plain uprobe attached by the tracer, emitting the same record.
     Uprobe = 2,
+    /// Neither: a stub or a trap there would break the program (the reason says why,
+    /// e.g. inside an AArch64 exclusive load/store sequence). Never recorded.
+    Untraced = 3,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -312,6 +315,10 @@ pub enum FallbackReason {
     /// An instruction-set specific reason, as the backend words it (an instruction that
     /// cannot be moved, a function too short, a trampoline out of branch range, ...).
     Detail(String),
+    /// (Untraced.) After the load-exclusive at `at` and up to its store-exclusive: a
+    /// stub's stores or a trap there clear the exclusive monitor, so the store would
+    /// fail on every retry.
+    ExclusiveSequence { at: u64 },
 }
 
 impl FallbackReason {
@@ -333,13 +340,16 @@ impl FallbackReason {
             FallbackReason::NoWindow => 12,
             FallbackReason::Overlapping(_) => 13,
             FallbackReason::Detail(_) => 14,
+            FallbackReason::ExclusiveSequence { .. } => 15,
         }
     }
 
     /// The address and text stored with the code (0 and empty when it has none).
     fn data(&self) -> (u64, &str) {
         match self {
-            FallbackReason::Undecodable { at } | FallbackReason::UnresolvedJump { at } => (*at, ""),
+            FallbackReason::Undecodable { at }
+            | FallbackReason::UnresolvedJump { at }
+            | FallbackReason::ExclusiveSequence { at } => (*at, ""),
             FallbackReason::BranchTargetInside { target } => (*target, ""),
             FallbackReason::ExceptionTables(t)
             | FallbackReason::Overlapping(t)
@@ -366,6 +376,7 @@ impl FallbackReason {
             12 => FallbackReason::NoWindow,
             13 => FallbackReason::Overlapping(text.into()),
             14 => FallbackReason::Detail(text.into()),
+            15 => FallbackReason::ExclusiveSequence { at: addr },
             _ => FallbackReason::Unknown,
         }
     }
@@ -392,6 +403,10 @@ impl fmt::Display for FallbackReason {
             FallbackReason::NoWindow => f.write_str("no window"),
             FallbackReason::Overlapping(why) => write!(f, "overlapping sites: {why}"),
             FallbackReason::ExceptionTables(t) | FallbackReason::Detail(t) => f.write_str(t),
+            FallbackReason::ExclusiveSequence { at } => write!(
+                f,
+                "inside the exclusive load/store sequence from {at:#x} (a stub or trap would clear its monitor)"
+            ),
         }
     }
 }
@@ -473,6 +488,7 @@ impl SiteMode {
         match v {
             1 => Some(SiteMode::Inline),
             2 => Some(SiteMode::Uprobe),
+            3 => Some(SiteMode::Untraced),
             _ => None,
         }
     }
@@ -480,6 +496,7 @@ impl SiteMode {
         match self {
             SiteMode::Inline => "inline",
             SiteMode::Uprobe => "uprobe",
+            SiteMode::Untraced => "untraced",
         }
     }
 }
@@ -975,16 +992,20 @@ mod tests {
 
     #[test]
     fn reasons_roundtrip_and_older_metadata() {
-        // At most one reason per site: three uprobe sites.
+        // At most one reason per site: three uprobe sites and an untraced one.
         let m = Metadata {
-            sites: (3..6)
+            sites: (3..7)
                 .map(|id| Site {
                     id,
                     vaddr: 0x1000 + u64::from(id),
                     file_off: 0x1000 + u64::from(id),
                     name: format!("f{id}"),
                     kind: SiteKind::FunctionEntry,
-                    mode: SiteMode::Uprobe,
+                    mode: if id == 6 {
+                        SiteMode::Untraced
+                    } else {
+                        SiteMode::Uprobe
+                    },
                     nargs: 0,
                 })
                 .collect(),
@@ -1002,6 +1023,10 @@ mod tests {
             SiteReason {
                 site: 5,
                 reason: FallbackReason::Forced,
+            },
+            SiteReason {
+                site: 6,
+                reason: FallbackReason::ExclusiveSequence { at: 0x1004 },
             },
         ];
         let bytes = m.to_bytes_with(&reasons);

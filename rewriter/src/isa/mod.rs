@@ -272,18 +272,20 @@ impl Targets {
     }
 }
 
-/// How a function's sites are patched: windows, and the sites left to uprobes (why).
+/// How a function's sites are patched: windows, the sites left to uprobes, and those
+/// neither a stub nor a trap may touch (why, each).
 #[derive(Clone, Debug, Default)]
 pub struct FunctionPlan {
     pub windows: Vec<Window>,
     pub uprobes: Vec<(u32, FallbackReason)>,
+    pub untraced: Vec<(u32, FallbackReason)>,
 }
 
 impl FunctionPlan {
     pub fn all_uprobes(reqs: &[SiteReq], why: FallbackReason) -> Self {
         FunctionPlan {
-            windows: Vec::new(),
             uprobes: reqs.iter().map(|r| (r.id, why.clone())).collect(),
+            ..FunctionPlan::default()
         }
     }
 }

@@ -149,6 +149,9 @@ pub struct Summary {
     pub binaries: Vec<BinarySummary>,
     /// Every uprobe site, most records first.
     pub uprobe_sites: Vec<UprobeSite>,
+    /// Sites the rewriter left untraced (a stub or trap there would break the
+    /// program); their `records` are 0.
+    pub untraced_sites: Vec<UprobeSite>,
     pub books: Books,
     pub time_modes: Vec<BinaryTime>,
     /// `--last N`: each thread's last records, newest first.
@@ -303,6 +306,8 @@ struct Counts {
     binaries: Vec<BinarySummary>,
     /// (binary id, site id, fallback reason) of every uprobe site.
     uprobe_sites: Vec<(u64, u32, FallbackReason)>,
+    /// The same of every untraced site.
+    untraced_sites: Vec<(u64, u32, FallbackReason)>,
     records: u64,
     inline: u64,
     uprobe: u64,
@@ -321,7 +326,10 @@ impl Counts {
                     names.add(&b);
                     let meta = b.metadata().ok();
                     if let Some(m) = &meta {
-                        c.uprobe_sites.extend(uprobe_sites_of(&b, m));
+                        c.uprobe_sites
+                            .extend(sites_of_mode(&b, m, SiteMode::Uprobe));
+                        c.untraced_sites
+                            .extend(sites_of_mode(&b, m, SiteMode::Untraced));
                     }
                     c.binaries.push(BinarySummary {
                         path: b.path.clone(),
@@ -383,9 +391,13 @@ impl Counts {
     }
 }
 
-/// The uprobe sites of a binary with their fallback reasons (`Unknown` where the
-/// metadata predates them).
-fn uprobe_sites_of(b: &BinaryInfo, meta: &Metadata) -> Vec<(u64, u32, FallbackReason)> {
+/// The sites of a binary in `mode` (uprobe, untraced) with their reasons (`Unknown`
+/// where the metadata predates them).
+fn sites_of_mode(
+    b: &BinaryInfo,
+    meta: &Metadata,
+    mode: SiteMode,
+) -> Vec<(u64, u32, FallbackReason)> {
     let mut reasons: HashMap<u32, FallbackReason> = Metadata::reasons_from_note_section(&b.note)
         .and_then(Result::ok)
         .unwrap_or_default()
@@ -394,7 +406,7 @@ fn uprobe_sites_of(b: &BinaryInfo, meta: &Metadata) -> Vec<(u64, u32, FallbackRe
         .collect();
     meta.sites
         .iter()
-        .filter(|s| s.mode == SiteMode::Uprobe)
+        .filter(|s| s.mode == mode)
         .map(|s| {
             let why = reasons.remove(&s.id).unwrap_or(FallbackReason::Unknown);
             (b.binary_id, s.id, why)
@@ -402,10 +414,14 @@ fn uprobe_sites_of(b: &BinaryInfo, meta: &Metadata) -> Vec<(u64, u32, FallbackRe
         .collect()
 }
 
-/// Every uprobe site with what it delivered, most records first.
-fn uprobe_sites(c: &Counts, names: &Names) -> Vec<UprobeSite> {
-    let mut sites: Vec<UprobeSite> = c
-        .uprobe_sites
+/// Every site of `of` (uprobe or untraced sites) with what it delivered, most records
+/// first.
+fn sites_with_reasons(
+    c: &Counts,
+    of: &[(u64, u32, FallbackReason)],
+    names: &Names,
+) -> Vec<UprobeSite> {
+    let mut sites: Vec<UprobeSite> = of
         .iter()
         .map(|(bin, site, why)| UprobeSite {
             binary: names.binary(*bin).to_string(),
@@ -559,7 +575,8 @@ fn summarize(
     let functions = function_counts(&c.functions, names);
     let threads = thread_counts(&c);
     let last = last_records(&c.recent, names);
-    let uprobe_sites = uprobe_sites(&c, names);
+    let uprobe_sites = sites_with_reasons(&c, &c.uprobe_sites, names);
+    let untraced_sites = sites_with_reasons(&c, &c.untraced_sites, names);
     for b in &mut c.binaries {
         b.debug = names.debug_source(b.binary_id);
     }
@@ -577,6 +594,7 @@ fn summarize(
         threads,
         binaries: c.binaries,
         uprobe_sites,
+        untraced_sites,
         books: books(&st),
         last,
         time_modes: names

@@ -53,6 +53,7 @@ fn write_header(out: &mut impl Write, path: &Path, r: &Report) -> Result<()> {
     write_books(out, &s.books)?;
     write_binaries(out, &s.binaries)?;
     write_uprobe_sites(out, &s.uprobe_sites)?;
+    write_untraced_sites(out, &s.untraced_sites)?;
     for t in &s.time_modes {
         let how = match t.time_mode.as_str() {
             "coarse" => "coarse (no clock in the stubs; times interpolated between drains)",
@@ -156,14 +157,38 @@ fn write_uprobe_sites(out: &mut impl Write, sites: &[UprobeSite]) -> Result<()> 
             s.records, s.function, s.kind, s.binary, s.site, s.reason
         )?;
     }
-    if sites.len() > UPROBE_SITES_SHOWN {
+    write_more(out, sites.len())
+}
+
+/// `... N more` when a list of `n` sites was cut at `UPROBE_SITES_SHOWN`.
+fn write_more(out: &mut impl Write, n: usize) -> Result<()> {
+    if n > UPROBE_SITES_SHOWN {
         writeln!(
             out,
             "  ... {} more (--json lists all)",
-            sites.len() - UPROBE_SITES_SHOWN
+            n - UPROBE_SITES_SHOWN
         )?;
     }
     Ok(())
+}
+
+fn write_untraced_sites(out: &mut impl Write, sites: &[UprobeSite]) -> Result<()> {
+    if sites.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "untraced sites: {} (a stub or a trap there would break the program)",
+        sites.len()
+    )?;
+    for s in sites.iter().take(UPROBE_SITES_SHOWN) {
+        writeln!(
+            out,
+            "  {} ({}, {} site {}): {}",
+            s.function, s.kind, s.binary, s.site, s.reason
+        )?;
+    }
+    write_more(out, sites.len())
 }
 
 fn write_functions(out: &mut impl Write, functions: &[FunctionCount]) -> Result<()> {

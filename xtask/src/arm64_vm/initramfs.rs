@@ -91,13 +91,15 @@ fails=0
             .chain(p.args.iter().cloned())
             .collect::<Vec<_>>()
             .join(" ");
+        // A loosely checked program's records are too many for the serial console.
+        let head = if p.loose.is_some() { " | head -20" } else { "" };
         s.push_str(&format!(
             r#"echo "UTRACE-VM: RUN {n}"
 /tracer record -o /tmp/{n}.utrace -- {cmd}
 rc=$?
 echo "UTRACE-VM: EXIT {n} $rc"
 /tracer report /tmp/{n}.utrace | sed 's/^/UTRACE-REPORT {n} /'
-/tracer dump /tmp/{n}.utrace | sed 's/^/UTRACE-DUMP {n} /'
+/tracer dump /tmp/{n}.utrace{head} | sed 's/^/UTRACE-DUMP {n} /'
 if [ "$rc" = {code} ] && /tracer report /tmp/{n}.utrace | grep -q ", dropped: 0, read errors: 0"; then
     echo "UTRACE-VM: RESULT {n} ok"
 else

@@ -90,6 +90,17 @@ struct Program {
     /// Exit status `tracer record` must pass through.
     exit_code: i32,
     expect: Vec<Expect>,
+    /// What the records must be: exactly `expect`, or (a program whose records are too
+    /// many to list) at least one, the program printing `Loose::prints`.
+    loose: Option<Loose>,
+}
+
+/// A program checked by what it prints and its report says, with records but no list
+/// of them.
+struct Loose {
+    prints: String,
+    /// A line of `tracer report` (its console lines are `UTRACE-REPORT NAME LINE`).
+    reported: String,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]

@@ -39,6 +39,7 @@ pub fn standin(work: &Path) -> Result<Program> {
         args: vec![],
         exit_code: 3,
         expect: expected(ta, ts),
+        loose: None,
     })
 }
 

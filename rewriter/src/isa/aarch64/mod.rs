@@ -54,8 +54,10 @@ fn word_at(bytes: &[u8], i: usize) -> Option<u32> {
     Some(u32::from_le_bytes(b.try_into().ok()?))
 }
 
-/// The function's LDXR … STXR ranges: the stub runs its own exclusive pair, which
-/// would clear the monitor of a sequence a site sits inside.
+/// The function's LDXR … STXR ranges, both included: a stub's stores and its own
+/// exclusive pair, like a uprobe's trap, clear the monitor of a sequence they run
+/// inside, and the store-exclusive then fails on every retry. A site at the
+/// load-exclusive itself is fine: its stub runs before the load.
 fn exclusive_ranges(bytes: &[u8], addr: u64, size: usize) -> Vec<std::ops::RangeInclusive<u64>> {
     let mut exclusive = Vec::new();
     let mut open: Option<u64> = None;
@@ -162,8 +164,22 @@ impl Isa for Aarch64 {
         let first = word_at(bytes, 0).filter(|_| size >= INSN);
         let pad = first.is_some_and(|w| enc::LANDING_PADS.contains(&w));
         let exclusive = exclusive_ranges(bytes, f.addr, size);
-        let cands = reqs
+        let (inside, reqs): (Vec<&SiteReq>, Vec<&SiteReq>) = reqs.iter().partition(|r| {
+            r.kind != SiteKind::FunctionEntry
+                && exclusive
+                    .iter()
+                    .any(|x| *x.start() < r.addr && r.addr <= *x.end())
+        });
+        let untraced = inside
             .iter()
+            .map(|r| {
+                let x = exclusive.iter().find(|x| x.contains(&r.addr));
+                let at = x.map_or(r.addr, |x| *x.start());
+                (r.id, FallbackReason::ExclusiveSequence { at })
+            })
+            .collect();
+        let cands = reqs
+            .into_iter()
             .map(|r| {
                 let entry = r.kind == SiteKind::FunctionEntry;
                 let at = if entry && pad {
@@ -188,11 +204,13 @@ impl Isa for Aarch64 {
                         "branch target {at:#x} is the displaced instruction"
                     ));
                 }
-                if let Some(r) = exclusive.iter().find(|r| r.contains(&at)) {
+                // An entry at a load-exclusive that the sequence's retry branches back
+                // to would run the entry stub at every retry.
+                if let Some(x) = exclusive.iter().find(|x| entry && x.contains(&at)) {
                     return c(format!(
                         "inside an exclusive load/store sequence ({:#x}..{:#x})",
-                        r.start(),
-                        r.end()
+                        x.start(),
+                        x.end()
                     ));
                 }
                 let signed_lr = match r.kind {
@@ -223,7 +241,10 @@ impl Isa for Aarch64 {
                 }
             })
             .collect();
-        merge_windows(cands, |_| None)
+        FunctionPlan {
+            untraced,
+            ..merge_windows(cands, |_| None)
+        }
     }
 
     fn probe_addr(&self, input: &Input, f: &Function, req: &SiteReq) -> u64 {
