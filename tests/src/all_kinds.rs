@@ -170,9 +170,19 @@ pub fn check_all_kinds_records(
 ) -> KindRecords {
     use tracer_common::meta::SiteKind;
     let sites: HashMap<u32, &Site> = meta.sites.iter().map(|s| (s.id, s)).collect();
-    // The first block of each function, and its entry site.
+    // The first block of each function: the first at or after its entry (a split-off
+    // `.cold` part has the function's name and may lie below it).
+    let entry_at: HashMap<&str, u64> = meta
+        .sites
+        .iter()
+        .filter(|s| s.kind == SiteKind::FunctionEntry)
+        .map(|s| (s.name.as_str(), s.vaddr))
+        .collect();
     let mut first_block: HashMap<&str, &Site> = HashMap::new();
     for s in meta.sites.iter().filter(|s| s.kind == SiteKind::Block) {
+        if entry_at.get(s.name.as_str()).is_some_and(|&e| s.vaddr < e) {
+            continue;
+        }
         let e = first_block.entry(&s.name).or_insert(s);
         if s.vaddr < e.vaddr {
             *e = s;

@@ -4,7 +4,8 @@
 //!
 //! Per thread a stack of open calls: an entry pushes; an exit pops down to the nearest
 //! open call of the same function (calls above it never returned through a traced
-//! exit: longjmp, an exception, an untraced exit; they are dropped and counted). A
+//! exit: longjmp, an exception, an untraced exit; they are dropped and counted). Each
+//! record costs the same however many calls are left open below (see [`Stack`]). A
 //! call's self time is its total minus its children's totals; a recursive function's
 //! total time counts its outermost calls only, so no time is counted twice.
 //!
@@ -113,6 +114,106 @@ struct Frame {
     credited: u64,
     /// With [`Calls::folding`]: this call's node in the call-stack tree.
     node: usize,
+    /// The index of the next open call below it with the same key, and (a call of an
+    /// interpreted program) of the next one of that kind, or [`NONE`]: set by
+    /// [`Stack::push`]. (u32: the pile of calls left open stays small.)
+    below: u32,
+    lang_below: u32,
+}
+
+/// No call: [`Frame::below`], [`Stack::top`].
+const NONE: u32 = u32::MAX;
+
+/// One thread's open calls, innermost last, with what an exit looks up kept at hand:
+/// each record costs the same however deep the stack (calls left by an exception or a
+/// `longjmp` pile up under the function that caught it until it returns).
+#[derive(Default)]
+struct Stack {
+    frames: Vec<Frame>,
+    /// Per function (their indices are dense): the index of its innermost open call
+    /// ([`NONE`]: none), and its number of open calls.
+    top: Vec<u32>,
+    open: Vec<u32>,
+    /// The innermost open call of each interpreted program's key, and of any of them.
+    top_key: HashMap<u64, u32>,
+    top_lang: Option<u32>,
+}
+
+impl Stack {
+    fn push(&mut self, mut fr: Frame) {
+        let at = self.frames.len() as u32;
+        let f = fr.function;
+        if fr.key & LANG_KEY != 0 {
+            fr.below = self.top_key.insert(fr.key, at).unwrap_or(NONE);
+            fr.lang_below = self.top_lang.replace(at).unwrap_or(NONE);
+        } else {
+            if self.top.len() <= f {
+                self.top.resize(f + 1, NONE);
+            }
+            fr.below = std::mem::replace(&mut self.top[f], at);
+        }
+        if self.open.len() <= f {
+            self.open.resize(f + 1, 0);
+        }
+        self.open[f] += 1;
+        self.frames.push(fr);
+    }
+
+    fn pop(&mut self) -> Option<Frame> {
+        let fr = self.frames.pop()?;
+        if fr.key & LANG_KEY != 0 {
+            match fr.below {
+                NONE => self.top_key.remove(&fr.key),
+                b => self.top_key.insert(fr.key, b),
+            };
+            self.top_lang = (fr.lang_below != NONE).then_some(fr.lang_below);
+        } else {
+            self.top[fr.function] = fr.below;
+        }
+        self.open[fr.function] -= 1;
+        Some(fr)
+    }
+
+    /// The calls from index `at` up, taken off, outermost first.
+    fn split_off(&mut self, at: usize) -> Vec<Frame> {
+        let mut above = Vec::with_capacity(self.frames.len().saturating_sub(at));
+        while self.frames.len() > at {
+            above.extend(self.pop());
+        }
+        above.reverse();
+        above
+    }
+
+    /// The innermost open call named `key`.
+    fn innermost(&self, key: u64) -> Option<usize> {
+        let at = if key & LANG_KEY != 0 {
+            *self.top_key.get(&key)?
+        } else {
+            *self.top.get(key as usize)?
+        };
+        (at != NONE).then_some(at as usize)
+    }
+
+    /// The innermost open call of an interpreted program.
+    fn innermost_lang(&self) -> Option<usize> {
+        self.top_lang.map(|i| i as usize)
+    }
+
+    fn is_open(&self, function: usize) -> bool {
+        self.open.get(function).is_some_and(|&n| n > 0)
+    }
+
+    fn last(&self) -> Option<&Frame> {
+        self.frames.last()
+    }
+
+    fn last_mut(&mut self) -> Option<&mut Frame> {
+        self.frames.last_mut()
+    }
+
+    fn len(&self) -> usize {
+        self.frames.len()
+    }
 }
 
 #[derive(Default)]
@@ -123,7 +224,7 @@ pub struct Calls {
     /// (binary id, file, function, line) of an interpreted program → function.
     by_lang: HashMap<(u64, u32, u32, u32), usize>,
     pub functions: Vec<FunctionTime>,
-    stacks: HashMap<(u32, u32), Vec<Frame>>,
+    stacks: HashMap<(u32, u32), Stack>,
     /// Exits with no open call of their function.
     pub unmatched_exits: u64,
     /// Returns of an interpreted program's calls that name another function than the
@@ -268,6 +369,8 @@ impl Calls {
                 child_ns: 0,
                 credited: 0,
                 node,
+                below: NONE,
+                lang_below: NONE,
             });
             return Step {
                 began: Some(f),
@@ -278,8 +381,8 @@ impl Calls {
         // program with none, its innermost open call (their calls nest strictly: a
         // string that changed before the return's buffer was drained renamed it).
         let lang = key & LANG_KEY != 0;
-        let found = stack.iter().rposition(|fr| fr.key == key).or_else(|| {
-            let innermost = stack.iter().rposition(|fr| fr.key & LANG_KEY != 0);
+        let found = stack.innermost(key).or_else(|| {
+            let innermost = stack.innermost_lang();
             self.renamed_returns += u64::from(lang && innermost.is_some());
             innermost.filter(|_| lang)
         });
@@ -321,7 +424,7 @@ impl Calls {
         }
         // A recursive function's total counts its outermost calls only (the inner
         // ones are inside it already); each call still has its own latency.
-        let outermost = !stack.iter().any(|fr| fr.function == f);
+        let outermost = !stack.is_open(f);
         let t = &mut self.functions[f];
         t.calls += 1;
         if outermost {
@@ -364,7 +467,7 @@ impl Calls {
     /// functions, and of interpreted programs.
     pub fn open_calls(&self) -> impl Iterator<Item = ((u32, u32), usize, usize)> + '_ {
         self.stacks.iter().map(|(&t, s)| {
-            let lang = s.iter().filter(|fr| fr.key & LANG_KEY != 0).count();
+            let lang = s.frames.iter().filter(|fr| fr.key & LANG_KEY != 0).count();
             (t, s.len() - lang, lang)
         })
     }
@@ -527,6 +630,28 @@ mod tests {
         assert_eq!((unmatched, unfinished), (1, 1));
         assert_eq!(get(&fs, "f").total_ns, 50);
         assert!(fs.iter().all(|f| f.function != "g"), "g never completed");
+    }
+
+    /// Calls left by a `longjmp` pile up under the function that set the jump: an
+    /// exit still finds its own call on top of them, knows the open ones below, and the
+    /// caller's exit gives the whole pile up at once.
+    #[test]
+    fn calls_left_open_pile_up_under_their_caller() {
+        let mut events = vec![("entry", 0, 0)];
+        events.extend((0..1000).map(|i| ("entry", 1, 1 + i)));
+        events.extend([("entry", 1, 2000), ("exit", 1, 2010)]);
+        events.extend([("exit", 0, 3000), ("exit", 1, 3010)]);
+        let (c, steps) = run(&events);
+        let s = steps[1002].completed.as_ref().expect("g's last call");
+        assert_eq!((s.start_ns, s.end_ns, s.depth), (2000, 2010, 1001));
+        assert!(s.reentrant, "1,000 calls of g are still open below it");
+        assert_eq!(steps[1003].abandoned, 1000);
+        assert!(steps[1004].completed.is_none());
+        let (fs, unmatched, unfinished) = c.finish();
+        assert_eq!((unmatched, unfinished), (1, 1000));
+        let g = get(&fs, "g");
+        assert_eq!((g.calls, g.total_ns), (1, 0), "inside an open call of g");
+        assert_eq!(get(&fs, "f").total_ns, 3000);
     }
 
     #[test]

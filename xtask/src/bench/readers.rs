@@ -3,7 +3,9 @@
 //! memory must stay flat whatever the trace's size) and `tracer flamegraph`, on one trace of
 //! `--readers-records` records (xtask/bench/calls.c: nested calls, every entry and exit
 //! traced). Per reader: wall time, CPU time, peak RSS (the child's own `wait4` rusage),
-//! records per second and output bytes per record.
+//! records per second and output bytes per record. Then `tracer report` of a trace of as
+//! many records where 10 % of the calls are left by a `longjmp` and pile up under `main`
+//! (xtask/bench/unwind.c): target ≥ 5 M records/s.
 
 use std::path::Path;
 
@@ -29,14 +31,7 @@ pub fn readers(records: u64) -> Result<()> {
     )?;
     let trace = dir.join("calls.utrace");
     let iterations = records.div_ceil(RECORDS_PER_ITERATION);
-    util::run(
-        cmd(crate::tracer_bin())
-            .args(["record", "--ring-bytes", "256M", "-o"])
-            .arg(&trace)
-            .arg("--")
-            .arg(&traced)
-            .arg(iterations.to_string()),
-    )?;
+    record(&trace, &traced, iterations)?;
     let report = util::output_ok(
         cmd(crate::tracer_bin())
             .arg("report")
@@ -116,7 +111,66 @@ pub fn readers(records: u64) -> Result<()> {
         let _ = std::fs::remove_file(p);
     }
     let _ = std::fs::remove_dir_all(&parquet);
+    unwound(records)
+}
+
+/// Records per iteration of unwind.c, on average: 8, or 6 in the 3 of 20 that longjmp.
+const UNWIND_RECORDS_PER_ITERATION: f64 = (17.0 * 8.0 + 3.0 * 6.0) / 20.0;
+/// The readers' target on it, M records/s.
+const UNWIND_TARGET: f64 = 5.0;
+
+/// `tracer report` of a trace whose calls left by a `longjmp` pile up under `main`.
+fn unwound(records: u64) -> Result<()> {
+    let (dir, traced) = super::workload::build_workload(
+        "unwind",
+        &["-O2", "-g"],
+        &[
+            "--sites",
+            "entry,exit",
+            "--functions",
+            "inner",
+            "outer",
+            "note",
+            "main",
+        ],
+    )?;
+    let trace = dir.join("unwind.utrace");
+    let iterations = (records as f64 / UNWIND_RECORDS_PER_ITERATION) as u64;
+    record(&trace, &traced, iterations)?;
+    let u = measured(
+        cmd(crate::tracer_bin())
+            .args(["report", "--json"])
+            .arg(&trace),
+    )?;
+    let v: serde_json::Value = serde_json::from_str(&u.stdout).context("report --json")?;
+    let n = v["records"].as_u64().unwrap_or(0);
+    let rate = n as f64 / u.wall_s / 1e6;
+    println!(
+        "report, 10 % of calls unwound: {n} records ({} calls left open), {:.2} s, {rate:.2} M rec/s, peak RSS {:.1} MB (target >= {UNWIND_TARGET} M rec/s: {})",
+        v["calls"]["unfinished"],
+        u.wall_s,
+        u.max_rss_kib as f64 / 1024.0,
+        if rate >= UNWIND_TARGET {
+            "met"
+        } else {
+            "NOT MET"
+        }
+    );
+    let _ = std::fs::remove_file(&trace);
     Ok(())
+}
+
+/// `tracer record` of `traced ITERATIONS` into `trace`, with a ring buffer that takes
+/// the flood.
+fn record(trace: &Path, traced: &Path, iterations: u64) -> Result<()> {
+    util::run(
+        cmd(crate::tracer_bin())
+            .args(["record", "--ring-bytes", "256M", "-o"])
+            .arg(trace)
+            .arg("--")
+            .arg(traced)
+            .arg(iterations.to_string()),
+    )
 }
 
 /// Bytes of a file, or of the files in a directory (the Parquet export).
