@@ -167,7 +167,7 @@ impl Ctx<'_> {
             // A part has its function's exits, never an entry.
             let whole = match (kind, c.part_of) {
                 (SiteKind::FunctionEntry, Some(_)) => continue,
-                (SiteKind::FunctionEntry | SiteKind::FunctionExit, None) if !c.callable => continue,
+                (SiteKind::FunctionEntry | SiteKind::FunctionExit, _) if !c.callable => continue,
                 (_, Some(parent)) => self.sel.whole(parent),
                 (_, None) => self.sel.whole(f.addr),
             };

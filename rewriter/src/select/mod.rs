@@ -29,7 +29,8 @@ pub struct Chosen {
     /// entered by a jump with live registers).
     pub callable: bool,
     /// A split-off part of the function starting here ([`parts`]): no entry, its
-    /// exits are that function's, and its sites report that function's name.
+    /// exits are that function's (if `callable`, the function's), and its sites
+    /// report that function's name.
     pub part_of: Option<u64>,
 }
 
@@ -82,15 +83,17 @@ pub fn select(
             part_of: None,
         })
         .collect();
+    // A part is planned with its function: exits only if the function may have them
+    // (`callable`), its other sites always.
     let mut split = Vec::new();
-    for c in chosen.iter().filter(|c| c.callable) {
+    for c in &chosen {
         for part in parts.parts_of(c.f.addr) {
             if let Some(f) = function_at(&all, part).filter(|f| f.addr == part) {
                 split.push(Chosen {
                     f: f.clone(),
                     name: c.name.clone(),
                     selected: true,
-                    callable: false,
+                    callable: c.callable,
                     part_of: Some(c.f.addr),
                 });
             }

@@ -5,12 +5,13 @@
 //! returns and tail calls are the parent's exits.
 //!
 //! A part is a function region (a symbol or an FDE range) that no direct call reaches
-//! and that is either named as one (`.cold`, `.warm`) or, in a stripped binary, one
-//! function alone jumps to or is jumped back into, and either it jumps back into that
-//! function's interior (a function entered by tail calls never jumps into the middle
-//! of its caller) or its CFI starts mid-frame (a function starts with the stack at
-//! its entry height). A function that one other alone reaches by a jump and that
-//! starts at entry height stays a function of its own.
+//! and that is either named as one (`.cold`, `.warm`) or, in a stripped binary, has
+//! one function alone as the one it is jumped to from or jumps back into, and either
+//! its CFI starts mid-frame (a function starts with the stack at its entry height) or
+//! it is both jumped to from and jumps back into that function's interior (a function
+//! entered by tail calls never jumps into the middle of its caller). A region only
+//! jumping into another function, or only jumped to, at entry height, stays a
+//! function of its own: it may be called through a pointer.
 
 use std::collections::HashSet;
 use std::ops::Range;
@@ -127,8 +128,9 @@ fn parent(
             _ => None,
         };
     }
-    let jumped_into = !into.is_empty() && mid_frame;
-    ((!back.is_empty() || jumped_into) && candidates.len() == 1).then(|| candidates[0])
+    let linked = !into.is_empty() && !back.is_empty();
+    let evidence = linked || (mid_frame && (!into.is_empty() || !back.is_empty()));
+    (evidence && candidates.len() == 1).then(|| candidates[0])
 }
 
 /// The targets of `range`'s direct jumps (not calls) that leave it.

@@ -18,6 +18,7 @@
 //! is the child of that Python call.
 
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 
 use serde::Serialize;
 
@@ -121,7 +122,7 @@ struct Frame {
     lang_below: u32,
 }
 
-/// No call: [`Frame::below`], [`Stack::top`].
+/// No call: [`Frame::below`], [`Stack::fns`].
 const NONE: u32 = u32::MAX;
 
 /// One thread's open calls, innermost last, with what an exit looks up kept at hand:
@@ -130,32 +131,45 @@ const NONE: u32 = u32::MAX;
 #[derive(Default)]
 struct Stack {
     frames: Vec<Frame>,
-    /// Per function (their indices are dense): the index of its innermost open call
-    /// ([`NONE`]: none), and its number of open calls.
-    top: Vec<u32>,
-    open: Vec<u32>,
+    /// Per function with open calls: the index of its innermost one, and how many. (A
+    /// map, not a table by function: memory stays with the open calls, whatever the
+    /// number of threads and functions.)
+    fns: HashMap<usize, (u32, u32), BuildHasherDefault<IndexHash>>,
     /// The innermost open call of each interpreted program's key, and of any of them.
     top_key: HashMap<u64, u32>,
     top_lang: Option<u32>,
 }
 
+/// A hash for the function indices of [`Stack::fns`] (small integers, no attacker
+/// choosing them): one multiply.
+#[derive(Default)]
+struct IndexHash(u64);
+
+impl std::hash::Hasher for IndexHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
 impl Stack {
     fn push(&mut self, mut fr: Frame) {
         let at = self.frames.len() as u32;
-        let f = fr.function;
+        let f = self.fns.entry(fr.function).or_insert((NONE, 0));
+        f.1 += 1;
         if fr.key & LANG_KEY != 0 {
             fr.below = self.top_key.insert(fr.key, at).unwrap_or(NONE);
             fr.lang_below = self.top_lang.replace(at).unwrap_or(NONE);
         } else {
-            if self.top.len() <= f {
-                self.top.resize(f + 1, NONE);
-            }
-            fr.below = std::mem::replace(&mut self.top[f], at);
+            fr.below = std::mem::replace(&mut f.0, at);
         }
-        if self.open.len() <= f {
-            self.open.resize(f + 1, 0);
-        }
-        self.open[f] += 1;
         self.frames.push(fr);
     }
 
@@ -167,10 +181,16 @@ impl Stack {
                 b => self.top_key.insert(fr.key, b),
             };
             self.top_lang = (fr.lang_below != NONE).then_some(fr.lang_below);
-        } else {
-            self.top[fr.function] = fr.below;
         }
-        self.open[fr.function] -= 1;
+        if let Some(f) = self.fns.get_mut(&fr.function) {
+            if fr.key & LANG_KEY == 0 {
+                f.0 = fr.below;
+            }
+            f.1 -= 1;
+            if f.1 == 0 {
+                self.fns.remove(&fr.function);
+            }
+        }
         Some(fr)
     }
 
@@ -189,7 +209,7 @@ impl Stack {
         let at = if key & LANG_KEY != 0 {
             *self.top_key.get(&key)?
         } else {
-            *self.top.get(key as usize)?
+            self.fns.get(&(key as usize))?.0
         };
         (at != NONE).then_some(at as usize)
     }
@@ -200,7 +220,7 @@ impl Stack {
     }
 
     fn is_open(&self, function: usize) -> bool {
-        self.open.get(function).is_some_and(|&n| n > 0)
+        self.fns.contains_key(&function)
     }
 
     fn last(&self) -> Option<&Frame> {

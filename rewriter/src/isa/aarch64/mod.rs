@@ -57,27 +57,41 @@ fn word_at(bytes: &[u8], i: usize) -> Option<u32> {
 /// The function's LDXR … STXR ranges, both included: a stub's stores and its own
 /// exclusive pair, like a uprobe's trap, clear the monitor of a sequence they run
 /// inside, and the store-exclusive then fails on every retry. A site at the
-/// load-exclusive itself is fine: its stub runs before the load.
-fn exclusive_ranges(bytes: &[u8], addr: u64, size: usize) -> Vec<std::ops::RangeInclusive<u64>> {
-    let mut exclusive = Vec::new();
-    let mut open: Option<u64> = None;
+/// load-exclusive itself is fine: its stub runs before the load. Also the ranges from
+/// a load-exclusive that no store-exclusive follows (a wait on the monitor, `ldaxr;
+/// cbnz; wfe`): no store can fail there, so their sites stay uprobe sites as before.
+struct Exclusive {
+    closed: Vec<std::ops::RangeInclusive<u64>>,
+    open: Vec<std::ops::RangeInclusive<u64>>,
+}
+
+fn exclusive_ranges(bytes: &[u8], addr: u64, size: usize) -> Exclusive {
+    let mut x = Exclusive {
+        closed: Vec::new(),
+        open: Vec::new(),
+    };
+    let mut load: Option<u64> = None;
     for i in (0..size).step_by(INSN) {
         let pc = addr + i as u64;
         let Some(wi) = word_at(bytes, i) else { break };
         match reloc::classify(wi, pc) {
-            Class::LoadExclusive => open = Some(pc),
+            Class::LoadExclusive => {
+                if let Some(start) = load.replace(pc) {
+                    x.open.push(start..=pc - INSN as u64);
+                }
+            }
             Class::StoreExclusive => {
-                if let Some(start) = open.take() {
-                    exclusive.push(start..=pc);
+                if let Some(start) = load.take() {
+                    x.closed.push(start..=pc);
                 }
             }
             _ => {}
         }
     }
-    if let Some(start) = open {
-        exclusive.push(start..=addr + size as u64);
+    if let Some(start) = load {
+        x.open.push(start..=addr + size as u64);
     }
-    exclusive
+    x
 }
 
 impl Isa for Aarch64 {
@@ -166,14 +180,12 @@ impl Isa for Aarch64 {
         let exclusive = exclusive_ranges(bytes, f.addr, size);
         let (inside, reqs): (Vec<&SiteReq>, Vec<&SiteReq>) = reqs.iter().partition(|r| {
             r.kind != SiteKind::FunctionEntry
-                && exclusive
-                    .iter()
-                    .any(|x| *x.start() < r.addr && r.addr <= *x.end())
+                && (exclusive.closed.iter()).any(|x| *x.start() < r.addr && r.addr <= *x.end())
         });
         let untraced = inside
             .iter()
             .map(|r| {
-                let x = exclusive.iter().find(|x| x.contains(&r.addr));
+                let x = exclusive.closed.iter().find(|x| x.contains(&r.addr));
                 let at = x.map_or(r.addr, |x| *x.start());
                 (r.id, FallbackReason::ExclusiveSequence { at })
             })
@@ -205,8 +217,12 @@ impl Isa for Aarch64 {
                     ));
                 }
                 // An entry at a load-exclusive that the sequence's retry branches back
-                // to would run the entry stub at every retry.
-                if let Some(x) = exclusive.iter().find(|x| entry && x.contains(&at)) {
+                // to would run the entry stub at every retry; after a load-exclusive
+                // with no store-exclusive, a stub's own pair would still clear the
+                // monitor a wait relies on.
+                let open = exclusive.open.iter().find(|x| x.contains(&at));
+                let entry_at_load = exclusive.closed.iter().find(|x| entry && x.contains(&at));
+                if let Some(x) = open.or(entry_at_load) {
                     return c(format!(
                         "inside an exclusive load/store sequence ({:#x}..{:#x})",
                         x.start(),
