@@ -26,6 +26,9 @@ use crate::isa::{Branch, Isa, Targets};
 pub struct Parts {
     /// `(part start, parent start)`, sorted by part start.
     of: Vec<(u64, u64)>,
+    /// The same as `(parent start, part start)`, sorted by parent: a function's parts
+    /// in one search (every function asks, several times).
+    by_parent: Vec<(u64, u64)>,
 }
 
 impl Parts {
@@ -65,7 +68,9 @@ impl Parts {
         }
         // Parts of each other, with no root: none of them is believed.
         of.retain(|&(part, parent)| part != parent && lookup(&direct, parent).is_none());
-        Parts { of }
+        let mut by_parent: Vec<(u64, u64)> = of.iter().map(|&(part, p)| (p, part)).collect();
+        by_parent.sort_unstable();
+        Parts { of, by_parent }
     }
 
     /// The function `start` is a part of, if it is one.
@@ -75,10 +80,11 @@ impl Parts {
 
     /// The starts of `parent`'s parts.
     pub fn parts_of(&self, parent: u64) -> impl Iterator<Item = u64> + '_ {
-        self.of
+        let lo = self.by_parent.partition_point(|e| e.0 < parent);
+        self.by_parent[lo..]
             .iter()
-            .filter(move |&&(_, p)| p == parent)
-            .map(|&(part, _)| part)
+            .take_while(move |e| e.0 == parent)
+            .map(|&(_, part)| part)
     }
 }
 
