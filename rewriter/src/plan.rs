@@ -5,9 +5,10 @@
 use std::collections::HashMap;
 
 use crate::Options;
+use crate::elf::imports::Callees;
 use crate::elf::read::Input;
 use crate::error::{Error, Result};
-use crate::flow::Flow;
+use crate::flow::{Flow, FrameRule};
 use crate::isa::arg::{Arg, ArgError, parse_arg};
 use crate::isa::{FlowFacts, FunctionPlan, Isa, SiteReq, Targets};
 use crate::select::{Chosen, Selection};
@@ -60,6 +61,7 @@ pub fn sites(
         .filter(|s| matches!(s.name.as_str(), ".plt" | ".plt.sec" | ".plt.got"))
         .map(|s| s.addr..s.addr + s.size)
         .collect();
+    let callees = Callees::new(input, &isa.plt_slots(input));
     let cx = Ctx {
         input,
         isa,
@@ -67,6 +69,8 @@ pub fn sites(
             targets: &targets.all,
             tail_calls: &flow.tail_calls,
             plt: &plt,
+            landing_pads: &flow.landing_pads,
+            callees: &callees,
         },
         fn_starts: &fn_starts,
         sel,
@@ -74,6 +78,7 @@ pub fn sites(
         values: values(input, opts)?,
     };
     let kinds = stub_order(&opts.kinds);
+    let unwinding = Unwinding::find(&cx, flow, &kinds);
     let mut sites = Sites {
         reqs_of: Vec::with_capacity(sel.chosen.len()),
         info: Vec::new(),
@@ -82,7 +87,7 @@ pub fn sites(
     let total = sel.chosen.len() as u64;
     for (i, c) in sel.chosen.iter().enumerate() {
         opts.progress.report("finding sites", i as u64, total);
-        let reqs = cx.function_sites(c, &kinds, &mut sites);
+        let reqs = cx.function_sites(c, &kinds, &unwinding, i, &mut sites);
         sites.reqs_of.push(reqs);
     }
     sites.semaphores.sort_unstable();
@@ -90,19 +95,78 @@ pub fn sites(
     Ok(sites)
 }
 
-/// Stubs at one instruction run in this order: entry, block, USDT, memory, call, exit.
+/// Stubs at one instruction run in this order: entry, landing, block, USDT, memory,
+/// call, resume, exit. Exits bring landings and resumes: the calls that unwinding
+/// leaves end where it lands.
 fn stub_order(kinds: &[SiteKind]) -> Vec<SiteKind> {
     let mut kinds = kinds.to_vec();
+    if kinds.contains(&SiteKind::FunctionExit) {
+        kinds.extend([SiteKind::Landing, SiteKind::Resume]);
+    }
     kinds.sort_by_key(|k| match k {
         SiteKind::FunctionEntry => 0,
-        SiteKind::Block => 1,
-        SiteKind::Usdt => 2,
-        SiteKind::Memory => 3,
-        SiteKind::Call => 4,
-        SiteKind::FunctionExit => 5,
+        SiteKind::Landing => 1,
+        SiteKind::Block => 2,
+        SiteKind::Usdt => 3,
+        SiteKind::Memory => 4,
+        SiteKind::Call => 5,
+        SiteKind::Resume => 6,
+        SiteKind::FunctionExit => 7,
     });
     kinds.dedup();
     kinds
+}
+
+/// Where unwinding lands in the chosen functions, found before any site is numbered:
+/// a function that it lands in gets its frame address in its entry records too.
+struct Unwinding {
+    /// Per chosen function: its landing and resume sites.
+    sites: Vec<(Vec<u64>, Vec<u64>)>,
+    /// Entries of the functions (with their parts) that have some.
+    lands_in: std::collections::HashSet<u64>,
+    /// The frame rule of each landing and resume site (and entries: `entry`).
+    rules: HashMap<u64, FrameRule>,
+    entry: Option<FrameRule>,
+}
+
+impl Unwinding {
+    fn find(cx: &Ctx, flow: &Flow, kinds: &[SiteKind]) -> Unwinding {
+        let mut u = Unwinding {
+            sites: Vec::new(),
+            lands_in: Default::default(),
+            rules: HashMap::new(),
+            entry: None,
+        };
+        if !kinds.contains(&SiteKind::Landing) {
+            return u;
+        }
+        let (sp, off, _) = cx.isa.entry_cfa();
+        u.entry = Some(FrameRule { reg: sp, off });
+        for c in &cx.sel.chosen {
+            let of = |kind| match c.selected && c.callable {
+                true => cx.sites_of(c, kind, &[]),
+                false => Vec::new(),
+            };
+            let (landings, resumes) = (of(SiteKind::Landing), of(SiteKind::Resume));
+            if !landings.is_empty() || !resumes.is_empty() {
+                u.lands_in.insert(c.part_of.unwrap_or(c.f.addr));
+            }
+            u.sites.push((landings, resumes));
+        }
+        let addrs: Vec<u64> = u
+            .sites
+            .iter()
+            .flat_map(|(l, r)| l.iter().chain(r))
+            .copied()
+            .collect();
+        let rules = flow.frame_rules(cx.input, cx.isa, &addrs);
+        u.rules = addrs
+            .into_iter()
+            .zip(rules)
+            .filter_map(|(a, r)| Some((a, r?)))
+            .collect();
+        u
+    }
 }
 
 /// The chosen record values (`--value`, `[values]`), parsed for this binary's ISA.
@@ -124,11 +188,40 @@ fn values(input: &Input, opts: &Options) -> Result<HashMap<SiteKind, Arg>> {
 }
 
 impl Ctx<'_> {
-    /// The requests of one function, numbered on from `sites.info`.
-    fn function_sites(&self, c: &Chosen, kinds: &[SiteKind], sites: &mut Sites) -> Vec<SiteReq> {
+    /// The addresses of `c`'s sites of one kind (`whole`: its function's ranges, found
+    /// when empty).
+    fn sites_of(&self, c: &Chosen, kind: SiteKind, whole: &[std::ops::Range<u64>]) -> Vec<u64> {
+        let found;
+        let whole = match whole {
+            [] => {
+                found = self.sel.whole(c.part_of.unwrap_or(c.f.addr));
+                &found[..]
+            }
+            w => w,
+        };
+        crate::isa::sites_of(
+            self.isa,
+            self.input,
+            &c.f,
+            whole,
+            kind,
+            self.fn_starts,
+            &self.facts,
+        )
+    }
+
+    /// The requests of chosen function `i`, numbered on from `sites.info`.
+    fn function_sites(
+        &self,
+        c: &Chosen,
+        kinds: &[SiteKind],
+        unwinding: &Unwinding,
+        i: usize,
+        sites: &mut Sites,
+    ) -> Vec<SiteReq> {
         let f = &c.f;
         let mut reqs = Vec::new();
-        let mut add = |kind, addr, label: &str, args: Vec<Arg>| {
+        let mut add = |kind, addr, label: &str, args: Vec<Arg>, frame| {
             let nargs = if kind == SiteKind::Usdt {
                 args.len().min(255) as u8
             } else {
@@ -139,6 +232,7 @@ impl Ctx<'_> {
                 kind,
                 addr,
                 args,
+                frame,
             });
             sites.info.push(SiteInfo {
                 name: label.to_string(),
@@ -156,6 +250,7 @@ impl Ctx<'_> {
                         p.pc,
                         &format!("{}:{}", p.provider, p.name),
                         p.args.clone(),
+                        None,
                     );
                     sites.semaphores.extend(p.semaphore);
                 }
@@ -167,22 +262,31 @@ impl Ctx<'_> {
             // A part has its function's exits, never an entry.
             let whole = match (kind, c.part_of) {
                 (SiteKind::FunctionEntry, Some(_)) => continue,
-                (SiteKind::FunctionEntry | SiteKind::FunctionExit, _) if !c.callable => continue,
+                (
+                    SiteKind::FunctionEntry
+                    | SiteKind::FunctionExit
+                    | SiteKind::Landing
+                    | SiteKind::Resume,
+                    _,
+                ) if !c.callable => continue,
                 (_, Some(parent)) => self.sel.whole(parent),
                 (_, None) => self.sel.whole(f.addr),
             };
             let value: Vec<Arg> = self.values.get(&kind).cloned().into_iter().collect();
-            let of = crate::isa::sites_of(
-                self.isa,
-                self.input,
-                f,
-                &whole,
-                kind,
-                self.fn_starts,
-                &self.facts,
-            );
+            let of = match kind {
+                SiteKind::Landing => unwinding.sites[i].0.clone(),
+                SiteKind::Resume => unwinding.sites[i].1.clone(),
+                _ => self.sites_of(c, kind, &whole),
+            };
             for addr in of {
-                add(kind, addr, &c.name, value.clone());
+                let frame = match kind {
+                    SiteKind::FunctionEntry if unwinding.lands_in.contains(&f.addr) => {
+                        unwinding.entry
+                    }
+                    SiteKind::Landing | SiteKind::Resume => unwinding.rules.get(&addr).copied(),
+                    _ => None,
+                };
+                add(kind, addr, &c.name, value.clone(), frame);
             }
         }
         reqs

@@ -186,3 +186,52 @@ pub fn run_with_probes_at(
     }
     (out, events)
 }
+
+/// `function`'s exits in `bin`, decoded by `objdump` (independent of the rewriter's
+/// decoder): the link-time addresses of its returns and of its jumps to the start of
+/// another function or PLT entry (tail calls), in it and in its split-off `.cold` part.
+/// Jumps between the function and its part, or within either, are not exits.
+pub fn exit_addresses(objdump: &str, bin: &Path, function: &str) -> Vec<u64> {
+    let cold = format!("{function}.cold");
+    let mut out = Vec::new();
+    for sym in [function, cold.as_str()] {
+        let o = run(
+            Command::new(objdump)
+                .args(["-d", "--no-show-raw-insn"])
+                .arg(format!("--disassemble={sym}"))
+                .arg(bin),
+            Duration::from_secs(60),
+        )
+        .ok();
+        for line in o.stdout_str().lines() {
+            let Some((addr, insn)) = line.trim_start().split_once(":\t") else {
+                continue;
+            };
+            let Ok(addr) = u64::from_str_radix(addr, 16) else {
+                continue;
+            };
+            let mut words = insn.split_whitespace();
+            let Some(mnemonic) = words.next() else {
+                continue;
+            };
+            let mnemonic = match mnemonic {
+                "repz" | "bnd" | "notrack" => words.next().unwrap_or(""),
+                m => m,
+            };
+            let target = insn
+                .rsplit_once('<')
+                .and_then(|(_, t)| t.strip_suffix('>'))
+                .filter(|t| !t.contains("+0x"));
+            let leaves = match mnemonic {
+                "ret" | "retq" | "retaa" | "retab" => true,
+                "jmp" | "b" => target.is_some_and(|t| t != function && t != cold),
+                _ => false,
+            };
+            if leaves {
+                out.push(addr);
+            }
+        }
+    }
+    assert!(!out.is_empty(), "objdump found no exit of {function}");
+    out
+}

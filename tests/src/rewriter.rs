@@ -203,6 +203,17 @@ pub fn function_symbols(path: &Path) -> Vec<FuncSym> {
     syms
 }
 
+/// The file offset of the link-time address `vaddr` of `path`, through the segment
+/// that holds it.
+pub fn file_offset(path: &Path, vaddr: u64) -> Option<u64> {
+    let data = std::fs::read(path).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    file.segments().find_map(|s| {
+        let (off, size) = s.file_range();
+        (vaddr >= s.address() && vaddr < s.address() + size).then(|| vaddr - s.address() + off)
+    })
+}
+
 pub fn function_symbol(path: &Path, name: &str) -> FuncSym {
     function_symbols(path)
         .into_iter()

@@ -93,6 +93,7 @@ fn entries_exits(trace: &Path, meta: &Metadata) -> HashMap<String, (u64, u64)> {
         match kind.get(&r.site) {
             Some(SiteKind::FunctionEntry) => e.0 += 1,
             Some(SiteKind::FunctionExit) => e.1 += 1,
+            Some(SiteKind::Landing | SiteKind::Resume) => {}
             k => panic!("record of an unexpected site {k:?}: {r:?}"),
         }
     }
@@ -262,6 +263,7 @@ fn report_calls(trace: &Path) -> (HashMap<String, (u64, u64)>, u64) {
         match f["kind"].as_str() {
             Some("entry") => e.0 += n,
             Some("exit") => e.1 += n,
+            Some("landing" | "resume") => {}
             k => panic!("a function row of kind {k:?}"),
         }
     }

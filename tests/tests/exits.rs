@@ -96,7 +96,12 @@ fn check_nesting(
             let (k, name, ret) = kind[&r.site];
             match k {
                 SiteKind::FunctionEntry => stack.push((name, r.value)),
-                SiteKind::Block | SiteKind::Memory | SiteKind::Usdt | SiteKind::Call => {}
+                SiteKind::Block
+                | SiteKind::Memory
+                | SiteKind::Usdt
+                | SiteKind::Call
+                | SiteKind::Landing
+                | SiteKind::Resume => {}
                 SiteKind::FunctionExit => {
                     let Some((top, arg)) = stack.pop() else {
                         panic!("{what}: thread {tid}: exit of {name} with no entry before it");

@@ -752,6 +752,8 @@ fn sqlite_entries_and_exits_pair() {
         match kind.get(&r.site) {
             Some(SiteKind::FunctionEntry) => entries += 1,
             Some(SiteKind::FunctionExit) => exits += 1,
+            // sqlite is C: no exception lands; a setjmp return may (none runs here).
+            Some(SiteKind::Landing | SiteKind::Resume) => {}
             k => panic!("record of an unexpected site {k:?}: {r:?}"),
         }
     }

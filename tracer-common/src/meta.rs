@@ -90,17 +90,29 @@ pub enum SiteKind {
     /// A call instruction. Record: the call's target (where it goes), the return
     /// address (the instruction after the call).
     Call = 6,
+    /// Control arrived where unwinding lands in its function: an exception's landing
+    /// pad (catch or cleanup, from the LSDA) or the return of a `setjmp` call (a
+    /// `longjmp` lands there). Every call of the thread above the function's innermost
+    /// open call was left by unwinding and ends here. Record: the pad's address, aux 0.
+    /// Planned with exits.
+    Landing = 7,
+    /// A call to `_Unwind_Resume`: the function's cleanup code ran and unwinding goes
+    /// on past it, so its innermost open call (and any above) ends here, left by
+    /// unwinding. Record: the call's address, aux 0. Planned with exits.
+    Resume = 8,
 }
 
 impl SiteKind {
     /// Every kind, in code order.
-    pub const ALL: [SiteKind; 6] = [
+    pub const ALL: [SiteKind; 8] = [
         SiteKind::FunctionEntry,
         SiteKind::FunctionExit,
         SiteKind::Block,
         SiteKind::Memory,
         SiteKind::Usdt,
         SiteKind::Call,
+        SiteKind::Landing,
+        SiteKind::Resume,
     ];
 }
 
@@ -468,6 +480,8 @@ impl SiteKind {
             4 => Some(SiteKind::Memory),
             5 => Some(SiteKind::Usdt),
             6 => Some(SiteKind::Call),
+            7 => Some(SiteKind::Landing),
+            8 => Some(SiteKind::Resume),
             _ => None,
         }
     }
@@ -479,6 +493,8 @@ impl SiteKind {
             SiteKind::Memory => "memory",
             SiteKind::Usdt => "usdt",
             SiteKind::Call => "call",
+            SiteKind::Landing => "landing",
+            SiteKind::Resume => "resume",
         }
     }
 }

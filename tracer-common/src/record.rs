@@ -53,6 +53,22 @@ pub const FLAG_USDT_MORE: u32 = 1 << 4;
 pub const FLAG_USDT_INDEX_SHIFT: u32 = 24;
 /// Written into a circular buffer (an unused ring record has flags 0).
 pub const FLAG_RING: u32 = 1 << 5;
+/// Entry, landing and resume records of a function that unwinding can land in: bits
+/// 16..32 of `flags` hold the low 16 bits of the frame's canonical frame address (the
+/// stack pointer before the call that made it), so a landing finds its own frame among
+/// the open calls of a recursive function.
+pub const FLAG_FRAME: u32 = 1 << 6;
+/// Where [`FLAG_FRAME`]'s address bits start.
+pub const FLAG_FRAME_SHIFT: u32 = 16;
+
+/// The frame address bits of a record flagged [`FLAG_FRAME`].
+pub const fn frame_bits(flags: u32) -> Option<u16> {
+    if flags & FLAG_FRAME != 0 {
+        Some((flags >> FLAG_FRAME_SHIFT) as u16)
+    } else {
+        None
+    }
+}
 /// The tracer interpolated `time` (coarse timestamps; next to `FLAG_KTIME`, which says
 /// the time is CLOCK_MONOTONIC ns). Set by readers, never by a stub.
 pub const FLAG_INTERPOLATED: u32 = 1 << 8;

@@ -1,5 +1,7 @@
 //! The ELF file: [`read`] parses and checks the input, [`write`] appends the new
-//! segments, headers and metadata to an unmodified copy of it.
+//! segments, headers and metadata to an unmodified copy of it; [`imports`] names
+//! what calls into other objects go to.
 
+pub mod imports;
 pub mod read;
 pub mod write;

@@ -30,7 +30,7 @@ pub(crate) struct Eh {
     /// `(start, size)` of every FDE with a non-zero size.
     pub fdes: Vec<(u64, u64)>,
     /// `(start, end, offset in .eh_frame)` of every FDE with a non-zero size, sorted.
-    fde_offsets: Vec<(u64, u64, usize)>,
+    pub fde_offsets: Vec<(u64, u64, usize)>,
     pub landing_pads: Vec<u64>,
     pub warnings: Vec<String>,
 }
@@ -193,29 +193,8 @@ pub(crate) fn at_entry_height(
     (cfa_reg, cfa_off, ra): (gimli::Register, i64, Option<gimli::Register>),
 ) -> Vec<Option<bool>> {
     let mut out = vec![None; addrs.len()];
-    let Ok(Some((eh_addr, bytes))) = locate(input) else {
-        return out;
-    };
-    let bases = bases(input, eh_addr);
-    let section = EhFrame::new(bytes, LittleEndian);
-    let mut ctx = Box::new(UnwindContext::new());
-    for (o, &addr) in out.iter_mut().zip(addrs) {
-        // The innermost FDE containing `addr` (FDEs do not nest in practice).
-        let i = eh.fde_offsets.partition_point(|f| f.0 <= addr);
-        let Some(&(_, end, off)) = eh.fde_offsets[..i].last() else {
-            continue;
-        };
-        if addr >= end {
-            continue;
-        }
-        let Ok(fde) = section.fde_from_offset(&bases, EhFrameOffset(off), EhFrame::cie_from_offset)
-        else {
-            continue;
-        };
-        let Ok(row) = fde.unwind_info_for_address(&section, &bases, &mut ctx, addr) else {
-            continue;
-        };
-        *o = Some(match *row.cfa() {
+    each_row(input, &eh.fde_offsets, addrs, |i, row| {
+        out[i] = Some(match *row.cfa() {
             CfaRule::RegisterAndOffset { register, offset } => {
                 register == cfa_reg
                     && offset == cfa_off
@@ -228,8 +207,57 @@ pub(crate) fn at_entry_height(
             }
             CfaRule::Expression(_) => false,
         });
-    }
+    });
     out
+}
+
+/// For each of `addrs`: the canonical frame address there as register + offset, by the
+/// CFI of the FDE covering it (`fde_offsets`: [`Eh::fde_offsets`]). `None` where no FDE
+/// covers it or the CFA is an expression.
+pub(crate) fn cfa_rules(
+    input: &Input,
+    fde_offsets: &[(u64, u64, usize)],
+    addrs: &[u64],
+) -> Vec<Option<(gimli::Register, i64)>> {
+    let mut out = vec![None; addrs.len()];
+    each_row(input, fde_offsets, addrs, |i, row| {
+        if let CfaRule::RegisterAndOffset { register, offset } = *row.cfa() {
+            out[i] = Some((register, offset));
+        }
+    });
+    out
+}
+
+/// Call `f(i, row)` with the CFI row at `addrs[i]`, for each address an FDE covers.
+fn each_row(
+    input: &Input,
+    fde_offsets: &[(u64, u64, usize)],
+    addrs: &[u64],
+    mut f: impl FnMut(usize, &gimli::UnwindTableRow<usize>),
+) {
+    let Ok(Some((eh_addr, bytes))) = locate(input) else {
+        return;
+    };
+    let bases = bases(input, eh_addr);
+    let section = EhFrame::new(bytes, LittleEndian);
+    let mut ctx = Box::new(UnwindContext::new());
+    for (i, &addr) in addrs.iter().enumerate() {
+        // The innermost FDE containing `addr` (FDEs do not nest in practice).
+        let k = fde_offsets.partition_point(|f| f.0 <= addr);
+        let Some(&(_, end, off)) = fde_offsets[..k].last() else {
+            continue;
+        };
+        if addr >= end {
+            continue;
+        }
+        let Ok(fde) = section.fde_from_offset(&bases, EhFrameOffset(off), EhFrame::cie_from_offset)
+        else {
+            continue;
+        };
+        if let Ok(row) = fde.unwind_info_for_address(&section, &bases, &mut ctx, addr) {
+            f(i, row);
+        }
+    }
 }
 
 fn read_u64(input: &Input, addr: u64) -> Option<u64> {

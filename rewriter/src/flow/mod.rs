@@ -59,6 +59,38 @@ pub struct Flow {
     pub mid_frame: Vec<u64>,
     /// Oddities that did not stop the recovery (rejected tables, missing `.eh_frame`).
     pub warnings: Vec<String>,
+    /// `(start, end, offset in .eh_frame)` of every FDE, for [`Flow::frame_rules`].
+    fde_offsets: Vec<(u64, u64, usize)>,
+}
+
+/// Where a stub finds the canonical frame address of the frame it runs in: DWARF
+/// register `reg` (the stack or the frame pointer) plus `off`. A record flagged
+/// `FLAG_FRAME` carries its low bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameRule {
+    pub reg: gimli::Register,
+    pub off: i64,
+}
+
+impl Flow {
+    /// The frame rule at each of `addrs`, by the CFI: `None` where no FDE covers it or
+    /// the CFA is not the stack or frame pointer plus a small offset.
+    pub fn frame_rules(
+        &self,
+        input: &Input,
+        arch: &dyn FlowArch,
+        addrs: &[u64],
+    ) -> Vec<Option<FrameRule>> {
+        let (sp, ..) = arch.entry_cfa();
+        eh::cfa_rules(input, &self.fde_offsets, addrs)
+            .into_iter()
+            .map(|r| {
+                let (reg, off) = r?;
+                ((reg == sp || reg == arch.frame_pointer()) && (0..=2048).contains(&off))
+                    .then_some(FrameRule { reg, off })
+            })
+            .collect()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +115,9 @@ pub trait FlowArch {
     /// The CFI that means "the stack is at its height at function entry": CFA =
     /// `register + offset`, and (AArch64) the return-address register not saved.
     fn entry_cfa(&self) -> (gimli::Register, i64, Option<gimli::Register>);
+    /// The frame pointer (`%rbp`, x29): with the stack pointer, the CFA registers a
+    /// stub can compute a frame address from ([`FrameRule`]).
+    fn frame_pointer(&self) -> gimli::Register;
     /// The per-function forward scan for jump-table dispatches and tail calls.
     fn scan(&self, code: &mut Code, funcs: &Functions, slots: &Slots, scan: &mut Scan);
 }
@@ -122,6 +157,7 @@ pub fn recover(input: &Input, arch: &dyn FlowArch) -> Result<Flow, FlowError> {
         mid_frame,
         landing_pads: eh.landing_pads,
         fde_functions: eh.fdes,
+        fde_offsets: eh.fde_offsets,
         warnings: eh.warnings,
         unresolved_indirect_jumps: scan.unresolved,
         tail_calls,

@@ -107,6 +107,9 @@ pub struct SiteReq {
     pub addr: u64,
     /// USDT: where the probe's arguments are.
     pub args: Vec<Arg>,
+    /// Entries, landings and resumes of a function that unwinding lands in: where its
+    /// frame address is (the record then carries it, `FLAG_FRAME`).
+    pub frame: Option<crate::flow::FrameRule>,
 }
 
 /// A site placed in a window: its stub runs just before the instruction at `at`.
@@ -127,6 +130,8 @@ pub struct PlacedSite {
     /// a value there across the call: the stub saves it.
     pub keep_flags: bool,
     pub keep_r11: bool,
+    /// See `SiteReq::frame`; `flags` has `FLAG_FRAME` then.
+    pub frame: Option<crate::flow::FrameRule>,
 }
 
 /// A range of original code moved into one trampoline: the branch to the trampoline
@@ -176,7 +181,17 @@ pub struct FlowFacts<'a> {
     /// The procedure linkage table's sections (`.plt`, `.plt.sec`, `.plt.got`): a jump
     /// there is a tail call into another object (`jmp free@plt`).
     pub plt: &'a [std::ops::Range<u64>],
+    /// Exception landing pads (from the LSDAs), sorted.
+    pub landing_pads: &'a [u64],
+    /// The names of call targets.
+    pub callees: &'a crate::elf::imports::Callees,
 }
+
+/// Functions that return a second time when a `longjmp` (or `siglongjmp`) lands.
+const SETJMPS: [&str; 5] = ["setjmp", "_setjmp", "__setjmp", "sigsetjmp", "__sigsetjmp"];
+
+/// The function through which a cleanup passes unwinding on (it does not return).
+const UNWIND_RESUME: &str = "_Unwind_Resume";
 
 /// A window's trampoline: its code, and where the copy of each of its landings'
 /// targets is (in `Window::landings` order).
@@ -321,10 +336,14 @@ impl Candidate {
             kind: self.req.kind,
             at: self.at,
             signed_lr: self.signed_lr,
-            flags: self.flags,
+            flags: match self.req.frame {
+                Some(_) => self.flags | tracer_common::FLAG_FRAME,
+                None => self.flags,
+            },
             args: self.req.args.clone(),
             keep_flags: self.keep_flags,
             keep_r11: self.keep_r11,
+            frame: self.req.frame,
         }
     }
 
@@ -421,6 +440,11 @@ pub struct InsnFacts {
     pub memory: bool,
     /// A call, direct or indirect.
     pub call: bool,
+    /// What a call goes to, when the instruction says: a direct call's target, or the
+    /// GOT slot an x86-64 `call *slot(%rip)` reads (see `elf::imports::Callees`).
+    pub callee: Option<u64>,
+    /// The next instruction's address.
+    pub next: u64,
     /// A landing pad (`endbr64`, `bti c`, `paciasp`): not a block of its own when first.
     pub landing_pad: bool,
     /// A NOP or trap (`nop`, `int3`): after a return or jump, alignment padding that
@@ -436,8 +460,9 @@ pub struct InsnFacts {
 /// tail calls; jumps between the function and its parts are neither. Blocks: the first
 /// instruction (after a landing pad), branch targets inside, and instructions after a
 /// control transfer (but not padding after a return or jump). Memory: instructions with
-/// an explicit memory operand that they read or write. Calls: every call. (USDT sites
-/// come from the probe notes, not from here.)
+/// an explicit memory operand that they read or write. Calls: every call. Landings:
+/// exception landing pads, and the returns of `setjmp` calls. Resumes: calls to
+/// `_Unwind_Resume`. (USDT sites come from the probe notes, not from here.)
 pub fn sites_of(
     isa: &dyn Isa,
     input: &Input,
@@ -492,6 +517,35 @@ pub fn sites_of(
         }
         SiteKind::Memory => keep(&|i| i.memory),
         SiteKind::Call => keep(&|i| i.call),
+        SiteKind::Landing => {
+            let own = f.addr..f.addr + f.size;
+            let from = flow.landing_pads.partition_point(|&p| p < own.start);
+            let mut out: Vec<u64> = flow.landing_pads[from..]
+                .iter()
+                .copied()
+                .take_while(|p| own.contains(p))
+                .collect();
+            let calls = |i: &InsnFacts, names: &[&str]| {
+                i.callee
+                    .and_then(|c| flow.callees.name(c))
+                    .is_some_and(|n| names.contains(&n))
+            };
+            let facts = isa.insn_facts(input, f, false);
+            out.extend(
+                facts
+                    .iter()
+                    .filter(|i| calls(i, &SETJMPS) && own.contains(&i.next))
+                    .map(|i| i.next),
+            );
+            out.sort_unstable();
+            out.dedup();
+            out
+        }
+        SiteKind::Resume => keep(&|i| {
+            i.callee
+                .and_then(|c| flow.callees.name(c))
+                .is_some_and(|n| n == UNWIND_RESUME)
+        }),
     }
 }
 
@@ -555,6 +609,9 @@ pub trait Isa: crate::flow::FlowArch + Sync {
     /// (empty when `f` cannot be decoded). `memory`: also classify memory accesses
     /// (costly; only memory sites need it).
     fn insn_facts(&self, input: &Input, f: &Function, memory: bool) -> Vec<InsnFacts>;
+    /// (entry, GOT slot) of each entry of the procedure linkage table: a call to the
+    /// entry is a call to the symbol bound to the slot.
+    fn plt_slots(&self, input: &Input) -> Vec<(u64, u64)>;
     /// Decide which of `f`'s sites get inline stubs (grouped into windows) and which
     /// become uprobe sites. `targets`: every known branch target. `unsure`:
     /// why the targets inside `f` may be incomplete (an indirect jump not explained as

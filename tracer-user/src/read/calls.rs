@@ -4,8 +4,12 @@
 //!
 //! Per thread a stack of open calls: an entry pushes; an exit pops down to the nearest
 //! open call of the same function (calls above it never returned through a traced
-//! exit: longjmp, an exception, an untraced exit; they are dropped and counted). Each
-//! record costs the same however many calls are left open below (see [`Stack`]). A
+//! exit: an untraced exit, or unwinding the trace did not see land; they are dropped
+//! and counted). Unwinding ends calls where control lands: a landing record (an
+//! exception's landing pad, a `setjmp` return) ends every call above its function's
+//! innermost open call, a resume record (`_Unwind_Resume`) that call too, each as a
+//! call left by unwinding whose time runs to the landing. Each record costs the same
+//! however many calls are left open below (see [`Stack`]). A
 //! call's self time is its total minus its children's totals; a recursive function's
 //! total time counts its outermost calls only, so no time is counted twice.
 //!
@@ -47,6 +51,9 @@ pub struct FunctionTime {
     pub max_ns: u64,
     /// Calls per power-of-two latency bucket (see [`BUCKETS`]), trailing zeros cut.
     pub histogram: Vec<u64>,
+    /// Of `calls`, those left by unwinding (an exception, a `longjmp`): they end
+    /// where control landed.
+    pub unwound: u64,
     /// `file:line` of the function (empty without debug information).
     pub location: String,
     /// (binary id, site) of an entry site of the function.
@@ -66,6 +73,7 @@ impl FunctionTime {
             min_ns: u64::MAX,
             max_ns: 0,
             histogram: vec![0; BUCKETS],
+            unwound: 0,
             location,
             entry_site: None,
         }
@@ -82,6 +90,9 @@ pub struct Step {
     pub abandoned: usize,
     /// An exit: the call it completes.
     pub completed: Option<Slice>,
+    /// A landing or resume: the calls left by unwinding that end here, innermost
+    /// first.
+    pub unwound: Vec<Slice>,
 }
 
 /// A completed call.
@@ -120,6 +131,10 @@ struct Frame {
     /// [`Stack::push`]. (u32: the pile of calls left open stays small.)
     below: u32,
     lang_below: u32,
+    /// The low bits of its frame address, when its entry record has them
+    /// (`FLAG_FRAME`): a landing in a recursive function ends the calls above the
+    /// one whose frame it landed in.
+    frame: Option<u16>,
 }
 
 /// No call: [`Frame::below`], [`Stack::fns`].
@@ -214,6 +229,25 @@ impl Stack {
         (at != NONE).then_some(at as usize)
     }
 
+    /// The innermost open call of function `f` whose frame address bits are `bits`,
+    /// else its innermost (a recursive function's calls share their sites; unwinding
+    /// lands in the frame that catches, not always the innermost).
+    fn landed(&self, f: usize, bits: Option<u16>) -> Option<usize> {
+        let top = self.innermost(f as u64)?;
+        let Some(bits) = bits else {
+            return Some(top);
+        };
+        let mut at = top as u32;
+        while at != NONE {
+            let fr = &self.frames[at as usize];
+            if fr.frame == Some(bits) {
+                return Some(at as usize);
+            }
+            at = fr.below;
+        }
+        Some(top)
+    }
+
     /// The innermost open call of an interpreted program.
     fn innermost_lang(&self) -> Option<usize> {
         self.top_lang.map(|i| i as usize)
@@ -255,6 +289,8 @@ pub struct Calls {
     /// Calls left open: never exited through a traced exit (dropped from their
     /// stack by a later exit of a caller, or still open at the end).
     pub unfinished: u64,
+    /// Calls left by unwinding, ended by a landing or resume record.
+    pub unwound: u64,
     /// With [`Calls::folding`]: the call-stack tree with self time per node, for
     /// flame graphs (a tree, not a map of whole stacks: deep recursion stays linear).
     pub folded: Option<StackTree>,
@@ -297,6 +333,55 @@ impl StackTree {
         }
         path.reverse();
         path
+    }
+}
+
+/// End `frame`, just taken off `stack`, at `time_ns`: its function's counts and times,
+/// its time into its caller's children and (folding) its stack's self time.
+fn end_call(
+    functions: &mut [FunctionTime],
+    folded: &mut Option<StackTree>,
+    stack: &mut Stack,
+    frame: Frame,
+    ev: &Event,
+    time_ns: u64,
+) -> Slice {
+    let f = frame.function;
+    let total = time_ns.saturating_sub(frame.start_ns);
+    if let Some(tree) = folded {
+        let n = &mut tree.nodes[frame.node].2;
+        *n = n.saturating_add(total.saturating_sub(frame.child_ns));
+    }
+    if let Some(parent) = stack.last_mut() {
+        // Saturating: a corrupt trace's times may sum past u64.
+        parent.child_ns = parent
+            .child_ns
+            .saturating_add(total.saturating_sub(frame.credited));
+    }
+    // A recursive function's total counts its outermost calls only (the inner ones
+    // are inside it already); each call still has its own latency.
+    let outermost = !stack.is_open(f);
+    let t = &mut functions[f];
+    t.calls += 1;
+    if outermost {
+        t.total_ns = t.total_ns.saturating_add(total);
+    }
+    let own = total.saturating_sub(frame.child_ns);
+    t.self_ns = t.self_ns.saturating_add(own);
+    t.min_ns = t.min_ns.min(total);
+    t.max_ns = t.max_ns.max(total);
+    let bucket = (63 - total.max(1).leading_zeros() as usize).min(BUCKETS - 1);
+    t.histogram[bucket] += 1;
+    Slice {
+        pid: ev.pid,
+        tid: ev.tid,
+        function: f,
+        start_ns: frame.start_ns,
+        end_ns: time_ns,
+        self_ns: own,
+        depth: stack.len() as u32,
+        caller: stack.last().map(|fr| fr.function),
+        reentrant: !outermost,
     }
 }
 
@@ -357,7 +442,7 @@ impl Calls {
         let entry = match ev.kind {
             // An entry of a function without exit sites never completes: not a call.
             "entry" if ev.paired => true,
-            "exit" => false,
+            "exit" | "landing" | "resume" => false,
             _ => return Step::default(),
         };
         let f = match self.by_site.get(&(ev.binary_id, ev.rec.site)) {
@@ -371,7 +456,35 @@ impl Calls {
         if entry && self.functions[f].entry_site.is_none() {
             self.functions[f].entry_site = Some((ev.binary_id, ev.rec.site));
         }
-        self.step(ev, f, f as u64, entry, ev.time_ns)
+        match ev.kind {
+            "landing" => self.land(ev, f, false),
+            "resume" => self.land(ev, f, true),
+            _ => self.step(ev, f, f as u64, entry, ev.time_ns),
+        }
+    }
+
+    /// Unwinding landed in function `f` (`resume`: and goes on past it): the calls
+    /// above its innermost open call (and that one too) end here. Nothing when `f`
+    /// has no open call (a `setjmp` returning the first time in an untraced caller).
+    fn land(&mut self, ev: &Event, f: usize, resume: bool) -> Step {
+        let stack = self.stacks.entry((ev.pid, ev.tid)).or_default();
+        let Some(at) = stack.landed(f, tracer_common::frame_bits(ev.rec.flags)) else {
+            return Step::default();
+        };
+        let keep = if resume { at } else { at + 1 };
+        let mut unwound = Vec::with_capacity(stack.len() - keep);
+        while stack.len() > keep {
+            let Some(frame) = stack.pop() else { break };
+            let (function, folded) = (&mut self.functions, &mut self.folded);
+            let s = end_call(function, folded, stack, frame, ev, ev.time_ns);
+            function[s.function].unwound += 1;
+            unwound.push(s);
+        }
+        self.unwound += unwound.len() as u64;
+        Step {
+            unwound,
+            ..Step::default()
+        }
     }
 
     /// An entry of function `f` or an exit of the open call named `key`, at `time_ns`.
@@ -391,6 +504,10 @@ impl Calls {
                 node,
                 below: NONE,
                 lang_below: NONE,
+                frame: match key & LANG_KEY {
+                    0 => tracer_common::frame_bits(ev.rec.flags),
+                    _ => None,
+                },
             });
             return Step {
                 began: Some(f),
@@ -430,43 +547,14 @@ impl Calls {
                 .child_ns
                 .saturating_add(inside.saturating_sub(m.credited));
         }
-        let f = frame.function;
-        let total = time_ns.saturating_sub(frame.start_ns);
-        if let Some(tree) = &mut self.folded {
-            let n = &mut tree.nodes[frame.node].2;
-            *n = n.saturating_add(total.saturating_sub(frame.child_ns));
-        }
-        if let Some(parent) = stack.last_mut() {
-            // Saturating: a corrupt trace's times may sum past u64.
-            parent.child_ns = parent
-                .child_ns
-                .saturating_add(total.saturating_sub(frame.credited));
-        }
-        // A recursive function's total counts its outermost calls only (the inner
-        // ones are inside it already); each call still has its own latency.
-        let outermost = !stack.is_open(f);
-        let t = &mut self.functions[f];
-        t.calls += 1;
-        if outermost {
-            t.total_ns = t.total_ns.saturating_add(total);
-        }
-        let own = total.saturating_sub(frame.child_ns);
-        t.self_ns = t.self_ns.saturating_add(own);
-        t.min_ns = t.min_ns.min(total);
-        t.max_ns = t.max_ns.max(total);
-        let bucket = (63 - total.max(1).leading_zeros() as usize).min(BUCKETS - 1);
-        t.histogram[bucket] += 1;
-        let completed = Slice {
-            pid: ev.pid,
-            tid: ev.tid,
-            function: f,
-            start_ns: frame.start_ns,
-            end_ns: time_ns,
-            self_ns: own,
-            depth: stack.len() as u32,
-            caller: stack.last().map(|fr| fr.function),
-            reentrant: !outermost,
-        };
+        let completed = end_call(
+            &mut self.functions,
+            &mut self.folded,
+            stack,
+            frame,
+            ev,
+            time_ns,
+        );
         for (i, mut fr) in moved.into_iter().enumerate() {
             if i == 0 {
                 fr.credited = time_ns.saturating_sub(fr.start_ns);
@@ -480,6 +568,7 @@ impl Calls {
             began: None,
             abandoned,
             completed: Some(completed),
+            unwound: Vec::new(),
         }
     }
 
@@ -562,6 +651,95 @@ mod tests {
                 })
             })
             .collect()
+    }
+
+    /// Feed (kind, site, time, frame address bits) records: site 0 = "f", 1 = "g".
+    fn feed_frames(c: &mut Calls, events: &[(&'static str, u32, u64, Option<u16>)]) -> Vec<Step> {
+        events
+            .iter()
+            .map(|&(kind, site, t, frame)| {
+                let flags = frame.map_or(0, |b| {
+                    tracer_common::FLAG_FRAME | u32::from(b) << tracer_common::FLAG_FRAME_SHIFT
+                });
+                let rec = Record {
+                    site,
+                    flags,
+                    ..Record::default()
+                };
+                let name = ["f", "g"][site as usize];
+                c.event(&Event {
+                    pid: 1,
+                    tid: 1,
+                    binary_id: 7,
+                    comm: "t",
+                    binary: "b",
+                    symbol: name,
+                    raw_symbol: name,
+                    paired: true,
+                    kind,
+                    rec: &rec,
+                    time_ns: t,
+                    lang: None,
+                    strings: &Lang::default(),
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_landing_ends_the_calls_above_the_frame_it_landed_in() {
+        // f (frame 0x100) calls f (0x80), which calls g; an exception thrown in g is
+        // caught by the outer f (landing at frame 0x100): g and the inner f end there.
+        // Without frame bits the landing would keep the inner f open.
+        let mut c = Calls::default();
+        let steps = feed_frames(
+            &mut c,
+            &[
+                ("entry", 0, 0, Some(0x100)),
+                ("entry", 0, 10, Some(0x80)),
+                ("entry", 1, 20, None),
+                ("landing", 0, 50, Some(0x100)),
+                ("exit", 0, 70, None),
+            ],
+        );
+        let ended: Vec<(usize, u64, u64)> = steps[3]
+            .unwound
+            .iter()
+            .map(|s| (s.function, s.start_ns, s.end_ns))
+            .collect();
+        let (f, g) = (0, 1);
+        assert_eq!(ended, [(g, 20, 50), (f, 10, 50)]);
+        let done = steps[4].completed.as_ref().unwrap();
+        assert_eq!((done.start_ns, done.end_ns), (0, 70));
+        assert_eq!(c.unwound, 2);
+        let (fs, unmatched, unfinished) = c.finish();
+        assert_eq!((unmatched, unfinished), (0, 0));
+        assert_eq!((get(&fs, "f").calls, get(&fs, "f").unwound), (2, 1));
+        assert_eq!((get(&fs, "g").calls, get(&fs, "g").unwound), (1, 1));
+        assert_eq!(get(&fs, "f").total_ns, 70);
+    }
+
+    #[test]
+    fn a_resume_ends_its_own_call_too() {
+        // f calls g; g's cleanup runs and resumes unwinding (g ends), then f catches.
+        let mut c = Calls::default();
+        let steps = feed_frames(
+            &mut c,
+            &[
+                ("entry", 0, 0, Some(0x100)),
+                ("entry", 1, 10, Some(0x80)),
+                ("resume", 1, 30, Some(0x80)),
+                ("landing", 0, 40, Some(0x100)),
+                ("exit", 0, 60, None),
+            ],
+        );
+        assert_eq!(steps[2].unwound.len(), 1);
+        assert_eq!(steps[2].unwound[0].end_ns, 30);
+        assert!(steps[3].unwound.is_empty());
+        let (fs, unmatched, unfinished) = c.finish();
+        assert_eq!((unmatched, unfinished), (0, 0));
+        assert_eq!((get(&fs, "g").calls, get(&fs, "g").unwound), (1, 1));
+        assert_eq!(get(&fs, "f").unwound, 0);
     }
 
     fn get<'a>(fs: &'a [FunctionTime], name: &str) -> &'a FunctionTime {

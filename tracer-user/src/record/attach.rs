@@ -57,7 +57,8 @@ fn site_selector(kind: SiteKind) -> u8 {
     match kind {
         SiteKind::FunctionEntry => SEL_ENTRY,
         SiteKind::FunctionExit => SEL_EXIT,
-        SiteKind::Block => SEL_BLOCK,
+        // The pad's (or the call's) address, like a block.
+        SiteKind::Block | SiteKind::Landing | SiteKind::Resume => SEL_BLOCK,
         SiteKind::Memory => SEL_MEMORY,
         SiteKind::Usdt => SEL_USDT,
         SiteKind::Call => SEL_CALL,

@@ -59,7 +59,8 @@ pub fn write(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Result
                     }
                     None => ev.tid,
                 };
-                if let Some(s) = calls.event(ev).completed {
+                let step = calls.event(ev);
+                for s in step.completed.iter().chain(&step.unwound) {
                     let f = &calls.functions[s.function];
                     put(
                         w,

@@ -100,6 +100,9 @@ pub struct CallTimes {
     pub unmatched_exits: u64,
     /// Calls that never exited through a traced exit.
     pub unfinished: u64,
+    /// Calls left by unwinding (an exception, a `longjmp`), ended where control
+    /// landed (counted in `functions` too).
+    pub unwound: u64,
     /// Returns of an interpreted program's calls that named another function than
     /// their entry: a string that changed before its buffer was drained.
     pub renamed_returns: u64,
@@ -241,7 +244,8 @@ impl ThreadTimes {
             let t = &mut times[i];
             t.first_ns = t.first_ns.min(ev.time_ns);
             t.last_ns = t.last_ns.max(ev.time_ns);
-            if let Some(c) = calls.event(ev).completed {
+            let step = calls.event(ev);
+            for c in step.completed.iter().chain(&step.unwound) {
                 t.calls += 1;
                 let s = t.self_by_function.entry(c.function).or_default();
                 *s = s.saturating_add(c.self_ns);
@@ -270,7 +274,7 @@ impl ThreadTimes {
 
 /// The calls table: finished calls with the location of their function's entry.
 fn call_times(calls: Calls, names: &Names) -> CallTimes {
-    let (renamed_returns, strings) = (calls.renamed_returns, calls.strings);
+    let (renamed_returns, strings, unwound) = (calls.renamed_returns, calls.strings, calls.unwound);
     let (mut functions, unmatched_exits, unfinished) = calls.finish();
     for f in &mut functions {
         if let Some((bin, site)) = f.entry_site {
@@ -285,6 +289,7 @@ fn call_times(calls: Calls, names: &Names) -> CallTimes {
         functions,
         unmatched_exits,
         unfinished,
+        unwound,
         renamed_returns,
         strings,
     }

@@ -352,8 +352,9 @@ pub fn write(
         }
         let mut step = || -> Result<()> {
             w.record(ev, names)?;
-            if let Some(s) = calls.event(ev).completed {
-                w.call(ev, &calls, &s)?;
+            let step = calls.event(ev);
+            for s in step.completed.iter().chain(&step.unwound) {
+                w.call(ev, &calls, s)?;
             }
             Ok(())
         };

@@ -514,14 +514,16 @@ pub fn write(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Result
             }
         }
         match ev.kind {
-            "entry" | "exit" => {
+            "entry" | "exit" | "landing" | "resume" => {
                 let step = calls.event(ev);
                 if step.began.is_some() {
                     r = p.event(thread, ev.time_ns, EventKind::Begin, key, false, || {
                         describe("call", false)
                     });
                 }
-                for _ in 0..step.abandoned + usize::from(step.completed.is_some()) {
+                let ends =
+                    step.abandoned + usize::from(step.completed.is_some()) + step.unwound.len();
+                for _ in 0..ends {
                     r = r.and_then(|()| {
                         p.event(thread, ev.time_ns, EventKind::End, key, false, || {
                             (String::new(), "", None)

@@ -332,6 +332,13 @@ fn write_calls(out: &mut impl Write, c: &CallTimes) -> Result<()> {
         let buckets = nonzero(&f.histogram, |i, n| format!("<{} {n}", ns(1u64 << (i + 1))));
         writeln!(out, "latency of {}: {}", f.function, buckets.join(", "))?;
     }
+    if c.unwound > 0 {
+        writeln!(
+            out,
+            "calls left by unwinding: {} (an exception or a longjmp; each ends where control landed)",
+            c.unwound
+        )?;
+    }
     if c.unmatched_exits + c.unfinished > 0 {
         writeln!(
             out,

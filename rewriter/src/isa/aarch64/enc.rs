@@ -141,6 +141,10 @@ pub fn str_x(rt: u32, rn: u32, off: u32) -> u32 {
 pub fn ldr_w(rt: u32, rn: u32, off: u32) -> u32 {
     0xb940_0000 | (off / 4) << 10 | rn << 5 | rt
 }
+/// `strh wT, [xN, #off]` (unsigned offset, a multiple of 2).
+pub fn strh(rt: u32, rn: u32, off: u32) -> u32 {
+    0x7900_0000 | (off / 2) << 10 | rn << 5 | rt
+}
 pub fn str_w(rt: u32, rn: u32, off: u32) -> u32 {
     0xb900_0000 | (off / 4) << 10 | rn << 5 | rt
 }

@@ -28,6 +28,10 @@ impl FlowArch for super::Aarch64 {
         (gimli::AArch64::SP, 0, Some(gimli::AArch64::X30))
     }
 
+    fn frame_pointer(&self) -> gimli::Register {
+        gimli::AArch64::X29
+    }
+
     fn scan(&self, code: &mut Code, funcs: &Functions, slots: &Slots, out: &mut Scan) {
         scan(code, funcs, slots, out)
     }

@@ -149,11 +149,49 @@ impl Isa for Aarch64 {
                     transfers: reloc::transfers(w, pc),
                     memory: memory && mem::classify(w, pc).is_some(),
                     call: matches!(class, Class::Bl { .. } | Class::Blr { .. }),
+                    callee: match class {
+                        Class::Bl { target } => Some(target),
+                        _ => None,
+                    },
+                    next: pc + INSN as u64,
                     landing_pad: enc::LANDING_PADS.contains(&w),
                     padding: w == enc::NOP,
                 }
             })
             .collect()
+    }
+
+    /// Each `adrp x16, PAGE; ldr x17, [x16, #OFF]` of `.plt` (then `add`, `br x17`);
+    /// the entry starts at a `bti c` (`LANDING_PADS[0]`) right before.
+    fn plt_slots(&self, input: &Input) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        for sec in input.sections.iter().filter(|s| s.name == ".plt") {
+            let Some(bytes) = input.bytes_at(sec.addr) else {
+                continue;
+            };
+            let n = (sec.size as usize).min(bytes.len()) / INSN;
+            let word = |k: usize| word_at(bytes, k * INSN);
+            for k in 0..n.saturating_sub(1) {
+                let pc = sec.addr + (k * INSN) as u64;
+                let (Some(w), Some(next)) = (word(k), word(k + 1)) else {
+                    continue;
+                };
+                let Class::Adrp { rd: 16, target } = reloc::classify(w, pc) else {
+                    continue;
+                };
+                // LDR Xt, [X16, #imm12 * 8] into x17.
+                if next & 0xffc0_03ff != 0xf940_0000 | 16 << 5 | 17 {
+                    continue;
+                }
+                let slot = target + u64::from((next >> 10) & 0xfff) * 8;
+                let entry = match k.checked_sub(1).and_then(word) {
+                    Some(b) if b == enc::LANDING_PADS[0] => pc - INSN as u64,
+                    _ => pc,
+                };
+                out.push((entry, slot));
+            }
+        }
+        out
     }
 
     fn plan_function(
@@ -232,7 +270,12 @@ impl Isa for Aarch64 {
                 let signed_lr = match r.kind {
                     SiteKind::FunctionEntry => first.is_some_and(|w| enc::PAC_PADS.contains(&w)),
                     SiteKind::FunctionExit => reloc::is_return(w) == Some(true),
-                    SiteKind::Block | SiteKind::Memory | SiteKind::Usdt | SiteKind::Call => false,
+                    SiteKind::Block
+                    | SiteKind::Memory
+                    | SiteKind::Usdt
+                    | SiteKind::Call
+                    | SiteKind::Landing
+                    | SiteKind::Resume => false,
                 };
                 let flags = match (r.kind, mem::classify(w, at)) {
                     (SiteKind::Memory, Some(m)) => mem_flags(&m),

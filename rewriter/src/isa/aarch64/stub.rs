@@ -385,7 +385,18 @@ fn emit_heads(a: &mut Asm, layout: &Layout, shape: &Shape, sites: &[&PlacedSite]
                 _ => FLAG_USDT_MORE | (j - 1) << FLAG_USDT_INDEX_SHIFT | ring_flag,
             };
             a.put_all(&mov_imm64(10, u64::from(site.id) | u64::from(flags) << 32));
-            a.put(stp(10, 13, 11, (RECORD_SIZE as u32 * (first + j)) as i32));
+            let rec = RECORD_SIZE as u32 * (first + j);
+            a.put(stp(10, 13, 11, rec as i32));
+            // The frame address's low bits over the flags' high half (`FLAG_FRAME`;
+            // the rule's offset is at most 2048).
+            if let (0, Some(rule)) = (j, site.frame) {
+                let off = rule.off as u32;
+                match rule.reg {
+                    gimli::AArch64::X29 => a.put(add_imm(10, 29, off, false)),
+                    _ => a.put(add_imm(10, SP, shape.frame as u32 + off, false)),
+                }
+                a.put(strh(10, 11, rec + 6));
+            }
         }
         first += n;
     }
@@ -431,7 +442,7 @@ fn emit_site_value(
                 a.put(stp(10, LR, 11, rec as i32 + 16));
             }
         }
-        SiteKind::Block => {
+        SiteKind::Block | SiteKind::Landing | SiteKind::Resume => {
             a.addr(10, pc)?;
             a.put(stp(10, XZR, 11, rec as i32 + 16));
         }

@@ -44,6 +44,10 @@ impl FlowArch for super::X86_64 {
         (gimli::X86_64::RSP, 8, None)
     }
 
+    fn frame_pointer(&self) -> gimli::Register {
+        gimli::X86_64::RBP
+    }
+
     fn scan(&self, code: &mut Code, funcs: &Functions, slots: &Slots, out: &mut Scan) {
         scan(code, funcs, slots, out)
     }

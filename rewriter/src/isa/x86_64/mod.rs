@@ -675,11 +675,52 @@ impl Isa for X86_64 {
                     transfers: fc != FlowControl::Next,
                     memory: memory && mem_flags(i).is_some(),
                     call: matches!(fc, FlowControl::Call | FlowControl::IndirectCall),
+                    callee: match (fc, i.op0_kind()) {
+                        (FlowControl::Call, OpKind::NearBranch64) => Some(i.near_branch_target()),
+                        // iced gives a RIP-relative operand's absolute address.
+                        (FlowControl::IndirectCall, OpKind::Memory)
+                            if i.memory_base() == Register::RIP =>
+                        {
+                            Some(i.memory_displacement64())
+                        }
+                        _ => None,
+                    },
+                    next: i.next_ip(),
                     landing_pad: i.code() == Code::Endbr64,
                     padding: matches!(i.mnemonic(), Mnemonic::Nop | Mnemonic::Int3),
                 }
             })
             .collect()
+    }
+
+    /// Each `jmp *slot(%rip)` of the PLT sections; the entry starts at its `endbr64`
+    /// when one comes right before (`.plt.sec`, IBT `.plt.got`).
+    fn plt_slots(&self, input: &Input) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let plt = input
+            .sections
+            .iter()
+            .filter(|s| matches!(s.name.as_str(), ".plt" | ".plt.sec" | ".plt.got"));
+        for sec in plt {
+            let Some(bytes) = input.bytes_at(sec.addr) else {
+                continue;
+            };
+            let bytes = &bytes[..(sec.size as usize).min(bytes.len())];
+            let mut dec = Decoder::with_ip(64, bytes, sec.addr, DecoderOptions::NONE);
+            while dec.can_decode() {
+                let ins = dec.decode();
+                if ins.code() != Code::Jmp_rm64 || ins.memory_base() != Register::RIP {
+                    continue;
+                }
+                let off = (ins.ip() - sec.addr) as usize;
+                let entry = match off.checked_sub(4).map(|o| &bytes[o..off]) {
+                    Some(b) if b == ENDBR64 => ins.ip() - 4,
+                    _ => ins.ip(),
+                };
+                out.push((entry, ins.memory_displacement64()));
+            }
+        }
+        out
     }
 
     fn direct_call_targets(&self, addr: u64, bytes: &[u8], out: &mut Vec<u64>) {

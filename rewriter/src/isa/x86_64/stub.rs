@@ -458,6 +458,15 @@ fn emit_site_store(
             a.mov(dword_ptr(at(0, 4)), flags)?;
         }
     }
+    // The frame address's low bits over the flags' high half (`FLAG_FRAME`).
+    if let Some(rule) = site.frame {
+        let off = rule.off as i32;
+        match rule.reg {
+            gimli::X86_64::RBP => a.lea(rcx, qword_ptr(rbp + off))?,
+            _ => a.lea(rcx, qword_ptr(rsp + (frame.depth + off)))?,
+        }
+        a.mov(word_ptr(at(0, 6)), cx)?;
+    }
     for j in 1..n {
         a.mov(dword_ptr(at(j, 0)), site.id)?;
         a.mov(
@@ -471,7 +480,7 @@ fn emit_site_store(
             a.mov(rcx, qword_ptr(rsp + frame.depth))?;
             a.mov(qword_ptr(at(0, 24)), rcx)?;
         }
-        SiteKind::Block => a.mov(qword_ptr(at(0, 24)), 0)?,
+        SiteKind::Block | SiteKind::Landing | SiteKind::Resume => a.mov(qword_ptr(at(0, 24)), 0)?,
         SiteKind::Memory => {
             lea_rip(a, Register::RCX, ins.ip())?;
             a.mov(qword_ptr(at(0, 24)), rcx)?;
@@ -510,7 +519,7 @@ fn emit_site_value(
             a.mov(qword_ptr(at(0, 16)), rcx)?;
         }
         SiteKind::FunctionExit => a.mov(qword_ptr(at(0, 16)), rax)?,
-        SiteKind::Block => {
+        SiteKind::Block | SiteKind::Landing | SiteKind::Resume => {
             lea_rip(a, Register::RCX, ins.ip())?;
             a.mov(qword_ptr(at(0, 16)), rcx)?;
         }
