@@ -47,7 +47,7 @@ enum Task {
     /// build, then compile xtask/demo/demo.c, rewrite it, trace it and report.
     Demo,
     /// build, then `cargo test --release` (the integration tests need root), the fuzz
-    /// targets (replay, then 20 s each), difftest of csmith seeds 1 and 2, and
+    /// targets (replay, then 20 s each), difftest of seeds 1 and 2 (csmith C and C++), and
     /// test-arm64-vm. Arguments after `--` go to cargo test, e.g.
     /// `cargo xtask test -- --test matrix`.
     Test {
@@ -245,6 +245,7 @@ fn test(args: &[String], arm64_vm: bool) -> Result<()> {
             seed: 1,
             arch: Vec::new(),
             batch: 2,
+            lang: Vec::new(),
         })
     });
     // The VM test runs even after a host failure: its result is independent.

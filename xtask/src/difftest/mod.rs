@@ -1,10 +1,12 @@
-//! `cargo xtask difftest [--programs N] [--seed S] [--arch A]`: differential testing
-//! of the rewriter on random C programs (csmith). Each program is built six ways
+//! `cargo xtask difftest [--programs N] [--seed S] [--arch A] [--lang L]`: differential
+//! testing of the rewriter on random C programs (csmith) and random C++ programs that
+//! throw, catch and rethrow through cleanups (`cxx.rs`). Each program is built six ways
 //! (gcc and clang at -O0, -O2, -O3; link and time modes rotate with the seed),
 //! rewritten with every site kind (entry, exit, block, memory, call), and must print
 //! the same checksum and exit with the same code as its original: untraced, and under
 //! `tracer record` (AArch64: under qemu-user with the user drain), where the session's
-//! books must balance with nothing dropped and every entry paired with its exit. On
+//! books must balance with nothing dropped and every call closed exactly once (by its
+//! exit, or where an exception landed). On
 //! x86-64 the entries of each of the program's functions must also equal what kernel
 //! uprobes (tracefs) count on the original. A batch of programs shares one session;
 //! a faulty session is re-run per program to name the one at fault.
@@ -13,6 +15,7 @@
 //! runs); a difference keeps its source and binaries in `target/difftest/failures/`.
 
 mod check;
+mod cxx;
 mod oracle;
 mod run;
 mod variant;
@@ -25,7 +28,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::util::{self, cmd};
 use run::{Outcome, Script};
-pub use variant::Arch;
+pub use variant::{Arch, Lang};
 use variant::{Build, Variant};
 
 /// The rewriter's site kinds, all at once.
@@ -47,6 +50,9 @@ pub struct Args {
     /// Programs per tracer session.
     #[arg(long, default_value_t = 4)]
     pub batch: u64,
+    /// Languages to test (default: both).
+    #[arg(long, value_enum)]
+    pub lang: Vec<Lang>,
 }
 
 #[derive(Clone, Debug)]
@@ -88,7 +94,10 @@ pub fn difftest(args: &Args) -> Result<()> {
         "csmith",
         "timeout",
         "clang",
+        "clang++",
+        "g++",
         "aarch64-linux-gnu-gcc",
+        "aarch64-linux-gnu-g++",
         "qemu-aarch64",
     ] {
         if util::which(tool).is_none() {
@@ -103,15 +112,26 @@ pub fn difftest(args: &Args) -> Result<()> {
     let work = util::scratch_dir("difftest")?;
     std::fs::create_dir_all(log_dir())?;
     let mut results: Vec<(Variant, Verdict)> = Vec::new();
+    let langs = if args.lang.is_empty() {
+        vec![Lang::C, Lang::Cxx]
+    } else {
+        args.lang.clone()
+    };
     let seeds: Vec<u64> = (args.seed..args.seed + args.programs).collect();
     for arch in arches {
-        for chunk in seeds.chunks(args.batch.max(1) as usize) {
-            let dir = work.join(format!("{}-{}", arch.name(), chunk[0]));
-            std::fs::create_dir_all(&dir)?;
-            println!("== difftest {}: programs {chunk:?}", arch.name());
-            for (v, verdict) in chunk_verdicts(arch, chunk, &dir)? {
-                log_verdict(&v, &verdict, &dir)?;
-                results.push((v, verdict));
+        for &lang in &langs {
+            for chunk in seeds.chunks(args.batch.max(1) as usize) {
+                let dir = work.join(format!("{}-{}-{}", arch.name(), lang.name(), chunk[0]));
+                std::fs::create_dir_all(&dir)?;
+                println!(
+                    "== difftest {} {}: programs {chunk:?}",
+                    arch.name(),
+                    lang.name()
+                );
+                for (v, verdict) in chunk_verdicts(arch, lang, chunk, &dir)? {
+                    log_verdict(&v, &verdict, &dir)?;
+                    results.push((v, verdict));
+                }
             }
         }
     }
@@ -119,12 +139,20 @@ pub fn difftest(args: &Args) -> Result<()> {
 }
 
 /// Generate, build and test programs `seeds` for `arch` in `dir`.
-fn chunk_verdicts(arch: Arch, seeds: &[u64], dir: &Path) -> Result<Vec<(Variant, Verdict)>> {
+fn chunk_verdicts(
+    arch: Arch,
+    lang: Lang,
+    seeds: &[u64],
+    dir: &Path,
+) -> Result<Vec<(Variant, Verdict)>> {
     let mut out = Vec::new();
     let mut built = Vec::new();
     for &seed in seeds {
-        let src = generate(seed, dir)?;
-        for v in Variant::all(arch, seed) {
+        let src = match lang {
+            Lang::C => generate(seed, dir)?,
+            Lang::Cxx => cxx::generate(seed, dir)?,
+        };
+        for v in Variant::all(arch, lang, seed) {
             match v.build(&src, dir) {
                 Ok(b) => built.push((v, b)),
                 Err(e) => out.push((v, Verdict::Skipped(format!("does not build: {e:#}")))),
@@ -279,19 +307,28 @@ fn copy_build(b: &Build, dir: &Path) -> Result<Build> {
 }
 
 /// Entries recorded per program function against the kernel's count on the original.
+/// Names of one address (C++ constructors' `C1`/`C2`, destructors' `D1`/`D2`) are one
+/// function: the trace names it once, the kernel counts it under each.
 fn count_diffs(
     b: &Build,
     kernel: &std::collections::HashMap<(PathBuf, String), u64>,
     mine: &std::collections::HashMap<String, u64>,
 ) -> Vec<String> {
+    let mut at: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+    for (f, off) in variant::function_offsets(&b.exe, &b.functions).unwrap_or_default() {
+        at.entry(off).or_default().push(f);
+    }
     let mut d = Vec::new();
-    for f in &b.functions {
-        let Some(&k) = kernel.get(&(b.exe.clone(), f.clone())) else {
+    for names in at.values() {
+        let Some(&k) = kernel.get(&(b.exe.clone(), names[0].clone())) else {
             continue;
         };
-        let m = mine.get(f).copied().unwrap_or(0);
+        let m: u64 = names.iter().filter_map(|f| mine.get(f)).sum();
         if m != k {
-            d.push(format!("{f}: {m} entries recorded, the kernel saw {k}"));
+            d.push(format!(
+                "{}: {m} entries recorded, the kernel saw {k}",
+                names.join(" = ")
+            ));
         }
     }
     d
@@ -408,7 +445,7 @@ fn log_verdict(v: &Variant, verdict: &Verdict, dir: &Path) -> Result<()> {
         std::fs::create_dir_all(&keep)?;
         let exe = dir.join(v.name());
         for f in [
-            dir.join(format!("s{}.c", v.seed)),
+            dir.join(v.lang.source(v.seed)),
             exe.clone(),
             exe.with_extension("t"),
         ] {

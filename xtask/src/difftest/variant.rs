@@ -32,6 +32,30 @@ impl Arch {
     }
 }
 
+/// The language of a program: csmith's C, or the C++ of `cxx.rs` (which throws).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Lang {
+    C,
+    Cxx,
+}
+
+impl Lang {
+    pub fn name(self) -> &'static str {
+        match self {
+            Lang::C => "c",
+            Lang::Cxx => "cxx",
+        }
+    }
+
+    /// The source file of program `seed`.
+    pub fn source(self, seed: u64) -> String {
+        match self {
+            Lang::C => format!("s{seed}.c"),
+            Lang::Cxx => format!("x{seed}.cpp"),
+        }
+    }
+}
+
 const COMPILERS: [&str; 2] = ["gcc", "clang"];
 const OPTS: [&str; 3] = ["-O0", "-O2", "-O3"];
 const LINKS: [&str; 4] = ["pie", "no-pie", "static", "static-pie"];
@@ -41,6 +65,7 @@ const TIMES: [&str; 3] = ["record", "block", "coarse"];
 #[derive(Clone, Debug)]
 pub struct Variant {
     pub arch: Arch,
+    pub lang: Lang,
     pub seed: u64,
     pub cc: &'static str,
     pub opt: &'static str,
@@ -50,13 +75,14 @@ pub struct Variant {
 
 impl Variant {
     /// The six builds of program `seed`.
-    pub fn all(arch: Arch, seed: u64) -> Vec<Variant> {
+    pub fn all(arch: Arch, lang: Lang, seed: u64) -> Vec<Variant> {
         let mut v = Vec::new();
         for (i, cc) in COMPILERS.into_iter().enumerate() {
             for (j, opt) in OPTS.into_iter().enumerate() {
                 let k = (i * OPTS.len() + j) as u64;
                 v.push(Variant {
                     arch,
+                    lang,
                     seed,
                     cc,
                     opt,
@@ -68,10 +94,14 @@ impl Variant {
         v
     }
 
-    /// A file name: `s17-x86_64-gcc-O2-pie-record`.
+    /// A file name: `s17-x86_64-gcc-O2-pie-record` (C++: `x17-…`).
     pub fn name(&self) -> String {
         format!(
-            "s{}-{}-{}{}-{}-{}",
+            "{}{}-{}-{}{}-{}-{}",
+            match self.lang {
+                Lang::C => "s",
+                Lang::Cxx => "x",
+            },
             self.seed,
             self.arch.name(),
             self.cc,
@@ -82,10 +112,14 @@ impl Variant {
     }
 
     fn compiler(&self) -> Vec<&'static str> {
-        match (self.arch, self.cc) {
-            (Arch::X86_64, cc) => vec![cc],
-            (Arch::Aarch64, "gcc") => vec!["aarch64-linux-gnu-gcc"],
-            (Arch::Aarch64, _) => vec!["clang", "--target=aarch64-linux-gnu"],
+        match (self.arch, self.lang, self.cc) {
+            (Arch::X86_64, Lang::C, cc) => vec![cc],
+            (Arch::X86_64, Lang::Cxx, "gcc") => vec!["g++"],
+            (Arch::X86_64, Lang::Cxx, _) => vec!["clang++"],
+            (Arch::Aarch64, Lang::C, "gcc") => vec!["aarch64-linux-gnu-gcc"],
+            (Arch::Aarch64, Lang::Cxx, "gcc") => vec!["aarch64-linux-gnu-g++"],
+            (Arch::Aarch64, Lang::C, _) => vec!["clang", "--target=aarch64-linux-gnu"],
+            (Arch::Aarch64, Lang::Cxx, _) => vec!["clang++", "--target=aarch64-linux-gnu"],
         }
     }
 
@@ -127,7 +161,9 @@ pub struct Build {
     pub functions: Vec<String>,
 }
 
-/// Functions an object file defines in its code (no `.cold` parts: not functions).
+/// Functions an object file defines in its code, with gcc's clones (`f.constprop.0`,
+/// `f.isra.0`, `f.part.0`: a call of the program may run in one, and an exception may
+/// land there) but not its `.cold` parts (parts of their functions).
 fn defined_functions(obj: &Path) -> Result<Vec<String>> {
     let data = std::fs::read(obj)?;
     let file = object::File::parse(&*data)?;
@@ -140,7 +176,7 @@ fn defined_functions(obj: &Path) -> Result<Vec<String>> {
                 .is_some_and(|sec| sec.kind() == SectionKind::Text)
         })
         .filter_map(|s| s.name().ok().map(str::to_string))
-        .filter(|n| !n.is_empty() && !n.contains('.'))
+        .filter(|n| !n.is_empty() && !n.split('.').any(|p| p == "cold"))
         .collect();
     names.sort();
     names.dedup();
