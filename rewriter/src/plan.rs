@@ -143,11 +143,10 @@ impl Unwinding {
         let (sp, off, _) = cx.isa.entry_cfa();
         u.entry = Some(FrameRule { reg: sp, off });
         for c in &cx.sel.chosen {
-            let of = |kind| match c.selected && c.callable {
-                true => cx.sites_of(c, kind, &[]),
-                false => Vec::new(),
+            let (landings, resumes) = match c.selected && c.callable {
+                true => crate::isa::unwind_sites(cx.isa, cx.input, &c.f, &cx.facts),
+                false => (Vec::new(), Vec::new()),
             };
-            let (landings, resumes) = (of(SiteKind::Landing), of(SiteKind::Resume));
             if !landings.is_empty() || !resumes.is_empty() {
                 u.lands_in.insert(c.part_of.unwrap_or(c.f.addr));
             }
@@ -188,28 +187,6 @@ fn values(input: &Input, opts: &Options) -> Result<HashMap<SiteKind, Arg>> {
 }
 
 impl Ctx<'_> {
-    /// The addresses of `c`'s sites of one kind (`whole`: its function's ranges, found
-    /// when empty).
-    fn sites_of(&self, c: &Chosen, kind: SiteKind, whole: &[std::ops::Range<u64>]) -> Vec<u64> {
-        let found;
-        let whole = match whole {
-            [] => {
-                found = self.sel.whole(c.part_of.unwrap_or(c.f.addr));
-                &found[..]
-            }
-            w => w,
-        };
-        crate::isa::sites_of(
-            self.isa,
-            self.input,
-            &c.f,
-            whole,
-            kind,
-            self.fn_starts,
-            &self.facts,
-        )
-    }
-
     /// The requests of chosen function `i`, numbered on from `sites.info`.
     fn function_sites(
         &self,
@@ -276,7 +253,15 @@ impl Ctx<'_> {
             let of = match kind {
                 SiteKind::Landing => unwinding.sites[i].0.clone(),
                 SiteKind::Resume => unwinding.sites[i].1.clone(),
-                _ => self.sites_of(c, kind, &whole),
+                _ => crate::isa::sites_of(
+                    self.isa,
+                    self.input,
+                    f,
+                    &whole,
+                    kind,
+                    self.fn_starts,
+                    &self.facts,
+                ),
             };
             for addr in of {
                 let frame = match kind {
@@ -320,9 +305,30 @@ pub fn plan(
             let unsure = eh_problem
                 .map(|e| FallbackReason::ExceptionTables(e.to_string()))
                 .or_else(|| unresolved_jump(flow, c.f.addr, c.f.addr + c.f.size));
-            isa.plan_function(input, &c.f, reqs, targets, unsure.as_ref())
+            let mut p = isa.plan_function(input, &c.f, reqs, targets, unsure.as_ref());
+            untrace_landings(&mut p, reqs);
+            p
         })
         .collect()
+}
+
+/// Landing sites left to uprobes are untraced instead (`LandingNotPatched`): Rust's
+/// dense pads (a 2-byte `jmp` each) would make tens of thousands of uprobes.
+fn untrace_landings(p: &mut FunctionPlan, reqs: &[SiteReq]) {
+    let landings: std::collections::HashSet<u32> = reqs
+        .iter()
+        .filter(|r| r.kind == SiteKind::Landing)
+        .map(|r| r.id)
+        .collect();
+    let (moved, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut p.uprobes)
+        .into_iter()
+        .partition(|(id, _)| landings.contains(id));
+    p.uprobes = kept;
+    p.untraced.extend(
+        moved
+            .into_iter()
+            .map(|(id, why)| (id, FallbackReason::LandingNotPatched(why.to_string()))),
+    );
 }
 
 /// Why `[start, end)` may have branch targets flow recovery missed: an indirect jump in

@@ -331,6 +331,11 @@ pub enum FallbackReason {
     /// stub's stores or a trap there clear the exclusive monitor, so the store would
     /// fail on every retry.
     ExclusiveSequence { at: u64 },
+    /// (Untraced.) A landing site with no room for a stub (why): not a uprobe either,
+    /// as Rust code has tens of thousands of such pads (each uprobe costs its attach in
+    /// every session); the calls it would end end at the function's next resume or
+    /// exit.
+    LandingNotPatched(String),
 }
 
 impl FallbackReason {
@@ -353,6 +358,7 @@ impl FallbackReason {
             FallbackReason::Overlapping(_) => 13,
             FallbackReason::Detail(_) => 14,
             FallbackReason::ExclusiveSequence { .. } => 15,
+            FallbackReason::LandingNotPatched(_) => 16,
         }
     }
 
@@ -365,7 +371,8 @@ impl FallbackReason {
             FallbackReason::BranchTargetInside { target } => (*target, ""),
             FallbackReason::ExceptionTables(t)
             | FallbackReason::Overlapping(t)
-            | FallbackReason::Detail(t) => (0, t),
+            | FallbackReason::Detail(t)
+            | FallbackReason::LandingNotPatched(t) => (0, t),
             _ => (0, ""),
         }
     }
@@ -389,6 +396,7 @@ impl FallbackReason {
             13 => FallbackReason::Overlapping(text.into()),
             14 => FallbackReason::Detail(text.into()),
             15 => FallbackReason::ExclusiveSequence { at: addr },
+            16 => FallbackReason::LandingNotPatched(text.into()),
             _ => FallbackReason::Unknown,
         }
     }
@@ -418,6 +426,10 @@ impl fmt::Display for FallbackReason {
             FallbackReason::ExclusiveSequence { at } => write!(
                 f,
                 "inside the exclusive load/store sequence from {at:#x} (a stub or trap would clear its monitor)"
+            ),
+            FallbackReason::LandingNotPatched(why) => write!(
+                f,
+                "a landing pad with no room for a stub ({why}); no uprobe: the calls it would end end at its function's next resume or exit"
             ),
         }
     }

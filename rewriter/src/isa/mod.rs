@@ -517,36 +517,37 @@ pub fn sites_of(
         }
         SiteKind::Memory => keep(&|i| i.memory),
         SiteKind::Call => keep(&|i| i.call),
-        SiteKind::Landing => {
-            let own = f.addr..f.addr + f.size;
-            let from = flow.landing_pads.partition_point(|&p| p < own.start);
-            let mut out: Vec<u64> = flow.landing_pads[from..]
-                .iter()
-                .copied()
-                .take_while(|p| own.contains(p))
-                .collect();
-            let calls = |i: &InsnFacts, names: &[&str]| {
-                i.callee
-                    .and_then(|c| flow.callees.name(c))
-                    .is_some_and(|n| names.contains(&n))
-            };
-            let facts = isa.insn_facts(input, f, false);
-            out.extend(
-                facts
-                    .iter()
-                    .filter(|i| calls(i, &SETJMPS) && own.contains(&i.next))
-                    .map(|i| i.next),
-            );
-            out.sort_unstable();
-            out.dedup();
-            out
-        }
-        SiteKind::Resume => keep(&|i| {
-            i.callee
-                .and_then(|c| flow.callees.name(c))
-                .is_some_and(|n| n == UNWIND_RESUME)
-        }),
+        SiteKind::Landing => unwind_sites(isa, input, f, flow).0,
+        SiteKind::Resume => unwind_sites(isa, input, f, flow).1,
     }
+}
+
+/// `f`'s landing sites (its exception landing pads, the returns of its `setjmp`
+/// calls) and resume sites (its calls to `_Unwind_Resume`), from one decode.
+pub fn unwind_sites(
+    isa: &dyn Isa,
+    input: &Input,
+    f: &Function,
+    flow: &FlowFacts,
+) -> (Vec<u64>, Vec<u64>) {
+    let own = f.addr..f.addr + f.size;
+    let from = flow.landing_pads.partition_point(|&p| p < own.start);
+    let mut landings: Vec<u64> = flow.landing_pads[from..]
+        .iter()
+        .copied()
+        .take_while(|p| own.contains(p))
+        .collect();
+    let mut resumes = Vec::new();
+    for i in isa.insn_facts(input, f, false).iter().filter(|i| i.call) {
+        match i.callee.and_then(|c| flow.callees.name(c)) {
+            Some(n) if SETJMPS.contains(&n) && own.contains(&i.next) => landings.push(i.next),
+            Some(UNWIND_RESUME) => resumes.push(i.addr),
+            _ => {}
+        }
+    }
+    landings.sort_unstable();
+    landings.dedup();
+    (landings, resumes)
 }
 
 /// Addresses of the injected run-time routines.

@@ -545,6 +545,15 @@ impl PlanCx<'_> {
         }
     }
 
+    /// The index of the instruction at `at` (the instructions are in address order).
+    fn index_of(&self, at: u64) -> Option<usize> {
+        self.insns.binary_search_by_key(&at, Instruction::ip).ok()
+    }
+
+    fn insn_at(&self, at: u64) -> Option<&Instruction> {
+        self.index_of(at).map(|i| &self.insns[i])
+    }
+
     /// One site's own window, or why it has none.
     fn candidate(&self, r: &SiteReq) -> Candidate {
         let at = match r.kind {
@@ -553,7 +562,7 @@ impl PlanCx<'_> {
         };
         let mut req = r.clone();
         if r.kind == SiteKind::Call {
-            match self.insns.iter().find(|i| i.ip() == at).map(call_target) {
+            match self.insn_at(at).map(call_target) {
                 Some(Ok(arg)) => req.args = arg.into_iter().collect(),
                 Some(Err(why)) => {
                     return Candidate::uprobe(r, at, FallbackReason::Detail(why));
@@ -563,17 +572,15 @@ impl PlanCx<'_> {
         }
         let r = &req;
         let flags = match r.kind {
-            SiteKind::Memory => {
-                match self.insns.iter().find(|i| i.ip() == at).and_then(mem_flags) {
-                    Some(f) => f,
-                    None => {
-                        return Candidate::uprobe(r, at, FallbackReason::NotMemoryAccess);
-                    }
+            SiteKind::Memory => match self.insn_at(at).and_then(mem_flags) {
+                Some(f) => f,
+                None => {
+                    return Candidate::uprobe(r, at, FallbackReason::NotMemoryAccess);
                 }
-            }
+            },
             _ => 0,
         };
-        let Some(s) = self.insns.iter().position(|i| i.ip() == at) else {
+        let Some(s) = self.index_of(at) else {
             return Candidate::uprobe(
                 r,
                 at,
