@@ -1,9 +1,8 @@
 /* Readers benchmark workload with calls left by unwinding: N iterations of main's loop
  * calling note(i), then outer(i), which calls inner(2i) and inner(2i + 1). In 3
  * iterations of 20 the second inner() leaves through a longjmp back to main: that call
- * of inner and that call of outer have an entry and no exit (about 10 % of all calls),
- * and they pile up under main, which returns only at the end; note() is never left
- * that way. The readers' cost per record must not grow with the pile. */
+ * of inner and that call of outer have an entry and no exit (about 10 % of all calls);
+ * they end where the longjmp lands (setjmp's return in main, a landing site). */
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
