@@ -626,35 +626,16 @@ mod tests {
 
     /// Feed (kind, site, time) records of one thread to `c`: site 0 = "f", 1 = "g".
     fn feed(c: &mut Calls, events: &[(&'static str, u32, u64)], paired: bool) -> Vec<Step> {
-        events
-            .iter()
-            .map(|&(kind, site, t)| {
-                let rec = Record {
-                    site,
-                    ..Record::default()
-                };
-                let name = ["f", "g"][site as usize];
-                c.event(&Event {
-                    pid: 1,
-                    tid: 1,
-                    binary_id: 7,
-                    comm: "t",
-                    binary: "b",
-                    symbol: name,
-                    raw_symbol: name,
-                    paired,
-                    kind,
-                    rec: &rec,
-                    time_ns: t,
-                    lang: None,
-                    strings: &Lang::default(),
-                })
-            })
-            .collect()
+        let events: Vec<_> = events.iter().map(|&(k, s, t)| (k, s, t, None)).collect();
+        feed_frames(c, &events, paired)
     }
 
     /// Feed (kind, site, time, frame address bits) records: site 0 = "f", 1 = "g".
-    fn feed_frames(c: &mut Calls, events: &[(&'static str, u32, u64, Option<u16>)]) -> Vec<Step> {
+    fn feed_frames(
+        c: &mut Calls,
+        events: &[(&'static str, u32, u64, Option<u16>)],
+        paired: bool,
+    ) -> Vec<Step> {
         events
             .iter()
             .map(|&(kind, site, t, frame)| {
@@ -675,7 +656,7 @@ mod tests {
                     binary: "b",
                     symbol: name,
                     raw_symbol: name,
-                    paired: true,
+                    paired,
                     kind,
                     rec: &rec,
                     time_ns: t,
@@ -701,6 +682,7 @@ mod tests {
                 ("landing", 0, 50, Some(0x100)),
                 ("exit", 0, 70, None),
             ],
+            true,
         );
         let ended: Vec<(usize, u64, u64)> = steps[3]
             .unwound
@@ -732,6 +714,7 @@ mod tests {
                 ("landing", 0, 40, Some(0x100)),
                 ("exit", 0, 60, None),
             ],
+            true,
         );
         assert_eq!(steps[2].unwound.len(), 1);
         assert_eq!(steps[2].unwound[0].end_ns, 30);
