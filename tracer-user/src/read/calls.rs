@@ -140,6 +140,12 @@ struct Frame {
 /// No call: [`Frame::below`], [`Stack::fns`].
 const NONE: u32 = u32::MAX;
 
+/// The most open calls of one function a landing looks through for its frame: a
+/// traced program writes its own records, and landings that match no frame must not
+/// make reading quadratic in its recursion depth. Deeper, the landing takes the
+/// innermost call.
+const LANDING_SEARCH: usize = 256;
+
 /// One thread's open calls, innermost last, with what an exit looks up kept at hand:
 /// each record costs the same however deep the stack (calls left by an exception or a
 /// `longjmp` pile up under the function that caught it until it returns).
@@ -229,16 +235,20 @@ impl Stack {
         (at != NONE).then_some(at as usize)
     }
 
-    /// The innermost open call of function `f` whose frame address bits are `bits`,
-    /// else its innermost (a recursive function's calls share their sites; unwinding
-    /// lands in the frame that catches, not always the innermost).
+    /// The innermost open call of function `f` whose frame address bits are `bits`
+    /// among its [`LANDING_SEARCH`] innermost, else its innermost (a recursive
+    /// function's calls share their sites; unwinding lands in the frame that catches,
+    /// not always the innermost).
     fn landed(&self, f: usize, bits: Option<u16>) -> Option<usize> {
         let top = self.innermost(f as u64)?;
         let Some(bits) = bits else {
             return Some(top);
         };
         let mut at = top as u32;
-        while at != NONE {
+        for _ in 0..LANDING_SEARCH {
+            if at == NONE {
+                break;
+            }
             let fr = &self.frames[at as usize];
             if fr.frame == Some(bits) {
                 return Some(at as usize);
@@ -699,6 +709,25 @@ mod tests {
         assert_eq!((get(&fs, "f").calls, get(&fs, "f").unwound), (2, 1));
         assert_eq!((get(&fs, "g").calls, get(&fs, "g").unwound), (1, 1));
         assert_eq!(get(&fs, "f").total_ns, 70);
+    }
+
+    #[test]
+    fn a_landing_searches_a_bounded_number_of_frames() {
+        // 1,000 nested calls of f, frame bits 0..1000 (outermost first). A landing
+        // naming a frame within LANDING_SEARCH of the innermost ends the calls above
+        // it; one naming a deeper frame (or none: records a program forged) takes the
+        // innermost and ends nothing, after looking at LANDING_SEARCH frames at most.
+        let mut events: Vec<(&'static str, u32, u64, Option<u16>)> =
+            (0..1000).map(|i| ("entry", 0, i, Some(i as u16))).collect();
+        events.push(("landing", 0, 2000, Some(0)));
+        events.push(("landing", 0, 2001, Some(5000)));
+        events.push(("landing", 0, 2002, Some(999 - 100)));
+        let mut c = Calls::default();
+        let steps = feed_frames(&mut c, &events, true);
+        let ended: Vec<usize> = steps[1000..].iter().map(|s| s.unwound.len()).collect();
+        assert_eq!(ended, [0, 0, 100]);
+        assert!(steps[1002].unwound.iter().all(|s| s.end_ns == 2002));
+        assert_eq!(c.unwound, 100);
     }
 
     #[test]
