@@ -641,4 +641,33 @@ fn unbounded_table_through_a_cold_part() {
             t.targets
         );
     }
+    // A first entry in the `.cold` part.
+    let t = flow
+        .tables
+        .iter()
+        .find(|t| t.table == label(".Lcf_table"))
+        .unwrap_or_else(|| panic!("no table at .Lcf_table: {:x?}", flow.tables));
+    for l in [".Lcf_0", ".Lcf_1", ".Lcf_2"] {
+        assert!(
+            t.targets.contains(&label(l)),
+            "{l} missing: {:x?}",
+            t.targets
+        );
+    }
+    // Function starts only: a jump through function pointers, not a table.
+    let jump = syms.funcs["ct_jump"];
+    assert!(
+        !flow
+            .tables
+            .iter()
+            .any(|t| (jump.0..jump.1).contains(&t.dispatch)),
+        "ct_jump taken for a table dispatch: {:x?}",
+        flow.tables
+    );
+    assert!(
+        flow.unresolved_indirect_jumps
+            .iter()
+            .any(|j| (jump.0..jump.1).contains(j)),
+        "ct_jump's jump is not unresolved"
+    );
 }

@@ -372,6 +372,11 @@ impl Functions {
         self.starts.binary_search(&addr).is_ok() && self.split.binary_search(&addr).is_err()
     }
 
+    /// Does a function region (a symbol's or an FDE's) start at `addr`?
+    pub(crate) fn is_start(&self, addr: u64) -> bool {
+        self.starts.binary_search(&addr).is_ok()
+    }
+
     /// The smallest known range containing `addr`.
     pub(crate) fn containing(&self, addr: u64) -> Option<(u64, u64)> {
         let i = self.ranges.partition_point(|r| r.0 <= addr);
@@ -584,7 +589,7 @@ fn resolve(input: &Input, code: &Code, funcs: &Functions, mut ds: Vec<Dispatch>,
             .first()
             .copied()
             .unwrap_or(u64::MAX);
-        match read_table(input, code, owner, &d, next_table) {
+        match read_table(input, code, funcs, owner, &d, next_table) {
             Ok((targets, bounded)) => {
                 if bounded {
                     sizes.entry(key).or_insert(targets.len() as u64);
@@ -614,6 +619,7 @@ fn resolve(input: &Input, code: &Code, funcs: &Functions, mut ds: Vec<Dispatch>,
 fn read_table(
     input: &Input,
     code: &Code,
+    funcs: &Functions,
     owner: Option<(u64, u64)>,
     d: &Dispatch,
     next_table: u64,
@@ -649,16 +655,20 @@ fn read_table(
                 break;
             }
             // Any instruction start, not only the function's own: a table may reach a
-            // split-off part (`.cold`) before its last entry, and stopping there would
-            // miss the entries after it. Reading on past the table's end only adds
-            // targets (more care), never loses one.
+            // split-off part (`.cold`, BOLT's `.warm`), even with its first entry, and
+            // stopping there would miss the entries after it. Reading on past the
+            // table's end only adds targets (more care), never loses one.
             match target_of(i) {
-                Some(t) if (i > 0 || in_owner(t)) && code.is_insn_start(t) => targets.push(t),
+                Some(t) if code.is_insn_start(t) => targets.push(t),
                 _ => break,
             }
         }
         if targets.is_empty() {
-            return Err("entry 0 is not an instruction start in the function".into());
+            return Err("entry 0 is not an instruction start".into());
+        }
+        // A table of function starts is one of function pointers, not of labels.
+        if !targets.iter().any(|&t| in_owner(t) || !funcs.is_start(t)) {
+            return Err("every entry is a function start".into());
         }
         Ok((targets, false))
     };
