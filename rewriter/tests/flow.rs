@@ -671,3 +671,31 @@ fn unbounded_table_through_a_cold_part() {
         "ct_jump's jump is not unresolved"
     );
 }
+
+/// Indirect tail calls the data flow must see through (spilltail.c): a pointer spilled
+/// across a call in a private frame, and a split-off part's call by its CFI; a frame
+/// whose address went to the callee keeps its reload unknown.
+#[test]
+fn tail_calls_through_spills_and_parts() {
+    let b = build("gcc", "spilltail.c", "spilltail", &["-O2"], &[]);
+    let c = recover_checked(&b);
+    let data = std::fs::read(&b.bin).unwrap();
+    let syms = symbols(&data);
+    for l in [".Lst_spill_jump", ".Lst_part_jump"] {
+        let j = syms.get(l);
+        assert!(
+            c.flow.tail_calls.contains(&j),
+            "{l} ({j:#x}) is not a tail call"
+        );
+        assert!(!c.flow.unresolved_indirect_jumps.contains(&j), "{l}");
+    }
+    let j = syms.get(".Lst_escape_jump");
+    assert!(
+        !c.flow.tail_calls.contains(&j),
+        "st_escape's jump taken for a tail call"
+    );
+    assert!(
+        c.flow.unresolved_indirect_jumps.contains(&j),
+        "st_escape's jump"
+    );
+}

@@ -126,23 +126,7 @@ pub trait FlowArch {
 /// instruction set is `arch`.
 pub fn recover(input: &Input, arch: &dyn FlowArch) -> Result<Flow, FlowError> {
     let eh = eh::read(input)?;
-    let funcs = Functions::new(input, &eh.fdes);
-    let mut code = Code::new(input, arch.fixed_width());
-    let slots = Slots::new(input, arch.relative_reloc());
-    let mut scan = Scan::default();
-    arch.scan(&mut code, &funcs, &slots, &mut scan);
-    // A tail call must also be one by the compiler's own account of the stack.
-    scan.tail_calls.sort_unstable();
-    scan.tail_calls.dedup();
-    let cfi = eh::at_entry_height(input, &eh, &scan.tail_calls, arch.entry_cfa());
-    let mut tail_calls = Vec::with_capacity(scan.tail_calls.len());
-    for (&at, ok) in scan.tail_calls.iter().zip(cfi) {
-        if ok == Some(false) {
-            scan.unresolved.push(at);
-        } else {
-            tail_calls.push(at);
-        }
-    }
+    // FDEs that start with a frame live: split-off parts, not entries.
     let starts: Vec<u64> = eh.fdes.iter().map(|&(start, _)| start).collect();
     let heights = eh::at_entry_height(input, &eh, &starts, arch.entry_cfa());
     let mut mid_frame: Vec<u64> = starts
@@ -153,6 +137,30 @@ pub fn recover(input: &Input, arch: &dyn FlowArch) -> Result<Flow, FlowError> {
         .collect();
     mid_frame.sort_unstable();
     mid_frame.dedup();
+    let funcs = Functions::new(input, &eh.fdes, &mid_frame);
+    let mut code = Code::new(input, arch.fixed_width());
+    let slots = Slots::new(input, arch.relative_reloc());
+    let mut scan = Scan::default();
+    arch.scan(&mut code, &funcs, &slots, &mut scan);
+    let mut tail_calls = Vec::with_capacity(scan.tail_calls.len());
+    // A tail call must also be one by the compiler's own account of the stack; in a
+    // part, where the scan does not know the stack's height, by that account alone.
+    for (calls, sure) in [
+        (&mut scan.tail_calls, false),
+        (&mut scan.part_tail_calls, true),
+    ] {
+        calls.sort_unstable();
+        calls.dedup();
+        let cfi = eh::at_entry_height(input, &eh, calls, arch.entry_cfa());
+        for (&at, ok) in calls.iter().zip(cfi) {
+            if ok == Some(false) || sure && ok != Some(true) {
+                scan.unresolved.push(at);
+            } else {
+                tail_calls.push(at);
+            }
+        }
+    }
+    tail_calls.sort_unstable();
     let mut flow = Flow {
         mid_frame,
         landing_pads: eh.landing_pads,
@@ -322,6 +330,10 @@ pub struct Scan {
     pub(crate) unresolved: Vec<u64>,
     /// Indirect jumps classified as tail calls (before the CFI check).
     pub(crate) tail_calls: Vec<u64>,
+    /// Indirect jumps to a function pointer in a split-off part, where the stack's
+    /// height is unknown to the scan: tail calls if the CFI says the stack is back at
+    /// its entry height.
+    pub(crate) part_tail_calls: Vec<u64>,
 }
 
 /// Function ranges from symbols and FDEs: where the sweep restarts, and the bounds a
@@ -331,13 +343,14 @@ pub struct Functions {
     ranges: Vec<(u64, u64)>,
     /// Sorted, deduplicated starts.
     pub(crate) starts: Vec<u64>,
-    /// Sorted starts of split-off parts (`foo.cold`, `foo.cold.1`): entered by a jump
-    /// from their parent with its frame, not called.
+    /// Sorted starts of split-off parts (`foo.cold`, `foo.cold.1`, or an FDE starting
+    /// with a frame live): entered by a jump from their parent with its frame, not
+    /// called.
     split: Vec<u64>,
 }
 
 impl Functions {
-    fn new(input: &Input, fdes: &[(u64, u64)]) -> Self {
+    fn new(input: &Input, fdes: &[(u64, u64)], mid_frame: &[u64]) -> Self {
         let mut ranges: Vec<(u64, u64)> = input
             .functions
             .iter()
@@ -356,6 +369,7 @@ impl Functions {
             .iter()
             .filter(|f| f.names.iter().any(|n| n.contains(".cold")))
             .map(|f| f.addr)
+            .chain(mid_frame.iter().copied())
             .collect();
         split.sort_unstable();
         split.dedup();

@@ -29,6 +29,7 @@ use iced_x86::{
     OpKind, Register,
 };
 
+use super::spill::{self, Spills};
 use crate::flow::{Code, CodeSec, Dispatch, FlowArch, Functions, Scan, Slots, Val};
 
 impl FlowArch for super::X86_64 {
@@ -151,6 +152,15 @@ enum Cmp {
     Mem(Slot, u64),
 }
 
+/// A spilled value as a reload brings it back: what the function received stays a
+/// clean pointer (a result written to a register would otherwise read as tainted).
+fn unspilled(v: Val) -> Val {
+    match v {
+        Val::Unknown => Val::Loaded,
+        v => v,
+    }
+}
+
 /// What the analysis of a piece learns besides the states.
 struct Piece<'s, 'a> {
     from: u64,
@@ -159,6 +169,9 @@ struct Piece<'s, 'a> {
     /// A table entry or target was stored to memory: a later load of it would look
     /// like a function pointer.
     escaped: bool,
+    /// The stack's address stays in the stack pointers: spill slots are tracked
+    /// ([`spill`]).
+    private: bool,
 }
 
 #[derive(Clone, PartialEq)]
@@ -171,6 +184,8 @@ struct State {
     flags: Option<Cmp>,
     /// Memory operands `(slot, bound)` known to hold a bounded value, sorted.
     slots: Vec<(Slot, u64)>,
+    /// What the function's own frame holds (only where it is private).
+    spills: Spills,
 }
 
 impl State {
@@ -181,6 +196,7 @@ impl State {
             origin: std::array::from_fn(|i| i as u64),
             flags: None,
             slots: Vec::new(),
+            spills: Spills::default(),
         };
         if entry {
             st.regs[RSP] = Val::Stack(0);
@@ -247,6 +263,9 @@ impl State {
             // %fs/%gs: thread-local data.
             return Val::Tainted;
         }
+        if let Some(v) = self.reload(ins, size) {
+            return v;
+        }
         if ins.memory_index() == Register::None {
             // One slot: a function pointer if it comes from a clean pointer or from a
             // global slot that does not hold a label of this piece.
@@ -282,6 +301,54 @@ impl State {
         ) {
             Val::Unknown => Val::Tainted,
             v => v,
+        }
+    }
+
+    /// The offset from the stack pointer at entry of the memory operand of `ins`:
+    /// `Some(None)` when it is relative to a stack pointer whose height is unknown or
+    /// indexed, None when it is not relative to one.
+    fn frame_offset(&self, ins: &Instruction) -> Option<Option<i64>> {
+        let base = ins.memory_base();
+        let v = gpr(base).map(|(i, _)| self.regs[i]);
+        let disp = ins.memory_displacement64() as i64;
+        match v {
+            Some(Val::Stack(h)) if ins.memory_index() == Register::None => {
+                Some(Some(h.wrapping_add(disp)))
+            }
+            Some(Val::Stack(_)) => Some(None),
+            _ if matches!(base, Register::RSP | Register::RBP) => Some(None),
+            _ => None,
+        }
+    }
+
+    /// An 8-byte reload of a spill slot: the value stored there.
+    fn reload(&self, ins: &Instruction, size: u8) -> Option<Val> {
+        match self.frame_offset(ins) {
+            Some(Some(off)) if size == 8 => self.spills.load(off).map(unspilled),
+            _ => None,
+        }
+    }
+
+    /// `ins` wrote memory through its memory operand (`value`: the 64-bit register an
+    /// 8-byte `mov` stored), or somewhere else (`ins` None).
+    fn frame_written(&mut self, ins: Option<&Instruction>, value: Option<Val>, private: bool) {
+        if !private {
+            self.spills.clear();
+            return;
+        }
+        match ins.map(|i| (i, self.frame_offset(i))) {
+            Some((i, Some(Some(off)))) => {
+                let width = i.memory_size().size() as i64;
+                // An unknown width (a string or vector form) may cover anything.
+                if width == 0 {
+                    self.spills.clear();
+                } else {
+                    self.spills.store(off, width, value);
+                }
+            }
+            // Not the frame: a private frame is out of reach of other pointers.
+            Some((_, None)) => {}
+            _ => self.spills.clear(),
         }
     }
 
@@ -377,6 +444,7 @@ impl State {
         }
         let n = self.slots.len();
         self.slots.retain(|s| o.slots.contains(s));
+        changed |= self.spills.meet(&o.spills);
         changed || n != self.slots.len()
     }
 }
@@ -551,6 +619,7 @@ fn analyse(insns: &[Instruction], from: u64, to: u64, entry: bool, cx: &mut Cx, 
         to,
         slots: cx.slots,
         escaped: false,
+        private: spill::private_frame(insns),
     };
     // Cheap first: most pieces are explained by one pass in address order.
     let linear = linear(insns, entry, cx, &mut p);
@@ -619,6 +688,8 @@ fn analyse(insns: &[Instruction], from: u64, to: u64, entry: bool, cx: &mut Cx, 
         }
     }
     let tail_ok = entry && converged && !g.incomplete && !g.own_address;
+    // A part's stack height is the CFI's to say (`recover`).
+    let part_ok = !entry && converged && !g.incomplete && !g.own_address;
     for (b, &(start, end)) in g.blocks.iter().enumerate() {
         let last = &insns[end - 1];
         if !is_indirect_jmp(last) {
@@ -637,6 +708,8 @@ fn analyse(insns: &[Instruction], from: u64, to: u64, entry: bool, cx: &mut Cx, 
             out.dispatches.push(d);
         } else if tail && tail_ok && !p.escaped && st.regs[RSP] == Val::Stack(0) {
             out.tail_calls.push(last.ip());
+        } else if tail && part_ok && !p.escaped {
+            out.part_tail_calls.push(last.ip());
         } else {
             out.unresolved.push(last.ip());
         }
@@ -766,7 +839,7 @@ fn step(st: &mut State, ins: &Instruction, factory: &mut InstructionInfoFactory,
             true
         }
         Mnemonic::Push | Mnemonic::Pop => {
-            push_pop(st, ins, o);
+            push_pop(st, ins, o, p.private);
             true
         }
         Mnemonic::Leave => {
@@ -787,7 +860,7 @@ fn step(st: &mut State, ins: &Instruction, factory: &mut InstructionInfoFactory,
         _ => false,
     };
     if !handled {
-        other(st, ins, factory);
+        other(st, ins, factory, p.private);
     }
     if !matches!(m, Mnemonic::Cmp) && ins.rflags_modified() != 0 {
         st.flags = None;
@@ -941,7 +1014,7 @@ fn add_sub(st: &mut State, ins: &Instruction, o: Op) {
 }
 
 /// `push`/`pop`: the stack height, and what a pop may have brought back.
-fn push_pop(st: &mut State, ins: &Instruction, o: Op) {
+fn push_pop(st: &mut State, ins: &Instruction, o: Op, private: bool) {
     let Op {
         ip,
         m,
@@ -954,15 +1027,27 @@ fn push_pop(st: &mut State, ins: &Instruction, o: Op) {
         Val::Stack(h) if delta.abs() == 8 => Val::Stack(h.wrapping_add(delta)),
         _ => Val::Tainted,
     };
+    let top = match st.regs[RSP] {
+        Val::Stack(h) => Some(h),
+        _ => None,
+    };
     if m == Mnemonic::Pop {
-        // What was pushed may have been anything, a table address included.
+        // What was pushed may have been anything, a table address included, unless
+        // the frame's slot says what.
         if dst_gpr {
-            st.set(ip, op0, Val::Tainted);
+            let v = top.and_then(|h| st.spills.load(h)).map(unspilled);
+            st.set(ip, op0, v.unwrap_or(Val::Tainted));
         } else if ins.op0_kind() == OpKind::Memory {
             st.memory_written(Some(ins));
+            st.frame_written(Some(ins), None, private);
         }
     } else {
         st.memory_written(None);
+        let pushed = (dst_gpr && op0.size() == 8).then(|| st.get(op0));
+        match sp {
+            Val::Stack(h) if private => st.spills.store(h, 8, pushed),
+            _ => st.spills.clear(),
+        }
     }
     st.set(ip, Register::RSP, sp);
 }
@@ -1009,12 +1094,25 @@ fn call(st: &mut State, o: Op) {
         st.clobber(ip, r);
     }
     st.memory_written(None);
+    // The callee's frame and the return address are below the stack pointer.
+    let sp = match st.regs[RSP] {
+        Val::Stack(h) => Some(h),
+        _ => None,
+    };
+    st.spills.below(sp);
     st.flags = None;
 }
 
 /// Any other instruction: what it writes becomes unknown (tainted).
-fn other(st: &mut State, ins: &Instruction, factory: &mut InstructionInfoFactory) {
+fn other(st: &mut State, ins: &Instruction, factory: &mut InstructionInfoFactory, private: bool) {
     let ip = ins.ip();
+    // An 8-byte `mov` of a register to memory: the value a reload brings back. (Read
+    // before the registers it writes change.)
+    let stored = (ins.mnemonic() == Mnemonic::Mov
+        && ins.op0_kind() == OpKind::Memory
+        && ins.op1_kind() == OpKind::Register
+        && ins.op1_register().size() == 8)
+        .then(|| st.get(ins.op1_register()));
     let info = factory.info(ins);
     let writes = |a: OpAccess| {
         matches!(
@@ -1028,6 +1126,8 @@ fn other(st: &mut State, ins: &Instruction, factory: &mut InstructionInfoFactory
         }
     }
     if info.used_memory().iter().any(|u| writes(u.access())) {
-        st.memory_written((ins.op0_kind() == OpKind::Memory).then_some(ins));
+        let explicit = (ins.op0_kind() == OpKind::Memory).then_some(ins);
+        st.memory_written(explicit);
+        st.frame_written(explicit, stored, private);
     }
 }

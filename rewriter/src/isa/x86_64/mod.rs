@@ -9,6 +9,7 @@
 
 mod flow;
 mod runtime;
+mod spill;
 mod stub;
 mod usdt;
 mod wait;
