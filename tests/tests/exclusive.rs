@@ -179,3 +179,85 @@ fn no_site_inside_an_exclusive_sequence() {
         "{what}: untraced sites in the report"
     );
 }
+
+/// A function that starts with its load-exclusive (`at_add`: the retry branches back to
+/// the function's first instruction) gets its entry stub after the sequence, inline:
+/// no trap the kernel would refuse on hardware, no stub at every retry. Under the tracer
+/// it has one entry and one exit per call: the counter it adds 1 to, which the program
+/// prints.
+#[test]
+fn an_entry_at_a_load_exclusive_runs_after_its_sequence() {
+    let what = "entry at a load-exclusive";
+    assert!(have_qemu_aarch64(what), "{what}: qemu-aarch64 is missing");
+    let tmp = TempDir::new("exclusive-entry");
+    let (orig, traced) = (tmp.join("atomics"), tmp.join("atomics.traced"));
+    compile(
+        "aarch64-linux-gnu-gcc",
+        &[fixture("atomics.c")],
+        &["-O2", "-march=armv8-a", "-mno-outline-atomics", "-pthread"],
+        &orig,
+    );
+    let data = std::fs::read(&orig).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let add = object::Object::symbols(&file)
+        .find(|s| object::ObjectSymbol::name(s) == Ok("at_add"))
+        .map(|s| object::ObjectSymbol::address(&s))
+        .expect("at_add");
+    let (_, store) = *exclusive_pairs(&orig)
+        .iter()
+        .find(|p| p.0 == add)
+        .unwrap_or_else(|| panic!("{what}: at_add does not start with its load-exclusive"));
+    rewriter(&[
+        orig.as_os_str(),
+        "-o".as_ref(),
+        traced.as_os_str(),
+        OsStr::new("--sites"),
+        OsStr::new("entry,exit"),
+    ])
+    .ok();
+    let meta = metadata(&traced);
+    let entry = meta
+        .sites
+        .iter()
+        .find(|s| s.name == "at_add" && s.kind == SiteKind::FunctionEntry)
+        .expect("at_add's entry site");
+    assert_eq!(entry.mode, SiteMode::Inline, "{what}: {entry:?}");
+    // Named by the function's address, run after the store-exclusive and the retry
+    // branch.
+    assert_eq!(entry.vaddr, add, "{what}: {entry:?}");
+    assert_eq!(
+        Some(entry.file_off),
+        file_offset(&orig, store + 8),
+        "{what}: {entry:?}"
+    );
+    let b = std::fs::read(&traced).unwrap();
+    assert_eq!(
+        bytes_at(&b, add, store + 8),
+        bytes_at(&data, add, store + 8),
+        "{what}: the sequence was patched"
+    );
+
+    let n = ROUNDS.to_string();
+    let want = run_qemu_aarch64(&orig, &[&n]).ok();
+    let trace = tmp.join("atomics.utrace");
+    let out = tracer_record_qemu(&trace, &traced, &[&n]);
+    assert_same_behaviour(what, &without_tracer_lines(&out), &want);
+    let calls = 4 * ROUNDS;
+    assert!(
+        want.stdout_str().contains(&format!("counter {calls} ")),
+        "{what}: {}",
+        want.stdout_str()
+    );
+    let rep = report_json(&trace);
+    let count = |kind: &str| -> u64 {
+        rep["functions"]
+            .as_array()
+            .expect("functions")
+            .iter()
+            .filter(|f| f["function"] == "at_add" && f["kind"] == kind)
+            .map(|f| f["count"].as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!(count("entry"), calls, "{what}: entries");
+    assert_eq!(count("exit"), calls, "{what}: exits");
+}

@@ -225,11 +225,20 @@ pub struct Targets {
 }
 
 impl Targets {
-    fn new(input: &Input, pinned: Vec<u64>, function_starts: &[u64], branches: &[Branch]) -> Self {
+    /// `fdes`: the FDEs' `(start, length)`, functions that stripped binaries name
+    /// nowhere else.
+    fn new(
+        input: &Input,
+        pinned: Vec<u64>,
+        function_starts: &[u64],
+        fdes: &[(u64, u64)],
+        branches: &[Branch],
+    ) -> Self {
         let mut fns: Vec<(u64, u64)> = input
             .functions
             .iter()
             .map(|f| (f.addr, f.addr + f.size))
+            .chain(fdes.iter().map(|&(s, n)| (s, s.saturating_add(n))))
             .collect();
         fns.sort_unstable();
         let starts: Vec<u64> = fns.iter().map(|f| f.0).collect();
@@ -604,7 +613,7 @@ pub trait Isa: crate::flow::FlowArch + Sync {
         pinned.extend(&flow.landing_pads);
         pinned.sort_unstable();
         pinned.dedup();
-        Targets::new(input, pinned, &starts, &branches)
+        Targets::new(input, pinned, &starts, &flow.fde_functions, &branches)
     }
     /// `f`'s instructions in address order, with what site selection needs of each
     /// (empty when `f` cannot be decoded). `memory`: also classify memory accesses

@@ -70,10 +70,12 @@ pub fn rewritten_fixtures(work: &Path) -> Result<Vec<Program>> {
 /// Rounds of each of the 4 threads of tests/fixtures/atomics.c.
 const ATOMICS_ROUNDS: u64 = 2000;
 
-/// tests/fixtures/atomics.c with load/store-exclusive loops, every block and memory
-/// access of its `at_*` functions traced through the kernel drain: no site may sit
-/// inside an exclusive sequence (its stores or trap would clear the monitor and the
-/// store-exclusive would fail forever), so the program must end with the right sums.
+/// tests/fixtures/atomics.c with load/store-exclusive loops, every entry, exit, block
+/// and memory access of its `at_*` functions traced through the kernel drain: no site
+/// may sit inside an exclusive sequence (its stores or trap would clear the monitor and
+/// the store-exclusive would fail forever), so the program must end with the right
+/// sums. `at_add` starts with its load-exclusive: its entry runs after the sequence (a
+/// uprobe there is one the kernel refuses).
 fn atomics(work: &Path) -> Result<Program> {
     let raw = work.join("atomics.raw");
     let traced = work.join("atomics");
@@ -84,7 +86,8 @@ fn atomics(work: &Path) -> Result<Program> {
             .arg(&raw)
             .arg("-o")
             .arg(&traced)
-            .args(["--functions", "at_*", "--sites", "block,memory", "-v"]),
+            .args(["--functions", "at_*", "--sites", "entry,exit,block,memory"])
+            .arg("-v"),
     )?;
     print!("{}", String::from_utf8_lossy(&o.stdout));
     if !o.status.success() {

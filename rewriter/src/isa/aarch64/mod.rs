@@ -94,6 +94,45 @@ fn exclusive_ranges(bytes: &[u8], addr: u64, size: usize) -> Exclusive {
     x
 }
 
+/// Where an entry at the load-exclusive `x.start()` of a closed sequence `x` runs
+/// instead: its retry branches back to the load, and a stub there would run at every
+/// retry (a uprobe there the kernel refuses on hardware). The first instruction after
+/// the sequence and its retry branch, if every way out of the sequence goes there and
+/// nothing else does: the entry is recorded once, a few instructions late (the
+/// sequence moves no stack pointer and calls nothing).
+fn entry_after_sequence(
+    bytes: &[u8],
+    f_addr: u64,
+    size: usize,
+    x: &std::ops::RangeInclusive<u64>,
+    targets: &Targets,
+) -> Option<u64> {
+    let word = |pc: u64| word_at(bytes, usize::try_from(pc.checked_sub(f_addr)?).ok()?);
+    let start = *x.start();
+    let mut after = *x.end() + INSN as u64;
+    if reloc::branch_target(word(after)?, after) == Some(start) {
+        after += INSN as u64;
+    }
+    if after >= f_addr + size as u64 {
+        return None;
+    }
+    let mut into_after = 0;
+    for pc in (start..after).step_by(INSN) {
+        let w = word(pc)?;
+        // Branches to a register (`br`, `blr`, `ret`) and calls leave some other way.
+        if w & 0xfe00_0000 == 0xd600_0000 || matches!(reloc::classify(w, pc), Class::Bl { .. }) {
+            return None;
+        }
+        match reloc::branch_target(w, pc) {
+            Some(t) if t == after => into_after += 1,
+            Some(t) if !(start..after).contains(&t) => return None,
+            _ => {}
+        }
+    }
+    let reached = targets.all.binary_search(&after).is_ok();
+    (!reached || targets.local_jumps(after) == Some(into_after)).then_some(after)
+}
+
 impl Isa for Aarch64 {
     fn arch(&self) -> u32 {
         tracer_common::ARCH_AARCH64
@@ -237,6 +276,14 @@ impl Isa for Aarch64 {
                 } else {
                     r.addr
                 };
+                // An entry at a load-exclusive runs after its sequence (unless it
+                // records a value, which the sequence may have overwritten).
+                let moved = exclusive
+                    .closed
+                    .iter()
+                    .find(|x| entry && r.args.is_empty() && *x.start() == at)
+                    .and_then(|x| entry_after_sequence(bytes, f.addr, size, x, targets));
+                let at = moved.unwrap_or(at);
                 let c = |why: String| Candidate::uprobe(r, at, FallbackReason::Detail(why));
                 let Some(w) = word_at(bytes, (at - f.addr) as usize)
                     .filter(|_| at + INSN as u64 <= f.addr + size as u64)
@@ -249,7 +296,11 @@ impl Isa for Aarch64 {
                 // A branch landing on an entry's displaced instruction after a landing
                 // pad would run the entry stub; landing on an exit (the `ret` itself)
                 // is that exit.
-                if entry && at != f.addr && targets.all.binary_search(&at).is_ok() {
+                if entry
+                    && moved.is_none()
+                    && at != f.addr
+                    && targets.all.binary_search(&at).is_ok()
+                {
                     return c(format!(
                         "branch target {at:#x} is the displaced instruction"
                     ));
