@@ -58,13 +58,55 @@ fn expected_output() -> String {
 
 #[test]
 fn windows_hold_branch_targets() {
-    let tmp = TempDir::new("windows");
+    check_windows("windows", false);
+}
+
+/// The same, stripped: the functions are known by their FDEs alone (`sub_<address>`),
+/// and a window grown over jumps needs to know that its jumps are the function's own.
+#[test]
+fn windows_hold_branch_targets_in_a_stripped_binary() {
+    check_windows("windows-stripped", true);
+}
+
+/// The fixture's names by address (a stripped binary's records name `sub_<address>`).
+fn fixture_names(bin: &std::path::Path) -> HashMap<String, String> {
+    let data = std::fs::read(bin).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    object::Object::symbols(&file)
+        .filter_map(|s| {
+            let name = object::ObjectSymbol::name(&s).ok()?;
+            FUNCTIONS.contains(&name).then(|| {
+                let a = object::ObjectSymbol::address(&s);
+                (format!("sub_{a:x}"), name.to_string())
+            })
+        })
+        .collect()
+}
+
+fn check_windows(tag: &str, strip: bool) {
+    let tmp = TempDir::new(tag);
     let (orig, traced, trace) = (
         tmp.join("windows"),
         tmp.join("windows.traced"),
         tmp.join("t.utrace"),
     );
     compile("gcc", &[fixture("windows.c")], &["-O2"], &orig);
+    let names = fixture_names(&orig);
+    assert_eq!(names.len(), FUNCTIONS.len(), "fixture symbols {names:?}");
+    let input = if strip {
+        let stripped = tmp.join("windows.stripped");
+        let st = Command::new("strip")
+            .arg("-o")
+            .arg(&stripped)
+            .arg(&orig)
+            .status()
+            .expect("strip");
+        assert!(st.success(), "strip");
+        stripped
+    } else {
+        orig.clone()
+    };
+    let name = |s: &str| names.get(s).cloned().unwrap_or_else(|| s.to_string());
     let n = N.to_string();
     let probes: Vec<_> = FUNCTIONS.iter().map(|f| (orig.as_path(), *f)).collect();
     let (want, events) = oracle::run_with_probes(&probes, Command::new(&orig).arg(&n), RUN_TIMEOUT);
@@ -76,8 +118,11 @@ fn windows_hold_branch_targets() {
         "kernel uprobes on the original"
     );
 
-    let mut args: Vec<&OsStr> = vec![orig.as_os_str(), "-o".as_ref(), traced.as_os_str()];
-    args.extend(["--sites", "entry,exit", "--functions", "fx_*", "-v"].map(OsStr::new));
+    let mut args: Vec<&OsStr> = vec![input.as_os_str(), "-o".as_ref(), traced.as_os_str()];
+    args.extend(["--sites", "entry,exit", "-v"].map(OsStr::new));
+    if !strip {
+        args.extend(["--functions", "fx_*"].map(OsStr::new));
+    }
     let line = rewriter(&args).ok().stdout_str();
     let meta = metadata(&traced);
     let uprobes: Vec<_> = meta
@@ -111,7 +156,7 @@ fn windows_hold_branch_targets() {
     let entries: Vec<(String, u64)> = recs
         .iter()
         .filter(|r| kind[&r.site] == SiteKind::FunctionEntry)
-        .map(|r| (r.symbol.to_string(), r.value))
+        .map(|r| (name(&r.symbol), r.value))
         .collect();
     assert_seq_eq(
         &entries,
@@ -131,7 +176,7 @@ fn windows_hold_branch_targets() {
         );
         assert_eq!(
             x.value as u32,
-            returns(&e.symbol, e.value),
+            returns(&name(&e.symbol), e.value),
             "{}({}) returned {:#x}",
             e.symbol,
             e.value,
