@@ -53,6 +53,30 @@ pub struct Emitted {
     pub report: Report,
 }
 
+/// The patches that re-point the jumps into window `w` (entered only by them) at its
+/// trampoline at `to`; none if one of them lies in bytes a window overwrites.
+fn repoint(
+    isa: &dyn Isa,
+    w: &crate::isa::Window,
+    to: u64,
+    taken: &[(u64, u64)],
+) -> std::result::Result<Vec<(u64, Vec<u8>)>, String> {
+    w.entered_by
+        .iter()
+        .map(|e| {
+            let end = e.at + u64::from(e.len);
+            let i = taken.partition_point(|t| t.1 <= e.at);
+            if taken.get(i).is_some_and(|t| t.0 < end) {
+                return Err(format!(
+                    "the jump at {:#x} into it is moved by a window",
+                    e.at
+                ));
+            }
+            isa.repoint(e, to)
+        })
+        .collect()
+}
+
 /// Emit the run-time code, the anchors and every function's trampolines.
 pub fn code(
     input: &Input,
@@ -89,10 +113,17 @@ pub fn code(
         },
     };
     out.anchors(input, isa, seg, &sites.semaphores);
+    // The bytes every window overwrites: a jump there cannot be re-pointed.
+    let mut taken: Vec<(u64, u64)> = plans
+        .iter()
+        .flat_map(|p| &p.windows)
+        .map(|w| (w.start, w.start + w.len as u64))
+        .collect();
+    taken.sort_unstable();
     let total = sel.chosen.len() as u64;
     for (i, ((c, plan), reqs)) in sel.chosen.iter().zip(plans).zip(&sites.reqs_of).enumerate() {
         opts.progress.report("writing", i as u64, total);
-        out.function(input, isa, seg, &c.f, plan, reqs, sites)?;
+        out.function(input, isa, seg, &c.f, plan, reqs, sites, &taken)?;
     }
     Ok(out)
 }
@@ -128,6 +159,7 @@ impl Emitted {
         plan: FunctionPlan,
         reqs: &[SiteReq],
         sites: &Sites,
+        taken: &[(u64, u64)],
     ) -> Result<()> {
         let mut uprobes = plan.uprobes;
         for w in &plan.windows {
@@ -141,10 +173,16 @@ impl Emitted {
             let tramp = isa
                 .emit_window(input, &seg.layout, &self.rt, w, at)
                 .map_err(|m| Error::Encode(input.name.clone(), m))?;
-            match isa.patch_bytes(w, at, &tramp.landed) {
-                Ok(bytes) => {
+            let patches = if w.entered_by.is_empty() {
+                isa.patch_bytes(w, at, &tramp.landed)
+                    .map(|bytes| vec![(w.start, bytes)])
+            } else {
+                repoint(isa, w, at, taken)
+            };
+            match patches {
+                Ok(patches) => {
                     self.code.extend_from_slice(&tramp.code);
-                    self.patches.push((w.start, bytes));
+                    self.patches.extend(patches);
                     for s in &w.sites {
                         self.modes[s.id as usize] = Some((SiteMode::Inline, s.at));
                     }

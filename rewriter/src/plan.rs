@@ -305,7 +305,8 @@ pub fn plan(
             let unsure = eh_problem
                 .map(|e| FallbackReason::ExceptionTables(e.to_string()))
                 .or_else(|| unresolved_jump(flow, c.f.addr, c.f.addr + c.f.size));
-            let mut p = isa.plan_function(input, &c.f, reqs, targets, unsure.as_ref());
+            let part = c.part_of.is_some();
+            let mut p = isa.plan_function(input, &c.f, reqs, targets, unsure.as_ref(), part);
             untrace_landings(&mut p, reqs);
             p
         })

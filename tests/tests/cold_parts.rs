@@ -321,3 +321,71 @@ fn debian_binaries_never_exit_more_than_they_enter() {
     assert_same_behaviour("libstdc++", &without_tracer_lines(&out), &want);
     check("libstdc++", &trace, &line);
 }
+
+/// A part too short for a jump and no padding after it (tinycold.c: `xor; ret`, then
+/// another function), entered by two jumps with 32-bit displacements: those jumps are
+/// re-pointed at the part's trampoline, the part's bytes stay the original's, and its
+/// `ret` is an inline exit. Kernel uprobes on the original count the calls and the
+/// ways into the part; the trace has an entry and an exit per call, as many exits from
+/// the part's `ret` as the part was entered, and no record through a uprobe.
+#[test]
+fn a_part_too_short_for_a_jump_is_entered_by_its_jumps() {
+    let what = "tiny part";
+    let tmp = TempDir::new("tiny-part");
+    let (orig, traced, trace) = (
+        tmp.join("tinycold"),
+        tmp.join("tinycold.traced"),
+        tmp.join("t.utrace"),
+    );
+    compile("gcc", &[fixture("tinycold.c")], &["-O2"], &orig);
+    let n = N.to_string();
+    let probes = [
+        (orig.as_path(), "tc_tiny"),
+        (orig.as_path(), "tc_tiny.cold"),
+    ];
+    let (want, counts) = oracle_counts(&probes, Command::new(&orig).arg(&n), RUN_TIMEOUT);
+    assert_eq!(counts["tc_tiny"], N, "{what}: the oracle's calls");
+    assert_eq!(
+        counts["tc_tiny.cold"],
+        2 * N / 5,
+        "{what}: the oracle's ways in"
+    );
+
+    let (line, meta) = rewrite_entry_exit(&orig, &traced);
+    let part = function_symbol(&orig, "tc_tiny.cold");
+    let exit = meta
+        .sites
+        .iter()
+        .find(|s| s.kind == SiteKind::FunctionExit && s.vaddr == part.addr + 2)
+        .unwrap_or_else(|| panic!("{what}: no exit site at the part's ret: {line}"));
+    assert_eq!(exit.mode, SiteMode::Inline, "{what}: {exit:?}\n{line}");
+    let (a, b) = (
+        std::fs::read(&orig).unwrap(),
+        std::fs::read(&traced).unwrap(),
+    );
+    let off = part.file_off.expect("the part in the file") as usize;
+    assert_eq!(
+        &b[off..off + 3],
+        &a[off..off + 3],
+        "{what}: the part was patched"
+    );
+
+    let out = tracer_record(&trace, &traced, &[&n], &[]);
+    assert_same_behaviour(what, &without_tracer_lines(&out), &want);
+    let recs = dump(&trace);
+    assert!(
+        recs.iter().all(|r| r.flags & FLAG_UPROBE == 0),
+        "{what}: records through uprobes"
+    );
+    let per = entries_exits(&trace, &meta);
+    assert_eq!(
+        per["tc_tiny"],
+        (N, N),
+        "{what}: entries and exits of tc_tiny"
+    );
+    let from_part = recs.iter().filter(|r| r.site == exit.id).count() as u64;
+    assert_eq!(
+        from_part, counts["tc_tiny.cold"],
+        "{what}: exits from the part"
+    );
+}

@@ -151,6 +151,18 @@ pub struct Window {
     pub landings: Vec<Landing>,
     /// Returns outside the window that jumps inside it go to (x86-64).
     pub tails: Vec<Tail>,
+    /// Not empty: the window is a split-off part too short for a jump, entered only by
+    /// these jumps, which are re-pointed at the trampoline; nothing is written at
+    /// `start` (`len` is 0) and the part's own bytes stay as they were (x86-64).
+    pub entered_by: Vec<Entered>,
+}
+
+/// A direct jump with a 32-bit displacement (its last 4 bytes) that is re-pointed at a
+/// trampoline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entered {
+    pub at: u64,
+    pub len: u8,
 }
 
 /// A `ret` outside a window that a jump inside the window goes to: the trampoline
@@ -222,6 +234,8 @@ pub struct Targets {
     /// `(to, from)` of every direct jump (not a call) to a function start (a symbol's
     /// or an FDE's), sorted: who enters a split-off part.
     entry_jumps: Vec<(u64, u64)>,
+    /// Jump-table targets and landing pads, sorted: reached by no direct branch.
+    indirect: Vec<u64>,
 }
 
 impl Targets {
@@ -233,6 +247,7 @@ impl Targets {
         function_starts: &[u64],
         fdes: &[(u64, u64)],
         branches: &[Branch],
+        indirect: Vec<u64>,
     ) -> Self {
         let mut fns: Vec<(u64, u64)> = input
             .functions
@@ -275,6 +290,7 @@ impl Targets {
             all,
             local,
             entry_jumps,
+            indirect,
         }
     }
 
@@ -285,6 +301,11 @@ impl Targets {
             .iter()
             .take_while(move |j| j.0 == start)
             .map(|j| j.1)
+    }
+
+    /// Is `t` a jump-table target or a landing pad?
+    pub fn reached_indirectly(&self, t: u64) -> bool {
+        self.indirect.binary_search(&t).is_ok()
     }
 
     /// The number of jumps to `t` if it is local (see `local`).
@@ -402,6 +423,7 @@ pub fn merge_windows(
                 sites: Vec::new(),
                 landings: Vec::new(),
                 tails: Vec::new(),
+                entered_by: Vec::new(),
             }),
         }
     }
@@ -608,12 +630,22 @@ pub trait Isa: crate::flow::FlowArch + Sync {
         starts.extend(flow.fde_functions.iter().map(|&(start, _)| start));
         starts.sort_unstable();
         starts.dedup();
+        let mut indirect: Vec<u64> = flow.jump_table_targets.clone();
+        indirect.extend(&flow.landing_pads);
+        indirect.sort_unstable();
+        indirect.dedup();
         let mut pinned = starts.clone();
-        pinned.extend(&flow.jump_table_targets);
-        pinned.extend(&flow.landing_pads);
+        pinned.extend(&indirect);
         pinned.sort_unstable();
         pinned.dedup();
-        Targets::new(input, pinned, &starts, &flow.fde_functions, &branches)
+        Targets::new(
+            input,
+            pinned,
+            &starts,
+            &flow.fde_functions,
+            &branches,
+            indirect,
+        )
     }
     /// `f`'s instructions in address order, with what site selection needs of each
     /// (empty when `f` cannot be decoded). `memory`: also classify memory accesses
@@ -635,6 +667,7 @@ pub trait Isa: crate::flow::FlowArch + Sync {
         reqs: &[SiteReq],
         targets: &Targets,
         unsure: Option<&FallbackReason>,
+        part: bool,
     ) -> FunctionPlan;
     /// Where a uprobe goes for a site that is not patched inline: after a landing pad
     /// (`endbr64`, `bti c`, `paciasp`) for an entry, the instruction itself for an exit.
@@ -660,6 +693,11 @@ pub trait Isa: crate::flow::FlowArch + Sync {
     /// at `to`, its landings (to `landed`, the trampoline addresses of their targets),
     /// traps in the rest.
     fn patch_bytes(&self, w: &Window, to: u64, landed: &[u64]) -> Result<Vec<u8>, String>;
+    /// The bytes that re-point jump `e` at `to`: (address, bytes).
+    fn repoint(&self, e: &Entered, to: u64) -> Result<(u64, Vec<u8>), String> {
+        let _ = to;
+        Err(format!("no re-pointed jumps on this ISA ({:#x})", e.at))
+    }
     /// Byte that pads between trampolines (never executed): a trap where possible.
     fn code_fill(&self) -> u8;
     /// One instruction that is never executed, where a uprobe can sit (the anchor of a

@@ -241,6 +241,7 @@ impl Isa for Aarch64 {
         targets: &Targets,
         // Windows are single instructions: no interior that a branch could land in.
         _unsure: Option<&FallbackReason>,
+        _part: bool,
     ) -> FunctionPlan {
         if f.size == 0 {
             return FunctionPlan::all_uprobes(reqs, FallbackReason::NoSize);

@@ -21,8 +21,8 @@ use iced_x86::{
 use std::collections::HashMap;
 
 use super::{
-    Branch, Candidate, FunctionPlan, InsnFacts, Isa, Landing, Layout, PlacedSite, Runtime, SiteReq,
-    Span, Tail, Targets, Trampoline, Window, merge_windows,
+    Branch, Candidate, Entered, FunctionPlan, InsnFacts, Isa, Landing, Layout, PlacedSite, Runtime,
+    SiteReq, Span, Tail, Targets, Trampoline, Window, merge_windows,
 };
 use crate::elf::read::{Function, Input};
 use crate::isa::arg::{Arg, Reg as UsdtReg};
@@ -202,6 +202,29 @@ fn is_call(ins: &Instruction) -> bool {
         ins.flow_control(),
         FlowControl::Call | FlowControl::IndirectCall
     )
+}
+
+/// The direct jump at `from` to `to` if its displacement is its last 4 bytes.
+fn rel32_jump(input: &Input, from: u64, to: u64) -> Option<Entered> {
+    let bytes = input.bytes_at(from)?;
+    let ins = Decoder::with_ip(
+        64,
+        &bytes[..bytes.len().min(16)],
+        from,
+        DecoderOptions::NONE,
+    )
+    .decode();
+    let len = ins.len();
+    let is_jump = matches!(
+        ins.flow_control(),
+        FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch
+    ) && ins.op0_kind() == OpKind::NearBranch64;
+    let rel = i32::from_le_bytes(bytes.get(len.checked_sub(4)?..len)?.try_into().ok()?);
+    let lands = (from + len as u64).wrapping_add(rel as i64 as u64) == to;
+    (is_jump && len >= 5 && lands && ins.near_branch_target() == to).then_some(Entered {
+        at: from,
+        len: len as u8,
+    })
 }
 
 /// `jmp rel32` at `from` to `to`.
@@ -546,6 +569,48 @@ impl PlanCx<'_> {
         }
     }
 
+    /// The whole of a split-off part as a window entered only by its jumps
+    /// ([`Window::entered_by`]): when no direct branch lands inside it, none but direct
+    /// jumps with a 32-bit displacement from outside it reach its start, and it ends
+    /// in a `ret` or a jump. The part's bytes stay: a way in not seen here runs them,
+    /// untraced.
+    fn entered_window(&self, input: &Input, sites: Vec<PlacedSite>) -> Option<Window> {
+        let insns = self.insns;
+        let last = insns.last()?;
+        let end = last.next_ip();
+        let leaves = matches!(
+            last.flow_control(),
+            FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
+        );
+        let inside = |a: u64| (self.f_addr..end).contains(&a);
+        if self.first != 0
+            || !leaves
+            || self.targets.reached_indirectly(self.f_addr)
+            || insns[1..]
+                .iter()
+                .any(|i| is_target(&self.targets.all, i.ip()))
+            || !self.movable(0, insns.len() - 1)
+        {
+            return None;
+        }
+        let mut entered_by = Vec::new();
+        for from in self.targets.jumps_to(self.f_addr) {
+            if inside(from) {
+                return None;
+            }
+            entered_by.push(rel32_jump(input, from, self.f_addr)?);
+        }
+        (!entered_by.is_empty()).then(|| Window {
+            start: self.f_addr,
+            len: 0,
+            code_len: (end - self.f_addr) as usize,
+            sites,
+            landings: Vec::new(),
+            tails: Vec::new(),
+            entered_by,
+        })
+    }
+
     /// The index of the instruction at `at` (the instructions are in address order).
     fn index_of(&self, at: u64) -> Option<usize> {
         self.insns.binary_search_by_key(&at, Instruction::ip).ok()
@@ -773,6 +838,7 @@ impl Isa for X86_64 {
         reqs: &[SiteReq],
         targets: &Targets,
         unsure: Option<&FallbackReason>,
+        part: bool,
     ) -> FunctionPlan {
         let insns = match decode_function(input, f) {
             Ok(i) if !i.is_empty() => i,
@@ -802,6 +868,15 @@ impl Isa for X86_64 {
         let cands: Vec<Candidate> = reqs.iter().map(|r| cx.candidate(r)).collect();
         let placed: Vec<PlacedSite> = cands.iter().map(Candidate::placed).collect();
         let mut plan = merge_windows(cands, |w| cx.finish(w));
+        // A part with no room for a jump at all: entered by its jumps instead.
+        if part && plan.windows.is_empty() && !plan.uprobes.is_empty() {
+            let ids: Vec<u32> = plan.uprobes.iter().map(|u| u.0).collect();
+            let sites = placed.iter().filter(|p| ids.contains(&p.id)).cloned();
+            if let Some(w) = cx.entered_window(input, sites.collect()) {
+                plan.uprobes.clear();
+                plan.windows.push(w);
+            }
+        }
         for w in &mut plan.windows {
             w.tails = cx.tails(w, &placed);
         }
@@ -848,6 +923,13 @@ impl Isa for X86_64 {
         }
         stub::emit_window(layout, rt, &insns, w, &rets, at)
             .map_err(|e| format!("window at {:#x}: {e}", w.start))
+    }
+
+    fn repoint(&self, e: &Entered, to: u64) -> Result<(u64, Vec<u8>), String> {
+        let next = e.at + u64::from(e.len);
+        let rel = i32::try_from(to.wrapping_sub(next) as i64)
+            .map_err(|_| format!("trampoline at {to:#x} out of rel32 range from {:#x}", e.at))?;
+        Ok((next - 4, rel.to_le_bytes().to_vec()))
     }
 
     fn patch_bytes(&self, w: &Window, to: u64, landed: &[u64]) -> Result<Vec<u8>, String> {
