@@ -569,30 +569,33 @@ impl PlanCx<'_> {
         }
     }
 
-    /// The whole of a split-off part as a window entered only by its jumps
-    /// ([`Window::entered_by`]): when no direct branch lands inside it, none but direct
-    /// jumps with a 32-bit displacement from outside it reach its start, and it ends
-    /// in a `ret` or a jump. The part's bytes stay: a way in not seen here runs them,
-    /// untraced.
-    fn entered_window(&self, input: &Input, sites: Vec<PlacedSite>) -> Option<Window> {
+    /// Where a split-off part's first run of instructions ends: after its first `ret`
+    /// or jump, if no direct branch lands inside the run and it can move.
+    fn entered_run(&self) -> Option<u64> {
         let insns = self.insns;
-        let last = insns.last()?;
-        let end = last.next_ip();
-        let leaves = matches!(
-            last.flow_control(),
-            FlowControl::Return | FlowControl::UnconditionalBranch | FlowControl::IndirectBranch
-        );
-        let inside = |a: u64| (self.f_addr..end).contains(&a);
-        if self.first != 0
-            || !leaves
-            || self.targets.reached_indirectly(self.f_addr)
-            || insns[1..]
+        let k = insns.iter().position(|i| {
+            matches!(
+                i.flow_control(),
+                FlowControl::Return
+                    | FlowControl::UnconditionalBranch
+                    | FlowControl::IndirectBranch
+            )
+        })?;
+        let ok = self.first == 0
+            && !self.targets.reached_indirectly(self.f_addr)
+            && !insns[1..=k]
                 .iter()
                 .any(|i| is_target(&self.targets.all, i.ip()))
-            || !self.movable(0, insns.len() - 1)
-        {
-            return None;
-        }
+            && self.movable(0, k);
+        ok.then(|| insns[k].next_ip())
+    }
+
+    /// The first run of a split-off part (up to `end`, see `entered_run`) as a window
+    /// entered only by its jumps ([`Window::entered_by`]): when none but direct jumps
+    /// with a 32-bit displacement from outside the run reach the part's start. The
+    /// part's bytes stay: a way in not seen here runs them, untraced.
+    fn entered_window(&self, input: &Input, end: u64, sites: Vec<PlacedSite>) -> Option<Window> {
+        let inside = |a: u64| (self.f_addr..end).contains(&a);
         let mut entered_by = Vec::new();
         for from in self.targets.jumps_to(self.f_addr) {
             if inside(from) {
@@ -609,6 +612,30 @@ impl PlanCx<'_> {
             tails: Vec::new(),
             entered_by,
         })
+    }
+
+    /// A part whose first run has uprobe sites and no window, for want of room: entered
+    /// by its jumps instead.
+    fn enter_by_jumps(&self, input: &Input, plan: &mut FunctionPlan, placed: &[PlacedSite]) {
+        let Some(end) = self.entered_run() else {
+            return;
+        };
+        let run = self.f_addr..end;
+        let overlaps =
+            |w: &Window| w.start < end && w.start + w.len.max(w.code_len) as u64 > self.f_addr;
+        if plan.windows.iter().any(overlaps) {
+            return;
+        }
+        let at = |id: u32| placed.iter().find(|p| p.id == id);
+        let (inside, outside): (Vec<_>, Vec<_>) = std::mem::take(&mut plan.uprobes)
+            .into_iter()
+            .partition(|u| at(u.0).is_some_and(|p| run.contains(&p.at)));
+        plan.uprobes = outside;
+        let sites = inside.iter().filter_map(|u| at(u.0)).cloned().collect();
+        match (inside.is_empty(), self.entered_window(input, end, sites)) {
+            (false, Some(w)) => plan.windows.push(w),
+            _ => plan.uprobes.extend(inside),
+        }
     }
 
     /// The index of the instruction at `at` (the instructions are in address order).
@@ -868,14 +895,8 @@ impl Isa for X86_64 {
         let cands: Vec<Candidate> = reqs.iter().map(|r| cx.candidate(r)).collect();
         let placed: Vec<PlacedSite> = cands.iter().map(Candidate::placed).collect();
         let mut plan = merge_windows(cands, |w| cx.finish(w));
-        // A part with no room for a jump at all: entered by its jumps instead.
-        if part && plan.windows.is_empty() && !plan.uprobes.is_empty() {
-            let ids: Vec<u32> = plan.uprobes.iter().map(|u| u.0).collect();
-            let sites = placed.iter().filter(|p| ids.contains(&p.id)).cloned();
-            if let Some(w) = cx.entered_window(input, sites.collect()) {
-                plan.uprobes.clear();
-                plan.windows.push(w);
-            }
+        if part {
+            cx.enter_by_jumps(input, &mut plan, &placed);
         }
         for w in &mut plan.windows {
             w.tails = cx.tails(w, &placed);
