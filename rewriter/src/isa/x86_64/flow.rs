@@ -619,7 +619,9 @@ fn analyse(insns: &[Instruction], from: u64, to: u64, entry: bool, cx: &mut Cx, 
         to,
         slots: cx.slots,
         escaped: false,
-        private: spill::private_frame(insns),
+        // Not in the pass in address order: a slot stored on one way would be read
+        // back on another.
+        private: false,
     };
     // Cheap first: most pieces are explained by one pass in address order.
     let linear = linear(insns, entry, cx, &mut p);
@@ -629,6 +631,7 @@ fn analyse(insns: &[Instruction], from: u64, to: u64, entry: bool, cx: &mut Cx, 
     }
     let mut linear = linear.into_iter();
     p.escaped = false;
+    p.private = spill::private_frame(insns);
     let g = cfg(insns, from, to);
     let nb = g.blocks.len();
     // Alignment padding after a `ret` or `jmp` is never entered.

@@ -7,7 +7,8 @@
 //! out of `%rsp` and its frame pointer (no `lea d(%rsp),%rdi`, no `mov %rsp,%rax`)
 //! can have its frame written only by its own stack-relative stores and by what runs
 //! below `%rsp` (its callees). A function that lets it out keeps no slot: any store,
-//! anywhere, may hit one.
+//! anywhere, may hit one. Only the data flow over the control-flow graph keeps slots;
+//! the first pass in address order would read back a slot stored on another way.
 
 use iced_x86::{Instruction, Mnemonic, OpKind, Register};
 
