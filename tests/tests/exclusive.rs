@@ -67,11 +67,10 @@ fn bytes_at(data: &[u8], from: u64, to: u64) -> Vec<u8> {
     data[at..at + (to - from) as usize].to_vec()
 }
 
-#[test]
-fn no_site_inside_an_exclusive_sequence() {
-    let what = "exclusive sequences";
+/// atomics.c built with load/store-exclusive loops in `tmp`: (the binary, where its
+/// rewritten copy goes).
+fn build_atomics(what: &str, tmp: &TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
     assert!(have_qemu_aarch64(what), "{what}: qemu-aarch64 is missing");
-    let tmp = TempDir::new("exclusive");
     let (orig, traced) = (tmp.join("atomics"), tmp.join("atomics.traced"));
     compile(
         "aarch64-linux-gnu-gcc",
@@ -79,6 +78,14 @@ fn no_site_inside_an_exclusive_sequence() {
         &["-O2", "-march=armv8-a", "-mno-outline-atomics", "-pthread"],
         &orig,
     );
+    (orig, traced)
+}
+
+#[test]
+fn no_site_inside_an_exclusive_sequence() {
+    let what = "exclusive sequences";
+    let tmp = TempDir::new("exclusive");
+    let (orig, traced) = build_atomics(what, &tmp);
     let pairs = exclusive_pairs(&orig);
     assert!(pairs.len() >= 3, "{what}: exclusive pairs {pairs:x?}");
     let out = rewriter(&[
@@ -188,15 +195,8 @@ fn no_site_inside_an_exclusive_sequence() {
 #[test]
 fn an_entry_at_a_load_exclusive_runs_after_its_sequence() {
     let what = "entry at a load-exclusive";
-    assert!(have_qemu_aarch64(what), "{what}: qemu-aarch64 is missing");
     let tmp = TempDir::new("exclusive-entry");
-    let (orig, traced) = (tmp.join("atomics"), tmp.join("atomics.traced"));
-    compile(
-        "aarch64-linux-gnu-gcc",
-        &[fixture("atomics.c")],
-        &["-O2", "-march=armv8-a", "-mno-outline-atomics", "-pthread"],
-        &orig,
-    );
+    let (orig, traced) = build_atomics(what, &tmp);
     let data = std::fs::read(&orig).unwrap();
     let file = object::File::parse(&*data).unwrap();
     let add = object::Object::symbols(&file)
