@@ -219,9 +219,10 @@ fn rel32_jump(input: &Input, from: u64, to: u64) -> Option<Entered> {
         ins.flow_control(),
         FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch
     ) && ins.op0_kind() == OpKind::NearBranch64;
+    // Not a rel8 form padded with prefixes: the last 4 bytes are the displacement.
     let rel = i32::from_le_bytes(bytes.get(len.checked_sub(4)?..len)?.try_into().ok()?);
     let lands = (from + len as u64).wrapping_add(rel as i64 as u64) == to;
-    (is_jump && len >= 5 && lands && ins.near_branch_target() == to).then_some(Entered {
+    (is_jump && lands).then_some(Entered {
         at: from,
         len: len as u8,
     })
@@ -570,7 +571,8 @@ impl PlanCx<'_> {
     }
 
     /// Where a split-off part's first run of instructions ends: after its first `ret`
-    /// or jump, if no direct branch lands inside the run and it can move.
+    /// or jump, if no direct branch lands inside the run and it calls nothing (a callee
+    /// would return to the original bytes, past the run's stubs).
     fn entered_run(&self) -> Option<u64> {
         let insns = self.insns;
         let k = insns.iter().position(|i| {
@@ -586,6 +588,7 @@ impl PlanCx<'_> {
             && !insns[1..=k]
                 .iter()
                 .any(|i| is_target(&self.targets.all, i.ip()))
+            && !insns[..=k].iter().any(is_call)
             && self.movable(0, k);
         ok.then(|| insns[k].next_ip())
     }
