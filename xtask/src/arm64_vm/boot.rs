@@ -59,7 +59,7 @@ pub fn boot(
         let _ = e.read_to_string(&mut err);
     }
     let out = reader.join().unwrap_or_default();
-    let text = String::from_utf8_lossy(&out).replace('\r', "");
+    let text = as_shown(&String::from_utf8_lossy(&out));
     std::fs::write(log, &text)?;
     println!(
         "arm64-vm: qemu -cpu {cpu}: {} after {:.1}s, {} console lines{}",
@@ -79,4 +79,45 @@ pub fn boot(
         println!("  | {l}");
     }
     Ok(text)
+}
+
+/// `text` as a terminal shows it, line by line: a carriage return starts the line
+/// over and control sequences (`ESC [ ... final byte`) are dropped. A progress bar drawn
+/// on the console and cleared would otherwise start the next line.
+fn as_shown(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let line = line.trim_end_matches(['\r', '\n']);
+        let line = line.rsplit('\r').next().unwrap_or_default();
+        push_without_escapes(&mut out, line);
+        out.push('\n');
+    }
+    out
+}
+
+fn push_without_escapes(out: &mut String, line: &str) {
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c != '\x1b' {
+            out.push(c);
+            continue;
+        }
+        if chars.next() == Some('[') {
+            // Parameters and intermediates up to the final byte (0x40..=0x7e).
+            for c in chars.by_ref() {
+                if ('\x40'..='\x7e').contains(&c) {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_cleared_bar_leaves_nothing() {
+        let s = "x\r\nbar [==> ] 1/2\r\x1b[2K\x1b[1mUTRACE-VM: RESULT x ok\x1b[0m\r\n";
+        assert_eq!(super::as_shown(s), "x\nUTRACE-VM: RESULT x ok\n");
+    }
 }

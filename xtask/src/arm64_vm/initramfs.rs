@@ -79,6 +79,9 @@ mount -t sysfs sysfs /sys
 mount -t tracefs nodev /sys/kernel/tracing
 mount -t tmpfs tmpfs /tmp
 ulimit -l unlimited
+# A progress bar drawn on the console would break its lines: draw any at once, so
+# that a run does not depend on how slow the guest is.
+export UTRACE_PROGRESS_AFTER_MS=0
 # A hung test still ends the boot.
 (sleep 200; echo "UTRACE-VM: TIMEOUT"; poweroff -f) &
 echo "UTRACE-VM: START kernel $(uname -r) $(grep -m1 Features /proc/cpuinfo | tr -s ' \t' ' ')"
@@ -92,15 +95,17 @@ fails=0
             .collect::<Vec<_>>()
             .join(" ");
         // A loosely checked program's records are too many for the serial console.
+        // The readers' stderr goes into the pipes: on the console (a terminal) a slow
+        // read would draw a progress bar whose clearing escape starts the next line.
         let head = if p.loose.is_some() { " | head -20" } else { "" };
         s.push_str(&format!(
             r#"echo "UTRACE-VM: RUN {n}"
 /tracer record -o /tmp/{n}.utrace -- {cmd}
 rc=$?
 echo "UTRACE-VM: EXIT {n} $rc"
-/tracer report /tmp/{n}.utrace | sed 's/^/UTRACE-REPORT {n} /'
-/tracer dump /tmp/{n}.utrace{head} | sed 's/^/UTRACE-DUMP {n} /'
-if [ "$rc" = {code} ] && /tracer report /tmp/{n}.utrace | grep -q ", dropped: 0, read errors: 0"; then
+/tracer report /tmp/{n}.utrace 2>&1 | sed 's/^/UTRACE-REPORT {n} /'
+/tracer dump /tmp/{n}.utrace 2>&1{head} | sed 's/^/UTRACE-DUMP {n} /'
+if [ "$rc" = {code} ] && /tracer report /tmp/{n}.utrace 2>&1 | grep -q ", dropped: 0, read errors: 0"; then
     echo "UTRACE-VM: RESULT {n} ok"
 else
     echo "UTRACE-VM: RESULT {n} bad"; fails=$((fails+1))
