@@ -20,11 +20,10 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// Whether `tool` runs; if not, the test fails unless the run allows it to skip
+/// (`tests::skip`).
 fn have(tool: &str) -> bool {
-    Command::new(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
+    tests::skip::require(tool, tests::skip::runs(tool), "rewriter flow test")
 }
 
 fn run(cmd: &mut Command) {
@@ -370,7 +369,6 @@ const MODES: [(&str, &[&str], &[&str]); 4] = [
 fn switch_tables_x86_64() {
     for cc in ["gcc", "clang"] {
         if !have(cc) {
-            eprintln!("skipping {cc}: not installed");
             continue;
         }
         for opt in ["-O0", "-O2", "-O3"] {
@@ -403,7 +401,6 @@ fn switch_tables_x86_64() {
 fn switch_tables_aarch64() {
     let cc = "aarch64-linux-gnu-gcc";
     if !have(cc) {
-        eprintln!("skipping: {cc} not installed");
         return;
     }
     for opt in ["-O2", "-O0"] {
@@ -419,7 +416,6 @@ fn switch_tables_aarch64() {
 fn landing_pads_x86_64() {
     for cc in ["g++", "clang++"] {
         if !have(cc) {
-            eprintln!("skipping {cc}: not installed");
             continue;
         }
         for opt in ["-O0", "-O2"] {
@@ -444,7 +440,6 @@ fn landing_pads_x86_64() {
 fn landing_pads_aarch64() {
     let cc = "aarch64-linux-gnu-gcc";
     if !have(cc) {
-        eprintln!("skipping: {cc} not installed");
         return;
     }
     for (mode, cf, lf) in [MODES[0], MODES[2]] {
@@ -542,7 +537,6 @@ fn check_tail_calls(cc: &str, tag: &str, cflags: &[&str], ldflags: &[&str], min:
 fn tail_calls_x86_64() {
     for cc in ["gcc", "clang"] {
         if !have(cc) {
-            eprintln!("skipping {cc}: not installed");
             continue;
         }
         for (mode, cf, lf) in MODES {
@@ -589,7 +583,6 @@ fn switch_dispatch_is_never_a_tail_call() {
 fn computed_gotos_x86_64() {
     for cc in ["gcc", "clang"] {
         if !have(cc) {
-            eprintln!("skipping {cc}: not installed");
             continue;
         }
         let tag = format!("cgoto-{cc}");
@@ -620,7 +613,6 @@ fn computed_gotos_x86_64() {
 #[test]
 fn unbounded_table_through_a_cold_part() {
     if !have("gcc") {
-        eprintln!("skipping: gcc not installed");
         return;
     }
     let b = build("gcc", "coldtable.c", "coldtable", &["-O2"], &[]);

@@ -27,16 +27,10 @@ pub fn tracer_record(trace: &Path, prog: &Path, args: &[&str], env: &[(&str, &Os
     tracer_record_with(&[], trace, prog, args, env)
 }
 
-/// Whether qemu-aarch64 can run (else AArch64 tests skip, saying so).
+/// Whether qemu-aarch64 can run; if not, the test fails unless the run allows it to
+/// skip (`crate::skip`).
 pub fn have_qemu_aarch64(what: &str) -> bool {
-    let ok = Command::new("qemu-aarch64")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("SKIP {what}: qemu-aarch64 not installed (apt-get install qemu-user)");
-    }
-    ok
+    crate::skip::require("qemu-aarch64", crate::skip::runs("qemu-aarch64"), what)
 }
 
 /// The arm64 sysroot of Debian's cross toolchain, for qemu-aarch64 `-L`.

@@ -32,17 +32,10 @@ const GCC: &str = "aarch64-linux-gnu-gcc";
 /// is flushed (and discarded).
 const BUF_RECORDS: &str = "65536";
 
-fn have(tool: &str) -> bool {
-    Command::new(tool)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-/// (compiler, its target flags), or None (skip) when the toolchain or qemu is missing.
+/// (compiler, its target flags), or None when the toolchain or qemu is missing and
+/// the run allows that (`tests::skip`; otherwise the test fails).
 fn toolchain(cc: &str, dir: &Path, flags: &[&str]) -> Option<Vec<String>> {
-    if !have("qemu-aarch64") {
-        eprintln!("SKIP: qemu-aarch64 not installed (apt-get install qemu-user)");
+    if !have_qemu_aarch64(&format!("AArch64 {cc} {}", flags.join(" "))) {
         return None;
     }
     let mut f: Vec<String> = match cc {
@@ -51,11 +44,8 @@ fn toolchain(cc: &str, dir: &Path, flags: &[&str]) -> Option<Vec<String>> {
     };
     f.extend(flags.iter().map(|s| s.to_string()));
     let probe: Vec<&str> = f.iter().map(String::as_str).collect();
-    if !can_link(cc, &probe, dir) {
-        eprintln!(
-            "SKIP: {cc} {} cannot link an AArch64 program",
-            probe.join(" ")
-        );
+    let what = format!("{cc} {} linking an AArch64 program", probe.join(" "));
+    if !tests::skip::require(cc, can_link(cc, &probe, dir), &what) {
         return None;
     }
     Some(f)

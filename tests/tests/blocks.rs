@@ -224,13 +224,6 @@ fn memory_clang_o2() {
 const SYSROOT: &str = "/usr/aarch64-linux-gnu";
 const A64_CC: &str = "aarch64-linux-gnu-gcc";
 
-fn have_qemu() -> bool {
-    Command::new("qemu-aarch64")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 /// `tracer record --user --binary PROG -- qemu-aarch64 -L SYSROOT PROG ARGS`.
 fn trace_a64(trace: &Path, prog: &Path, args: &[&str]) -> (Out, Vec<Rec>) {
     let out = tracer_record_qemu(trace, prog, args);
@@ -244,8 +237,7 @@ fn trace_a64(trace: &Path, prog: &Path, args: &[&str]) -> (Out, Vec<Rec>) {
 /// logs every instruction executed: an oracle independent of the rewriter).
 fn a64_block_case(opt: &str) {
     let what = format!("blocks AArch64 gcc {opt}");
-    if !have_qemu() {
-        eprintln!("SKIP {what}: qemu-aarch64 not installed");
+    if !have_qemu_aarch64(&what) {
         return;
     }
     let tmp = TempDir::new(&format!("blocks-a64{opt}"));
@@ -330,8 +322,7 @@ fn blocks_aarch64_o2() {
 
 fn a64_memory_case(opt: &str) {
     let what = format!("memory AArch64 gcc {opt}");
-    if !have_qemu() {
-        eprintln!("SKIP {what}: qemu-aarch64 not installed");
+    if !have_qemu_aarch64(&what) {
         return;
     }
     let tmp = TempDir::new(&format!("mem-a64{opt}"));
@@ -390,8 +381,7 @@ fn all_kinds_case(a64: bool, opt: &str, time: &str) {
         "all kinds {} {opt} --time {time}",
         if a64 { "AArch64" } else { "x86-64" }
     );
-    if a64 && !have_qemu() {
-        eprintln!("SKIP {what}: qemu-aarch64 not installed");
+    if a64 && !have_qemu_aarch64(&what) {
         return;
     }
     let tmp = TempDir::new(&format!("allkinds-{a64}{opt}"));

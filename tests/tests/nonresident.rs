@@ -59,8 +59,8 @@ struct Run {
     stats: serde_json::Value,
 }
 
-/// Record the fixture in `mode`; None (after saying why) when the kernel has no
-/// sleepable uprobes, so the flush program is the plain one.
+/// Record the fixture in `mode`; None when the kernel has no sleepable uprobes (the
+/// flush program is then the plain one) and the run allows that (`tests::skip`).
 fn record(tmp: &TempDir, traced: &Path, flush: &str, mode: &str) -> Option<Run> {
     let trace = tmp.join(format!("{mode}.utrace"));
     let out = tracer_record(
@@ -70,11 +70,12 @@ fn record(tmp: &TempDir, traced: &Path, flush: &str, mode: &str) -> Option<Run> 
         &[("RUST_LOG", "info".as_ref())],
     );
     assert_eq!(out.status(), 0, "{}", out.describe());
-    if out.stderr_str().contains("no sleepable flush program") {
-        eprintln!(
-            "SKIP nonresident {mode}: the kernel has no sleepable uprobes: {}",
-            out.stderr_str()
-        );
+    let sleepable = !out.stderr_str().contains("no sleepable flush program");
+    if !tests::skip::require(
+        "sleepable-uprobes",
+        sleepable,
+        &format!("nonresident {mode}"),
+    ) {
         return None;
     }
     let recs = dump(&trace);

@@ -13,7 +13,7 @@
 //! counts against the oracle for chosen SQLite functions; entry counts against the
 //! oracle for sort). The same for two more programs whose code lives in shared
 //! libraries: `bzip2` (libbz2) and `jq` (libjq and libonig). The per-kind coverage is
-//! printed and held to floors.
+//! printed and held to floors that binutils derive from each binary (`Derived`).
 //!
 //! Under the tracer, libraries are rewritten again with only the functions whose sites
 //! are all inline plus a few chosen ones (`functions_for_tracing`): the tracer detaches
@@ -28,8 +28,8 @@
 //! `sqlite3` shell exports no function at all and the rewriter refuses it, so the
 //! original shell runs with the rewritten library (LD_LIBRARY_PATH).
 //!
-//! A missing program skips its test (with a message): they are Debian packages
-//! (coreutils, sqlite3, bzip2, jq), not part of the repository.
+//! The programs are Debian packages (coreutils, sqlite3, bzip2, jq) that `cargo xtask
+//! setup` installs: a missing one fails its test (`tests::skip`).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -45,64 +45,18 @@ const SORT: &str = "/usr/bin/sort";
 const SQLITE3: &str = "/usr/bin/sqlite3";
 const LIBSQLITE3: &str = "/usr/lib/x86_64-linux-gnu/libsqlite3.so.0";
 
-/// Coverage floors, measured when the test was written (sort: 6 sites, all inline;
-/// libsqlite3 3.40.1: 1370 sites, all inline) minus a small margin.
-const SORT_MIN_SITES: u64 = 6;
-const SORT_MIN_INLINE: u64 = 6;
-const LIBSQLITE3_MIN_SITES: u64 = 1370;
-const LIBSQLITE3_MIN_INLINE: u64 = 1350;
-
 /// Every site kind.
 const ALL_KINDS: &str = "entry,exit,block,memory";
 
-/// Per-kind coverage floors: (kind, sites, inline sites).
-type KindFloors = [(SiteKind, u64, u64)];
-
-/// Per-kind coverage floors with every kind: (kind, sites, inline sites), measured when
-/// the test was written minus a small margin. sort: entry 6/6, exit 7/7, block 51/44,
-/// memory 51/48 (sites/inline).
-const SORT_KIND_FLOORS: &KindFloors = &[
-    (SiteKind::FunctionEntry, 6, 6),
-    (SiteKind::FunctionExit, 7, 7),
-    (SiteKind::Block, 51, 44),
-    (SiteKind::Memory, 51, 48),
-];
-/// libsqlite3 3.40.1: entry 1370/1370, exit 1570/1493, block 30098/29023, memory
-/// 31997/31538.
-const LIBSQLITE3_KIND_FLOORS: &KindFloors = &[
-    (SiteKind::FunctionEntry, 1370, 1370),
-    (SiteKind::FunctionExit, 1570, 1480),
-    (SiteKind::Block, 30000, 28700),
-    (SiteKind::Memory, 31900, 31200),
-];
-/// libbz2 1.0.8: entry 33/33, exit 44/44, block 1926/1880, memory 3668/3637.
-const LIBBZ2_KIND_FLOORS: &KindFloors = &[
-    (SiteKind::FunctionEntry, 33, 33),
-    (SiteKind::FunctionExit, 44, 44),
-    (SiteKind::Block, 1920, 1860),
-    (SiteKind::Memory, 3660, 3600),
-];
-/// libjq 1.6: entry 171/171, exit 162/160, block 3404/3362, memory 2831/2828.
-const LIBJQ_KIND_FLOORS: &KindFloors = &[
-    (SiteKind::FunctionEntry, 171, 171),
-    (SiteKind::FunctionExit, 162, 158),
-    (SiteKind::Block, 3400, 3320),
-    (SiteKind::Memory, 2820, 2800),
-];
-/// libonig 6.9.8: entry 282/282, exit 403/398, block 3071/2994, memory 2542/2481.
-const LIBONIG_KIND_FLOORS: &KindFloors = &[
-    (SiteKind::FunctionEntry, 282, 282),
-    (SiteKind::FunctionExit, 400, 390),
-    (SiteKind::Block, 3060, 2960),
-    (SiteKind::Memory, 2540, 2450),
-];
-
+/// Whether every path is installed; a missing one fails the test unless the run allows
+/// it to skip (`tests::skip`, the tool named by the file's name).
 fn present(paths: &[&str]) -> bool {
-    let missing: Vec<&&str> = paths.iter().filter(|p| !Path::new(p).exists()).collect();
-    if !missing.is_empty() {
-        eprintln!("SKIPPED: {missing:?} not installed");
-    }
-    missing.is_empty()
+    paths.iter().all(|p| {
+        let name = Path::new(p)
+            .file_name()
+            .map_or(*p, |n| n.to_str().unwrap_or(p));
+        tests::skip::require(name, Path::new(p).exists(), &format!("{p} installed"))
+    })
 }
 
 fn print_coverage(what: &str, c: &SiteCounts, input: &Path, output: &Path) {
@@ -140,18 +94,21 @@ fn print_kind_coverage(
     }
 }
 
-fn check_kind_floors(what: &str, kinds: &[(SiteKind, SiteCounts)], floors: &KindFloors) {
-    for (k, sites, inline) in floors {
+/// Every kind's sites against the floors binutils derive from `binary` (`Derived`).
+fn check_kind_floors(what: &str, kinds: &[(SiteKind, SiteCounts)], binary: &Path) {
+    let derived = Derived::of(binary);
+    for kind in [
+        SiteKind::FunctionEntry,
+        SiteKind::FunctionExit,
+        SiteKind::Block,
+        SiteKind::Memory,
+    ] {
         let c = kinds
             .iter()
-            .find(|(kk, _)| kk == k)
+            .find(|(k, _)| *k == kind)
             .map(|(_, c)| *c)
-            .unwrap_or_else(|| panic!("{what}: no {} line: {kinds:?}", k.name()));
-        assert!(
-            c.total >= *sites && c.inline >= *inline,
-            "{what}: {} coverage {c:?} below the floor ({sites} sites, {inline} inline)",
-            k.name()
-        );
+            .unwrap_or_else(|| panic!("{what}: no {} line: {kinds:?}", kind.name()));
+        derived.check(what, kind, &c);
     }
 }
 
@@ -264,10 +221,7 @@ fn sort_rewritten_same_output() {
     let traced = tmp.join("sort");
     let (_, counts, meta) = rewrite(sort, Some(&traced), &[]);
     print_coverage("sort", &counts, sort, &traced);
-    assert!(
-        counts.total >= SORT_MIN_SITES && counts.inline >= SORT_MIN_INLINE,
-        "sort: coverage {counts:?} below the floor ({SORT_MIN_SITES} sites, {SORT_MIN_INLINE} inline)"
-    );
+    Derived::of(sort).check("sort", SiteKind::FunctionEntry, &counts);
     // Every site kind, with both timestamp modes.
     let mut rewritten: Vec<(&str, PathBuf, Metadata)> =
         vec![("entries", traced.clone(), meta.clone())];
@@ -279,7 +233,7 @@ fn sort_rewritten_same_output() {
         let (c, kinds, m, _) = rewrite_args(sort, &out, &["--sites", ALL_KINDS, "--time", time]);
         let what = format!("sort ({label})");
         print_kind_coverage(&what, &c, &kinds, sort, &out);
-        check_kind_floors(&what, &kinds, SORT_KIND_FLOORS);
+        check_kind_floors(&what, &kinds, sort);
         rewritten.push((label, out, m));
     }
 
@@ -521,10 +475,7 @@ fn sqlite_rewritten_same_output() {
     let tlib = ld.join("libsqlite3.so.0");
     let (_, counts, meta) = rewrite(lib, Some(&tlib), &[]);
     print_coverage("libsqlite3.so.0", &counts, lib, &tlib);
-    assert!(
-        counts.total >= LIBSQLITE3_MIN_SITES && counts.inline >= LIBSQLITE3_MIN_INLINE,
-        "libsqlite3: coverage {counts:?} below the floor ({LIBSQLITE3_MIN_SITES} sites, {LIBSQLITE3_MIN_INLINE} inline)"
-    );
+    Derived::of(lib).check("libsqlite3", SiteKind::FunctionEntry, &counts);
 
     // The shell: stripped, no function symbol. The rewriter either refuses it cleanly
     // or instruments it; the rest of the test runs whatever it gives.
@@ -769,7 +720,6 @@ fn sqlite_entries_and_exits_pair() {
 struct Lib<'a> {
     /// As the loader finds it.
     path: &'a str,
-    floors: &'a KindFloors,
     /// Functions kept in the rewrite used under the tracer, whatever their uprobe sites.
     keep: &'a [&'a str],
 }
@@ -823,7 +773,7 @@ fn lib_all_kinds(case: &LibCase<'_>) {
                 rewrite_args(orig, &out, &["--sites", ALL_KINDS, "--time", time]);
             let w = format!("{} ({time})", soname.to_string_lossy());
             print_kind_coverage(&w, &c, &kinds, orig, &out);
-            check_kind_floors(&w, &kinds, lib.floors);
+            check_kind_floors(&w, &kinds, orig);
             if time == "record" {
                 full_meta.push(m);
             }
@@ -1011,7 +961,6 @@ fn sqlite_every_kind_same_output() {
         argv0: "sqlite3",
         libs: &[Lib {
             path: LIBSQLITE3,
-            floors: LIBSQLITE3_KIND_FLOORS,
             // sqlite3VdbeMemGrow: a memory access at a branch target before an indirect
             // call through memory (`mov 0x8(%rbx),%rdi; call *0x30(%rbx)` at 0xfaf70),
             // run 300 times by the traced workload.
@@ -1085,7 +1034,6 @@ fn bzip2_every_kind_same_output() {
         argv0: "bzip2",
         libs: &[Lib {
             path: LIBBZ2,
-            floors: LIBBZ2_KIND_FLOORS,
             keep: &[],
         }],
         variants,
@@ -1184,12 +1132,10 @@ fn jq_every_kind_same_output() {
         libs: &[
             Lib {
                 path: LIBJQ,
-                floors: LIBJQ_KIND_FLOORS,
                 keep: &["jq_next"],
             },
             Lib {
                 path: LIBONIG,
-                floors: LIBONIG_KIND_FLOORS,
                 keep: &[],
             },
         ],

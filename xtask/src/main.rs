@@ -49,11 +49,16 @@ enum Task {
     /// build, then `cargo test --release` (the integration tests need root), the fuzz
     /// targets (replay, then 20 s each), difftest of seeds 1 and 2 (csmith C and C++), and
     /// test-arm64-vm. Arguments after `--` go to cargo test, e.g.
-    /// `cargo xtask test -- --test matrix`.
+    /// `cargo xtask test -- --test matrix`. A test that lacks a tool fails, unless
+    /// `--allow-skip TOOL` lets it skip; the summary line counts the skips.
     Test {
-        /// Skip the arm64 VM test.
+        /// Skip the arm64 VM test (the summary line says so).
         #[arg(long)]
         no_arm64_vm: bool,
+        /// Let the tests that need TOOL skip when it is missing (repeatable; the name a
+        /// failing test gives, e.g. qemu-aarch64).
+        #[arg(long = "allow-skip", value_name = "TOOL")]
+        allow_skip: Vec<String>,
         #[arg(last = true)]
         args: Vec<String>,
     },
@@ -83,7 +88,11 @@ fn main() {
             functions,
         } => rewrite(&binary, output.as_deref(), &functions),
         Task::Demo => demo(),
-        Task::Test { no_arm64_vm, args } => test(&args, !no_arm64_vm),
+        Task::Test {
+            no_arm64_vm,
+            allow_skip,
+            args,
+        } => test(&args, !no_arm64_vm, &allow_skip),
         Task::TestArm64Vm(args) => build().and_then(|()| arm64_vm::test_arm64_vm(&args)),
         Task::Bench(args) => bench::bench(&args),
         Task::Fuzz(args) => setup::setup().and_then(|()| fuzz::fuzz(&args)),
@@ -197,7 +206,7 @@ fn demo() -> Result<()> {
     Ok(())
 }
 
-fn test(args: &[String], arm64_vm: bool) -> Result<()> {
+fn test(args: &[String], arm64_vm: bool, allow_skip: &[String]) -> Result<()> {
     if !util::is_root() {
         bail!(
             "`cargo xtask test` must run as root: the integration tests load eBPF programs, \
@@ -208,12 +217,19 @@ fn test(args: &[String], arm64_vm: bool) -> Result<()> {
     // The portability test reads traces with the aarch64 tracer too.
     let a64_tracer = arm64_vm::cross_build_tracer()?;
     println!("== cargo xtask test");
+    let skip_log = util::target_dir().join("xtask/skipped.tsv");
+    if skip_log.exists() {
+        std::fs::remove_file(&skip_log).context("old skip log")?;
+    }
     let st = util::status(
         cmd("cargo")
             // Run every test binary even after a failure; the exit code still says.
             .args(["test", "--release", "--no-fail-fast"])
             .args(args)
             .env("UTRACE_AARCH64_TRACER", &a64_tracer)
+            // A test that lacks a tool fails unless it is allowed here (tests::skip).
+            .env("UTRACE_ALLOW_SKIP", allow_skip.join(","))
+            .env("UTRACE_SKIP_LOG", &skip_log)
             // The tests' sessions cache debug information in a scratch cache.
             .env(
                 "UTRACE_DEBUG_CACHE",
@@ -265,6 +281,33 @@ fn test(args: &[String], arm64_vm: bool) -> Result<()> {
     }
     vm?;
     fuzz?;
-    println!("== all tests passed");
+    println!("== all tests passed; {}", skipped(&skip_log, arm64_vm)?);
     Ok(())
+}
+
+/// What the run skipped: the tests the allowed tools let skip (from the log the tests
+/// append to, `tests::skip`), and the arm64 VM if it was left out.
+fn skipped(log: &Path, arm64_vm: bool) -> Result<String> {
+    let text = match std::fs::read_to_string(log) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e).context("skip log"),
+    };
+    let mut by_tool = std::collections::BTreeMap::<&str, usize>::new();
+    for line in text.lines() {
+        *by_tool
+            .entry(line.split('\t').next().unwrap_or(line))
+            .or_default() += 1;
+    }
+    let n: usize = by_tool.values().sum();
+    let mut s = if n == 0 {
+        "0 skipped".to_string()
+    } else {
+        let tools: Vec<String> = by_tool.iter().map(|(t, k)| format!("{t}: {k}")).collect();
+        format!("{n} SKIPPED (allowed: {})", tools.join(", "))
+    };
+    if !arm64_vm {
+        s.push_str("; the arm64 VM test SKIPPED (--no-arm64-vm)");
+    }
+    Ok(s)
 }

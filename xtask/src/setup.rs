@@ -40,6 +40,8 @@ pub const APT_PACKAGES: &[&str] = &[
     "bpftool",
     // tests/tests/short_lived.rs: the system calls of a program started without a tracer.
     "strace",
+    // tests/tests/trust_limits.rs: the tracer's peak RSS (`/usr/bin/time -f %M`).
+    "time",
     // tests/tests/trust_runtime.rs: setcap/getcap (a program given a file capability).
     "libcap2-bin",
     // `cargo xtask bench --only real`: the peers it is measured against (LTTng-UST's
