@@ -12,14 +12,13 @@ use tracer_common::{
     meta::SiteMode,
 };
 
-use crate::{
-    record::{
-        binaries::{self, Instrumented},
-        credentials::RunAs,
-        gate,
-        target::Target,
-    },
-    tracefile::BinaryInfo,
+use crate::tracefile::BinaryInfo;
+
+use super::{
+    binaries::{self, Instrumented},
+    credentials::RunAs,
+    gate,
+    target::Target,
 };
 
 /// An instrumented binary to trace and, when attaching, where it is loaded.

@@ -416,7 +416,7 @@ pub fn untouched(path: &Path, functions: &[String], usdt: bool) -> Result<Instru
     })
 }
 
-use crate::record::{credentials::RunAs, procdir::ProcDir};
+use super::{credentials::RunAs, procdir::ProcDir};
 
 /// Longest PT_INTERP read (a path).
 const MAX_INTERP_BYTES: u64 = 4096;
@@ -486,7 +486,7 @@ fn parse_ld_list(out: &str) -> Vec<PathBuf> {
 fn shared_libraries(exe: &Path, run_as: Option<&RunAs>) -> Result<Vec<PathBuf>> {
     use std::{os::unix::process::CommandExt, process::Stdio};
 
-    use crate::record::credentials::{ChildError, Launch};
+    use crate::record::session::credentials::{ChildError, Launch};
     let Some(interp) = interpreter(exe)? else {
         return Ok(Vec::new());
     };
