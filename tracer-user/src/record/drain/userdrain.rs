@@ -357,47 +357,53 @@ fn run(st: &mut State, sock: &OwnedFd, main: u32) -> Result<i32> {
                 }
                 continue;
             }
-            if !libc::WIFSTOPPED(status) {
-                continue;
-            }
-            st.seized.add(tid);
-            let sig = libc::WSTOPSIG(status);
-            let event = status >> 16;
-            if event == libc::PTRACE_EVENT_EXEC {
-                // What the old image announced is in the socket already: take it in
-                // before its slots are dropped, so none is listed after.
-                st.drain_socket(sock)?;
-            }
-            st.follow(tid, event);
-            let r = if event == libc::PTRACE_EVENT_EXIT {
-                // Its earlier messages are in the socket already (sendmsg returned).
-                st.drain_socket(sock)?;
-                st.collect_exiting(tid)?;
-                ptrace(libc::PTRACE_CONT, tid, 0)
-            } else if event == libc::PTRACE_EVENT_STOP {
-                match sig {
-                    libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU => {
-                        ptrace(libc::PTRACE_LISTEN, tid, 0)
-                    }
-                    _ => ptrace(libc::PTRACE_CONT, tid, 0),
-                }
-            } else if event != 0 {
-                ptrace(libc::PTRACE_CONT, tid, 0)
-            } else {
-                // A signal on its way to the task: deliver it.
-                ptrace(libc::PTRACE_CONT, tid, sig as usize)
-            };
-            // ESRCH: the task was killed meanwhile (SIGKILL, exit_group).
-            if let Err(e) = r
-                && e.raw_os_error() != Some(libc::ESRCH)
-            {
-                return Err(e).context(format!("ptrace(CONT) of {tid}"));
+            if libc::WIFSTOPPED(status) {
+                st.stopped(sock, tid, status)?;
             }
         }
     }
 }
 
 impl State {
+    /// Task `tid` stopped (`status`): follow what it did, collect its slots at its
+    /// exit, and let it go on.
+    fn stopped(&mut self, sock: &OwnedFd, tid: u32, status: i32) -> Result<()> {
+        self.seized.add(tid);
+        let sig = libc::WSTOPSIG(status);
+        let event = status >> 16;
+        if event == libc::PTRACE_EVENT_EXEC {
+            // What the old image announced is in the socket already: take it in
+            // before its slots are dropped, so none is listed after.
+            self.drain_socket(sock)?;
+        }
+        self.follow(tid, event);
+        let r = if event == libc::PTRACE_EVENT_EXIT {
+            // Its earlier messages are in the socket already (sendmsg returned).
+            self.drain_socket(sock)?;
+            self.collect_exiting(tid)?;
+            ptrace(libc::PTRACE_CONT, tid, 0)
+        } else if event == libc::PTRACE_EVENT_STOP {
+            match sig {
+                libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU => {
+                    ptrace(libc::PTRACE_LISTEN, tid, 0)
+                }
+                _ => ptrace(libc::PTRACE_CONT, tid, 0),
+            }
+        } else if event != 0 {
+            ptrace(libc::PTRACE_CONT, tid, 0)
+        } else {
+            // A signal on its way to the task: deliver it.
+            ptrace(libc::PTRACE_CONT, tid, sig as usize)
+        };
+        // ESRCH: the task was killed meanwhile (SIGKILL, exit_group).
+        if let Err(e) = r
+            && e.raw_os_error() != Some(libc::ESRCH)
+        {
+            return Err(e).context(format!("ptrace(CONT) of {tid}"));
+        }
+        Ok(())
+    }
+
     /// Keep [`Seized`] up to date at a ptrace event stop of `tid`.
     fn follow(&mut self, tid: u32, event: i32) {
         match event {
