@@ -5,7 +5,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use tracer_common::{MAX_BUF_RECORDS, RECORD_SIZE, SLOT_SIZE, Slot};
-use tracer_user::record::target_data::{Message, SlotSpan, parse_message, slot_span};
+use tracer_user::record::drain::target_data::{Message, SlotSpan, parse_message, slot_span};
 
 fuzz_target!(|data: &[u8]| {
     if let Message::Records(h, records) = parse_message(data) {

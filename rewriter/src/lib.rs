@@ -15,7 +15,6 @@ pub mod isa;
 pub mod layout;
 pub mod options;
 pub mod plan;
-pub mod progress;
 pub mod select;
 
 use std::io::Write as _;
@@ -24,7 +23,6 @@ use std::path::Path;
 pub use emit::Report;
 pub use error::{Error, Result};
 pub use options::{Options, Progress};
-pub use select::demangle::demangle;
 pub use select::{spec, usdt};
 pub use tracer_common::meta::{FallbackReason, SiteKind, TimeMode};
 

@@ -93,7 +93,7 @@ fn main() -> ExitCode {
     opts.buf_records = args.buffer_records.unwrap_or(opts.buf_records);
     opts.force_uprobe = args.force_uprobe;
     // A progress bar over the functions of each stage (a terminal only, long jobs only).
-    let bar = std::sync::Arc::new(std::sync::Mutex::new(rewriter::progress::Bar::new(
+    let bar = std::sync::Arc::new(std::sync::Mutex::new(present::progress::Bar::new(
         0,
         "{msg:>13} [{bar:40}] {pos}/{len} functions",
         String::new(),

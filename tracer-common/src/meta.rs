@@ -601,6 +601,81 @@ fn parse_operands(
     Ok((out, o))
 }
 
+/// The magic, version and length of a descriptor's fixed header.
+fn check_header(b: &[u8]) -> Result<(), MetaError> {
+    if b.len() < 12 {
+        return Err(MetaError::Truncated("header"));
+    }
+    if b[..8] != META_MAGIC {
+        return Err(MetaError::BadMagic);
+    }
+    let version = le_u32(b, 8);
+    if version != META_VERSION {
+        return Err(MetaError::UnsupportedVersion(version));
+    }
+    if b.len() < HEADER_LEN {
+        return Err(MetaError::Truncated("header"));
+    }
+    Ok(())
+}
+
+/// The `nsites` sites after the header, named from `strtab`, and the bytes their names
+/// take.
+fn parse_sites(b: &[u8], nsites: usize, strtab: &[u8]) -> Result<(Vec<Site>, u64), MetaError> {
+    let strtab_len = strtab.len();
+    decoded::<Site>(nsites, 0)?;
+    let mut names = 0u64;
+    let mut sites = Vec::with_capacity(nsites);
+    for i in 0..nsites {
+        let o = HEADER_LEN + i * SITE_LEN;
+        let name_off = le_u32(b, o + 20) as usize;
+        let bad = || MetaError::BadSite(i as u32);
+        let name_bytes = strtab.get(name_off..).ok_or_else(bad)?;
+        let end = name_bytes.iter().position(|&c| c == 0).ok_or_else(bad)?;
+        // Each name is materialised: together they may not take more than the
+        // table they come from (checked before the copy, so a refused note costs
+        // at most two scans of its table).
+        names += end as u64 + 1;
+        if names > strtab_len as u64 {
+            return Err(MetaError::TooLarge(TooLarge::Names {
+                bytes: names,
+                strtab: strtab_len as u64,
+            }));
+        }
+        sites.push(Site {
+            vaddr: le_u64(b, o),
+            file_off: le_u64(b, o + 8),
+            id: le_u32(b, o + 16),
+            name: String::from_utf8_lossy(&name_bytes[..end]).into_owned(),
+            kind: SiteKind::from_u8(b[o + 24]).ok_or_else(bad)?,
+            mode: SiteMode::from_u8(b[o + 25]).ok_or_else(bad)?,
+            nargs: b[o + 26],
+        });
+    }
+    Ok((sites, names))
+}
+
+/// The semaphore table, 4-aligned after the string table that ends at `total`, and
+/// where it ends.
+fn parse_semaphores(b: &[u8], total: usize) -> Result<(Vec<Semaphore>, usize), MetaError> {
+    let nsem = le_u32(b, 148) as usize;
+    let sem_at = total.div_ceil(4) * 4;
+    let sem_end = nsem
+        .checked_mul(16)
+        .and_then(|n| n.checked_add(sem_at))
+        .ok_or(MetaError::Truncated("semaphores"))?;
+    if b.len() < sem_end {
+        return Err(MetaError::Truncated("semaphores"));
+    }
+    let semaphores = (0..nsem)
+        .map(|i| Semaphore {
+            anchor_file_off: le_u64(b, sem_at + 16 * i),
+            semaphore_file_off: le_u64(b, sem_at + 16 * i + 8),
+        })
+        .collect();
+    Ok((semaphores, sem_end))
+}
+
 impl Metadata {
     /// `BUF_*` of this binary's buffers.
     pub fn buf_kind(&self) -> u32 {
@@ -629,6 +704,38 @@ impl Metadata {
             strtab.push(0);
         }
         let mut out = Vec::with_capacity(HEADER_LEN + self.sites.len() * SITE_LEN + strtab.len());
+        self.put_header(&mut out, strtab.len());
+        for (s, name_off) in self.sites.iter().zip(name_offs) {
+            out.extend_from_slice(&s.vaddr.to_le_bytes());
+            out.extend_from_slice(&s.file_off.to_le_bytes());
+            out.extend_from_slice(&s.id.to_le_bytes());
+            out.extend_from_slice(&name_off.to_le_bytes());
+            out.push(s.kind as u8);
+            out.push(s.mode as u8);
+            out.push(s.nargs);
+            out.extend_from_slice(&[0u8; 5]);
+        }
+        out.extend_from_slice(&strtab);
+        while out.len() % 4 != 0 {
+            out.push(0);
+        }
+        for m in &self.semaphores {
+            out.extend_from_slice(&m.anchor_file_off.to_le_bytes());
+            out.extend_from_slice(&m.semaphore_file_off.to_le_bytes());
+        }
+        // Left out when empty: such metadata is byte for byte what older rewriters
+        // wrote. The reason table follows the operand table, so that one is then there.
+        if !self.operands.is_empty() || !reasons.is_empty() {
+            self.put_operands(&mut out);
+        }
+        if !reasons.is_empty() {
+            put_reasons(&mut out, reasons);
+        }
+        out
+    }
+
+    /// The fixed header: magic, counts, build-id, geometry, addresses.
+    fn put_header(&self, out: &mut Vec<u8>, strtab_len: usize) {
         out.extend_from_slice(&META_MAGIC);
         for v in [
             META_VERSION,
@@ -636,7 +743,7 @@ impl Metadata {
             self.record_version,
             self.record_size,
             self.sites.len() as u32,
-            strtab.len() as u32,
+            strtab_len as u32,
             self.build_id.len().min(32) as u32,
         ] {
             out.extend_from_slice(&v.to_le_bytes());
@@ -663,45 +770,23 @@ impl Metadata {
         out.extend_from_slice(&(self.time_mode as u32).to_le_bytes());
         out.extend_from_slice(&(self.semaphores.len() as u32).to_le_bytes());
         debug_assert_eq!(out.len(), HEADER_LEN);
-        for (s, name_off) in self.sites.iter().zip(name_offs) {
-            out.extend_from_slice(&s.vaddr.to_le_bytes());
-            out.extend_from_slice(&s.file_off.to_le_bytes());
-            out.extend_from_slice(&s.id.to_le_bytes());
-            out.extend_from_slice(&name_off.to_le_bytes());
-            out.push(s.kind as u8);
-            out.push(s.mode as u8);
-            out.push(s.nargs);
-            out.extend_from_slice(&[0u8; 5]);
-        }
-        out.extend_from_slice(&strtab);
-        while out.len() % 4 != 0 {
-            out.push(0);
-        }
-        for m in &self.semaphores {
-            out.extend_from_slice(&m.anchor_file_off.to_le_bytes());
-            out.extend_from_slice(&m.semaphore_file_off.to_le_bytes());
-        }
-        // Left out when empty: such metadata is byte for byte what older rewriters
-        // wrote. The reason table follows the operand table, so that one is then there.
-        if !self.operands.is_empty() || !reasons.is_empty() {
-            out.extend_from_slice(&(self.operands.len() as u32).to_le_bytes());
-            for so in &self.operands {
-                let n = usize::from(so.set.count).min(MAX_OPERANDS);
-                out.extend_from_slice(&so.site.to_le_bytes());
-                out.extend_from_slice(&so.set.flags.to_le_bytes());
-                out.extend_from_slice(&[n as u8, 0, 0, 0]);
-                for op in &so.set.ops[..n] {
-                    out.extend_from_slice(&[
-                        op.kind, op.base, op.index, op.shift, op.size, op.flags, 0, 0,
-                    ]);
-                    out.extend_from_slice(&op.disp.to_le_bytes());
-                }
+    }
+
+    /// The operand table: its count, then each site's operand set.
+    fn put_operands(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&(self.operands.len() as u32).to_le_bytes());
+        for so in &self.operands {
+            let n = usize::from(so.set.count).min(MAX_OPERANDS);
+            out.extend_from_slice(&so.site.to_le_bytes());
+            out.extend_from_slice(&so.set.flags.to_le_bytes());
+            out.extend_from_slice(&[n as u8, 0, 0, 0]);
+            for op in &so.set.ops[..n] {
+                out.extend_from_slice(&[
+                    op.kind, op.base, op.index, op.shift, op.size, op.flags, 0, 0,
+                ]);
+                out.extend_from_slice(&op.disp.to_le_bytes());
             }
         }
-        if !reasons.is_empty() {
-            put_reasons(&mut out, reasons);
-        }
-        out
     }
 
     /// The fallback reasons stored in a note descriptor (empty for metadata written
@@ -731,19 +816,7 @@ impl Metadata {
 
     /// Parse a note descriptor.
     pub fn parse(b: &[u8]) -> Result<Self, MetaError> {
-        if b.len() < 12 {
-            return Err(MetaError::Truncated("header"));
-        }
-        if b[..8] != META_MAGIC {
-            return Err(MetaError::BadMagic);
-        }
-        let version = le_u32(b, 8);
-        if version != META_VERSION {
-            return Err(MetaError::UnsupportedVersion(version));
-        }
-        if b.len() < HEADER_LEN {
-            return Err(MetaError::Truncated("header"));
-        }
+        check_header(b)?;
         let nsites = le_u32(b, 24) as usize;
         let strtab_len = le_u32(b, 28) as usize;
         let bid_len = (le_u32(b, 32) as usize).min(32);
@@ -757,51 +830,8 @@ impl Metadata {
         if b.len() < total {
             return Err(MetaError::Truncated("sites"));
         }
-        let strtab = &b[sites_end..total];
-        decoded::<Site>(nsites, 0)?;
-        let mut names = 0u64;
-        let mut sites = Vec::with_capacity(nsites);
-        for i in 0..nsites {
-            let o = HEADER_LEN + i * SITE_LEN;
-            let name_off = le_u32(b, o + 20) as usize;
-            let bad = || MetaError::BadSite(i as u32);
-            let name_bytes = strtab.get(name_off..).ok_or_else(bad)?;
-            let end = name_bytes.iter().position(|&c| c == 0).ok_or_else(bad)?;
-            // Each name is materialised: together they may not take more than the
-            // table they come from (checked before the copy, so a refused note costs
-            // at most two scans of its table).
-            names += end as u64 + 1;
-            if names > strtab_len as u64 {
-                return Err(MetaError::TooLarge(TooLarge::Names {
-                    bytes: names,
-                    strtab: strtab_len as u64,
-                }));
-            }
-            sites.push(Site {
-                vaddr: le_u64(b, o),
-                file_off: le_u64(b, o + 8),
-                id: le_u32(b, o + 16),
-                name: String::from_utf8_lossy(&name_bytes[..end]).into_owned(),
-                kind: SiteKind::from_u8(b[o + 24]).ok_or_else(bad)?,
-                mode: SiteMode::from_u8(b[o + 25]).ok_or_else(bad)?,
-                nargs: b[o + 26],
-            });
-        }
-        let nsem = le_u32(b, 148) as usize;
-        let sem_at = total.div_ceil(4) * 4;
-        let sem_end = nsem
-            .checked_mul(16)
-            .and_then(|n| n.checked_add(sem_at))
-            .ok_or(MetaError::Truncated("semaphores"))?;
-        if b.len() < sem_end {
-            return Err(MetaError::Truncated("semaphores"));
-        }
-        let semaphores = (0..nsem)
-            .map(|i| Semaphore {
-                anchor_file_off: le_u64(b, sem_at + 16 * i),
-                semaphore_file_off: le_u64(b, sem_at + 16 * i + 8),
-            })
-            .collect();
+        let (sites, names) = parse_sites(b, nsites, &b[sites_end..total])?;
+        let (semaphores, sem_end) = parse_semaphores(b, total)?;
         let (operands, _) = parse_operands(b, sem_end, nsites)?;
         decoded::<SiteOperands>(operands.len(), decoded::<Site>(nsites, names)?)?;
         Ok(Metadata {

@@ -141,6 +141,20 @@ fn name_one(st: &mut StringState, ptr: u64) {
         remember(st, i, ptr);
         return;
     }
+    if !probe(st, ptr) {
+        remember(st, i, ptr);
+        return;
+    }
+    if send(st, ptr) {
+        let _ = STRINGS.insert(&st.key, &st.probe, 0);
+        remember(st, i, ptr);
+    }
+}
+
+/// Read the first bytes at `ptr` into the probe and its status; false when they are
+/// what this process sent for `ptr` before (or it is unreadable now and was not then).
+#[inline(always)]
+fn probe(st: &mut StringState, ptr: u64) -> bool {
     fill(&mut st.probe, 0);
     // SAFETY: the probe is STRING_PROBE_BYTES of map memory; the helper checks `ptr`.
     let n = unsafe {
@@ -157,8 +171,7 @@ fn name_one(st: &mut StringState, ptr: u64) {
         // exit, before the last drain) keeps the string it held: nothing is there now.
         // SAFETY: `seen` is a live map value, compared at once.
         if n < 0 || unsafe { same(seen, &st.probe) } {
-            remember(st, i, ptr);
-            return;
+            return false;
         }
         st.status |= STRING_CHANGED as u64;
     }
@@ -166,9 +179,16 @@ fn name_one(st: &mut StringState, ptr: u64) {
         // No string reads as all ones (its last byte would be the NUL).
         fill(&mut st.probe, u64::MAX);
     }
+    true
+}
+
+/// Send the string at `ptr` as a `StringChunk`; false when it was not sent (no room,
+/// or the memory changed since [`probe`]).
+#[inline(always)]
+fn send(st: &mut StringState, ptr: u64) -> bool {
     let Some(mut entry) = EVENTS.reserve::<StringChunk>(0) else {
         // Not remembered: a later drain sends it.
-        return;
+        return false;
     };
     let p = entry.as_mut_ptr();
     // SAFETY: the reservation is one StringChunk; the helper writes at most
@@ -196,7 +216,7 @@ fn name_one(st: &mut StringState, ptr: u64) {
         let first = st.status as u32;
         if (full < 0) != (first & STRING_UNREADABLE != 0) {
             entry.discard(0);
-            return;
+            return false;
         }
         (*p).len = if full > 0 { full as u32 } else { 0 };
         (*p).status = if full as usize >= STRING_BYTES {
@@ -206,8 +226,7 @@ fn name_one(st: &mut StringState, ptr: u64) {
         };
     }
     entry.submit(0);
-    let _ = STRINGS.insert(&st.key, &st.probe, 0);
-    remember(st, i, ptr);
+    true
 }
 
 /// `ptr` was read in this drain.

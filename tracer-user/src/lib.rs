@@ -1,6 +1,6 @@
 //! The tracer's stages, in the order a record travels: `record` → `tracefile` → `read`
-//! → `views`; `tracefile`, `debuginfo` and `probes` are the layers both ends share. A module uses
-//! only its own stage and the layers below it. The `tracer` binary (`main.rs`) is the
+//! → `views`; `tracefile`, `debuginfo`, `probes` and `wording` are the layers both ends
+//! share. A module uses only its own stage and the layers below it. The `tracer` binary (`main.rs`) is the
 //! CLI over them; the fuzz targets (`fuzz/`) drive the parsers directly.
 
 pub mod debuginfo;
@@ -9,3 +9,4 @@ pub mod read;
 pub mod record;
 pub mod tracefile;
 pub mod views;
+pub mod wording;

@@ -245,7 +245,7 @@ fn run_record(args: RecordArgs) -> Result<i32> {
             live: None,
             run_as,
         };
-        return record::userdrain::record(opts, command);
+        return record::record_user(opts, command);
     }
     let target = match (pid, command.is_empty()) {
         _ if system_wide => Target::SystemWide { duration },

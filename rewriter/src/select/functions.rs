@@ -1,9 +1,9 @@
 //! Which functions become sites (never `__restore_rt`, never split-off `.cold`/`.warm`
 //! parts).
 
-use super::demangle::demangle;
 use crate::elf::read::{Function, Input};
 use crate::error::{Error, Result};
+use present::demangle;
 
 /// Functions that must never be patched: the unwinder recognises the signal-return
 /// trampoline by its exact bytes.

@@ -1,8 +1,7 @@
 //! Which functions and sites are instrumented: the symbol and FDE function list and the
 //! `--functions` globs ([`functions`]), the TOML spec ([`spec`]), USDT probe notes
-//! ([`usdt`]) and symbol demangling ([`demangle`]).
+//! ([`usdt`]); globs also match demangled names (`present::demangle`).
 
-pub mod demangle;
 pub mod functions;
 pub mod parts;
 pub mod spec;

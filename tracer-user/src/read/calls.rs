@@ -499,31 +499,43 @@ impl Calls {
 
     /// An entry of function `f` or an exit of the open call named `key`, at `time_ns`.
     fn step(&mut self, ev: &Event, f: usize, key: u64, entry: bool, time_ns: u64) -> Step {
-        let stack = self.stacks.entry((ev.pid, ev.tid)).or_default();
         if entry {
-            let node = match &mut self.folded {
-                Some(tree) => tree.child(stack.last().map_or(0, |fr| fr.node), f),
-                None => 0,
-            };
-            stack.push(Frame {
-                function: f,
-                key,
-                start_ns: time_ns,
-                child_ns: 0,
-                credited: 0,
-                node,
-                below: NONE,
-                lang_below: NONE,
-                frame: match key & LANG_KEY {
-                    0 => tracer_common::frame_bits(ev.rec.flags),
-                    _ => None,
-                },
-            });
-            return Step {
-                began: Some(f),
-                ..Step::default()
-            };
+            self.enter(ev, f, key, time_ns)
+        } else {
+            self.exit(ev, key, time_ns)
         }
+    }
+
+    /// An entry of function `f`: a call named `key` opens at `time_ns`.
+    fn enter(&mut self, ev: &Event, f: usize, key: u64, time_ns: u64) -> Step {
+        let stack = self.stacks.entry((ev.pid, ev.tid)).or_default();
+        let node = match &mut self.folded {
+            Some(tree) => tree.child(stack.last().map_or(0, |fr| fr.node), f),
+            None => 0,
+        };
+        stack.push(Frame {
+            function: f,
+            key,
+            start_ns: time_ns,
+            child_ns: 0,
+            credited: 0,
+            node,
+            below: NONE,
+            lang_below: NONE,
+            frame: match key & LANG_KEY {
+                0 => tracer_common::frame_bits(ev.rec.flags),
+                _ => None,
+            },
+        });
+        Step {
+            began: Some(f),
+            ..Step::default()
+        }
+    }
+
+    /// An exit of the open call named `key`, at `time_ns`.
+    fn exit(&mut self, ev: &Event, key: u64, time_ns: u64) -> Step {
+        let stack = self.stacks.entry((ev.pid, ev.tid)).or_default();
         // The nearest open call of the same name; for a return of an interpreted
         // program with none, its innermost open call (their calls nest strictly: a
         // string that changed before the return's buffer was drained renamed it).

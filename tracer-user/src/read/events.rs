@@ -88,7 +88,7 @@ pub fn each_record(
     let end = tracefile::read_stats(path)?.and_then(|s| s.clock_end);
     let mut timeline = Timeline::scan(path)?;
     let mut r = Reader::open(path)?;
-    let mut bar = rewriter::progress::Bar::new(
+    let mut bar = present::progress::Bar::new(
         std::fs::metadata(path).map_or(0, |m| m.len()),
         "{msg} [{bar:40}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta} left)",
         format!("reading {}", path.display()),

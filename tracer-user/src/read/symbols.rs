@@ -39,7 +39,7 @@ fn short(path: &str) -> &str {
 
 /// Demangle a C++ or Rust symbol name (others unchanged).
 pub fn demangle(name: &str) -> Cow<'_, str> {
-    rewriter::demangle(name).map_or(Cow::Borrowed(name), Cow::Owned)
+    present::demangle(name).map_or(Cow::Borrowed(name), Cow::Owned)
 }
 
 struct Loaded {

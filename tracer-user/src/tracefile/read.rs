@@ -156,7 +156,7 @@ impl<R: Read> Reader<R> {
         self.truncated.as_ref()
     }
 
-    fn stop(&mut self, what: &'static str) -> Result<Option<Section>> {
+    fn stop<T>(&mut self, what: &'static str) -> Result<Option<T>> {
         self.truncated = Some(Truncation {
             offset: self.offset,
             what,
@@ -172,6 +172,17 @@ impl<R: Read> Reader<R> {
         if self.truncated.is_some() {
             return Ok(None);
         }
+        let Some((kind, payload)) = self.next_raw()? else {
+            return Ok(None);
+        };
+        let at = format!("{} at byte {}", self.path.display(), self.offset);
+        self.offset += (SECTION_HEADER_LEN + payload.len()) as u64;
+        self.decode(kind, &payload, &at).map(Some)
+    }
+
+    /// The next section's kind and payload, unchecked; None at the end of the file or
+    /// at a truncated section (then [`Reader::truncated`] says so).
+    fn next_raw(&mut self) -> Result<Option<(u32, Vec<u8>)>> {
         let ctx = |r: &Self| format!("{} at byte {}", r.path.display(), r.offset);
         let mut h = [0u8; SECTION_HEADER_LEN];
         let n = read_full(&mut self.r, &mut h).with_context(|| ctx(self))?;
@@ -197,23 +208,25 @@ impl<R: Read> Reader<R> {
         if payload.len() as u64 != len {
             return self.stop("section payload");
         }
-        let at = ctx(self);
-        self.offset += (SECTION_HEADER_LEN + payload.len()) as u64;
-        let section = match kind {
+        Ok(Some((kind, payload)))
+    }
+
+    /// The section of `kind` whose payload is `payload`, found `at` (for messages).
+    fn decode(&mut self, kind: u32, payload: &[u8], at: &str) -> Result<Section> {
+        Ok(match kind {
             SECTION_SESSION => Section::Session(
-                serde_json::from_slice(&payload)
+                serde_json::from_slice(payload)
                     .with_context(|| format!("{at}: bad session section"))?,
             ),
             SECTION_BINARY => Section::Binary(
-                BinaryInfo::decode(&payload)
-                    .with_context(|| format!("{at}: bad binary section"))?,
+                BinaryInfo::decode(payload).with_context(|| format!("{at}: bad binary section"))?,
             ),
             SECTION_CHUNK | SECTION_CHUNK_PACKED => Section::Chunk(
-                chunk(kind, &payload, self.version)
+                chunk(kind, payload, self.version)
                     .with_context(|| format!("{at}: bad chunk section"))?,
             ),
             SECTION_CHUNKS_PACKED if self.version >= 5 => {
-                self.pending = chunk_group(&payload, &mut self.groups)
+                self.pending = chunk_group(payload, &mut self.groups)
                     .with_context(|| format!("{at}: bad chunk group section"))?
                     .into();
                 match self.pending.pop_front() {
@@ -221,59 +234,67 @@ impl<R: Read> Reader<R> {
                     None => bail!("{at}: empty chunk group section"),
                 }
             }
-            SECTION_COMM => {
-                ensure!(
-                    payload.len() == 24,
-                    "{at}: comm section of {} bytes",
-                    payload.len()
-                );
-                let name = payload[8..].split(|&c| c == 0).next().unwrap_or_default();
-                Section::Comm(
-                    u32_at(&payload, 0),
-                    u32_at(&payload, 4),
-                    String::from_utf8_lossy(name).into_owned(),
-                )
-            }
-            SECTION_LOAD => {
-                ensure!(
-                    payload.len() == 24,
-                    "{at}: load section of {} bytes",
-                    payload.len()
-                );
-                Section::Load(
-                    u32_at(&payload, 0),
-                    u64_at(&payload, 8),
-                    u64_at(&payload, 16),
-                )
-            }
-            SECTION_STRING => {
-                let n = payload.len();
-                ensure!(
-                    (STRING_SECTION_FIXED..STRING_SECTION_FIXED + STRING_BYTES).contains(&n),
-                    "{at}: string section of {n} bytes"
-                );
-                let status = u32_at(&payload, 8);
-                ensure!(
-                    status & !STRING_CHANGED <= STRING_UNREADABLE,
-                    "{at}: string section of status {status:#x}"
-                );
-                Section::String(StringAt {
-                    pid: u32_at(&payload, 0),
-                    tid: u32_at(&payload, 4),
-                    status,
-                    ptr: u64_at(&payload, 16),
-                    drain_time: u64_at(&payload, 24),
-                    text: string_text(&payload[STRING_SECTION_FIXED..], status),
-                })
-            }
+            SECTION_COMM => comm_section(payload, at)?,
+            SECTION_LOAD => load_section(payload, at)?,
+            SECTION_STRING => string_section(payload, at)?,
             SECTION_STATS => Section::Stats(
-                serde_json::from_slice(&payload)
+                serde_json::from_slice(payload)
                     .with_context(|| format!("{at}: bad stats section"))?,
             ),
             other => Section::Unknown(other),
-        };
-        Ok(Some(section))
+        })
     }
+}
+
+/// A comm section: (pid, tid, thread name).
+fn comm_section(payload: &[u8], at: &str) -> Result<Section> {
+    ensure!(
+        payload.len() == 24,
+        "{at}: comm section of {} bytes",
+        payload.len()
+    );
+    let name = payload[8..].split(|&c| c == 0).next().unwrap_or_default();
+    Ok(Section::Comm(
+        u32_at(payload, 0),
+        u32_at(payload, 4),
+        String::from_utf8_lossy(name).into_owned(),
+    ))
+}
+
+/// A load section: (pid, binary id, load bias).
+fn load_section(payload: &[u8], at: &str) -> Result<Section> {
+    ensure!(
+        payload.len() == 24,
+        "{at}: load section of {} bytes",
+        payload.len()
+    );
+    Ok(Section::Load(
+        u32_at(payload, 0),
+        u64_at(payload, 8),
+        u64_at(payload, 16),
+    ))
+}
+
+/// A string section: what a USDT string argument's pointer held when drained.
+fn string_section(payload: &[u8], at: &str) -> Result<Section> {
+    let n = payload.len();
+    ensure!(
+        (STRING_SECTION_FIXED..STRING_SECTION_FIXED + STRING_BYTES).contains(&n),
+        "{at}: string section of {n} bytes"
+    );
+    let status = u32_at(payload, 8);
+    ensure!(
+        status & !STRING_CHANGED <= STRING_UNREADABLE,
+        "{at}: string section of status {status:#x}"
+    );
+    Ok(Section::String(StringAt {
+        pid: u32_at(payload, 0),
+        tid: u32_at(payload, 4),
+        status,
+        ptr: u64_at(payload, 16),
+        drain_time: u64_at(payload, 24),
+        text: string_text(&payload[STRING_SECTION_FIXED..], status),
+    }))
 }
 
 /// A string section's text. A truncated string may end inside a character: that

@@ -25,7 +25,12 @@ use std::{
 use anyhow::{Context, Result};
 use prost::Message;
 
-use crate::read::{calls::Calls, events::each_record, names::Names, symbols::Frame};
+use crate::read::{
+    calls::Calls,
+    events::{Event, each_record},
+    names::Names,
+    symbols::Frame,
+};
 
 #[derive(Clone, PartialEq, Message)]
 pub struct TracePacket {
@@ -476,77 +481,7 @@ pub fn write(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Result
         }
         first_ns = first_ns.min(ev.time_ns);
         last_ns = last_ns.max(ev.time_ns);
-        let thread = (ev.pid, ev.tid, ev.comm);
-        let key = (ev.binary_id, ev.rec.site);
-        // The site's name and source line, asked for once per site: a call's slice
-        // shows its function (outermost frame), an instant its innermost line.
-        let describe = |category: &'static str, innermost: bool| {
-            let frames = names.site_frames(ev.binary_id, ev.rec.site);
-            let at = if innermost {
-                frames.first()
-            } else {
-                frames.last()
-            };
-            (ev.symbol.to_string(), category, at.cloned())
-        };
-        let mut r = Ok(());
-        if let Some(c) = ev.lang {
-            // A call of the interpreted program, on its own track; the probe's record
-            // is an instant too.
-            let step = calls.event(ev);
-            if let Some(f) = step.began {
-                let name = calls.functions[f].function.clone();
-                r = p.event(
-                    thread,
-                    c.time_ns,
-                    EventKind::Begin,
-                    (f as u64, u32::MAX),
-                    true,
-                    || (name, "interpreted call", None),
-                );
-            }
-            for _ in 0..step.abandoned + usize::from(step.completed.is_some()) {
-                r = r.and_then(|()| {
-                    p.event(thread, c.time_ns, EventKind::End, (0, 0), true, || {
-                        (String::new(), "", None)
-                    })
-                });
-            }
-        }
-        match ev.kind {
-            "entry" | "exit" | "landing" | "resume" => {
-                let step = calls.event(ev);
-                if step.began.is_some() {
-                    r = p.event(thread, ev.time_ns, EventKind::Begin, key, false, || {
-                        describe("call", false)
-                    });
-                }
-                let ends =
-                    step.abandoned + usize::from(step.completed.is_some()) + step.unwound.len();
-                for _ in 0..ends {
-                    r = r.and_then(|()| {
-                        p.event(thread, ev.time_ns, EventKind::End, key, false, || {
-                            (String::new(), "", None)
-                        })
-                    });
-                }
-            }
-            kind => {
-                let category = match kind {
-                    "block" => "block",
-                    "memory" => "memory",
-                    "usdt" => "usdt",
-                    "call" => "call site",
-                    _ => "other",
-                };
-                r = r.and_then(|()| {
-                    p.event(thread, ev.time_ns, EventKind::Instant, key, false, || {
-                        describe(category, true)
-                    })
-                });
-            }
-        }
-        if let Err(e) = r {
+        if let Err(e) = record_events(&mut p, &mut calls, ev, names) {
             err = Some(e);
         }
     })?;
@@ -568,6 +503,116 @@ pub fn write(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Result
     }
     log::info!("{} packets", p.packets);
     Ok(())
+}
+
+/// The events of one record: its interpreted call's begin and ends, then its site's.
+fn record_events<W: Write>(
+    p: &mut Writer<W>,
+    calls: &mut Calls,
+    ev: &Event,
+    names: &Names,
+) -> Result<()> {
+    let thread = (ev.pid, ev.tid, ev.comm);
+    let r = match ev.lang {
+        Some(c) => lang_events(p, calls, ev, c.time_ns),
+        None => Ok(()),
+    };
+    match ev.kind {
+        "entry" | "exit" | "landing" | "resume" => call_events(p, calls, ev, names, r),
+        kind => {
+            let category = match kind {
+                "block" => "block",
+                "memory" => "memory",
+                "usdt" => "usdt",
+                "call" => "call site",
+                _ => "other",
+            };
+            let key = (ev.binary_id, ev.rec.site);
+            r.and_then(|()| {
+                p.event(thread, ev.time_ns, EventKind::Instant, key, false, || {
+                    describe(names, ev, category, true)
+                })
+            })
+        }
+    }
+}
+
+/// A call of the interpreted program, on its own track (the probe's record is an
+/// instant too): its begin and the ends of the calls it completes or abandons, at
+/// `time_ns`.
+fn lang_events<W: Write>(
+    p: &mut Writer<W>,
+    calls: &mut Calls,
+    ev: &Event,
+    time_ns: u64,
+) -> Result<()> {
+    let thread = (ev.pid, ev.tid, ev.comm);
+    let step = calls.event(ev);
+    let mut r = Ok(());
+    if let Some(f) = step.began {
+        let name = calls.functions[f].function.clone();
+        r = p.event(
+            thread,
+            time_ns,
+            EventKind::Begin,
+            (f as u64, u32::MAX),
+            true,
+            || (name, "interpreted call", None),
+        );
+    }
+    for _ in 0..step.abandoned + usize::from(step.completed.is_some()) {
+        r = r.and_then(|()| {
+            p.event(thread, time_ns, EventKind::End, (0, 0), true, || {
+                (String::new(), "", None)
+            })
+        });
+    }
+    r
+}
+
+/// A call's slice: its begin, the ends of the calls it completes, abandons or unwinds;
+/// `r` what the record's interpreted call gave (a begin here replaces it, as before).
+fn call_events<W: Write>(
+    p: &mut Writer<W>,
+    calls: &mut Calls,
+    ev: &Event,
+    names: &Names,
+    mut r: Result<()>,
+) -> Result<()> {
+    let thread = (ev.pid, ev.tid, ev.comm);
+    let key = (ev.binary_id, ev.rec.site);
+    let step = calls.event(ev);
+    if step.began.is_some() {
+        r = p.event(thread, ev.time_ns, EventKind::Begin, key, false, || {
+            describe(names, ev, "call", false)
+        });
+    }
+    let ends = step.abandoned + usize::from(step.completed.is_some()) + step.unwound.len();
+    for _ in 0..ends {
+        r = r.and_then(|()| {
+            p.event(thread, ev.time_ns, EventKind::End, key, false, || {
+                (String::new(), "", None)
+            })
+        });
+    }
+    r
+}
+
+/// The site's name and source line, asked for once per site: a call's slice shows its
+/// function (outermost frame), an instant its innermost line.
+fn describe(
+    names: &Names,
+    ev: &Event,
+    category: &'static str,
+    innermost: bool,
+) -> (String, &'static str, Option<Frame>) {
+    let frames = names.site_frames(ev.binary_id, ev.rec.site);
+    let at = if innermost {
+        frames.first()
+    } else {
+        frames.last()
+    };
+    (ev.symbol.to_string(), category, at.cloned())
 }
 
 #[cfg(test)]

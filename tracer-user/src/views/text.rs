@@ -11,6 +11,7 @@ use crate::{
         BinarySummary, Books, CallTimes, FunctionCount, LastRecords, Report, ThreadCount,
         UprobeSite,
     },
+    wording::programs,
 };
 
 /// The report of trace `path` as text.
@@ -358,13 +359,4 @@ fn write_calls(out: &mut impl Write, c: &CallTimes) -> Result<()> {
         )?;
     }
     Ok(())
-}
-
-/// "1 program", "2 programs".
-pub fn programs(n: u64) -> String {
-    if n == 1 {
-        "1 program".into()
-    } else {
-        format!("{n} programs")
-    }
 }

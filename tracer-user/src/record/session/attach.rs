@@ -30,17 +30,20 @@ use tracer_common::{
 use crate::{
     probes,
     record::{
-        binaries::Instrumented,
-        consumer::Pipeline,
-        discover::{Traced, binary_info},
-        filters::Filters,
+        drain::consumer::Pipeline,
         host::{btf, kernel},
-        live::Live,
-        semaphores::Raised,
-        shares::{BinaryRefusal, Shares},
-        target::OnFull,
     },
     tracefile::encode_binary,
+};
+
+use super::{
+    binaries::Instrumented,
+    discover::{Traced, binary_info},
+    filters::Filters,
+    live::Live,
+    semaphores::Raised,
+    shares::{BinaryRefusal, Shares},
+    target::OnFull,
 };
 
 /// How a binary joins the session.

@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Result, bail};
 use tracer_common::ebpf::DEFAULT_RING_BYTES;
 
-use crate::record::filters::FilterSpec;
+use crate::record::session::filters::FilterSpec;
 
 pub enum Target {
     /// Run a command (argv[0] is resolved through PATH).
@@ -40,7 +40,7 @@ pub struct RecordOptions {
     pub live: Option<LiveFeed>,
     /// `--run-as` (or the sudo default): who the command, and its loader asked for its
     /// libraries, run as; None: as the tracer.
-    pub run_as: Option<crate::record::credentials::RunAs>,
+    pub run_as: Option<crate::record::session::credentials::RunAs>,
 }
 
 /// What a live view of the session (`record --live`) is fed: a copy of the trace as it

@@ -16,7 +16,7 @@ use std::os::unix::ffi::OsStrExt;
 use anyhow::{Context, Result, bail};
 use tracer_common::meta::Semaphore;
 
-use crate::record::binaries::HeldFile;
+use crate::record::session::binaries::HeldFile;
 
 const PMU: &str = "/sys/bus/event_source/devices/uprobe";
 /// perf_event_open flag (linux/perf_event.h; not in the libc crate).

@@ -140,19 +140,17 @@ fn consume_loop(
     stop: &AtomicBool,
 ) -> Result<Consumed> {
     raise_priority();
-    let mut seen = Consumed::default();
     let mut fds = vec![ring.as_raw_fd()];
     fds.extend(logger.as_ref().map(|l| l.as_raw_fd()));
-    let mut batch = Vec::with_capacity(BATCH_CAPACITY);
-    // Processes whose records arrived: the first chunk of each is announced like a
-    // mapping, so the session looks at the process (where its binaries are loaded:
-    // return addresses of forked children and static programs become readable).
-    let mut pids: std::collections::HashSet<u32> = std::collections::HashSet::new();
-    let mut last_pid = 0;
-    // Chunks of records packed together; any other section first writes them out, so
-    // the file keeps the ring buffer's order. A group waits for more chunks across
-    // polls, at most GROUP_WAIT.
-    let mut group = ChunkGroup::default();
+    let mut c = Consuming {
+        seen: Consumed::default(),
+        batch: Vec::with_capacity(BATCH_CAPACITY),
+        pids: HashSet::new(),
+        last_pid: 0,
+        group: ChunkGroup::default(),
+        tx,
+        mapped,
+    };
     loop {
         // Read the flag before draining: entries produced before it was set are in
         // the buffer by now, so one more full drain gets everything.
@@ -161,69 +159,103 @@ fn consume_loop(
             poll_readable(&fds, POLL_MS);
         }
         while let Some(item) = ring.next() {
-            let kind = item
-                .get(..4)
-                .map(|k| u32::from_le_bytes([k[0], k[1], k[2], k[3]]));
-            if kind == Some(CHUNK_KIND_MAPPED) {
-                if let (Some(tx), Some(h)) = (&mapped, crate::tracefile::chunk_header(&item)) {
-                    let _ = tx.send((h.pid, h.cause));
-                }
-                continue;
-            }
-            let grouped = match kind {
-                Some(CHUNK_KIND_RECORDS) => group.add(&item, &mut batch),
-                _ => None,
-            };
-            if grouped.is_none() {
-                group.flush(&mut batch);
-            }
-            // Announcements: a section each, no records.
-            let announced = match kind {
-                Some(CHUNK_KIND_COMM) => Some(encode_comm(&item, &mut batch)),
-                Some(CHUNK_KIND_STRING) => Some(encode_string(&item, &mut batch)),
-                _ => None,
-            };
-            if let Some(ok) = announced {
-                seen.bad_entries += u64::from(!ok);
-                continue;
-            }
-            match grouped.or_else(|| encode_chunk(&item, &mut batch)) {
-                Some(h) => {
-                    seen.records += u64::from(h.count);
-                    seen.chunks += 1;
-                    seen.threads.insert((h.pid, h.tid));
-                    if h.pid != last_pid {
-                        last_pid = h.pid;
-                        if pids.insert(h.pid)
-                            && let Some(tx) = &mapped
-                        {
-                            let _ = tx.send((h.pid, FIRST_RECORDS));
-                        }
-                    }
-                }
-                None => seen.bad_entries += 1,
-            }
+            let counted = c.entry(&item);
             drop(item);
-            if batch.len() >= BATCH_BYTES {
-                let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH_CAPACITY));
-                tx.send(full)
-                    .map_err(|_| anyhow!("the writer thread stopped"))?;
+            if counted && c.batch.len() >= BATCH_BYTES {
+                c.send()?;
             }
         }
-        if stopping || group.age().is_some_and(|a| a >= GROUP_WAIT) {
-            group.flush(&mut batch);
+        if stopping || c.group.age().is_some_and(|a| a >= GROUP_WAIT) {
+            c.group.flush(&mut c.batch);
         }
-        if !batch.is_empty() {
-            let b = std::mem::replace(&mut batch, Vec::with_capacity(BATCH_CAPACITY));
-            tx.send(b)
-                .map_err(|_| anyhow!("the writer thread stopped"))?;
+        if !c.batch.is_empty() {
+            c.send()?;
         }
         if let Some(l) = logger.as_mut() {
             l.flush();
         }
         if stopping {
-            return Ok(seen);
+            return Ok(c.seen);
         }
+    }
+}
+
+/// The consumer thread's state between ring buffer entries.
+struct Consuming {
+    seen: Consumed,
+    /// Sections for the writer thread, sent when BATCH_BYTES full or at each poll's end.
+    batch: Vec<u8>,
+    /// Processes whose records arrived: the first chunk of each is announced like a
+    /// mapping, so the session looks at the process (where its binaries are loaded:
+    /// return addresses of forked children and static programs become readable).
+    pids: HashSet<u32>,
+    last_pid: u32,
+    /// Chunks of records packed together; any other section first writes them out, so
+    /// the file keeps the ring buffer's order. A group waits for more chunks across
+    /// polls, at most GROUP_WAIT.
+    group: ChunkGroup,
+    tx: SyncSender<Vec<u8>>,
+    mapped: Option<Sender<(u32, u32)>>,
+}
+
+impl Consuming {
+    /// Take one ring buffer entry; returns whether it was a chunk (counted, good or bad),
+    /// after which a full batch is sent.
+    fn entry(&mut self, item: &[u8]) -> bool {
+        let kind = item
+            .get(..4)
+            .map(|k| u32::from_le_bytes([k[0], k[1], k[2], k[3]]));
+        if kind == Some(CHUNK_KIND_MAPPED) {
+            if let (Some(tx), Some(h)) = (&self.mapped, crate::tracefile::chunk_header(item)) {
+                let _ = tx.send((h.pid, h.cause));
+            }
+            return false;
+        }
+        let grouped = match kind {
+            Some(CHUNK_KIND_RECORDS) => self.group.add(item, &mut self.batch),
+            _ => None,
+        };
+        if grouped.is_none() {
+            self.group.flush(&mut self.batch);
+        }
+        // Announcements: a section each, no records.
+        let announced = match kind {
+            Some(CHUNK_KIND_COMM) => Some(encode_comm(item, &mut self.batch)),
+            Some(CHUNK_KIND_STRING) => Some(encode_string(item, &mut self.batch)),
+            _ => None,
+        };
+        if let Some(ok) = announced {
+            self.seen.bad_entries += u64::from(!ok);
+            return false;
+        }
+        match grouped.or_else(|| encode_chunk(item, &mut self.batch)) {
+            Some(h) => self.chunk(h.pid, h.tid, h.count),
+            None => self.seen.bad_entries += 1,
+        }
+        true
+    }
+
+    /// A chunk of `count` records of thread (pid, tid) went into the batch.
+    fn chunk(&mut self, pid: u32, tid: u32, count: u32) {
+        self.seen.records += u64::from(count);
+        self.seen.chunks += 1;
+        self.seen.threads.insert((pid, tid));
+        if pid != self.last_pid {
+            self.last_pid = pid;
+            if self.pids.insert(pid)
+                && let Some(tx) = &self.mapped
+            {
+                let _ = tx.send((pid, FIRST_RECORDS));
+            }
+        }
+    }
+
+    /// Hand the batch to the writer thread.
+    fn send(&mut self) -> Result<()> {
+        let full = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH_CAPACITY));
+        self.tx
+            .send(full)
+            .map_err(|_| anyhow!("the writer thread stopped"))
     }
 }
 

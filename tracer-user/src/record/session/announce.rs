@@ -33,7 +33,7 @@ use std::{
 
 use tracer_common::{ATTACH_DONE, ATTACH_GAVE_UP, SESSION_SOCKET};
 
-use crate::record::{
+use super::{
     binaries::{self, FileId, HeldFile},
     procdir::ProcDir,
 };

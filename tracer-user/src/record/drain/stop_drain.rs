@@ -33,11 +33,11 @@ use tracer_common::{
     ebpf::MAP_DRAINED,
 };
 
-use crate::record::{
-    host::clock,
+use super::{
     remote::{ptrace, read_mem},
     target_data::{Encoded, SlotSpan, encode_records, slot_span_within},
 };
+use crate::record::host::clock;
 
 /// Single steps allowed to finish the records one thread was writing (a stub is tens of
 /// instructions; a signal handler that records may run in between).
@@ -56,7 +56,7 @@ const SLOT_BATCH: u64 = 4096;
 
 /// What the stop drain gave up on, to stay bounded.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(super) struct GivenUp {
+pub(crate) struct GivenUp {
     /// Slots not looked at (past [`MAX_SLOTS`] per process, or past the deadline).
     pub slots: u64,
     /// Threads whose record in progress was left out (their steps ran out).
@@ -107,14 +107,14 @@ impl Budget {
 }
 
 /// The threads of a process, stopped.
-pub(super) struct Frozen {
+pub(crate) struct Frozen {
     pid: u32,
     tids: Vec<u32>,
 }
 
 /// What [`Frozen::collect`] found.
 #[derive(Default)]
-pub(super) struct Collected {
+pub(crate) struct Collected {
     /// Chunk sections for the trace file.
     pub sections: Vec<u8>,
     pub encoded: Encoded,
@@ -140,7 +140,7 @@ fn wait_stop(tid: u32) -> bool {
 
 impl Frozen {
     /// Stop every thread of `pid`; None (after saying why) if it cannot be ptraced.
-    pub(super) fn freeze(pid: u32) -> Option<Frozen> {
+    pub(crate) fn freeze(pid: u32) -> Option<Frozen> {
         let mut f = Frozen {
             pid,
             tids: Vec::new(),
@@ -186,7 +186,7 @@ impl Frozen {
 
     /// The records the process's slots in the RW areas at `rw_bases` hold past their
     /// last drain (`write_user`: drains reset the slot, so from its start).
-    pub(super) fn collect(&self, rw_bases: &[u64], ebpf: &Ebpf, write_user: bool) -> Collected {
+    pub(crate) fn collect(&self, rw_bases: &[u64], ebpf: &Ebpf, write_user: bool) -> Collected {
         let drained: Option<HashMap<_, [u64; 2], [u64; 2]>> = ebpf
             .map(MAP_DRAINED)
             .and_then(|m| HashMap::try_from(m).ok());

@@ -19,7 +19,7 @@ use tracer_common::{
     },
 };
 
-use crate::record::binaries::Instrumented;
+use crate::record::session::binaries::Instrumented;
 
 /// What passes the in-kernel filters (every option given must hold).
 #[derive(Args, Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]

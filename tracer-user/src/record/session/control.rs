@@ -20,7 +20,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::record::filters::FilterSpec;
+use crate::record::session::filters::FilterSpec;
 
 pub const DIR: &str = "/run/utrace";
 

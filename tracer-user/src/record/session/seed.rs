@@ -10,18 +10,14 @@ use tracer_common::{
     ebpf::{MAP_TABLES, TABLE_BINARIES},
 };
 
-use crate::{
-    record::{
-        binaries::{self, Instrumented},
-        consumer::Pipeline,
-        live::Live,
-        procdir::ProcDir,
-        shares::{self, BinaryRefusal},
-    },
-    tracefile::encode_load,
-};
+use crate::{record::drain::consumer::Pipeline, tracefile::encode_load};
 
-pub(super) use binaries::SeenFiles;
+use super::{
+    binaries::{self, Instrumented},
+    live::Live,
+    procdir::ProcDir,
+    shares::{self, BinaryRefusal},
+};
 
 pub(super) fn all_pids() -> Vec<u32> {
     let me = std::process::id();
@@ -185,7 +181,12 @@ impl Live {
     /// past `shares::MAX_HELD_REFUSED` refused files, one is forgotten as not traced (`seen`:
     /// neither held open nor read again; its later programs wait out their time and
     /// count as lost before attach). Best effort (the process may be gone).
-    pub(super) fn scan_process(&mut self, pid: u32, seen: &mut SeenFiles, pipeline: &Pipeline) {
+    pub(super) fn scan_process(
+        &mut self,
+        pid: u32,
+        seen: &mut binaries::SeenFiles,
+        pipeline: &Pipeline,
+    ) {
         let found = Image::open(pid).and_then(|image| {
             let found = binaries::for_process_in(&image.proc, seen)?;
             Ok((image, found))

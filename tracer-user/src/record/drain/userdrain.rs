@@ -34,33 +34,26 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    ffi::OsString,
     io,
     os::fd::{AsRawFd, OwnedFd},
-    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{Context, Result};
 use tracer_common::{
     BUF_TRACE, CAUSE_THREAD_EXIT, CHUNK_HEADER_BYTES, CHUNK_KIND_RECORDS, ChunkHeader,
-    KEY_TOMBSTONE, RECORD_SIZE, RECORD_VERSION, RWH_BUF_KIND, SLOT_SIZE, Slot, USER_MSG_RECORDS,
+    KEY_TOMBSTONE, RECORD_SIZE, RWH_BUF_KIND, SLOT_SIZE, Slot, USER_MSG_RECORDS,
 };
 
-use crate::{
-    record::gate::{self, GatedChild},
-    record::host::clock,
-    record::remote::{event_msg, ptrace, read_mem, write_mem},
-    record::{
-        binaries::{self, Instrumented},
-        discover::{binary_info, binary_infos, discover_command},
-        summary::print_summary,
-        target::RecordOptions,
-        target_data::{
-            Message, Refused, SlotSpan, check_sender, check_slot_owner, encode_records,
-            parse_message, slot_span_within,
-        },
+use super::{
+    remote::{event_msg, ptrace, read_mem, write_mem},
+    target_data::{
+        Message, Refused, SlotSpan, check_sender, check_slot_owner, encode_records, parse_message,
+        slot_span_within,
     },
-    tracefile::{FinalStats, SessionInfo, Writer, encode_load},
+};
+use crate::{
+    record::host::clock,
+    tracefile::{BinaryInfo, Writer, encode_load},
 };
 
 /// Largest message: header + USER_MSG_RECORDS records (bigger means a bad sender).
@@ -127,6 +120,8 @@ impl RefusedCount {
 
 struct State {
     writer: Writer,
+    /// How to find the instrumented binaries a process maps.
+    mapped_in: FindMapped,
     /// Binaries the file describes (`binary_id`), in ordinal order: those the command
     /// names, then those found mapped when a slot of an unknown one registers (the
     /// guest program of qemu-user).
@@ -150,113 +145,89 @@ struct State {
     buf: Vec<u8>,
 }
 
-pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
-    let run_as = opts.run_as.as_ref();
-    let (binaries, exe) = discover_command(&argv, &opts.binaries, run_as)?;
-    let (ours, theirs) = seqpacket_pair()?;
-    pass_credentials(&ours)?;
-    let mut child = GatedChild::spawn_with_drain(&exe, &argv, Some(theirs.as_raw_fd()), run_as)?;
-    drop(theirs);
-    seize(child.pid)?;
-
-    let session = SessionInfo {
-        command: argv
-            .iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect(),
-        pids: vec![child.pid],
-        mode: "user".into(),
-        arch: std::env::consts::ARCH.into(),
-        record_version: RECORD_VERSION,
-        ring_bytes: 0,
-        write_user: false,
-        clock: clock::calibrate(Duration::from_millis(20)),
-        start_unix_s: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-    };
-    let mut writer = Writer::create(&opts.output)?;
-    writer.write_session(&session)?;
-    for b in binary_infos(binaries.iter().map(|t| &t.binary)) {
-        writer.write_binary(&b)?;
-    }
-    let mut st = State {
-        writer,
-        binaries: binaries.iter().map(|t| t.binary.meta.binary_id).collect(),
-        buf_bytes: binaries.iter().map(|t| geometry(&t.binary)).collect(),
-        slots: HashMap::new(),
-        seized: Seized::default(),
-        sealed: HashSet::new(),
-        scanned: HashSet::new(),
-        refused: RefusedCount::default(),
-        records: 0,
-        chunks: 0,
-        bad: 0,
-        threads: HashSet::new(),
-        buf: vec![0u8; MAX_MSG + 1],
-    };
-
-    st.seized.add(child.pid);
-    gate::ignore_terminal_signals();
-    child.release().with_context(|| exe.display().to_string())?;
-    let exit_code = run(&mut st, &ours, child.pid)?;
-    st.drain_socket(&ours)?;
-    if !st.slots.is_empty() {
-        // Threads whose exit the tracer never saw with their memory still readable
-        // (e.g. killed from outside, which skips every exit stop).
-        eprintln!(
-            "utrace: warning: the records left in the buffers of {} threads at their exit could not be collected",
-            st.slots.len()
-        );
-    }
-
-    st.report_refused();
-    // Every record taken out of a buffer (sent, or read at a thread's exit) is
-    // delivered: this drain neither filters nor drops.
-    let stats = FinalStats {
-        records_produced: st.records,
-        records_delivered: st.records,
-        chunks: st.chunks,
-        records_received: st.records,
-        chunks_received: st.chunks,
-        bad_entries: st.bad,
-        threads: st.threads.len() as u64,
-        clock_end: Some(clock::anchor()),
-        exit_code: Some(exit_code),
-        ..Default::default()
-    };
-    let consumed = crate::record::consumer::Consumed {
-        records: st.records,
-        chunks: st.chunks,
-        bad_entries: st.bad,
-        threads: st.threads.clone(),
-    };
-    let path = st.writer.finish(&stats)?;
-    print_summary(&consumed, &stats, &path);
-    Ok(exit_code)
+/// A binary the drain's file describes, as the drain needs it.
+pub struct Found {
+    /// What the file says of it (the drain sets its ordinal).
+    pub info: BinaryInfo,
+    /// The bytes of one of its buffers (its metadata's geometry).
+    pub buf_bytes: u64,
 }
 
-fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd)> {
-    let pair = super::gate::socket_pair(libc::SOCK_SEQPACKET).context("socketpair")?;
-    let big: libc::c_int = 8 << 20;
-    for (fd, opt) in [(&pair.0, libc::SO_RCVBUF), (&pair.1, libc::SO_SNDBUF)] {
-        // SAFETY: a valid int option value of the right size. Best effort (capped by
-        // net.core.*mem_max); a small buffer only makes senders wait.
-        unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                (&raw const big).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            )
+/// The instrumented binaries process `pid` maps, each with its load bias: the session's
+/// discovery, handed in so that the drain stays below the session.
+pub type FindMapped = Box<dyn FnMut(u32) -> Vec<(Found, u64)>>;
+
+/// What the drain took out of the buffers, for the file's stats and the summary.
+pub struct Drained {
+    pub writer: Writer,
+    pub records: u64,
+    pub chunks: u64,
+    pub bad_entries: u64,
+    pub threads: HashSet<(u32, u32)>,
+    /// The command's exit code.
+    pub exit_code: i32,
+}
+
+/// The user drain of one command, from before it runs until every task it made is gone.
+pub struct UserDrain {
+    st: State,
+}
+
+impl UserDrain {
+    /// A drain writing to `writer`, which describes `known` binaries already ((binary id,
+    /// buffer bytes), in ordinal order).
+    pub fn new(writer: Writer, known: &[(u64, u64)], mapped_in: FindMapped) -> UserDrain {
+        let st = State {
+            writer,
+            mapped_in,
+            binaries: known.iter().map(|&(id, _)| id).collect(),
+            buf_bytes: known.iter().copied().collect(),
+            slots: HashMap::new(),
+            seized: Seized::default(),
+            sealed: HashSet::new(),
+            scanned: HashSet::new(),
+            refused: RefusedCount::default(),
+            records: 0,
+            chunks: 0,
+            bad: 0,
+            threads: HashSet::new(),
+            buf: vec![0u8; MAX_MSG + 1],
         };
+        UserDrain { st }
     }
-    Ok(pair)
+
+    /// The command `pid`, [`seize`]d before it runs: held from the start.
+    pub fn hold(&mut self, pid: u32) {
+        self.st.seized.add(pid);
+    }
+
+    /// Serve `sock` and the ptrace stops until every task of the command `main` is gone.
+    pub fn serve(self, sock: &OwnedFd, main: u32) -> Result<Drained> {
+        let mut st = self.st;
+        let exit_code = run(&mut st, sock, main)?;
+        st.drain_socket(sock)?;
+        if !st.slots.is_empty() {
+            // Threads whose exit the tracer never saw with their memory still readable
+            // (e.g. killed from outside, which skips every exit stop).
+            eprintln!(
+                "utrace: warning: the records left in the buffers of {} threads at their exit could not be collected",
+                st.slots.len()
+            );
+        }
+        st.report_refused();
+        Ok(Drained {
+            writer: st.writer,
+            records: st.records,
+            chunks: st.chunks,
+            bad_entries: st.bad,
+            threads: st.threads,
+            exit_code,
+        })
+    }
 }
 
 /// Have the kernel attach the sender's credentials to every message read from `sock`.
-fn pass_credentials(sock: &OwnedFd) -> Result<()> {
+pub fn pass_credentials(sock: &OwnedFd) -> Result<()> {
     let on: libc::c_int = 1;
     // SAFETY: a valid int option value of the right size.
     let r = unsafe {
@@ -272,16 +243,6 @@ fn pass_credentials(sock: &OwnedFd) -> Result<()> {
         return Err(io::Error::last_os_error()).context("setsockopt(SO_PASSCRED)");
     }
     Ok(())
-}
-
-/// The largest buffer of binary `b` in bytes, from its metadata: (binary id, bytes).
-fn geometry(b: &Instrumented) -> (u64, u64) {
-    let bytes = if b.meta.buf_kind() == tracer_common::BUF_FAST_CIRCULAR {
-        tracer_common::FAST_RING_BYTES
-    } else {
-        u64::from(b.meta.buf_records) * RECORD_SIZE as u64
-    };
-    (b.meta.binary_id, bytes)
 }
 
 /// One message from `sock` into `buf`: its length (0: every sender is gone) and the
@@ -337,7 +298,8 @@ fn sender_of(msg: &libc::msghdr) -> Option<u32> {
     None
 }
 
-fn seize(pid: u32) -> Result<()> {
+/// Seize the command `pid` (before it runs), following what it starts.
+pub fn seize(pid: u32) -> Result<()> {
     let opts = libc::PTRACE_O_TRACECLONE
         | libc::PTRACE_O_TRACEFORK
         | libc::PTRACE_O_TRACEVFORK
@@ -395,47 +357,53 @@ fn run(st: &mut State, sock: &OwnedFd, main: u32) -> Result<i32> {
                 }
                 continue;
             }
-            if !libc::WIFSTOPPED(status) {
-                continue;
-            }
-            st.seized.add(tid);
-            let sig = libc::WSTOPSIG(status);
-            let event = status >> 16;
-            if event == libc::PTRACE_EVENT_EXEC {
-                // What the old image announced is in the socket already: take it in
-                // before its slots are dropped, so none is listed after.
-                st.drain_socket(sock)?;
-            }
-            st.follow(tid, event);
-            let r = if event == libc::PTRACE_EVENT_EXIT {
-                // Its earlier messages are in the socket already (sendmsg returned).
-                st.drain_socket(sock)?;
-                st.collect_exiting(tid)?;
-                ptrace(libc::PTRACE_CONT, tid, 0)
-            } else if event == libc::PTRACE_EVENT_STOP {
-                match sig {
-                    libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU => {
-                        ptrace(libc::PTRACE_LISTEN, tid, 0)
-                    }
-                    _ => ptrace(libc::PTRACE_CONT, tid, 0),
-                }
-            } else if event != 0 {
-                ptrace(libc::PTRACE_CONT, tid, 0)
-            } else {
-                // A signal on its way to the task: deliver it.
-                ptrace(libc::PTRACE_CONT, tid, sig as usize)
-            };
-            // ESRCH: the task was killed meanwhile (SIGKILL, exit_group).
-            if let Err(e) = r
-                && e.raw_os_error() != Some(libc::ESRCH)
-            {
-                return Err(e).context(format!("ptrace(CONT) of {tid}"));
+            if libc::WIFSTOPPED(status) {
+                st.stopped(sock, tid, status)?;
             }
         }
     }
 }
 
 impl State {
+    /// Task `tid` stopped (`status`): follow what it did, collect its slots at its
+    /// exit, and let it go on.
+    fn stopped(&mut self, sock: &OwnedFd, tid: u32, status: i32) -> Result<()> {
+        self.seized.add(tid);
+        let sig = libc::WSTOPSIG(status);
+        let event = status >> 16;
+        if event == libc::PTRACE_EVENT_EXEC {
+            // What the old image announced is in the socket already: take it in
+            // before its slots are dropped, so none is listed after.
+            self.drain_socket(sock)?;
+        }
+        self.follow(tid, event);
+        let r = if event == libc::PTRACE_EVENT_EXIT {
+            // Its earlier messages are in the socket already (sendmsg returned).
+            self.drain_socket(sock)?;
+            self.collect_exiting(tid)?;
+            ptrace(libc::PTRACE_CONT, tid, 0)
+        } else if event == libc::PTRACE_EVENT_STOP {
+            match sig {
+                libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU => {
+                    ptrace(libc::PTRACE_LISTEN, tid, 0)
+                }
+                _ => ptrace(libc::PTRACE_CONT, tid, 0),
+            }
+        } else if event != 0 {
+            ptrace(libc::PTRACE_CONT, tid, 0)
+        } else {
+            // A signal on its way to the task: deliver it.
+            ptrace(libc::PTRACE_CONT, tid, sig as usize)
+        };
+        // ESRCH: the task was killed meanwhile (SIGKILL, exit_group).
+        if let Err(e) = r
+            && e.raw_os_error() != Some(libc::ESRCH)
+        {
+            return Err(e).context(format!("ptrace(CONT) of {tid}"));
+        }
+        Ok(())
+    }
+
     /// Keep [`Seized`] up to date at a ptrace event stop of `tid`.
     fn follow(&mut self, tid: u32, event: i32) {
         match event {
@@ -590,19 +558,17 @@ impl State {
     /// describe the instrumented binaries it maps (qemu-user maps its guest program
     /// like any file), each with its load bias.
     fn find_mapped(&mut self, pid: u32) -> Result<()> {
-        let found = binaries::for_process(pid).unwrap_or_else(|e| {
-            log::warn!("{e:#}");
-            Vec::new()
-        });
-        for (b, bias) in found {
-            let id = b.meta.binary_id;
+        for (found, bias) in (self.mapped_in)(pid) {
+            let id = found.info.binary_id;
             if self.binaries.contains(&id) {
                 continue;
             }
-            log::info!("found {} mapped in process {pid}", b.path.display());
-            let (_, bytes) = geometry(&b);
-            self.buf_bytes.insert(id, bytes);
-            let info = binary_info(self.binaries.len() as u32, &b);
+            log::info!("found {} mapped in process {pid}", found.info.path);
+            self.buf_bytes.insert(id, found.buf_bytes);
+            let info = BinaryInfo {
+                ordinal: self.binaries.len() as u32,
+                ..found.info
+            };
             self.writer.write_binary(&info)?;
             self.writer.write_raw(&encode_load(pid, id, bias))?;
             self.binaries.push(id);

@@ -12,14 +12,13 @@ use tracer_common::{
     meta::SiteMode,
 };
 
-use crate::{
-    record::{
-        binaries::{self, Instrumented},
-        credentials::RunAs,
-        gate,
-        target::Target,
-    },
-    tracefile::BinaryInfo,
+use crate::tracefile::BinaryInfo;
+
+use super::{
+    binaries::{self, Instrumented},
+    credentials::RunAs,
+    gate,
+    target::Target,
 };
 
 /// An instrumented binary to trace and, when attaching, where it is loaded.
@@ -70,29 +69,8 @@ pub(super) fn discover(
     let named = binaries::named(extra)?;
     let (binaries, exe): (Vec<Traced>, _) = match target {
         Target::Exec(argv) => {
-            let cmd = argv.first().context("no command given")?;
-            let exe = gate::resolve_command(cmd)?;
-            let mut found = match binaries::for_command(&exe, run_as) {
-                Ok(found) => found,
-                // The command may be a loader we cannot inspect (say, a foreign or
-                // static one); the named binaries are what the user wants traced.
-                Err(e) if !named.is_empty() => {
-                    log::warn!("{}: cannot list its libraries: {e:#}", exe.display());
-                    Vec::new()
-                }
-                Err(e) => return Err(e),
-            };
-            binaries::merge(&mut found, named);
-            (
-                found
-                    .into_iter()
-                    .map(|binary| Traced {
-                        binary,
-                        load_bias: None,
-                    })
-                    .collect(),
-                Some(exe),
-            )
+            let (found, exe) = of_command(argv, named, run_as)?;
+            (found, Some(exe))
         }
         Target::Attach { .. } if !named.is_empty() => {
             bail!("--binary is only for running a command, not with -p")
@@ -111,10 +89,48 @@ pub(super) fn discover(
         // Found by scanning the processes once the session is set up.
         Target::SystemWide { .. } => (Vec::new(), None),
     };
+    check_found(target, &binaries, exe.as_deref())?;
+    super::test_hook::pause(super::test_hook::PARSED);
+    check_count(&binaries)?;
+    Ok((binaries, exe))
+}
+
+/// The instrumented binaries of command `argv` (its loader run as `run_as`) plus
+/// `named`, and the command's resolved path.
+fn of_command(
+    argv: &[OsString],
+    named: Vec<Instrumented>,
+    run_as: Option<&RunAs>,
+) -> Result<(Vec<Traced>, PathBuf)> {
+    let cmd = argv.first().context("no command given")?;
+    let exe = gate::resolve_command(cmd)?;
+    let mut found = match binaries::for_command(&exe, run_as) {
+        Ok(found) => found,
+        // The command may be a loader we cannot inspect (say, a foreign or
+        // static one); the named binaries are what the user wants traced.
+        Err(e) if !named.is_empty() => {
+            log::warn!("{}: cannot list its libraries: {e:#}", exe.display());
+            Vec::new()
+        }
+        Err(e) => return Err(e),
+    };
+    binaries::merge(&mut found, named);
+    let found = found
+        .into_iter()
+        .map(|binary| Traced {
+            binary,
+            load_bias: None,
+        })
+        .collect();
+    Ok((found, exe))
+}
+
+/// None found: a command may load some later (a warning), a process has none (an error).
+fn check_found(target: &Target, binaries: &[Traced], exe: Option<&Path>) -> Result<()> {
     if binaries.is_empty() && matches!(target, Target::Exec(_)) {
         log::warn!(
             "{}: nothing instrumented yet (no {} note); libraries it loads later (dlopen) are traced",
-            exe.as_deref().unwrap_or(Path::new("?")).display(),
+            exe.unwrap_or(Path::new("?")).display(),
             tracer_common::meta::META_SECTION
         );
     } else if binaries.is_empty() && matches!(target, Target::Attach { .. }) {
@@ -127,7 +143,11 @@ pub(super) fn discover(
             tracer_common::meta::META_SECTION
         );
     }
-    super::test_hook::pause(super::test_hook::PARSED);
+    Ok(())
+}
+
+/// At most MAX_BINARIES (a warning past TABLE_BINARIES); each one logged.
+fn check_count(binaries: &[Traced]) -> Result<()> {
     if binaries.len() > MAX_BINARIES as usize {
         bail!(
             "{} instrumented binaries; at most {MAX_BINARIES} per session",
@@ -150,5 +170,5 @@ pub(super) fn discover(
             uprobes.count()
         );
     }
-    Ok((binaries, exe))
+    Ok(())
 }

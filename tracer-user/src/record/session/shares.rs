@@ -12,7 +12,7 @@ use aya::{
 };
 use tracer_common::ebpf::{MAP_TABLE_OWNERS, MAP_TABLE_UIDS, MAX_BINARIES};
 
-use crate::record::binaries::FileId;
+use crate::record::session::binaries::FileId;
 
 /// Why an instrumented binary is not traced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use anyhow::Result;
 use aya::Ebpf;
 
-use crate::record::{
+use super::{
     binaries::{FileId, Instrumented, SeenFiles},
     control::{Reply, Request},
     discover::Traced,
@@ -97,7 +97,7 @@ impl Live {
             match self.add_binary(b.clone(), None) {
                 Ok(_) => {}
                 // Said once by `add_binary`; the other binaries are traced.
-                Err(e) if e.is::<crate::record::shares::BinaryRefusal>() => continue,
+                Err(e) if e.is::<crate::record::session::shares::BinaryRefusal>() => continue,
                 Err(e) => return Err(e),
             }
             seen.insert((b.file.id, b.path.clone()), Some(b.clone()));

@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::record::credentials::{ChildError, ChildStep, Launch, RunAs};
+use crate::record::session::credentials::{ChildError, ChildStep, Launch, RunAs};
 
 /// Find `cmd` the way execvp does: as given if it contains a slash, else in $PATH.
 pub fn resolve_command(cmd: &OsStr) -> Result<PathBuf> {
@@ -414,7 +414,7 @@ mod tests {
     /// `command_runs_as_asked`).
     #[test]
     fn command_starts_clean() {
-        crate::record::credentials::save_inherited();
+        crate::record::session::credentials::save_inherited();
         let sh = resolve_command(OsStr::new("sh")).unwrap();
         // The tracer changes a limit after saving (lowered here: raising may need
         // CAP_SYS_RESOURCE); the command gets the saved one back.
@@ -474,7 +474,7 @@ mod tests {
         // SAFETY: geteuid has no preconditions.
         let euid = unsafe { libc::geteuid() };
         assert_eq!(euid, 0, "this test changes credentials: run it as root");
-        crate::record::credentials::save_inherited();
+        crate::record::session::credentials::save_inherited();
         let sh = resolve_command(OsStr::new("sh")).unwrap();
         let nobody = RunAs::parse("65534:65534").unwrap();
         let check = "test \"$(id -u):$(id -g):$(id -G)\" = 65534:65534:65534 && \

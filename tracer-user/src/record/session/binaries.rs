@@ -18,8 +18,9 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use object::{
-    Endianness,
-    elf::PT_INTERP,
+    Endianness, LittleEndian as LE,
+    elf::{ELFCLASS64, ELFDATA2LSB, FileHeader64, PT_INTERP, SectionHeader64},
+    pod,
     read::elf::{ElfFile64, ProgramHeader},
 };
 use tracer_common::meta::{META_SECTION, Metadata};
@@ -258,11 +259,37 @@ struct ElfLayout {
 /// The layout of `f` from its headers and section name table (each read once, with
 /// a bounded read); None if `f` is not a 64-bit little-endian ELF file.
 fn elf_layout(f: &HeldFile) -> Result<Option<ElfLayout>, Refused> {
-    use object::{
-        LittleEndian as LE,
-        elf::{ELFCLASS64, ELFDATA2LSB, FileHeader64, SectionHeader64},
-        pod,
+    let Some(h) = elf_header(f)? else {
+        return Ok(None);
     };
+    let e = LE;
+    // Section 0 holds the real counts when the header's overflow (extended numbering).
+    let (shoff, shentsize) = (h.e_shoff.get(e), u64::from(h.e_shentsize.get(e)));
+    let first = if shoff != 0 && shentsize == SH_SIZE {
+        let raw = f.read_at(shoff, SH_SIZE, "section headers")?;
+        pod::from_bytes::<SectionHeader64<LE>>(&raw)
+            .ok()
+            .map(|(s, _)| *s)
+    } else {
+        None
+    };
+    let phnum = match u64::from(h.e_phnum.get(e)) {
+        0xffff => first.map_or(0, |s| u64::from(s.sh_info.get(e))),
+        n => n,
+    };
+    let first_load = first_load(f, h.e_phoff.get(e), u64::from(h.e_phentsize.get(e)), phnum)?;
+    let note = match first {
+        Some(first) => note_section(f, &h, &first)?,
+        None => None,
+    };
+    Ok(Some(ElfLayout { note, first_load }))
+}
+
+/// The size of a section header.
+const SH_SIZE: u64 = size_of::<SectionHeader64<LE>>() as u64;
+
+/// `f`'s ELF header; None if it is not a 64-bit little-endian ELF file.
+fn elf_header(f: &HeldFile) -> Result<Option<FileHeader64<LE>>, Refused> {
     const EHDR: u64 = size_of::<FileHeader64<LE>>() as u64;
     if f.size < EHDR {
         return Ok(None);
@@ -275,30 +302,17 @@ fn elf_layout(f: &HeldFile) -> Result<Option<ElfLayout>, Refused> {
     if id.magic != object::elf::ELFMAG || id.class != ELFCLASS64 || id.data != ELFDATA2LSB {
         return Ok(None);
     }
+    Ok(Some(*h))
+}
+
+/// Where `f`'s `.note.utrace` section is (offset, size), from its section header table
+/// (`first`: its section 0) and section names.
+fn note_section(
+    f: &HeldFile,
+    h: &FileHeader64<LE>,
+    first: &SectionHeader64<LE>,
+) -> Result<Option<(u64, u64)>, Refused> {
     let e = LE;
-    // Section 0 holds the real counts when the header's overflow (extended numbering).
-    let (shoff, shentsize) = (h.e_shoff.get(e), u64::from(h.e_shentsize.get(e)));
-    let sh_size = size_of::<SectionHeader64<LE>>() as u64;
-    let first = if shoff != 0 && shentsize == sh_size {
-        let raw = f.read_at(shoff, sh_size, "section headers")?;
-        pod::from_bytes::<SectionHeader64<LE>>(&raw)
-            .ok()
-            .map(|(s, _)| *s)
-    } else {
-        None
-    };
-    let phnum = match u64::from(h.e_phnum.get(e)) {
-        0xffff => first.map_or(0, |s| u64::from(s.sh_info.get(e))),
-        n => n,
-    };
-    let first_load = first_load(f, h.e_phoff.get(e), u64::from(h.e_phentsize.get(e)), phnum)?;
-    let none = ElfLayout {
-        note: None,
-        first_load,
-    };
-    let Some(first) = first else {
-        return Ok(Some(none));
-    };
     let shnum = match u64::from(h.e_shnum.get(e)) {
         0 => first.sh_size.get(e),
         n => n,
@@ -308,18 +322,18 @@ fn elf_layout(f: &HeldFile) -> Result<Option<ElfLayout>, Refused> {
         n => n,
     };
     if strndx >= shnum {
-        return Ok(Some(none));
+        return Ok(None);
     }
     // The whole table in one bounded read (not one read per section).
     let table_size = bounded(
         "section header table",
-        shnum.saturating_mul(sh_size),
+        shnum.saturating_mul(SH_SIZE),
         MAX_TABLE_BYTES,
     )?;
-    let table = f.read_at(shoff, table_size, "section headers")?;
+    let table = f.read_at(h.e_shoff.get(e), table_size, "section headers")?;
     let Ok((sections, _)) = pod::slice_from_bytes::<SectionHeader64<LE>>(&table, shnum as usize)
     else {
-        return Ok(Some(none));
+        return Ok(None);
     };
     let strtab = &sections[strndx as usize];
     let names_size = bounded("section name table", strtab.sh_size.get(e), MAX_TABLE_BYTES)?;
@@ -337,12 +351,9 @@ fn elf_layout(f: &HeldFile) -> Result<Option<ElfLayout>, Refused> {
         if offset.checked_add(size).is_none_or(|end| end > f.size) {
             return Err(Refused::OutsideFile(META_SECTION));
         }
-        return Ok(Some(ElfLayout {
-            note: Some((offset, size)),
-            first_load,
-        }));
+        return Ok(Some((offset, size)));
     }
-    Ok(Some(none))
+    Ok(None)
 }
 
 /// `size` if at most `limit`.
@@ -360,7 +371,7 @@ fn first_load(
     phentsize: u64,
     phnum: u64,
 ) -> Result<Option<(u64, u64)>, Refused> {
-    use object::{LittleEndian as LE, elf::ProgramHeader64, pod};
+    use object::elf::ProgramHeader64;
     let ph_size = size_of::<ProgramHeader64<LE>>() as u64;
     if phnum == 0 || phentsize != ph_size {
         return Ok(None);
@@ -416,7 +427,7 @@ pub fn untouched(path: &Path, functions: &[String], usdt: bool) -> Result<Instru
     })
 }
 
-use crate::record::{credentials::RunAs, procdir::ProcDir};
+use super::{credentials::RunAs, procdir::ProcDir};
 
 /// Longest PT_INTERP read (a path).
 const MAX_INTERP_BYTES: u64 = 4096;
@@ -486,7 +497,7 @@ fn parse_ld_list(out: &str) -> Vec<PathBuf> {
 fn shared_libraries(exe: &Path, run_as: Option<&RunAs>) -> Result<Vec<PathBuf>> {
     use std::{os::unix::process::CommandExt, process::Stdio};
 
-    use crate::record::credentials::{ChildError, Launch};
+    use crate::record::session::credentials::{ChildError, Launch};
     let Some(interp) = interpreter(exe)? else {
         return Ok(Vec::new());
     };

@@ -15,8 +15,9 @@ use tracer_common::{
     ebpf::{MAP_SEQ, MAP_STATS, TABLE_BINARIES, TABLES_PER_UID},
 };
 
+use super::binaries::Instrumented;
 use crate::{
-    record::{binaries::Instrumented, consumer::Consumed, host::clock},
+    record::{drain::consumer::Consumed, host::clock},
     tracefile::FinalStats,
 };
 
@@ -48,7 +49,7 @@ pub fn print_summary(consumed: &Consumed, stats: &FinalStats, path: &Path) {
         eprintln!(
             "utrace: warning: {} waited in vain for the tracer to attach; \
              their records are lost (not in the books)",
-            crate::views::text::programs(stats.unattached)
+            crate::wording::programs(stats.unattached)
         );
     }
     if stats.table_full > 0 {
@@ -71,7 +72,7 @@ pub fn print_summary(consumed: &Consumed, stats: &FinalStats, path: &Path) {
 pub(super) fn add_stop_drain(
     stats: &mut FinalStats,
     consumed: &mut Consumed,
-    c: &super::stop_drain::Collected,
+    c: &crate::record::drain::stop_drain::Collected,
 ) {
     let n = c.encoded.records;
     stats.records_at_stop = n;

@@ -1,0 +1,13 @@
+//! The drains: what takes records out of the traced threads' buffers and into the
+//! trace file. `consumer.rs` the kernel ring buffer's consumer and writer threads;
+//! `userdrain.rs` the `--user` drain (socket messages and exit stops, no eBPF) with
+//! `target_data.rs`, what a traced program hands it, checked before it is believed;
+//! `stop_drain.rs` what a `-p` session's process still buffers at the end; `remote.rs`
+//! another process's memory and ptrace requests. Below the session: a drain uses
+//! `record::host` and `tracefile`, never a session module.
+
+pub mod consumer;
+mod remote;
+pub mod stop_drain;
+pub mod target_data;
+pub mod userdrain;
