@@ -1,6 +1,6 @@
 //! Code injected once per binary (AArch64): flush (uprobe point), register (a
 //! thread's first record) and, for static executables, the entry shim. Same protocol
-//! as the x86-64 runtime; see that module and ARCHITECTURE.md.
+//! as the x86-64 runtime; see that module and `tracer-common/src/layout.rs`.
 //!
 //! `flush`: a `nop` for the uprobe, then the same reset rule, clobbering x10/x11 only.
 //! `register`: x10 = tp → x9 = slot or 0; the x86-64 protocol with an exclusive-pair CAS,
