@@ -21,19 +21,25 @@
 //! word of the thread's static TLS block instead (`rewriter::isa::SlotLookup`); the
 //! index is kept either way.
 //!
-//! **Slot lookup by thread word.** A dynamically linked executable without TLS of its own
-//! gets a `PT_TLS` of 8 bytes, which puts a word of every thread's static TLS block at a
-//! fixed offset from the thread pointer (`%fs:-8`, TLS variant II; AArch64 `tpidr_el0 + 16`,
-//! variant I): zero in every new thread, stale only as another thread's valid entry. It
-//! holds the slot's offset like an index entry, masked so that any value names a slot, and
-//! `register` writes it; one `%fs`-relative load replaces the hash and the index load
-//! (sqlite, stubs only, coarse time: 1.30 s → 1.245 s, 0.26 ns a record). Libraries (their
-//! TLS block is not at a fixed offset), static executables (the pre-TLS slot), executables
-//! with their own `PT_TLS` (a word could only be prepended, moving their variables for
-//! debuggers) and slot counts that are not a power of two use the index. `register` keeps
-//! the index in every case, for the eBPF exit drains, which find a slot from the task's
-//! thread pointer. A thread made by raw `clone` without `CLONE_SETTLS` shares its parent's
-//! thread pointer, and so its slot.
+//! **Slot lookup by thread word.** A dynamically linked executable without TLS of its
+//! own gets a `PT_TLS` of 8 bytes, which puts a word of every thread's static TLS block
+//! at a fixed offset from the thread pointer (`%fs:-8`, TLS variant II; AArch64
+//! `tpidr_el0 + 16`, variant I): zero in every new thread, stale only as another
+//! thread's valid entry. It holds the slot's offset like an index entry, masked so that
+//! any value names a slot, and `register` writes it. Whatever the word holds (zero in a
+//! new thread, another thread's entry after a stack is reused, anything a thread with
+//! its own TLS layout keeps there), the stub masks it to a slot and checks the slot's
+//! key: a wrong word is a miss, never a store elsewhere (test `tests/tests/stress.rs`:
+//! 2,000 short-lived threads on reused stacks, exact per thread, with the thread word
+//! and, `_own_tls`, with the index; readelf and objdump say which). One `%fs`-relative
+//! load replaces the hash and the index load (sqlite, stubs only, coarse time: 1.30 s →
+//! 1.245 s, 0.26 ns a record). Libraries (their TLS block is not at a fixed offset),
+//! static executables (the pre-TLS slot), executables with their own `PT_TLS` (a word
+//! could only be prepended, moving their variables for debuggers) and slot counts that
+//! are not a power of two use the index. `register` keeps the index in every case, for
+//! the eBPF exit drains, which find a slot from the task's thread pointer. A thread
+//! made by raw `clone` without `CLONE_SETTLS` shares its parent's thread pointer, and
+//! so its slot.
 //!
 //! **Signals.** A handler that records while the interrupted code is inside a stub on the
 //! same thread: the reservation is a single `xadd` (AArch64: an exclusive pair the kernel's
