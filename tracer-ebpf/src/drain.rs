@@ -30,7 +30,7 @@
 //! Chunks are tagged with pid, tid, a global sequence number and the binary id. Rings under
 //! 256 KiB take chunks of at most 128 records (`SMALL_CHUNKS`, a frozen global the verifier
 //! reads as a constant). Only the chunk that fills the ring past an eighth of its size wakes
-//! the consumer ([`wakeup`]; the consumer also looks every 10 ms and reads on while it finds
+//! the consumer (`wakeup`; the consumer also looks every 10 ms and reads on while it finds
 //! entries): a wakeup is an irq_work self-IPI and an IPI, VM exits here (forced at every
 //! chunk past the eighth they cost a traced loop 12 ns per record), and full buffers come by
 //! the thousand a second. The per-CPU scratch has a busy flag against a preempted sleepable

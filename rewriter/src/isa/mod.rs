@@ -12,7 +12,7 @@
 //! `wait.rs` the flush's back-pressure path.
 //!
 //! Branch targets come from function symbols, a linear sweep of direct branches and `flow`
-//! (jump tables, landing pads, FDE starts). A target is *local* ([`Targets::local`]: a window
+//! (jump tables, landing pads, FDE starts). A target is *local* (`Targets::local_jumps`: a window
 //! may hold it and re-point its jumps) when only direct jumps from the same function reach
 //! it. A backend plans a function's sites into **windows**: ranges of original code moved
 //! into one trampoline, the stubs of the sites inside placed before their instructions, then

@@ -13,7 +13,7 @@
 //! function shorter than 5 bytes; an exit window runs backward over the instructions before
 //! the `ret` or forward into the padding. Where those hold a branch target, a window may
 //! still start a few instructions earlier and grow over the jumps to its inside
-//! (`isa::Targets::local`, counted by the sweep) and end a few instructions later than it
+//! (`isa::Targets::local_jumps`, counted by the sweep) and end a few instructions later than it
 //! must, for room: those jumps move along and are re-pointed at the copy (labels in
 //! `stub::emit_window`); targets that code outside still jumps to get a landing (5 bytes, or
 //! a 2-byte hop to a 5-byte jump in unused bytes). Such a window may hold calls anywhere:
