@@ -8,10 +8,11 @@
 //! the metadata, and [`elf::write`] appends it all to an unmodified copy of the input.
 //!
 //! [`rewrite_file`] writes the output next to the input under a temporary name with the
-//! input's mode and renames it into place: the input is never modified. [`uprobe_metadata`]
-//! serves untouched binaries (`tracer record --uprobe PATH[:GLOB,...]`, `--usdt PATH`): the
-//! metadata of a rewrite that changes none of the original bytes, every site a uprobe, so its
-//! site offsets and operand sets are the original file's.
+//! input's mode and renames it into place: the input is never modified.
+//! [`uprobe_metadata`] serves untouched binaries (`tracer record --uprobe
+//! PATH[:GLOB,...]`, `--usdt PATH`): the metadata of a rewrite that changes none of the
+//! original bytes, every site a uprobe, so its site offsets and operand sets are the
+//! original file's.
 
 pub mod elf;
 pub mod emit;

@@ -41,19 +41,20 @@
 //! made by raw `clone` without `CLONE_SETTLS` shares its parent's thread pointer, and
 //! so its slot.
 //!
-//! **Signals.** A handler that records while the interrupted code is inside a stub on the
-//! same thread: the reservation is a single `xadd` (AArch64: an exclusive pair the kernel's
-//! exception return makes fail and retry), so the two records never get the same place.
-//! `Slot::inflight` is incremented before the reservation and decremented after the last
-//! store; a flush (eBPF and user code alike) that sees it non-zero does nothing, the buffer
-//! runs into its slack ([`BUF_SLACK_RECORDS`] = 8 records after `end`, enough for 8 nested
-//! handlers) and the thread's next record flushes it. The user-space reset in `flush` only
-//! happens while the buffer is still full, so a handler that runs between the eBPF drain and
-//! that reset keeps its record. The uprobe-site program also skips draining while
-//! `inflight != 0` and emits only its own record, which then precedes the interrupted
-//! thread's buffered ones. Net: no record is lost, torn or duplicated; a handler's records
-//! may come before the interrupted one (buffer order is reservation order; timestamps are
-//! taken after it). Test `signals::signal_handler_records`.
+//! **Signals.** A handler that records while the interrupted code is inside a stub on
+//! the same thread: the reservation is a single `xadd` (AArch64: an exclusive pair the
+//! kernel's exception return makes fail and retry), so the two records never get the
+//! same place. `Slot::inflight` is incremented before the reservation and decremented
+//! after the last store; a flush (eBPF and user code alike) that sees it non-zero does
+//! nothing, the buffer runs into its slack ([`BUF_SLACK_RECORDS`] = 8 records after
+//! `end`, enough for 8 nested handlers) and the thread's next record flushes it. The
+//! user-space reset in `flush` only happens while the buffer is still full, so a
+//! handler that runs between the eBPF drain and that reset keeps its record. The
+//! uprobe-site program also skips draining while `inflight != 0` and emits only its own
+//! record, which then precedes the interrupted thread's buffered ones. Net: no record
+//! is lost, torn or duplicated; a handler's records may come before the interrupted one
+//! (buffer order is reservation order; timestamps are taken after it). Test
+//! `signals::signal_handler_records`.
 //!
 //! **Buffer kinds** (`--buffer-kind`, `[buffer] kind`, `RwHeader::buf_kind`, metadata
 //! flags). `trace`: a full buffer is flushed. `circular`: the stub resets `cur` to `start`
@@ -69,13 +70,13 @@
 //! Readers skip never-written ring records (flags 0); `tracer report --last N` lists each
 //! thread's last N records, newest first: after a crash, what ran last.
 //!
-//! **Static executables.** Before libc installs the thread pointer, `%fs` is 0 and `%fs:0`
-//! would fault (AArch64: `tpidr_el0` is 0, which the stub skips). The rewriter points
-//! `e_entry` at a shim that sets the thread pointer to a stand-in TCB at `PRE_TLS_OFF` whose
-//! first word is its own address; records of that phase go to slot 1. When the main
-//! thread's first record after libc's `arch_prctl(ARCH_SET_FS)` registers a real slot,
-//! `register` flushes slot 1 and tombstones it (the user-space drain is sent slot 1's
-//! records the same way).
+//! **Static executables.** Before libc installs the thread pointer, `%fs` is 0 and
+//! `%fs:0` would fault (AArch64: `tpidr_el0` is 0, which the stub skips). The rewriter
+//! points `e_entry` at a shim that sets the thread pointer to a stand-in TCB at
+//! `PRE_TLS_OFF` whose first word is its own address; records of that phase go to slot
+//! 1. When the main thread's first record after libc's `arch_prctl(ARCH_SET_FS)`
+//! registers a real slot, `register` flushes slot 1 and tombstones it (the user-space
+//! drain is sent slot 1's records the same way).
 //!
 //! **The user-space drain** (`tracer record --user`, no eBPF; both backends inject the same
 //! code). At the first registration in a binary (`RwHeader::user_state` = [`USER_UNKNOWN`])
@@ -105,22 +106,23 @@
 //! `ATTACH_GAVE_UP` when the time ran out; nothing when the other end closed) and turns
 //! `USER_OFF`: one `sendto` per binary and process.
 //!
-//! **Back-pressure** (`--on-full wait`, the default; LTTng's blocking mode). The eBPF side may
-//! not write user memory (lockdown), so the flush function and the drain talk through the
-//! flush register and a signal ([`HOLD_SIGNAL`], `FLUSH_*`; code in the rewriter's
-//! `isa/*/wait.rs` and `tracer-ebpf/src/programs/flush.rs`). Handshake: `register`'s empty
-//! flush passes `FLUSH_HELLO` (signals blocked); a waiting tracer answers with
-//! `HOLD_SIGNAL` (`bpf_send_signal_thread`), which `register` takes with a zero-timeout
-//! `rt_sigtimedwait`, then sets `RwHeader::on_full` (a tracer attaching to running
-//! processes writes `on_full` through `/proc/PID/mem`). No tracer, no answer: no extra
-//! system call per flush. Armed, `flush` blocks every signal, passes `FLUSH_ARMED` and takes
-//! `HOLD_SIGNAL` afterwards (3 system calls per flush); held, it `sched_yield`s
-//! ([`FLUSH_YIELDS`] times) or sleeps [`FLUSH_WAIT_NS`] and flushes again, from where the
-//! drain stopped; the last of [`FLUSH_TRIES`] (about 5 s) passes `FLUSH_FINAL` and the drain
-//! drops what does not fit, counted. Signals stay blocked while it waits, so no handler
-//! records into a waiting buffer; a signal the program sent itself is queued again
-//! (`si_code` is not `SI_KERNEL`). Test `backpressure::flood_into_small_ring_waits_and_loses_nothing`
-//! (64 threads into a 64 KiB ring, exact per thread; `--on-full drop` balances).
+//! **Back-pressure** (`--on-full wait`, the default; LTTng's blocking mode). The eBPF
+//! side may not write user memory (lockdown), so the flush function and the drain talk
+//! through the flush register and a signal ([`HOLD_SIGNAL`], `FLUSH_*`; code in the
+//! rewriter's `isa/*/wait.rs` and `tracer-ebpf/src/programs/flush.rs`). Handshake:
+//! `register`'s empty flush passes `FLUSH_HELLO` (signals blocked); a waiting tracer
+//! answers with `HOLD_SIGNAL` (`bpf_send_signal_thread`), which `register` takes with a
+//! zero-timeout `rt_sigtimedwait`, then sets `RwHeader::on_full` (a tracer attaching to
+//! running processes writes `on_full` through `/proc/PID/mem`). No tracer, no answer:
+//! no extra system call per flush. Armed, `flush` blocks every signal, passes
+//! `FLUSH_ARMED` and takes `HOLD_SIGNAL` afterwards (3 system calls per flush); held,
+//! it `sched_yield`s ([`FLUSH_YIELDS`] times) or sleeps [`FLUSH_WAIT_NS`] and flushes
+//! again, from where the drain stopped; the last of [`FLUSH_TRIES`] (about 5 s) passes
+//! `FLUSH_FINAL` and the drain drops what does not fit, counted. Signals stay blocked
+//! while it waits, so no handler records into a waiting buffer; a signal the program
+//! sent itself is queued again (`si_code` is not `SI_KERNEL`). Test
+//! `backpressure::flood_into_small_ring_waits_and_loses_nothing` (64 threads into a 64
+//! KiB ring, exact per thread; `--on-full drop` balances).
 
 use core::mem::offset_of;
 
