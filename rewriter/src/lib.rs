@@ -6,6 +6,13 @@
 //! their sites and asks the [`isa`] backend which get inline windows and which fall
 //! back to uprobes, [`layout`] places the new segments, [`emit`] emits the code and
 //! the metadata, and [`elf::write`] appends it all to an unmodified copy of the input.
+//!
+//! [`rewrite_file`] writes the output next to the input under a temporary name with the
+//! input's mode and renames it into place: the input is never modified.
+//! [`uprobe_metadata`] serves untouched binaries (`tracer record --uprobe
+//! PATH[:GLOB,...]`, `--usdt PATH`): the metadata of a rewrite that changes none of the
+//! original bytes, every site a uprobe, so its site offsets and operand sets are the
+//! original file's.
 
 pub mod elf;
 pub mod emit;

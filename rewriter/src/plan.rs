@@ -1,6 +1,40 @@
 //! Sites to patch decisions: each chosen function's site requests (by kind, in the order
 //! their stubs run), then the ISA's plan of which sites share an inline window and
 //! which fall back to uprobes (and why).
+//!
+//! Site kinds (`--sites entry,exit,block,memory,usdt,call`, or the spec). An entry site
+//! is the function's first instruction after an optional landing pad (`endbr64`, `bti`,
+//! `paciasp`, which stays first). Exit sites are every `ret` and every unconditional
+//! direct jump to another function's start, to a PLT entry (`jmp free@plt`) or back to
+//! its own start (a tail call: the entry stub runs again), in the function and in its
+//! split-off parts (jumps between them are neither). Block sites are the first
+//! instruction, every branch target inside the function and every instruction after a
+//! control transfer. Memory sites are instructions with an explicit memory operand they
+//! read or write (x86-64: not `lea`/hint nops, gathers, `%gs` or 32-bit addressing;
+//! AArch64: `isa/aarch64/mem.rs`). USDT sites are the probes of `.note.stapsdt`. Call
+//! sites are call instructions (they record the target, computed from the operand for
+//! an indirect call, and the return address; a call uprobe site records the
+//! instruction's address instead). A chosen value (`--value entry=%rsi`, `[values]` in
+//! the spec) is computed like a USDT argument for entry, exit and block records. All
+//! stubs at one instruction (an entry, its first block, a memory access, ...) are one
+//! stub: one reservation of all their records, one full-check.
+//!
+//! Exits bring landing and resume sites: each exception landing pad of the LSDAs and the
+//! return of each `setjmp`/`sigsetjmp` call land; calls to `_Unwind_Resume` resume (callees
+//! named through the PLT and GOT, `elf/imports.rs`). Entries, landings and resumes of
+//! functions unwinding lands in carry the low 16 bits of the frame's CFA (`FLAG_FRAME`, the
+//! rule from the CFI at the site, `flow`), so a reader ends exactly the calls above the
+//! frame landed in, and a catch in an outer instance of a recursive function ends the inner
+//! ones. A landing in a function that is not traced is not seen: the calls it leaves end at
+//! the next exit below them, counted as calls without their exit (trace the functions that
+//! catch). Tests `tests/tests/unwinding.rs` (g++ -O2 exceptions through cleanups, rethrows
+//! and a recursion, gcc -O2 `longjmp`/`siglongjmp`, x86-64 and AArch64, against kernel
+//! uprobes on the original) and `cargo xtask difftest --lang cxx`.
+//!
+//! A site without a window is a uprobe site; why is its `FallbackReason`
+//! (`tracer-common/src/meta.rs`). A landing pad with no room for a stub is untraced rather
+//! than a uprobe (`LandingNotPatched`: Rust's pads are 2-byte jumps side by side, 41,663 of
+//! them in librustc_driver, and every uprobe costs its attach).
 
 use std::collections::HashMap;
 

@@ -97,10 +97,10 @@ fn signal_handler_records() {
         !handler_vals.is_empty(),
         "no record of {h} handler invocations"
     );
-    // What the current stub promises (ARCHITECTURE.md, Signals: the reservation is one
-    // xadd, an in-flight counter defers flushes): nothing lost, torn or duplicated, and
-    // each kind of record in program order (a handler's record may precede the one it
-    // interrupted, never the records before it).
+    // What the current stub promises (tracer-common/src/layout.rs, Signals: the
+    // reservation is one xadd, an in-flight counter defers flushes): nothing lost, torn
+    // or duplicated, and each kind of record in program order (a handler's record may
+    // precede the one it interrupted, never the records before it).
     assert_eq!(
         loop_vals.len() as u64,
         N,

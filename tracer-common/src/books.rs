@@ -1,6 +1,13 @@
 //! The books: what the eBPF programs count in the per-CPU `STATS` map (one index per
 //! counter, `STAT_*`), and the rule they keep: every record produced is delivered,
 //! filtered or dropped, exactly once.
+//!
+//! One definition of the counter indices and of the rule (`Books::balanced`): the eBPF
+//! drains count, the report checks. The user-space drain counts every record it takes out
+//! of a buffer produced and delivered. What never reached a drain is counted apart: a
+//! program that waited in vain for the tracer to attach its binary (its 10 s ran out, e.g.
+//! a qemu-user guest under a kernel session) is "lost before attach"
+//! (`FinalStats::unattached`: programs, not records).
 
 /// Records sent to the ring buffer.
 pub const STAT_RECORDS_DELIVERED: u32 = 0;

@@ -1,6 +1,12 @@
 //! What the eBPF programs put into the BPF ring buffer: a [`ChunkHeader`] followed by
 //! `count` [`crate::Record`]s (the used part of a thread's buffer, cut into chunks of at
 //! most [`CHUNK_RECORDS`]).
+//!
+//! A header is built by `ChunkHeader::new` / `with_records` and read by `from_bytes`; it
+//! names the entry's kind (`CHUNK_KIND_*`: records, a uprobe site's records, a user
+//! drain's slot, a thread's name, a newly mapped binary, a string) and its drain's cause
+//! (`CAUSE_*`). A USDT string argument travels as a [`StringChunk`] (up to 256 bytes)
+//! before the records that use it.
 
 use crate::record::{le_u32, le_u64};
 

@@ -10,6 +10,12 @@
 //! other one, then flips the index, so a program never sees half a configuration.
 //! Site sets live in `FILTER_SITES`, keyed by generation (the entry's index), binary
 //! id and 64-site word.
+//!
+//! Filters judge records when they are drained, not when made: records still buffered at a
+//! change are judged by the new filter, sampling (1 in N) is counted per CPU, and a value
+//! filter on a memory or USDT uprobe site sees the value before its operands are evaluated
+//! (0). The filter ids (pids, tids) are not double-buffered like the configuration: for the
+//! instant of a change a drain may see the new ids with the old configuration.
 
 /// Keep only the pids (tgids) in `FILTER_IDS` (key `id_key(ID_PID, pid)`).
 pub const F_PID: u32 = 1 << 0;

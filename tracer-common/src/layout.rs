@@ -20,6 +20,109 @@
 //! Stubs of an executable without TLS of its own read the same offset from a
 //! word of the thread's static TLS block instead (`rewriter::isa::SlotLookup`); the
 //! index is kept either way.
+//!
+//! **Slot lookup by thread word.** A dynamically linked executable without TLS of its
+//! own gets a `PT_TLS` of 8 bytes, which puts a word of every thread's static TLS block
+//! at a fixed offset from the thread pointer (`%fs:-8`, TLS variant II; AArch64
+//! `tpidr_el0 + 16`, variant I): zero in every new thread, stale only as another
+//! thread's valid entry. It holds the slot's offset like an index entry, masked so that
+//! any value names a slot, and `register` writes it. Whatever the word holds (zero in a
+//! new thread, another thread's entry after a stack is reused, anything a thread with
+//! its own TLS layout keeps there), the stub masks it to a slot and checks the slot's
+//! key: a wrong word is a miss, never a store elsewhere (test `tests/tests/stress.rs`:
+//! 2,000 short-lived threads on reused stacks, exact per thread, with the thread word
+//! and, `_own_tls`, with the index; readelf and objdump say which). One `%fs`-relative
+//! load replaces the hash and the index load (sqlite, stubs only, coarse time: 1.30 s →
+//! 1.245 s, 0.26 ns a record). Libraries (their TLS block is not at a fixed offset),
+//! static executables (the pre-TLS slot), executables with their own `PT_TLS` (a word
+//! could only be prepended, moving their variables for debuggers) and slot counts that
+//! are not a power of two use the index. `register` keeps the index in every case, for
+//! the eBPF exit drains, which find a slot from the task's thread pointer. A thread
+//! made by raw `clone` without `CLONE_SETTLS` shares its parent's thread pointer, and
+//! so its slot.
+//!
+//! **Signals.** A handler that records while the interrupted code is inside a stub on
+//! the same thread: the reservation is a single `xadd` (AArch64: an exclusive pair the
+//! kernel's exception return makes fail and retry), so the two records never get the
+//! same place. `Slot::inflight` is incremented before the reservation and decremented
+//! after the last store; a flush (eBPF and user code alike) that sees it non-zero does
+//! nothing, the buffer runs into its slack ([`BUF_SLACK_RECORDS`] = 8 records after
+//! `end`, enough for 8 nested handlers) and the thread's next record flushes it. The
+//! user-space reset in `flush` only happens while the buffer is still full, so a
+//! handler that runs between the eBPF drain and that reset keeps its record. The
+//! uprobe-site program also skips draining while `inflight != 0` and emits only its own
+//! record, which then precedes the interrupted thread's buffered ones. Net: no record
+//! is lost, torn or duplicated; a handler's records may come before the interrupted one
+//! (buffer order is reservation order; timestamps are taken after it). Test
+//! `signals::signal_handler_records`.
+//!
+//! **Buffer kinds** (`--buffer-kind`, `[buffer] kind`, `RwHeader::buf_kind`, metadata
+//! flags). `trace`: a full buffer is flushed. `circular`: the stub resets `cur` to `start`
+//! itself when the buffer is full (and bumps the epoch), so the buffer holds the newest
+//! records. `fast-circular`: 64 KiB rings, 64 KiB aligned (the RW segment's `p_align` makes
+//! the loader keep that), reserved with an `xadd` on the low 16 bits of `cur` (AArch64
+//! `ldxrh`/`stxrh`) and `start + offset`, so the ring wraps with no check at all (USDT
+//! probes of more than two arguments are refused there). Ring records carry `FLAG_RING`;
+//! rings skip the `inflight` bracket and are never flushed: the eBPF exit programs and
+//! `killed` (crash signals and SIGKILL, cause `CAUSE_CRASH`) deliver a ring whole, oldest
+//! first (`[cur, end)` then `[start, cur)`), once per state (`DRAINED` remembers `cur` and
+//! the record before it); the user-space drain reads and rotates it at the exit stop.
+//! Readers skip never-written ring records (flags 0); `tracer report --last N` lists each
+//! thread's last N records, newest first: after a crash, what ran last.
+//!
+//! **Static executables.** Before libc installs the thread pointer, `%fs` is 0 and
+//! `%fs:0` would fault (AArch64: `tpidr_el0` is 0, which the stub skips). The rewriter
+//! points `e_entry` at a shim that sets the thread pointer to a stand-in TCB at
+//! `PRE_TLS_OFF` whose first word is its own address; records of that phase go to slot
+//! 1. When the main thread's first record after libc's `arch_prctl(ARCH_SET_FS)`
+//! registers a real slot, `register` flushes slot 1 and tombstones it (the user-space
+//! drain is sent slot 1's records the same way).
+//!
+//! **The user-space drain** (`tracer record --user`, no eBPF; both backends inject the same
+//! code). At the first registration in a binary (`RwHeader::user_state` = [`USER_UNKNOWN`])
+//! `register` asks `getsockopt(USER_DRAIN_FD, SOL_SOCKET, SO_TYPE)`: `SOCK_SEQPACKET` →
+//! [`USER_ON`], anything else → [`USER_OFF`]. Only a dumpable process
+//! (`prctl(PR_GET_DUMPABLE)` = 1: not setuid, setgid or given file capabilities) joins, and
+//! only a peer whose `SO_PEERCRED` uid is 0 or its own `geteuid`; anything refused is
+//! `USER_OFF` with no wait, else whoever put a socket there would read a privileged
+//! program's records. The decision is per binary and process; without a tracer it costs
+//! `prctl` and `getsockopt` before the session socket is looked for. Messages are
+//! `sendmsg(1021, [ChunkHeader, payload], MSG_NOSIGNAL)`, retried on EINTR; any other error
+//! sets `USER_OFF`. A claimed slot is announced with `CHUNK_KIND_SLOT` (count 0,
+//! `CAUSE_REGISTER`, payload = slot address and `rw_base`); `flush`, after the uprobe `nop`
+//! and the `inflight` / still-full checks, sends `[start, cur)` as `CHUNK_KIND_RECORDS`
+//! messages of at most `USER_MSG_RECORDS` (1024) records (pid = `getpid`, tid =
+//! `slot.owner_tid`, seq = a fetch-add on `RwHeader::user_seq`, cause `CAUSE_FULL`), then
+//! resets `cur`. `user_drain` blocks signals while it sends, so a handler cannot send the
+//! same records twice.
+//!
+//! **Waiting for the session** ([`USER_SESSION`]). A program started under `record -- CMD`
+//! finds the session's socket at 1021; one without it (a `close_fds` took it, or a
+//! system-wide session) connects to the abstract socket `SESSION_SOCKET` (socket, connect,
+//! close: three system calls when no session listens). After the same checks as above it
+//! polls the socket 1 ms at a time, at most [`ATTACH_POLLS`] (10 s), until
+//! `RwHeader::attached` says the tracer has attached its binary (the tracer writes
+//! `ATTACHED` through `/proc/PID/mem`), then sends one byte (`ATTACH_DONE`, or
+//! `ATTACH_GAVE_UP` when the time ran out; nothing when the other end closed) and turns
+//! `USER_OFF`: one `sendto` per binary and process.
+//!
+//! **Back-pressure** (`--on-full wait`, the default; LTTng's blocking mode). The eBPF
+//! side may not write user memory (lockdown), so the flush function and the drain talk
+//! through the flush register and a signal ([`HOLD_SIGNAL`], `FLUSH_*`; code in the
+//! rewriter's `isa/*/wait.rs` and `tracer-ebpf/src/programs/flush.rs`). Handshake:
+//! `register`'s empty flush passes `FLUSH_HELLO` (signals blocked); a waiting tracer
+//! answers with `HOLD_SIGNAL` (`bpf_send_signal_thread`), which `register` takes with a
+//! zero-timeout `rt_sigtimedwait`, then sets `RwHeader::on_full` (a tracer attaching to
+//! running processes writes `on_full` through `/proc/PID/mem`). No tracer, no answer:
+//! no extra system call per flush. Armed, `flush` blocks every signal, passes
+//! `FLUSH_ARMED` and takes `HOLD_SIGNAL` afterwards (3 system calls per flush); held,
+//! it `sched_yield`s ([`FLUSH_YIELDS`] times) or sleeps [`FLUSH_WAIT_NS`] and flushes
+//! again, from where the drain stopped; the last of [`FLUSH_TRIES`] (about 5 s) passes
+//! `FLUSH_FINAL` and the drain drops what does not fit, counted. Signals stay blocked
+//! while it waits, so no handler records into a waiting buffer; a signal the program
+//! sent itself is queued again (`si_code` is not `SI_KERNEL`). Test
+//! `backpressure::flood_into_small_ring_waits_and_loses_nothing` (64 threads into a 64
+//! KiB ring, exact per thread; `--on-full drop` balances).
 
 use core::mem::offset_of;
 

@@ -39,6 +39,12 @@
 //! records then carry zeros, as before). The reason table came the same way: older
 //! tracers stop reading after the operands, and metadata without it (older rewriters,
 //! no uprobe site) gives every uprobe site the reason [`FallbackReason::Unknown`].
+//!
+//! The note holds the site table, the buffer geometry and, per uprobe site, why it is one
+//! (`FallbackReason`: printed by `rewriter -v` and by `tracer report`, each uprobe site
+//! hottest first). Decoding a note never makes more than it holds, names included, and at
+//! most [`MAX_DECODED_BYTES`] in all, else `MetaError::TooLarge` (a hostile binary's note
+//! cannot multiply in the tracer's memory: test `trust_limits`).
 
 use std::fmt;
 

@@ -1,4 +1,19 @@
 //! The one record that every site stores (inline stub or uprobe fallback).
+//!
+//! This file is the only definition of the 32-byte `Record`, every record flag and the
+//! field offsets; the offsets the stubs and the eBPF programs hard-code are derived
+//! from the structs with `offset_of!` and pinned by `const` asserts.
+//!
+//! The `time` field by time mode (`meta::TimeMode`, named in the metadata and printed
+//! by the report): `record` stores the cycle counter (`rdtsc`, `cntvct_el0`); `block`
+//! reads it only in basic-block stubs; `coarse` stores no clock, only the buffer's
+//! epoch (`Slot::generation`, bumped by every reset: the no-write drain,
+//! `tracer-ebpf/src/slots.rs`, needs a stamp that changes when a buffer is refilled).
+//! Every chunk header carries its drain's `CLOCK_MONOTONIC` sample, and readers spread
+//! a thread's coarse records evenly between the samples of the drains before and after
+//! them (`read/coarse.rs`; such records get `FLAG_KTIME` and flag `0x100`). Uprobe-site
+//! records carry `FLAG_UPROBE | FLAG_KTIME` and `bpf_ktime_get_ns` (eBPF cannot read
+//! the TSC).
 
 /// Version of [`Record`]'s layout; stored in the metadata note and in trace files.
 pub const RECORD_VERSION: u32 = 1;

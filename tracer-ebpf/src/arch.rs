@@ -4,6 +4,13 @@
 //! `thread.fsbase`. AArch64 (the rewriter's convention): slot in x9, first argument x0,
 //! return address x30 (PAC bits stripped), thread pointer `thread.uw.tp_value` (which
 //! the kernel only refreshes at context switch, see [`THREAD_POINTER_MAY_BE_STALE`]).
+//!
+//! AArch64 uprobe sites clear x30's PAC bits with a 48-bit user-VA mask. Since
+//! `thread.uw.tp_value` is refreshed only at context switch (user space sets
+//! `tpidr_el0` with `msr`), a main thread not switched out since it installed its TLS
+//! shows 0 there: exit drains then find the slot by `owner_tid`. Tested on a real arm64
+//! kernel (6.1) by `cargo xtask test-arm64-vm`, in write-user mode (no lockdown in the
+//! VM).
 
 use aya_ebpf::{helpers::bpf_probe_read_kernel, helpers::generated::bpf_get_current_task};
 

@@ -1,6 +1,11 @@
 //! The books: per-CPU counters (`STATS`, indexed by `STAT_*`) and the chunk sequence
 //! number. Every record taken out of a buffer (or emitted at a uprobe site) is counted
 //! produced, then exactly once delivered, filtered or dropped (`tracer_common::Books`).
+//!
+//! Produced counts records when they are taken, so records a held flush leaves behind are
+//! counted once, when they finally go; `STAT_HOLDS` counts the waits (the report's
+//! "back-pressure" line). A chunk sequence number is taken once a ring entry is reserved (a
+//! dropped chunk still takes one), so chunks lost stays issued − received.
 
 use tracer_common::{
     STAT_CHUNKS, STAT_RECORDS_DELIVERED, STAT_RECORDS_DROPPED, STAT_RECORDS_FILTERED,

@@ -26,6 +26,17 @@
 //! `S` = the program is sleepable: where the plain read fails (a page that is not
 //! resident), `bpf_copy_from_user` faults it in. Non-sleepable programs get a copy of
 //! this code without that helper (the verifier refuses it there).
+//!
+//! Chunks are tagged with pid, tid, a global sequence number and the binary id. Rings
+//! under 256 KiB take chunks of at most 128 records (`SMALL_CHUNKS`, a frozen global
+//! the verifier reads as a constant). Only the chunk that fills the ring past an eighth
+//! of its size wakes the consumer (`wakeup`; the consumer also looks every 10 ms and
+//! reads on while it finds entries): a wakeup is an irq_work self-IPI and an IPI, VM
+//! exits here (forced at every chunk past the eighth they cost a traced loop 12 ns per
+//! record), and full buffers come by the thousand a second. The per-CPU scratch has a
+//! busy flag against a preempted sleepable drain: a drain that finds it held drops all
+//! of its records (counted). Drains of binaries with string arguments never hold
+//! either: they drop as under `--on-full drop`.
 
 use core::ffi::c_void;
 

@@ -1,5 +1,8 @@
 //! In-kernel filters (`tracer_common::filter`): the per-thread tests of a drain, the
 //! per-record tests, and the thread-name announcements (`CHUNK_KIND_COMM`).
+//!
+//! Thread names: every drain checks the thread's `comm` against `COMMS` and sends a
+//! `CHUNK_KIND_COMM` entry when it is new or changed (a comm section in the file).
 
 use aya_ebpf::helpers::{
     bpf_get_current_comm, bpf_get_current_uid_gid, generated::bpf_get_current_cgroup_id,

@@ -1,6 +1,9 @@
 //! Maps and globals of the eBPF object, and the types of their values: declarations
 //! only (the loader finds them by the names in `tracer_common::ebpf`), no logic, so that
 //! every other module can depend on this one.
+//!
+//! So the map value types live here too (`RecordFilter`, `ExitWork`, `Scratch`): this
+//! module imports nothing above it.
 
 use aya_ebpf::{
     Global,

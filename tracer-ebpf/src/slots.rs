@@ -1,5 +1,30 @@
 //! A thread's slot in an RW area (see tracer_common::layout): finding it (index, then
 //! scan), draining it from where the last drain stopped, resetting or releasing it.
+//!
+//! Where the kernel allows `bpf_probe_write_user` (the tracer probes it at start and
+//! records `write_user` in the trace file) a drain resets the buffer it drained (`cur =
+//! start`) and, at thread exit, tombstones and unindexes the slot. Under kernel
+//! lockdown (this project's machines, so write-user is not exercised by the tests) the
+//! programs never write user memory: `DRAINED` remembers, per (process, slot), where
+//! the last drain stopped and the stamp of the record just before; the next drain
+//! starts there while that stamp is unchanged (the program has not reset the buffer
+//! since). Slots of dead threads are then reused through thread-pointer reuse or
+//! `register`'s dead-owner reclaim. Several sessions at once each keep their own
+//! `DRAINED`, so each gets every record of its targets (with write-user the first
+//! session's reset would hide the buffer from the second: not supported).
+//!
+//! A forked child (fork, vfork, posix_spawn) starts with a copy of the forking thread's
+//! buffer: [`inherit`] marks those records delivered for the child (a `DRAINED` position),
+//! so each comes once, under the process that made it (test `forks.rs`).
+//!
+//! A drain that fails to read part of a buffer (a non-resident page where the program
+//! cannot sleep) counts the rest dropped but does not move the slot on: a later drain
+//! of the same buffer (`task_exit` after `thread_exit`, the next flush) tries again, so
+//! those records may be counted dropped twice, or the part delivered before the failure
+//! delivered twice if the page is readable by then (the books balance either way). A
+//! hostile process can so make its own records be delivered twice or not at all (e.g. a
+//! forged `rw_base` whose buffer kind reads as circular), never affect other processes
+//! or the tracer (`tests/tests/hostile.rs`).
 
 use core::ffi::c_void;
 

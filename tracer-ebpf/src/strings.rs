@@ -14,6 +14,12 @@
 //! drain (`drain::filtered_drain`), where each kept record passes through here; a
 //! pointer is read once per drain (the thread is stopped while its buffer is drained),
 //! and sites and pointers are cached for the drain in the per-CPU scratch.
+//!
+//! The read is `bpf_probe_read_user_str` of `STRING_PROBE_BYTES` − 1 bytes and the NUL,
+//! compared with what `STRINGS[tgid, ptr]` last sent; a difference sends a
+//! `StringChunk` of up to 256 bytes. `tracer-user/src/probes.rs` says which arguments
+//! are strings; the loader fills `STRING_SITES`. Test
+//! `python::python_functions_by_name_as_bpftrace_counts_them`.
 
 use core::ffi::c_void;
 

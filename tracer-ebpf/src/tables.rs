@@ -2,6 +2,16 @@
 //! over them (exit drains, uprobe sites, forks). One `bpf_loop` callback per walk rather
 //! than an unrolled loop: the verifier then checks the body once instead of once per
 //! table entry.
+//!
+//! In a system-wide session (`SYSTEM_WIDE`: every process a target) `fork` copies a
+//! parent's entry to the child and `exec` forgets it. One uid's processes hold at most
+//! half of `TABLES` (`TABLES_PER_UID`): every new entry, the tracer's seed, one learned
+//! at a flush or copied at `fork`, is charged to the process's real uid (`TABLE_OWNERS`
+//! tgid → uid, `TABLE_UIDS` uid → count, given back wherever an entry is removed: exec,
+//! a thread's or process's exit) and refused past the share (such a process is not
+//! drained at exit; counted, `STAT_TABLE_SHARE`; test `trust_tables`). The charges here
+//! are atomic; the tracer's seeds are not, so a race with a flush may leave a count off
+//! by one, never below 0.
 
 use core::ffi::c_void;
 

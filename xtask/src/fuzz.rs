@@ -5,6 +5,14 @@
 //! (`target/fuzz/corpus/TARGET`, kept across runs); a crash is saved under
 //! `target/fuzz/artifacts/TARGET` and fails the run. Every run's executions and
 //! coverage are appended to `target/fuzz/log.tsv`, and the totals per target printed.
+//!
+//! `fuzz/` holds one target per input parser (`fuzz_targets/`: the rewriter's ELF input,
+//! the trace reader and every view, the TOML spec, USDT argument specs and `.note.stapsdt`,
+//! `.note.utrace`, the control protocol, the user drain's target data), `seeds/TARGET` the
+//! committed seeds from the fixtures and `findings/TARGET` every input that once failed. It
+//! is its own workspace, excluded from the main one. `--replay` runs every seed and past
+//! finding once, as `cargo xtask test` does; `rewriter/tests/fuzz_findings.rs` replays the
+//! rewriter's findings too.
 
 use std::{collections::BTreeMap, io::Write as _, path::PathBuf};
 

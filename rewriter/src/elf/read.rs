@@ -1,5 +1,15 @@
 //! Reading and checking the input binary: ELF header, segments, sections, function
 //! symbols. Nothing here writes.
+//!
+//! What the reader hands out is consistent: it refuses as "malformed" what no loader
+//! maps or what would make the rewriter write elsewhere than it read: a PT_LOAD past
+//! the file, below its own offset, larger in the file than in memory or past the 48-bit
+//! user space (`USER_END`); sections, function symbols and FDEs ending past it; a code
+//! section whose file offset is not where its segment maps it. Downstream, `addr +
+//! size` never overflows and a patch lands on the bytes that were decoded (`cargo xtask
+//! fuzz rewrite_elf`: an output must read back as rewritten; past findings in
+//! `fuzz/findings/rewrite_elf`, replayed by `rewriter/tests/fuzz_findings.rs`). It also
+//! reads the file's kind and build-id, and refuses a binary that is already rewritten.
 
 use object::LittleEndian as LE;
 use object::elf;

@@ -1,6 +1,40 @@
 //! The instruction-set backends. Everything ISA-specific (decoding, deciding whether a
 //! site can be patched, relocating displaced instructions, emitting stubs and the
 //! injected run-time code) sits behind [`Isa`]; the ELF layout code is shared.
+//!
+//! Here: the `Isa` trait and `isa::of` (machine → backend, `machine.rs` the one
+//! `e_machine` match); the generic `sites_of` over per-instruction facts (`InsnFacts`:
+//! return, direct target, transfer, memory access, call); branch targets and window
+//! merging; `arg.rs` `<sys/sdt.h>` argument specs, `operands.rs` uprobe operand sets,
+//! `linux.rs` the Linux ABI constants both runtimes use. Each backend folder has the
+//! same file names: `mod.rs` decode and plan, `flow.rs` jump tables and tail calls,
+//! `usdt.rs` the argument syntax, `stub.rs` the inline stub, `runtime.rs` flush /
+//! register / pre-TLS shim / user drain, `wait.rs` the flush's back-pressure path.
+//!
+//! Branch targets come from function symbols, a linear sweep of direct branches and
+//! `flow` (jump tables, landing pads, FDE starts). A target is *local*
+//! (`Targets::local_jumps`: a window may hold it and re-point its jumps) when only
+//! direct jumps from the same function reach it. A backend plans a function's sites
+//! into **windows**: ranges of original code moved into one trampoline, the stubs of
+//! the sites inside placed before their instructions, then a branch back (none after a
+//! `ret`/`jmp`). Every known way into a displaced range leads to its trampoline: the
+//! range's first instruction becomes the jump there; a known target inside is reached
+//! only by jumps moved into the same window (re-pointed at the copy) or gets a
+//! **landing**, a jump written in the displaced bytes to the copy, and so does the
+//! return address of a call moved into it; every other byte is `int3`. Windows that
+//! overlap merge (entry and exit of a tiny function share one) and get their landings
+//! as merged. In a function with an indirect jump `flow` could not explain, only
+//! windows with no reachable interior are used. Tests `tests/tests/windows.rs` (against
+//! kernel uprobes on the original), `matrix.rs`, `real_programs.rs` (whole programs
+//! against the original).
+//!
+//! A split-off part with no room for any window (a `.cold` part of 1 to 4 bytes, e.g.
+//! `xor %eax,%eax; ret`, with another function right after it) is **entered by its jumps**:
+//! when only direct jumps with a 32-bit displacement from outside it reach its start and no
+//! branch lands inside, those jumps are re-pointed at a trampoline holding the whole part
+//! (`Window::entered_by`), unless one of them lies in bytes another window moves
+//! (`emit::repoint`); the part's bytes stay, so a way in not seen runs the original code,
+//! untraced (test `cold_parts::a_part_too_short_for_a_jump_is_entered_by_its_jumps`).
 
 use crate::elf::read::{Function, Input};
 use crate::isa::arg::Arg;

@@ -1,5 +1,9 @@
 //! Which functions become sites (never `__restore_rt`, never split-off `.cold`/`.warm`
 //! parts).
+//!
+//! Functions are the symbols' ranges and the `.eh_frame` FDEs' (stripped binaries name most
+//! functions only there: an FDE range with no symbol becomes `sub_<addr>`); `--functions`
+//! globs match their demangled names.
 
 use crate::elf::read::{Function, Input};
 use crate::error::{Error, Result};

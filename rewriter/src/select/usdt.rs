@@ -11,6 +11,12 @@
 //! signed, `f` floating point, and OPERAND is the operand string the compiler printed
 //! for an `asm` input with constraint "nor" (immediate, offsettable memory, register),
 //! in the target assembler's syntax. The forms accepted are listed at [`parse_arg`].
+//!
+//! A probe's semaphore (a `u16` in `.probes` that the program tests before computing
+//! the arguments) is never written by the rewriter, so a rewritten program without a
+//! tracer behaves exactly like the original: `emit` adds one never-executed `nop` per
+//! semaphore (an anchor, listed in the metadata) on which the tracer opens a perf
+//! uprobe event with the semaphore as its reference counter.
 
 pub use crate::isa::arg::{Arg, ArgError, ArgLoc, Reg, parse_arg};
 use object::elf;

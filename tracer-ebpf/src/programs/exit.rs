@@ -3,6 +3,25 @@
 //! (sys_enter_exit_group) and `killed` (signal_deliver: SIGKILL or a crash signal)
 //! drain them before do_exit; `task_exit` (sched_process_exit) drains what is left,
 //! read-only, and forgets finished processes; `exit_step` is one step of those drains.
+//!
+//! A thread's slot is found from the task's thread pointer
+//! (`task_struct.thread.fsbase`, its offset read from kernel BTF by the tracer). The
+//! drains before do_exit exist because before Linux 6.16 (Debian 12 runs 6.1)
+//! `sched_process_exit` fires after `exit_mm`, when user memory can no longer be read;
+//! `task_exit` then drains whatever is still left (newer kernels, other fatal signals).
+//! A thread calling `execve`/`execveat` drains its slots first (the image they live in
+//! is going; an exec that fails goes on from there), and crash signals (SIGSEGV,
+//! SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP, SIGSYS) deliver the thread's buffers at
+//! `signal_deliver`. Records are attributed to the tid running when they are drained,
+//! so a new thread that later reuses the same thread pointer (and, silently, the same
+//! slot) never gets the old thread's records.
+//!
+//! Tail calls: a drain under the exit walk's loop under the chunk loop cost the
+//! verifier seconds per program, so the exit programs store the walk
+//! (`EXIT_WORK[pid_tid]`: the process's RW areas, copied, and the step) and tail-call
+//! `exit_step`, which drains one slot per call and tail-calls itself (16 steps < the
+//! 33-call limit). Tracepoints cannot sleep: a non-resident buffer page is a read error
+//! there (its records counted dropped).
 
 use aya_ebpf::{helpers::bpf_get_current_pid_tgid, programs::TracePointContext};
 use tracer_common::{CAUSE_CRASH, CAUSE_TASK_EXIT, CAUSE_THREAD_EXIT};

@@ -7,6 +7,10 @@
 //! again. A registration's flush (`FLUSH_HELLO`) gets the same signal as the answer
 //! that this tracer waits. If the signal cannot be sent, the held records are counted
 //! dropped: the flush function resets the buffer.
+//!
+//! `flush_s`, where the kernel has sleepable uprobes: a buffer page that is not resident
+//! (swapped out, a file page never touched) makes `bpf_probe_read_user` fail, and the drain
+//! retries with `bpf_copy_from_user`, which faults it in (test `nonresident`).
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, generated::bpf_send_signal_thread},

@@ -2,6 +2,10 @@
 //! processes traced; `exec` (sched_process_exec) and `mmap` (sys_enter_mmap of an
 //! executable file) tell the tracer a process has new code to look at
 //! (`CHUNK_KIND_MAPPED`).
+//!
+//! `mmap` is announced on entry, possibly before the mapping exists (the tracer looks again
+//! 10 ms later). At a fork the child also gets the parent's `TABLES` entry and the forking
+//! thread's inherited records are marked delivered for it (`slots::inherit`).
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_get_current_uid_gid, generated::bpf_ktime_get_ns},

@@ -2,6 +2,13 @@
 //! ordinal, record selector, site id) drains the thread's buffer of that binary (keeps
 //! order), then emits the record an inline stub would: a memory site's effective
 //! address and a USDT probe's arguments from its `OPERANDS` descriptors.
+//!
+//! The tracer attaches uprobes in descending site id: the kernel runs the consumers of
+//! one address last attached first, so sites sharing an instruction record in id order,
+//! as their inline stub would. Registers are read at constant context offsets into a
+//! local array; an operand set holds up to 12 operands; a probe's arguments 3.. become
+//! extra records of the same chunk. A call uprobe site records the instruction's
+//! address, not the target. The record carries `FLAG_UPROBE | FLAG_KTIME`.
 
 use aya_ebpf::{
     EbpfContext,

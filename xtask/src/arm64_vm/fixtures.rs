@@ -1,5 +1,8 @@
 //! `xtask/arm64-vm/fixture.c` built several ways and rewritten, with what each trace must
 //! hold.
+//!
+//! Expected records are exact, except for the atomics program with block and memory sites:
+//! its printed sums and its report's untraced sites (the exclusive sequences).
 
 use std::path::Path;
 

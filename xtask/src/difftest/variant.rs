@@ -1,5 +1,8 @@
 //! A program's builds: compiler × optimisation level, each with a link mode and a
 //! time mode chosen from the seed (so every combination comes up across seeds).
+//!
+//! The program's functions (what the oracle and the checks count per function) come from
+//! its object file.
 
 use std::path::{Path, PathBuf};
 

@@ -9,6 +9,36 @@
 //! and reserves a record with an exclusive load/store pair (no LSE on cortex-a72; the
 //! kernel clears the exclusive monitor on exception return, so a signal handler
 //! recording in between makes the interrupted `stxr` fail and retry).
+//!
+//! Same spine as x86-64: the ELF writer, the RW layout, the record and the metadata
+//! (`arch` = `ARCH_AARCH64`) are shared. Exits are `ret`, `retaa`/`retab` (x30 still
+//! signed: the stub strips a copy) and `b` to another function's start. A window is
+//! always the site's single instruction, so a branch landing on a block start, a `ret`
+//! or a memory access simply runs its stub; entry and exit stubs are the same code (x0
+//! is the argument at an entry, the return value at an exit), and since the stub never
+//! writes NZCV it is the same for every kind. No padding is needed; new segments are 64
+//! KiB aligned (the page size AArch64 binaries are linked for).
+//!
+//! **Untraced** (`SiteMode::Untraced`, reason `ExclusiveSequence`): a site after a
+//! load-exclusive and up to its store-exclusive; a stub's stores and its own exclusive
+//! pair, like a uprobe's trap, clear the monitor, and the store-exclusive would fail on
+//! every retry (after a load-exclusive no store-exclusive follows, a wait on the
+//! monitor, sites stay uprobe sites). `rewriter -v` and `tracer report` list them. A
+//! site at the load-exclusive itself is inline: its stub runs before the load, and a
+//! retry runs it again as the load runs again. An entry there (a function that starts
+//! with its load-exclusive, the retry's target) runs after the sequence and its retry
+//! branch if every way out of the sequence goes there and nothing else does
+//! (`entry_after_sequence`; the sequence moves no stack pointer and calls nothing);
+//! otherwise, or when it records a value, it stays a uprobe site. Tests
+//! `tests/tests/exclusive.rs` (the bytes of every sequence of a `-mno-outline-atomics`
+//! build are the original's, against objdump) and `cargo xtask test-arm64-vm` (4
+//! threads end with the right sums under the kernel drain).
+//!
+//! **Uprobe instead** when the trampoline is out of `B`'s range, or the displaced
+//! instruction is a known branch target (direct branches from a linear sweep, function
+//! symbols) other than the function start, an indirect call (`blr*`), a trap (`svc`, `brk`,
+//! `hlt`, `udf`), undecodable, or a PC-relative form not relocated (SIMD literal loads,
+//! compare-and-branch, `bc.cond`).
 
 mod enc;
 mod flow;

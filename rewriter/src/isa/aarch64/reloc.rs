@@ -8,6 +8,14 @@
 //! touches NZCV or a register the original instruction would not have written, except
 //! `x30` for BL, which gets the ORIGINAL return address so that the callee returns
 //! behind the site.
+//!
+//! Per form: ADR → `adrp`+`add` into the same register; ADRP → `adrp` from the new PC;
+//! LDR/LDRSW (literal) → `adrp`+`add` into the destination register, then the load
+//! through it; PRFM (literal) → `nop` (a hint); B → `b`; BL → `adrp`+`add x30` = the
+//! original return address, then `b` (unwinders see the real caller); B.cond / CBZ /
+//! CBNZ / TBZ / TBNZ → the same test re-pointed at +8, `b back`, `b target`. Every
+//! class is checked against objdump in the unit tests and run under qemu by
+//! `tests/fixtures/reloc_a64.S`.
 
 use disarm64::decoder::{self, InsnId};
 

@@ -1,6 +1,14 @@
 //! Code injected once per binary (AArch64): flush (uprobe point), register (a
 //! thread's first record) and, for static executables, the entry shim. Same protocol
-//! as the x86-64 runtime; see that module and ARCHITECTURE.md.
+//! as the x86-64 runtime; see that module and `tracer-common/src/layout.rs`.
+//!
+//! `flush`: a `nop` for the uprobe, then the same reset rule, clobbering x10/x11 only.
+//! `register`: x10 = tp → x9 = slot or 0; the x86-64 protocol with an exclusive-pair
+//! CAS, `clrex` when a CAS is abandoned, arm64 syscall numbers, NZCV saved with
+//! `mrs`/`msr`. The user-space drain (`user_drain`/`user_send`, the same messages as on
+//! x86-64): `user_drain` saves x0..x8, x12..x14, x30 and NZCV so that `flush` still
+//! clobbers only x10/x11; frames are 16-byte multiples. The static entry shim: `msr
+//! tpidr_el0` = the pre-TLS TCB.
 
 use super::enc::*;
 use super::wait;

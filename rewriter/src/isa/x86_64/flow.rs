@@ -21,6 +21,12 @@
 //! The same data flow tracks the stack pointer (`Val::Stack`) and where a value came
 //! from, to classify an indirect jump that is not a table as a tail call (see
 //! [`crate::flow::Flow::tail_calls`]).
+//!
+//! An indirect jump to a function pointer in a split-off part (a `.cold` symbol or an FDE
+//! that starts mid-frame) is a tail call when the CFI says the stack is back at entry
+//! height. An unbounded table is read while its entries are instruction starts, anywhere
+//! (BOLT puts the first in `.warm`/`.cold`), and believed if one is a label rather than a
+//! function start.
 
 use std::collections::BTreeSet;
 

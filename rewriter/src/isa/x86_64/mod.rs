@@ -6,6 +6,33 @@
 //! instructions that leave RFLAGS alone (`mov`, `lea`, `not`, `movzx`, `push`, `pop`,
 //! `rdtsc`, `jrcxz`, `jmp`, `call`): comparisons are `not` + `lea` + `jrcxz`. The
 //! out-of-line register routine saves RFLAGS itself.
+//!
+//! Windows. An entry window runs forward from the site (a direct `call` may only end
+//! it: it becomes `push <original return address>; jmp callee`, so the callee returns
+//! behind the window and unwinders see the real caller) and may take the int3/nop
+//! padding after a function shorter than 5 bytes; an exit window runs backward over the
+//! instructions before the `ret` or forward into the padding. Where those hold a branch
+//! target, a window may still start a few instructions earlier and grow over the jumps
+//! to its inside (`isa::Targets::local_jumps`, counted by the sweep) and end a few
+//! instructions later than it must, for room: those jumps move along and are re-pointed
+//! at the copy (labels in `stub::emit_window`); targets that code outside still jumps
+//! to get a landing (5 bytes, or a 2-byte hop to a 5-byte jump in unused bytes). Such a
+//! window may hold calls anywhere: the callee returns to the original address after the
+//! call, which gets a landing. A jump in a window to a `ret` outside it goes to a
+//! **tail**, the trampoline's own copy of that `ret` after the stubs of its sites, so
+//! an exit with no room for a window of its own is still recorded inline on that way.
+//! There is no `reloc.rs`: iced-x86's block encoder relocates a window's instructions
+//! where the stub is emitted.
+//!
+//! Exits that stay uprobes (issue 30's 99.9 % inline target is met on libstdc++, not yet on
+//! python3.11 or librustc_driver): an indirect jump the scanner cannot explain makes its
+//! whole function's interior unsure (a jump whose value comes from registers live into a
+//! split-off part, a reload from a frame whose address was passed out); a function of 1 to
+//! 4 bytes with no padding after it that is called (python3.11 exports a dozen, such as
+//! `PyEval_InitThreads`, a lone `ret`: callers through the dynamic symbol cannot be
+//! re-pointed); a branch target inside the bytes a window needs that a jump from outside
+//! the window reaches. No return trampolines: a swapped return address breaks the program's
+//! own unwinder (a uretprobe on a throwing function aborts a C++ program).
 
 mod flow;
 mod runtime;

@@ -1,6 +1,30 @@
 //! Code injected once per binary: the flush function (uprobe point), the register
 //! routine (a thread's first record) and, for static executables, the entry shim that
 //! installs a stand-in thread pointer until libc sets the real one.
+//!
+//! `register` (a thread's first record, an index miss): finds the thread's slot after
+//! an index collision, or claims a free or tombstoned one with `lock cmpxchg` (key →
+//! `KEY_CLAIMING` while initialising, then the thread pointer), reclaims a dead
+//! thread's slot (`tgkill(pid, tid, 0)` = ESRCH) when none is free, or counts the
+//! record in `RwHeader::no_slot_drops`. A fresh slot is announced with an empty flush,
+//! so the tracer learns the process's RW areas before they hold anything. Signals are
+//! blocked while it runs, so a handler cannot claim a second slot for the thread. Its
+//! system calls are the only ones a rewritten program adds: per thread signal masking,
+//! `gettid` and the empty flush's zero-timeout `rt_sigtimedwait`; per binary
+//! `prctl(PR_GET_DUMPABLE)`, one `getsockopt` and, without the session descriptor,
+//! `socket`, `connect` and `close` to look for a session; `tgkill(pid, tid, 0)` when it
+//! reclaims a slot (test
+//! `trust_runtime::without_a_tracer_the_runtime_adds_only_registers_calls`;
+//! `short_lived.rs` checks with strace that a program without a session never polls or
+//! sleeps).
+//!
+//! `flush` starts with a NOP, where the tracer's uprobe sits: after one load of `cur`, so
+//! that a signal handler recording between the drain and the flush's own reset is seen and
+//! its records kept for the next flush; a 4-byte NOP, which the kernel emulates, not nop5,
+//! whose uprobe Linux 6.18 turns into a call to a per-process trampoline that fork()ed
+//! children lack (their first flush crashed). With no tracer attached the flush resets the
+//! buffer itself and the program runs on. The user-space drain, the session wait and the
+//! pre-TLS shim follow `tracer-common/src/layout.rs`.
 
 use iced_x86::code_asm::*;
 use iced_x86::{BlockEncoderOptions, Register};

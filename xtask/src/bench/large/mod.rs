@@ -1,5 +1,7 @@
 //! The large-binary section: every function of the toolchain's `librustc_driver` rewritten,
 //! timed and sized, then a private sysroot with it must compile like the original.
+//!
+//! Rewritten twice: entries only, then entries and exits.
 
 mod sysroot;
 
