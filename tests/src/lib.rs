@@ -6,6 +6,23 @@
 //!
 //! Environment: `UTRACE_KEEP_TMP=1` keeps the temporary directories (they are always
 //! kept when a test fails).
+//!
+//! A module per concern: `paths`, `command`, `compile`, `rewriter`, `tracer`, `dump`,
+//! `report`, `checks`, `same_output` (a rewritten program alone and under the tracer),
+//! `fixture_oracle` (what matrix.c and app_so.c must record), `own_slot`, `oracle` (kernel
+//! uprobes on the original), `site_checks`, `real_programs`, `all_kinds`, `stats`,
+//! `readers` (Perfetto protos through `tests/tools/perfetto_summary.py`, Parquet through
+//! `duckdb_query.py`), `hostile_user` (`LocalUser`: a real unprivileged user, `useradd
+//! --system`, `setpriv --reuid --regid --clear-groups`; each trust test's doc comment says
+//! what its attack did before), `skip` (a missing tool fails a test unless `cargo xtask test
+//! --allow-skip TOOL`), `derived` (site-count floors binutils derive from the binary under
+//! test).
+//!
+//! The integration tests stay one binary per file, run one after another: system-wide
+//! sessions, the tracer-kill, stress and signal tests would otherwise run at the same time
+//! and see each other's processes. `python.rs` counts python3.11's functions by name against
+//! bpftrace. The AArch64 signal and relocation tests read buffers in-process
+//! (`tests/fixtures/inspect.c`).
 
 pub mod fixture_oracle;
 pub mod oracle;

@@ -2,6 +2,13 @@
 //! still the recorded one), the tracer's cache by build-id, `--debug-dir` and
 //! `/usr/lib/debug` `.build-id`, `.gnu_debuglink`. Below `record` (fills the cache at
 //! its end) and `read::symbols` (loads what it finds), so both may use it.
+//!
+//! The build-id cache is reached by `safe_dir`: its path walked from `/` by descriptor with
+//! `O_NOFOLLOW`, every directory root's or the user's and not open to others unless sticky,
+//! missing ones made 0700. At a session's end each binary's debug information is copied in:
+//! every file read by descriptor with bounded reads, never mapped, at most 4 GiB, and as
+//! root only files of root or its own (`trust_limits::the_debug_cache_follows_no_users_link`,
+//! `the_debug_cache_reads_no_users_file_as_root`).
 
 use std::path::{Path, PathBuf};
 

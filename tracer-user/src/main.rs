@@ -1,6 +1,8 @@
 //! `tracer`: records traces of instrumented binaries (see the `record`, `report` and
 //! `dump` commands) with the eBPF programs of crate `tracer-ebpf`; the stages are the
 //! library's (`tracer_user`), this CLI uses them all.
+//!
+//! Commands: `record`, `filter`, `report`, `export`, `flamegraph`, `dump`.
 
 use std::{
     ffi::OsString,

@@ -20,6 +20,10 @@
 //! only open calls of its own kind above it; those of the other kind move down to its
 //! caller. Each kind on its own nests strictly, and a C function called by Python code
 //! is the child of that Python call.
+//!
+//! A landing looks through at most 256 open calls of its function for its frame
+//! (`FLAG_FRAME`): a program writes its own records, and forged landings must not make
+//! reading quadratic. A Python return ends the innermost Python call.
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;

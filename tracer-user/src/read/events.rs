@@ -1,5 +1,12 @@
 //! Every real record of a trace in delivery order, with its names and its
 //! CLOCK_MONOTONIC time (coarse times interpolated): what calls and the views consume.
+//!
+//! Readers (`report`, `export`, `flamegraph`) walk the file once (`each_record`): per record
+//! the site's demangled name (a site table indexed by site id), its time, and through
+//! `Calls` the calls it opens or closes; source lines come from `Symbolizer` once per site;
+//! run-time code addresses (return addresses, call targets) are mapped to file addresses
+//! with the process's load bias (load sections, else block/memory records, which hold their
+//! own site's address). `Threads` is what a reader keeps between sections.
 
 use std::{collections::HashMap, path::Path};
 

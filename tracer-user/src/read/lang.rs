@@ -12,6 +12,10 @@
 //! A pointer whose string changed while a buffer was being written (freed and reused:
 //! `STRING_CHANGED`) names that buffer's records by its newer string; such changes are
 //! counted ([`StringStats`]) and reported.
+//!
+//! Call probes (`function__entry` / `function__return`) become calls named
+//! `file:function:line` (`Event::lang`). The strings come from the drains
+//! (`tracer-ebpf/src/strings.rs`) through string sections; readers intern them per process.
 
 use std::{collections::HashMap, rc::Rc};
 

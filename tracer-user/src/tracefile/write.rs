@@ -1,5 +1,11 @@
 //! Writing a trace file: sections appended as the session runs, published by an
 //! atomic rename at the end (a crash leaves no half file under the final name).
+//!
+//! The file is created 0600 with `O_EXCL` in the destination directory. `record` refuses a
+//! directory at the trace's name before the session starts, and a rename that fails at the
+//! end keeps the finished trace in its temporary file and says where
+//! (`trust_limits::a_directory_at_the_trace_name_loses_nothing`). Writes go through
+//! `direct.rs`; a `Tee` copies every section to a live view (`views/top.rs`).
 
 use std::{
     io::Write,

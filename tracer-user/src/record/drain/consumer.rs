@@ -5,6 +5,15 @@
 //! over a bounded channel; the writer appends them to the file. The ring buffer is
 //! emptied quickly even when the disk is slow, until the channel fills up. Both threads
 //! run at real-time priority when allowed (see `raise_priority`).
+//!
+//! The consumer packs the records of up to 8 consecutive chunks as one stream (`ChunkGroup`,
+//! `tracefile/pack/`: about 4 of their 32 bytes on sqlite); any other section first writes
+//! the pending group out, so the file keeps the ring's order, and a group waits at most
+//! 200 ms for more chunks. Besides record chunks it turns thread names, strings and
+//! `CHUNK_KIND_MAPPED` notices (handed to the session loop) into their sections. The file
+//! starts with the session header and the metadata of every traced binary, so it is
+//! self-contained; where the session sees a traced binary loaded in a process (its scan of
+//! `/proc/PID/maps`) it writes a load section (pid, binary, bias).
 
 use std::{
     collections::HashSet,

@@ -31,6 +31,41 @@
 //! `dlopen`ed library) makes the tracer look at the process's mappings and describe
 //! the instrumented binaries it finds there, so `--binary` is only needed where the
 //! mapping cannot be found.
+//!
+//! The runtime's side (discovery, the messages): `tracer-common/src/layout.rs`, "The
+//! user-space drain". At an exit stop memory is accessed through the stopped thread, not the
+//! process id: the group leader may be past `exit_mm`. When the thread is not leaving alone
+//! (its `/proc/TID/syscall` is not `exit`: `exit_group`, a fatal signal, exec), the slots of
+//! every other thread of the process are collected at the same stop, since the kernel skips
+//! the exit stop of a thread with SIGKILL pending. A records message's tid is only a label
+//! (a forked child flushes a buffer its parent's thread owns). Bounds: at most 256 slots per
+//! thread and 4,096 mapping scans per session; refused messages are counted and the count
+//! said at the end (`target_data.rs` `check_sender`, `slot_span_within`; tests
+//! `trust_userdrain::*`).
+//!
+//! qemu-user: `tracer record --user -- qemu-aarch64 -L /usr/aarch64-linux-gnu ./prog.traced`
+//! traces an AArch64 program on an x86-64 host. The command (qemu) is not instrumented; the
+//! first slot of an unknown binary makes the tracer read the process's mappings and describe
+//! the instrumented files mapped there (binary and load sections), and `--binary` names one
+//! up front (its metadata goes into the trace file; a file without `.note.utrace` is an
+//! error). qemu 7.2 maps the guest at guest_base 0, so guest addresses are host addresses for
+//! `process_vm_readv`; guest threads are host threads (same tids), and the ptrace exit stops
+//! of qemu's threads are the guest threads' exits. Time stamps are qemu's emulated
+//! `cntvct_el0` converted with the host's TSC calibration: order within a thread holds,
+//! absolute times mean little.
+//!
+//! Limits. Under qemu-user a guest `pthread_join` returns as soon as qemu clears the child
+//! tid, before the host thread exits: glibc's stack cache can then give the joined thread's
+//! thread pointer (and so its slot, still keyed by it) to a new thread before the tracer
+//! has collected the old one at its exit stop, and that slot's records may be duplicated or
+//! lost (natively the kernel clears the tid after the exit stop; the qemu churn test gives
+//! each thread its own stack). Every signal delivered to the command is a ptrace
+//! signal-delivery stop that this loop (a socket poll with a 5 ms timeout, then `waitpid`)
+//! must resume, so a signal-heavy program (the SIGALRM storm of `tests/tests/signals.rs`)
+//! crawls under `--user`; that test runs with eBPF only.
+//!
+//! Sealing: a process counts as having exec'ed an image its user may not read when its ids
+//! are not all alike or it is not dumpable (its `/proc/PID` is not owned by its euid).
 
 use std::{
     collections::{HashMap, HashSet},

@@ -324,9 +324,57 @@ mod tests {
 
     #[test]
     fn running_kernel() {
-        if Path::new(VMLINUX_BTF).exists() {
-            let off = thread_pointer_offset().unwrap();
-            assert!(off > 0 && off < 16384, "{off}");
+        let off = thread_pointer_offset().unwrap();
+        assert_eq!(off, bpftool_offset("task_struct", thread_pointer_path()));
+    }
+
+    /// The oracle: the member path's byte offset from `bpftool btf dump ... format raw`
+    /// (lines `[ID] KIND 'name' ...` and, under a struct, `'member' type_id=T
+    /// bits_offset=B`), following typedefs and qualifiers.
+    fn bpftool_offset(root: &str, path: &[&str]) -> u64 {
+        let out = std::process::Command::new("bpftool")
+            .args(["btf", "dump", "file", VMLINUX_BTF, "format", "raw"])
+            .output()
+            .expect("bpftool (cargo xtask setup installs it)");
+        let text = String::from_utf8(out.stdout).unwrap();
+        // id -> (header line, member lines)
+        let mut types: std::collections::HashMap<u64, (&str, Vec<&str>)> = Default::default();
+        let mut current = None;
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix('[') {
+                let id: u64 = rest.split(']').next().unwrap().parse().unwrap();
+                types.insert(id, (line, Vec::new()));
+                current = Some(id);
+            } else if let Some(id) = current {
+                types.get_mut(&id).unwrap().1.push(line.trim());
+            }
         }
+        let field = |l: &str, key: &str| -> u64 {
+            let v = l
+                .split(key)
+                .nth(1)
+                .unwrap()
+                .split_whitespace()
+                .next()
+                .unwrap();
+            v.parse().unwrap()
+        };
+        let quoted = format!("STRUCT '{root}' ");
+        let mut id = *types.iter().find(|(_, t)| t.0.contains(&quoted)).unwrap().0;
+        let mut bits = 0;
+        for name in path {
+            while !types[&id].0.contains(" STRUCT ") && !types[&id].0.contains(" UNION ") {
+                id = field(types[&id].0, "type_id=");
+            }
+            let member = format!("'{name}' ");
+            let m = types[&id]
+                .1
+                .iter()
+                .find(|l| l.starts_with(&member))
+                .unwrap();
+            bits += field(m, "bits_offset=");
+            id = field(m, "type_id=");
+        }
+        bits / 8
     }
 }

@@ -163,9 +163,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn write_user_probe_runs() {
-        // Either answer is fine (it depends on the kernel); it must not crash.
-        let _ = probe_write_user_allowed();
+    fn write_user_probe_agrees_with_lockdown() {
+        // The oracle: the lockdown mode securityfs shows (`none [integrity] ...`);
+        // integrity and confidentiality both refuse bpf_probe_write_user.
+        let file = Path::new("/sys/kernel/security/lockdown");
+        if !file.exists() {
+            let st = std::process::Command::new("mount")
+                .args(["-t", "securityfs", "securityfs", "/sys/kernel/security"])
+                .status()
+                .unwrap();
+            assert!(st.success(), "mount securityfs (the tests run as root)");
+        }
+        let modes = std::fs::read_to_string(file).unwrap();
+        let locked = !modes.contains("[none]");
+        assert_eq!(probe_write_user_allowed(), !locked, "lockdown: {modes}");
     }
 
     #[test]

@@ -18,6 +18,19 @@
 //! off instead of spinning on a listener that stays readable; and a connection counts
 //! as lost before attach only once, and only when its process maps an instrumented
 //! binary (bare sockets sending `ATTACH_GAVE_UP` do not inflate the books).
+//!
+//! Figures: a connection is held as long as its program waits, 10 s at most; at most 64 per
+//! user and 256 in all (`MAX_HELD_PER_UID`, `MAX_HELD`; refusals counted in the summary).
+//! Whether a connection let go without its `ATTACH_DONE` maps an instrumented binary is
+//! looked at when it gives up or is let go, never for one that said `ATTACH_DONE`: at most
+//! 256 mappings, each opened `O_PATH` through `map_files`, reopened only if a regular file
+//! of at most 4 GiB, only its headers and section names read; what a file is remembered by
+//! `(st_dev, st_ino)`. The runtime's side of the wait: `tracer-common/src/layout.rs`. Tests:
+//! `short_lived::a_system_wide_session_catches_programs_a_script_starts` (a fresh binary
+//! each), `trust_runtime::a_squatted_session_name_is_refused_and_ignored`,
+//! `a_connection_flood_does_not_blind_a_system_wide_session`,
+//! `a_tracer_out_of_descriptors_rests_instead_of_spinning`,
+//! `a_mapped_file_with_a_huge_symtab_is_not_read_by_the_announce_holder`.
 
 use std::{
     collections::{HashMap, HashSet},

@@ -6,6 +6,8 @@
 //! JSON line back `{"ok": bool, "message": "..."}`. The socket dies with the tracer;
 //! a stale file of a dead tracer is removed by the next session, and `tracer filter`
 //! only talks to live ones.
+//!
+//! `parse_request` checks a request line (bounded) before anything acts on it.
 
 use std::{
     io::{BufRead, BufReader, Write},

@@ -7,6 +7,10 @@
 //! capability of a non-root command, with async-signal-safe calls only: the command and
 //! the loader asked for its libraries (`ld.so --list`) start as they would have without
 //! the tracer, with no more privilege than the user they run as.
+//!
+//! The attributes are saved at the tracer's start, from `.init_array`; the command starts
+//! with no descriptor but 0-2 and the session's (1021), and with no capability unless it runs
+//! as root. Tests `trust_run_as::*`.
 
 use std::{
     ffi::{CStr, CString},

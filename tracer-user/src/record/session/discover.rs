@@ -1,5 +1,12 @@
 //! Which instrumented binaries a session starts with: the command's (and `--binary`),
 //! or the attached process's with their load biases; what the file says about each.
+//!
+//! A mapped file is opened through `/proc/PID/map_files/…` (the inode mapped there, `O_PATH`;
+//! its `fstat` must show the maps line's inode, while the maps line's device, the
+//! superblock's, is not `st_dev` on btrfs or overlayfs), remembered by `(st_dev, st_ino)` and
+//! path; its load bias is read from a mapping of that same file (`trust_seed::a_file_with_a_known_files_inode_on_another_device_is_not_taken_for_it`,
+//! `a_program_on_overlayfs_is_traced_with_p`). A command's binaries come from `ld.so --list`
+//! run as the command will be (`credentials.rs`); `Traced` is a binary and its load bias.
 
 use std::{
     ffi::OsString,

@@ -1,5 +1,8 @@
 //! The traced process: starting a command held at a gate until the tracer is ready,
 //! waiting for it, and waiting for a process we did not start.
+//!
+//! The gate also places the session's descriptor (`USER_DRAIN_FD`) in the command and reports
+//! its exit status.
 
 use std::{
     ffi::{CString, OsStr, OsString},

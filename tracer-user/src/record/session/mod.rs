@@ -2,6 +2,56 @@
 //! start or attach to the target, serve until it ends, finish the file (`user.rs`: the
 //! same for `--user`, without eBPF). Uses the drains (`record::drain`), `record::host`,
 //! `tracefile` and `debuginfo`; no drain uses the session.
+//!
+//! The kinds of session:
+//! - **Command** (`record -- CMD`): the command's instrumented binaries (`ld.so --list`, run
+//!   as the command will be: `--run-as`, under sudo the invoking user) are attached before
+//!   it runs; `TARGETS` holds its pid and `fork` adds children. The command gets one end of
+//!   a stream socket pair as descriptor `USER_DRAIN_FD` (the session holds the other until
+//!   it ends). A rewritten program it starts, directly or through shells, `make` or
+//!   `xargs`, finds that socket at its first record and waits there
+//!   (`tracer-common/src/layout.rs`, "Waiting for the session") while the tracer, told by
+//!   the `exec` and `mmap` notices, attaches its binary (flush and site uprobes) and writes
+//!   `ATTACHED` through `/proc/PID/mem` (`seed.rs`): a program that would otherwise end
+//!   before that delivers its records. Not the flush instruction turning into a breakpoint:
+//!   the kernel writes it tens of milliseconds before the eBPF program is linked to the
+//!   probe (programs that ran in that gap delivered nothing, uncounted; `cargo xtask
+//!   difftest` found it), and a uprobe on a file a live process maps takes ~0.3 s here. A
+//!   program whose descriptor was closed on the way (Python's `subprocess` closes all above
+//!   2) connects to the session socket (`announce.rs`), which the command's session also
+//!   serves when the name is free, holding only the command's descendants (`SO_PEERCRED`,
+//!   `/proc` parent links). Test `tests/tests/short_lived.rs`: 100 programs through `sh -c`,
+//!   30 through `xargs -P2` and 10 through Python's `subprocess`, exact per process against
+//!   kernel uprobes on the original; a qemu-user guest counted lost before attach.
+//! - **Process** (`record -p PID`): its mapped instrumented binaries; `TABLES` is seeded
+//!   from `/proc/PID/mem` so threads that registered long ago are drained at exit. It cannot
+//!   tell records a dead thread left in a slot before the attach from those of a new thread
+//!   reusing its thread pointer. When it stops early (Ctrl-C, `--duration`) the stop drain
+//!   (`record/drain/stop_drain.rs`) collects what live threads still buffer.
+//! - **System-wide** (`record --system-wide`): the `SYSTEM_WIDE` global makes every process
+//!   a target. The tracer scans `/proc/*/maps` (each mapped file checked once, lazily: only
+//!   headers and `.note.utrace` are read), attaches every instrumented binary it finds with
+//!   all-processes scope and seeds `TABLES` of the processes mapping it (`fork` and `exec`:
+//!   `tracer-ebpf/src/tables.rs`). Fair shares per uid: `shares.rs`.
+//! - **Binaries that appear later.** The `exec` and `mmap` programs send a
+//!   `CHUNK_KIND_MAPPED` notice for target processes; the consumer hands it to the session
+//!   loop, which scans that process's maps within about a millisecond (and once more 10 ms
+//!   later: `mmap` is announced on entry, possibly before the mapping exists), attaches new
+//!   instrumented binaries (their binary section goes into the file before their first
+//!   chunk; ordinals go on from the session's) and seeds `TABLES`.
+//! - **Untouched binaries** (`--uprobe PATH[:GLOB,...]`, `--usdt PATH`): the rewriter run as
+//!   a library with every site a uprobe (`rewriter::uprobe_metadata`); the `site` program is
+//!   attached there like at any uprobe site (no flush, no RW area).
+//! - **Several sessions at once** each load their own object (maps, ring, counters) and
+//!   attach their own uprobes; the kernel runs every session's program at a flush. Without
+//!   write-user each session's `DRAINED` keeps its own position and each gets every record
+//!   of its targets (with write-user the first session's reset would hide the buffer from
+//!   the second: not supported).
+//!
+//! The control socket (`control.rs`) appears once the session is set up. A tracer killed
+//! with SIGKILL leaves nothing attached (links and perf events are file descriptors) and its
+//! targets run on; only its unrenamed temporary trace file (0600) stays
+//! (`tracer_kill::tracer_killed_target_runs_on_and_nothing_stays_attached`).
 
 mod announce;
 mod attach;

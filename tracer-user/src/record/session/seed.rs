@@ -1,5 +1,16 @@
 //! Processes already running: their mappings scanned for instrumented binaries, each
 //! binary's RW area seeded into `TABLES` (so exits drain it) and its load noted in the file.
+//!
+//! A process's memory is written through one `/proc/PID/mem` descriptor opened relative to
+//! the held `/proc/PID` (`procdir.rs`) before its `maps` is read, for the check and the
+//! write; `-p` reads `maps` again through it and wants the binary at the same bias. Through
+//! it the RW header is checked before its area is seeded into `TABLES`, and two words are
+//! written: `RwHeader::attached` (`ATTACHED`, ending a waiting program's wait) and
+//! `RwHeader::on_full` (back-pressure for processes that registered before the session). A seed is charged to the process's uid
+//! like the eBPF side's entries (`charge_table`; the tracer's count is not atomic: a race
+//! with a flush may leave it off by one, never below 0). Tests
+//! `trust_seed::a_process_that_execs_between_check_and_write_gets_nothing_written`,
+//! `a_process_that_execs_between_maps_read_and_check_gets_nothing_written`.
 
 use std::{fs::File, os::unix::fs::FileExt};
 

@@ -8,6 +8,10 @@
 //! counter in every mapping of the file while the event exists, and decrements it when
 //! we close it (also when the tracer dies). No BPF program is attached: the anchor is
 //! never executed anyway.
+//!
+//! For untouched binaries (`--usdt PATH`) the reference-counting uprobe goes right after a
+//! probe's nop, not on it: the kernel refuses two uprobes at one place with different
+//! counters. The user-space drain (`--user`) does not raise semaphores.
 
 use std::ffi::CString;
 use std::os::fd::{FromRawFd, OwnedFd};

@@ -2,6 +2,13 @@
 //! (`MAX_BINARIES`) or every `TABLES` entry (`MAX_PROCESSES`) so that other users'
 //! programs go untraced. A uid may take at most half of each; every refusal is counted
 //! (once per file or process) and reported in the session summary.
+//!
+//! A binary is charged to the file's owner; root's files are not capped (no other user can
+//! make one). A `TABLES` entry is charged to the process's real uid, on the eBPF side too
+//! (`tracer-ebpf/src/tables.rs`: `TABLE_OWNERS`, `TABLE_UIDS`, `STAT_TABLE_SHARE`); a
+//! process past its uid's share is not drained at exit. A refused binary's waiting program
+//! is told to go on untraced. Tests `trust_files::one_user_filling_the_binary_slots_leaves_room_for_others`,
+//! `trust_tables::one_user_cannot_fill_tables`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 

@@ -12,6 +12,15 @@
 //! for (the sleepable flush's took 150 ms of every session here). The tracer then
 //! writes the file and prints its summary; [`release`] hands the remaining probes to
 //! a child process that drops them after the tracer has exited.
+//!
+//! `stop` puts `TARGETS_ENDED` into `TARGETS` and takes down the flush uprobe and two
+//! tracepoints at the same time, a thread each (the sleepable `flush_s`'s tasks-trace grace
+//! period, 0.15–0.3 s, is the longest); their grace periods also cover the programs still
+//! running. `release` forks a child that holds the remaining probes' descriptors, closes its
+//! stdio and exits once the tracer has. Figures (sqlite entry+exit): 2.1 s before the
+//! program ran and 2.3 s after it exited → 1.2 s and 0.3 s; with the global drain functions
+//! 0.2 s before; a one-statement sqlite session under `tracer record`: 2.09 s → 0.45 s with
+//! the global chunk copy and string read and no wait at the end.
 
 use std::time::{Duration, Instant};
 
