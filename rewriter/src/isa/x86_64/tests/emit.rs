@@ -1,1 +1,352 @@
-//! emit
+//! Emitted code disassembled by objdump: trampolines (relocated instructions and
+//! stubs) and the run-time routines, with the properties that matter checked on the
+//! disassembly (addresses reached, record and slot field offsets).
+
+use std::mem::offset_of;
+
+use super::super::X86_64;
+use super::plan::{loop_with_a_way_in, plan, req};
+use super::{Image, TEXT, objdump_at};
+use crate::isa::arg::{ArgError, parse_arg};
+use crate::isa::{IndexWhy, Isa, Layout, PlacedSite, Runtime, SlotLookup, Trampoline, Window};
+use tracer_common::meta::{SiteKind, TimeMode};
+use tracer_common::*;
+
+const RW: u64 = 0x60_0000;
+const AT: u64 = 0x50_0000;
+
+fn layout() -> Layout {
+    Layout {
+        rw_vaddr: RW,
+        nslots: 64,
+        buf_bytes: 0x1_0000,
+        binary_id: 0x1234,
+        pre_tls: false,
+        time_mode: TimeMode::Coarse,
+        buf_kind: BUF_TRACE,
+        slot_lookup: SlotLookup::Index(IndexWhy::SharedLibrary),
+    }
+}
+
+const RT: Runtime = Runtime {
+    flush: 0x70_0000,
+    flush_probe: 0x70_0010,
+    register: 0x70_0100,
+    entry_shim: None,
+};
+
+/// The trampoline of `w` at AT and its disassembly; None without objdump.
+fn tramp(img: &Image, l: &Layout, w: &Window) -> Option<(Trampoline, Vec<(u64, String)>)> {
+    let t = X86_64.emit_window(&img.input(), l, &RT, w, AT).unwrap();
+    let lines = objdump_at(&t.code, AT)?;
+    assert!(!lines.iter().any(|l| l.1.contains("bad")), "{lines:?}");
+    Some((t, lines))
+}
+
+macro_rules! or_skip {
+    ($e:expr) => {
+        match $e {
+            Some(v) => v,
+            None => {
+                eprintln!("objdump not installed; skipped");
+                return;
+            }
+        }
+    };
+}
+
+fn text(lines: &[(u64, String)]) -> Vec<&str> {
+    lines.iter().map(|l| l.1.as_str()).collect()
+}
+
+/// A window over `[start, start + len)` with `sites`.
+fn window(start: u64, len: usize, sites: Vec<PlacedSite>) -> Window {
+    Window {
+        start,
+        len,
+        code_len: len,
+        sites,
+        landings: Vec::new(),
+        tails: Vec::new(),
+        entered_by: Vec::new(),
+    }
+}
+
+#[test]
+fn entry_stub_then_the_relocated_loop() {
+    let img = loop_with_a_way_in();
+    let p = plan(&img, &[req(1, SiteKind::FunctionEntry, TEXT)]);
+    let (t, lines) = or_skip!(tramp(&img, &layout(), &p.windows[0]));
+    // The stub of the module docs (index lookup, coarse time, %r11 kept: the function
+    // never writes it), then the window's code, the way back, the slow paths.
+    assert_eq!(
+        text(&lines),
+        [
+            "push %rcx",
+            "push %rsi",
+            "push %r11",
+            "mov %fs:0x0,%r11",
+            "mov %r11,%rcx",
+            "shr $0x10,%rcx",
+            "movzwl %cx,%ecx",
+            "lea 0x101fe2(%rip),%rsi # 0x602000",
+            "mov (%rsi,%rcx,4),%esi",
+            "lea 0x141fd8(%rip),%rcx # 0x642000",
+            "add %rcx,%rsi",
+            "cmp %r11,(%rsi)",
+            "jne 0x50007b",
+            "incq 0x38(%rsi)",
+            "mov $0x20,%r11d",
+            "xadd %r11,0x8(%rsi)",
+            "movq $0x1,(%r11)",
+            "mov %rdi,0x10(%r11)",
+            "mov 0x18(%rsp),%rcx",
+            "mov %rcx,0x18(%r11)",
+            "mov 0x34(%rsi),%ecx",
+            "mov %rcx,0x8(%r11)",
+            "decq 0x38(%rsi)",
+            "add $0x20,%r11",
+            "cmp 0x10(%rsi),%r11",
+            "jae 0x50008e",
+            "pop %r11",
+            "pop %rsi",
+            "pop %rcx",
+            "xor %eax,%eax",
+            "inc %eax",
+            "nop",
+            "cmp $0xa,%eax",
+            "jne 0x50006e",
+            "jmp 0x40100a",
+            "push %rax",
+            "push %rdx",
+            "call 0x700100",
+            "pop %rdx",
+            "pop %rax",
+            "test %rcx,%rcx",
+            "je 0x500068",
+            "jmp 0x500004",
+            "push %rax",
+            "push %rdx",
+            "call 0x700000",
+            "pop %rdx",
+            "pop %rax",
+            "jmp 0x500068",
+        ]
+    );
+    let at = |s: &str| lines.iter().find(|l| l.1 == s).unwrap().0;
+    // The index and the slots where the layout has them.
+    assert_eq!(RW + INDEX_OFF, 0x60_2000);
+    assert_eq!(RW + SLOTS_OFF, 0x64_2000);
+    // The slot's fields: key (cmp), cur (xadd), end, generation, inflight.
+    assert_eq!(
+        (SLOT_KEY, SLOT_CUR, SLOT_END, SLOT_GENERATION, SLOT_INFLIGHT),
+        (0, 0x8, 0x10, 0x34, 0x38)
+    );
+    // The record's: site and flags (one movq), time, value (%rdi), aux (return
+    // address, 3 pushes up).
+    assert_eq!(
+        (
+            offset_of!(Record, site),
+            offset_of!(Record, flags),
+            offset_of!(Record, time),
+            offset_of!(Record, value),
+            offset_of!(Record, aux),
+            RECORD_SIZE,
+        ),
+        (0, 4, 0x8, 0x10, 0x18, 0x20)
+    );
+    // The loop's jump goes to the copy of its target; the landing of the jump from
+    // outside is the copy of `cmp`.
+    assert_eq!(t.landed, vec![at("cmp $0xa,%eax")]);
+    assert_eq!(at("inc %eax"), 0x50_006e);
+}
+
+#[test]
+fn relocated_rip_relative_operands_and_branches_reach_the_same_addresses() {
+    // mov 0x100(%rip),%rax; cmpl $0x0,0x20(%rip); je +0x30; call TEXT + 0x80
+    let code = [
+        0x48, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00, 0x83, 0x3d, 0x20, 0x00, 0x00, 0x00, 0x00,
+        0x74, 0x30, 0xe8, 0x6b, 0x00, 0x00, 0x00,
+    ];
+    let orig = or_skip!(super::objdump(&code, TEXT));
+    assert_eq!(
+        orig,
+        [
+            "mov 0x100(%rip),%rax # 0x401107",
+            "cmpl $0x0,0x20(%rip) # 0x40102e",
+            "je 0x401040",
+            "call 0x401080",
+        ]
+    );
+    let img = Image::function(&code);
+    let (_, lines) = or_skip!(tramp(&img, &layout(), &window(TEXT, code.len(), vec![])));
+    // Same absolute operands from 1 MiB away; a short `je` becomes a near one; the
+    // call pushes its original return address (flags and registers untouched) and
+    // jumps: nothing comes back to the trampoline.
+    assert_eq!(
+        text(&lines),
+        [
+            "mov -0xfef00(%rip),%rax # 0x401107",
+            "cmpl $0x0,-0xfefe0(%rip) # 0x40102e",
+            "je 0x401040",
+            "lea -0x8(%rsp),%rsp",
+            "push %rax",
+            "lea -0xff00c(%rip),%rax # 0x401015",
+            "mov %rax,0x8(%rsp)",
+            "pop %rax",
+            "jmp 0x401080",
+        ]
+    );
+}
+
+#[test]
+fn an_indirect_call_through_the_stack_reads_its_slot_one_word_further() {
+    // nop; nop; call *0x8(%rsp)
+    let code = [0x90, 0x90, 0xff, 0x54, 0x24, 0x08];
+    let img = Image::function(&code);
+    let (_, lines) = or_skip!(tramp(&img, &layout(), &window(TEXT, code.len(), vec![])));
+    assert_eq!(
+        text(&lines),
+        [
+            "nop",
+            "nop",
+            "lea -0x8(%rsp),%rsp",
+            "push %rax",
+            "lea -0xff009(%rip),%rax # 0x401006",
+            "mov %rax,0x8(%rsp)",
+            "pop %rax",
+            "jmp *0x10(%rsp)",
+        ]
+    );
+}
+
+fn site(id: u32, kind: SiteKind, at: u64, flags: u32) -> PlacedSite {
+    PlacedSite {
+        id,
+        kind,
+        at,
+        signed_lr: false,
+        flags,
+        args: Vec::new(),
+        keep_flags: false,
+        keep_r11: false,
+        frame: None,
+    }
+}
+
+/// The lines from the first that starts with `from`, `n` of them.
+fn run<'a>(lines: &'a [(u64, String)], from: &str, n: usize) -> Vec<&'a str> {
+    let k = lines.iter().position(|l| l.1.starts_with(from)).unwrap();
+    lines[k..k + n].iter().map(|l| l.1.as_str()).collect()
+}
+
+#[test]
+fn memory_site_stub_computes_the_address_from_the_original_registers() {
+    // mov 0x8(%rsp),%eax; mov %eax,0x10(%rdi,%rcx,8)
+    let code = [0x8b, 0x44, 0x24, 0x08, 0x89, 0x44, 0xcf, 0x10];
+    let orig = or_skip!(super::objdump(&code, TEXT));
+    assert_eq!(orig, ["mov 0x8(%rsp),%eax", "mov %eax,0x10(%rdi,%rcx,8)"]);
+    let r4 = FLAG_MEM_READ | 4 << FLAG_MEM_SIZE_SHIFT;
+    let w4 = FLAG_MEM_WRITE | 4 << FLAG_MEM_SIZE_SHIFT;
+    let img = Image::function(&code);
+    let w = window(
+        TEXT,
+        code.len(),
+        vec![
+            site(3, SiteKind::Memory, TEXT, r4),
+            site(4, SiteKind::Memory, TEXT + 4, w4),
+        ],
+    );
+    let (_, lines) = or_skip!(tramp(&img, &layout(), &w));
+    // Below the red zone, %rax and the flags saved: the operand relative to %rsp is
+    // 0x80 + 0x10 further.
+    assert_eq!(
+        run(&lines, "lea -0x80(%rsp),%rsp", 8),
+        [
+            "lea -0x80(%rsp),%rsp",
+            "push %rax",
+            "lahf",
+            "seto %al",
+            "push %rax",
+            "mov 0x8(%rsp),%rax",
+            "lea 0x98(%rsp),%rax",
+            "push %rax",
+        ]
+    );
+    assert_eq!(run(&lines, "lea 0x10(%rdi,%rcx,8),%rax", 2)[1], "push %rax");
+    // Site and flags in two stores; value: the saved address; aux: the instruction.
+    assert_eq!(
+        run(&lines, "movl $0x3,(%r11)", 6),
+        [
+            "movl $0x3,(%r11)",
+            "movl $0x40004,0x4(%r11)",
+            "mov 0x18(%rsp),%rcx",
+            "mov %rcx,0x10(%r11)",
+            "lea -0xff07b(%rip),%rcx # 0x401000",
+            "mov %rcx,0x18(%r11)",
+        ]
+    );
+    assert_eq!(run(&lines, "movl $0x4,(%r11)", 2)[1], "movl $0x40008,0x4(%r11)");
+    // Restored: the scratch word, flags (OF from seto's byte), %rax, the red zone.
+    assert_eq!(
+        run(&lines, "pop %r11", 10),
+        [
+            "pop %r11",
+            "pop %rsi",
+            "pop %rcx",
+            "lea 0x8(%rsp),%rsp",
+            "pop %rax",
+            "add $0x7f,%al",
+            "sahf",
+            "pop %rax",
+            "lea 0x80(%rsp),%rsp",
+            "mov 0x8(%rsp),%eax",
+        ]
+    );
+}
+
+#[test]
+fn usdt_stub_loads_each_argument_as_its_spec_says() {
+    let resolve = |s: &str| match s {
+        "foo" => Ok(0x40_3800),
+        _ => Err(ArgError::UnknownSymbol(s.into())),
+    };
+    let args = ["-4@%eax", "8@16(%rbp)", "8@foo(%rip)", "1@%ah"]
+        .iter()
+        .map(|t| parse_arg(t, object::elf::EM_X86_64, TEXT, &resolve).unwrap())
+        .collect();
+    let img = Image::function(&[0x90, 0x90, 0x90, 0x90, 0x90, 0xc3]);
+    let mut s = site(9, SiteKind::Usdt, TEXT, 0);
+    s.args = args;
+    let (_, lines) = or_skip!(tramp(&img, &layout(), &window(TEXT, 5, vec![s])));
+    // Each argument from the original registers (%rax: its saved copy, 0x10 up).
+    assert_eq!(
+        run(&lines, "lea -0x80(%rsp),%rsp", 17),
+        [
+            "lea -0x80(%rsp),%rsp",
+            "push %rax",
+            "lahf",
+            "seto %al",
+            "push %rax",
+            "mov 0x8(%rsp),%rax",
+            "movslq %eax,%rax",
+            "push %rax",
+            "lea 0x10(%rbp),%rax",
+            "mov (%rax),%rax",
+            "push %rax",
+            "lea -0xfc826(%rip),%rax # 0x403800",
+            "mov (%rax),%rax",
+            "push %rax",
+            "mov 0x20(%rsp),%rax",
+            "movzbl %ah,%eax",
+            "push %rax",
+        ]
+    );
+    // Two records: the second says it carries arguments 3 and 4.
+    assert!(lines.iter().any(|l| l.1 == "mov $0x40,%r11d"));
+    assert_eq!(
+        run(&lines, "movl $0x9,0x20(%r11)", 2),
+        ["movl $0x9,0x20(%r11)", "movl $0x10,0x24(%r11)"]
+    );
+    assert_eq!(FLAG_USDT_MORE, 0x10);
+}
