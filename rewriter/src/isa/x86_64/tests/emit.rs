@@ -350,3 +350,136 @@ fn usdt_stub_loads_each_argument_as_its_spec_says() {
     );
     assert_eq!(FLAG_USDT_MORE, 0x10);
 }
+
+/// The run-time routines at 0x70_0000 (original entry TEXT) and their disassembly.
+fn runtime(pre_tls: bool) -> Option<(Runtime, Vec<(u64, String)>)> {
+    let l = Layout {
+        pre_tls,
+        ..layout()
+    };
+    let (code, rt) = X86_64.emit_runtime(&l, 0x70_0000, TEXT).unwrap();
+    let lines = objdump_at(&code, 0x70_0000)?;
+    assert!(!lines.iter().any(|l| l.1.contains("bad")));
+    Some((rt, lines))
+}
+
+fn from<'a>(lines: &'a [(u64, String)], at: u64, n: usize) -> Vec<&'a str> {
+    let k = lines.iter().position(|l| l.0 == at).unwrap();
+    lines[k..k + n].iter().map(|l| l.1.as_str()).collect()
+}
+
+#[test]
+fn runtime_entry_points_flush_probe_and_shim() {
+    let (rt, lines) = or_skip!(runtime(true));
+    assert_eq!(rt.flush, 0x70_0000);
+    // flush: this binary's header, armed or not, then `cur` and the 4-byte NOP the
+    // uprobe sits on (not a nop5, see runtime.rs).
+    assert_eq!(
+        from(&lines, rt.flush, 7),
+        [
+            "push %rdx",
+            "lea -0x100008(%rip),%rcx # 0x600000",
+            &format!("cmpl ${ON_FULL_WAIT:#x},{RWH_ON_FULL:#x}(%rcx)"),
+            "je 0x70007e",
+            "xor %edx,%edx",
+            &format!("mov {SLOT_CUR:#x}(%rsi),%rax"),
+            "nopl 0x0(%rax)",
+        ]
+    );
+    assert_eq!(from(&lines, rt.flush_probe, 1), ["nopl 0x0(%rax)"]);
+    // register saves the flags and what the system calls clobber, first thing.
+    assert_eq!(
+        from(&lines, rt.register, 8),
+        [
+            "pushf",
+            "push %rdi",
+            "push %r8",
+            "push %r9",
+            "push %r10",
+            "push %r12",
+            "push %r13",
+            "mov %r11,%r8",
+        ]
+    );
+    // The static executable's entry shim: the stand-in TCB points at itself,
+    // arch_prctl(ARCH_SET_FS), on to the original entry.
+    let shim = rt.entry_shim.unwrap();
+    assert_eq!(
+        from(&lines, shim, 6),
+        [
+            &format!(
+                "lea -0xff8d7(%rip),%rsi # {:#x}",
+                RW + PRE_TLS_OFF
+            ),
+            "mov %rsi,(%rsi)",
+            "mov $0x1002,%edi",
+            "mov $0x9e,%eax",
+            "syscall",
+            "jmp 0x401000",
+        ]
+    );
+    // ... and register ends just before it, restoring in reverse.
+    let k = lines.iter().position(|l| l.0 == shim).unwrap();
+    assert_eq!(
+        text(&lines[k - 8..k]),
+        [
+            "pop %r13",
+            "pop %r12",
+            "pop %r10",
+            "pop %r9",
+            "pop %r8",
+            "pop %rdi",
+            "popf",
+            "ret"
+        ]
+    );
+    let (rt, _) = or_skip!(runtime(false));
+    assert!(rt.entry_shim.is_none());
+}
+
+#[test]
+fn every_runtime_branch_lands_on_an_instruction_and_every_syscall_is_known() {
+    let (_, lines) = or_skip!(runtime(true));
+    let starts: std::collections::HashSet<u64> = lines.iter().map(|l| l.0).collect();
+    let mut branches = 0;
+    for (at, l) in &lines {
+        let mut parts = l.split(' ');
+        let m = parts.next().unwrap();
+        let Some(t) = parts.next().and_then(|t| t.strip_prefix("0x")) else {
+            continue;
+        };
+        if !(m.starts_with('j') || m == "call") {
+            continue;
+        }
+        let t = u64::from_str_radix(t, 16).unwrap();
+        branches += 1;
+        assert!(starts.contains(&t) || t == TEXT, "{at:#x}: {l}");
+    }
+    assert!(branches > 50, "{branches}");
+    // The last `mov $N,%eax` before each `syscall`.
+    let known = [
+        3, 14, 24, 35, 39, 41, 42, 44, 46, 55, 107, 128, 157, 158, 186, 234, 271, 292, 297,
+    ];
+    let mut nr = None;
+    let mut calls = 0;
+    for (at, l) in &lines {
+        if let Some(n) = l
+            .strip_prefix("mov $0x")
+            .and_then(|r| r.strip_suffix(",%eax"))
+        {
+            nr = u32::from_str_radix(n, 16).ok();
+        }
+        if l == "syscall" {
+            calls += 1;
+            assert!(nr.is_some_and(|n| known.contains(&n)), "{at:#x}: {nr:?}");
+            nr = None;
+        }
+    }
+    assert!(calls >= 20, "{calls}");
+    // Claims are atomic; the counters too.
+    let count = |s: &str| lines.iter().filter(|l| l.1 == s).count();
+    assert_eq!(count("lock cmpxchg %r13,(%rsi)"), 2);
+    assert_eq!(count(&format!("lock incq {RWH_NO_SLOT_DROPS:#x}(%rdx)")), 1);
+    assert_eq!(count(&format!("lock incq {RWH_REGISTRATIONS:#x}(%rdx)")), 1);
+    assert_eq!(count(&format!("lock xadd %rax,{RWH_USER_SEQ:#x}(%rdx)")), 1);
+}
