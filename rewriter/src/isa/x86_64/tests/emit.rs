@@ -483,3 +483,97 @@ fn every_runtime_branch_lands_on_an_instruction_and_every_syscall_is_known() {
     assert_eq!(count(&format!("lock incq {RWH_REGISTRATIONS:#x}(%rdx)")), 1);
     assert_eq!(count(&format!("lock xadd %rax,{RWH_USER_SEQ:#x}(%rdx)")), 1);
 }
+
+/// `nop; nop; nop; jmp *%r11` with an exit site at the tail call.
+fn tail_call_window() -> (Image, Window) {
+    let img = Image::function(&[0x90, 0x90, 0x90, 0x41, 0xff, 0xe3]);
+    let w = window(TEXT, 6, vec![site(5, SiteKind::FunctionExit, TEXT + 3, 0)]);
+    (img, w)
+}
+
+#[test]
+fn thread_word_fast_ring_and_cycle_counter_stub_at_a_tail_call() {
+    let (img, w) = tail_call_window();
+    let l = Layout {
+        slot_lookup: SlotLookup::ThreadWord(-8),
+        buf_kind: BUF_FAST_CIRCULAR,
+        time_mode: TimeMode::Record,
+        ..layout()
+    };
+    let (_, lines) = or_skip!(tramp(&img, &l, &w));
+    assert_eq!(crate::isa::slot_mask(64), 0xfc0);
+    assert_eq!(
+        text(&lines),
+        [
+            "nop",
+            "nop",
+            "nop",
+            // %r11 holds the tail call's target: saved too; rdtsc needs %rax, %rdx.
+            "push %rcx",
+            "push %rsi",
+            "push %r11",
+            "push %rax",
+            "push %rdx",
+            "mov %fs:0x0,%r11",
+            "mov %fs:0xfffffffffffffff8,%esi",
+            "and $0xfc0,%esi",
+            "lea 0x141fd9(%rip),%rcx # 0x642000",
+            "add %rcx,%rsi",
+            "cmp %r11,(%rsi)",
+            "jne 0x500072",
+            // The 64 KiB ring: only the low 16 bits of `cur` move; no inflight
+            // bracket, no full check.
+            "mov $0x20,%r11d",
+            "xadd %r11w,0x8(%rsi)",
+            "movzwl %r11w,%r11d",
+            "add 0x18(%rsi),%r11",
+            "movl $0x5,(%r11)",
+            "movl $0x20,0x4(%r11)",
+            "mov %rax,0x10(%r11)",
+            "mov 0x28(%rsp),%rcx",
+            "mov %rcx,0x18(%r11)",
+            "rdtsc",
+            "mov %eax,0x8(%r11)",
+            "mov %edx,0xc(%r11)",
+            "pop %rdx",
+            "pop %rax",
+            "pop %r11",
+            "pop %rsi",
+            "pop %rcx",
+            "jmp *%r11",
+            "call 0x700100",
+            "test %rcx,%rcx",
+            "je 0x500069",
+            "jmp 0x500009",
+            "call 0x700000",
+            "jmp 0x500069",
+        ]
+    );
+    // The ring flag on every record; the start field the ring's base.
+    assert_eq!((FLAG_RING, SLOT_START), (0x20, 0x18));
+}
+
+#[test]
+fn a_full_circular_buffer_wraps_in_the_stub() {
+    let (img, w) = tail_call_window();
+    let l = Layout {
+        buf_kind: BUF_CIRCULAR,
+        ..layout()
+    };
+    let (_, lines) = or_skip!(tramp(&img, &l, &w));
+    // No inflight bracket (never reset under a writer); the full path: cur = start,
+    // a new epoch, back out.
+    assert!(!lines.iter().any(|l| l.1.contains("0x38(%rsi)")));
+    let jae = lines.iter().find(|l| l.1.starts_with("jae ")).unwrap();
+    let full = u64::from_str_radix(&jae.1[6..], 16).unwrap();
+    assert_eq!(
+        from(&lines, full, 4),
+        [
+            "mov 0x18(%rsi),%rcx",
+            "mov %rcx,0x8(%rsi)",
+            "incl 0x34(%rsi)",
+            "jmp 0x50006b"
+        ]
+    );
+    assert_eq!(from(&lines, 0x50_006b, 4)[3], "jmp *%r11");
+}
