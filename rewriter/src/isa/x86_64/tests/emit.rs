@@ -577,3 +577,44 @@ fn a_full_circular_buffer_wraps_in_the_stub() {
     );
     assert_eq!(from(&lines, 0x50_006b, 4)[3], "jmp *%r11");
 }
+
+#[test]
+fn a_jump_to_a_return_outside_the_window_runs_that_returns_stub() {
+    // test %edi,%edi; je R; mov $1,%eax; R: ret
+    let code = [0x85, 0xff, 0x74, 0x05, 0xb8, 0x01, 0x00, 0x00, 0x00, 0xc3];
+    let orig = or_skip!(super::objdump(&code, TEXT));
+    assert_eq!(orig, ["test %edi,%edi", "je 0x401009", "mov $0x1,%eax", "ret"]);
+    let img = Image::function(&code);
+    let p = plan(
+        &img,
+        &[
+            req(1, SiteKind::FunctionEntry, TEXT),
+            req(2, SiteKind::FunctionExit, TEXT + 9),
+        ],
+    );
+    // Two windows: the entry's over [test .. mov], the ret's with the padding.
+    let w: Vec<(u64, usize, usize)> = p
+        .windows
+        .iter()
+        .map(|w| (w.start, w.len, w.code_len))
+        .collect();
+    assert_eq!(w, [(TEXT, 9, 9), (TEXT + 9, 5, 1)]);
+    let tails = &p.windows[0].tails;
+    assert_eq!(tails.len(), 1);
+    assert_eq!(tails[0].at, TEXT + 9);
+    assert_eq!(tails[0].sites[0].id, 2);
+    let (_, lines) = or_skip!(tramp(&img, &layout(), &p.windows[0]));
+    // The relocated `je` goes to the trampoline's own copy of the return, after the
+    // exit stub (value %rax at 0x10, return address 3 pushes up); the fall-through
+    // path goes back to the original ret (and its own window).
+    let je = lines.iter().find(|l| l.1.starts_with("je ")).unwrap();
+    let copy = u64::from_str_radix(&je.1[5..], 16).unwrap();
+    let tail = from(&lines, copy, 31);
+    assert_eq!(tail[..3], ["push %rcx", "push %rsi", "push %r11"]);
+    assert!(tail.contains(&"movq $0x2,(%r11)"));
+    assert!(tail.contains(&"mov %rax,0x10(%r11)"));
+    assert!(tail.contains(&"mov 0x18(%rsp),%rcx"));
+    let k = tail.iter().position(|l| *l == "pop %rcx").unwrap();
+    assert_eq!(tail[k + 1], "ret");
+    assert!(lines.iter().any(|l| l.1 == "jmp 0x401009"));
+}
