@@ -40,26 +40,72 @@ fn memory_operands_and_their_record_flags() {
     // operand at TEXT + 0x11 + 7 + 0x100: the descriptor holds the distance from the
     // instruction (the load bias is added at run time through the pc).
     let cases: &[(&[u8], &str, Mem)] = &[
-        (&[0x8b, 0x07], "mov (%rdi),%eax", Some((R, 4, 7, n, 0, 0, 0))),
-        (&[0x89, 0x47, 0x10], "mov %eax,0x10(%rdi)", Some((W, 4, 7, n, 0, 16, 0))),
-        (&[0x48, 0x8b, 0x04, 0xc8], "mov (%rax,%rcx,8),%rax", Some((R, 8, 0, 1, 3, 0, 0))),
-        (&[0xf0, 0x83, 0x07, 0x01], "lock addl $0x1,(%rdi)", Some((RW, 4, 7, n, 0, 0, 0))),
-        (&[0x0f, 0xb6, 0x04, 0x0f], "movzbl (%rdi,%rcx,1),%eax", Some((R, 1, 7, 1, 0, 0, 0))),
-        (&[0x48, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00], "mov 0x100(%rip),%rax # 0x401118",
-            Some((R, 8, X86_REG_PC, n, 0, 0x107, 0))),
-        (&[0x64, 0x48, 0x8b, 0x04, 0x25, 0x28, 0, 0, 0], "mov %fs:0x28,%rax",
-            Some((R, 8, n, n, 0, 0x28, OPF_TP))),
-        (&[0x65, 0x48, 0x8b, 0x04, 0x25, 0x28, 0, 0, 0], "mov %gs:0x28,%rax", None),
+        (
+            &[0x8b, 0x07],
+            "mov (%rdi),%eax",
+            Some((R, 4, 7, n, 0, 0, 0)),
+        ),
+        (
+            &[0x89, 0x47, 0x10],
+            "mov %eax,0x10(%rdi)",
+            Some((W, 4, 7, n, 0, 16, 0)),
+        ),
+        (
+            &[0x48, 0x8b, 0x04, 0xc8],
+            "mov (%rax,%rcx,8),%rax",
+            Some((R, 8, 0, 1, 3, 0, 0)),
+        ),
+        (
+            &[0xf0, 0x83, 0x07, 0x01],
+            "lock addl $0x1,(%rdi)",
+            Some((RW, 4, 7, n, 0, 0, 0)),
+        ),
+        (
+            &[0x0f, 0xb6, 0x04, 0x0f],
+            "movzbl (%rdi,%rcx,1),%eax",
+            Some((R, 1, 7, 1, 0, 0, 0)),
+        ),
+        (
+            &[0x48, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00],
+            "mov 0x100(%rip),%rax # 0x401118",
+            Some((R, 8, X86_REG_PC, n, 0, 0x107, 0)),
+        ),
+        (
+            &[0x64, 0x48, 0x8b, 0x04, 0x25, 0x28, 0, 0, 0],
+            "mov %fs:0x28,%rax",
+            Some((R, 8, n, n, 0, 0x28, OPF_TP)),
+        ),
+        (
+            &[0x65, 0x48, 0x8b, 0x04, 0x25, 0x28, 0, 0, 0],
+            "mov %gs:0x28,%rax",
+            None,
+        ),
         (&[0x48, 0x8d, 0x47, 0x08], "lea 0x8(%rdi),%rax", None),
         (&[0xa4], "movsb %ds:(%rsi),%es:(%rdi)", None),
         (&[0xff, 0x37], "push (%rdi)", Some((R, 8, 7, n, 0, 0, 0))),
         (&[0x8f, 0x07], "pop (%rdi)", Some((W, 8, 7, n, 0, 0, 0))),
-        (&[0x48, 0x87, 0x07], "xchg %rax,(%rdi)", Some((RW, 8, 7, n, 0, 0, 0))),
-        (&[0xf0, 0x48, 0x0f, 0xb1, 0x0e], "lock cmpxchg %rcx,(%rsi)", Some((RW, 8, 6, n, 0, 0, 0))),
-        (&[0x0f, 0x29, 0x04, 0x24], "movaps %xmm0,(%rsp)", Some((W, 16, 4, n, 0, 0, 0))),
+        (
+            &[0x48, 0x87, 0x07],
+            "xchg %rax,(%rdi)",
+            Some((RW, 8, 7, n, 0, 0, 0)),
+        ),
+        (
+            &[0xf0, 0x48, 0x0f, 0xb1, 0x0e],
+            "lock cmpxchg %rcx,(%rsi)",
+            Some((RW, 8, 6, n, 0, 0, 0)),
+        ),
+        (
+            &[0x0f, 0x29, 0x04, 0x24],
+            "movaps %xmm0,(%rsp)",
+            Some((W, 16, 4, n, 0, 0, 0)),
+        ),
         (&[0x67, 0x8b, 0x07], "mov (%edi),%eax", None),
         (&[0x0f, 0x1f, 0x40, 0x00], "nopl 0x0(%rax)", None),
-        (&[0x41, 0x80, 0x7c, 0x24, 0xf8, 0x07], "cmpb $0x7,-0x8(%r12)", Some((R, 1, 12, n, 0, -8, 0))),
+        (
+            &[0x41, 0x80, 0x7c, 0x24, 0xf8, 0x07],
+            "cmpb $0x7,-0x8(%r12)",
+            Some((R, 1, 12, n, 0, -8, 0)),
+        ),
         (&[0x50], "push %rax", None),
         (&[0xc3], "ret", None),
     ];
@@ -98,7 +144,11 @@ fn control_flow_facts() {
         (&[0xe8, 0xfb, 0x00, 0x00, 0x00], "call 0x401105", ()),
         (&[0x74, 0x02], "je 0x40100e", ()),
         (&[0x90], "nop", ()),
-        (&[0xff, 0x15, r[0], r[1], r[2], r[3]], "call *0x2005(%rip) # 0x403018", ()),
+        (
+            &[0xff, 0x15, r[0], r[1], r[2], r[3]],
+            "call *0x2005(%rip) # 0x403018",
+            (),
+        ),
         (&[0xff, 0xd0], "call *%rax", ()),
         (&[0xff, 0xe0], "jmp *%rax", ()),
         (&[0xe9, 0xe4, 0xef, 0xff, 0xff], "jmp 0x400000", ()),
@@ -132,22 +182,44 @@ fn control_flow_facts() {
 #[test]
 fn indirect_call_targets_as_values_to_load() {
     let x = |reg| Reg::X86 { reg, high8: false };
-    let arg = |loc| Some(Arg { size: 8, signed: false, float: false, loc });
+    let arg = |loc| {
+        Some(Arg {
+            size: 8,
+            signed: false,
+            float: false,
+            loc,
+        })
+    };
     let cases: &[(&[u8], &str, Option<Arg>)] = &[
         (&[0xe8, 0x00, 0x00, 0x00, 0x00], "call 0x401005", None),
-        (&[0x41, 0xff, 0xd3], "call *%r11", arg(ArgLoc::Reg(x(Register::R11)))),
-        (&[0xff, 0x15, 0xf8, 0x0f, 0x00, 0x00], "call *0xff8(%rip) # 0x402006",
-            arg(ArgLoc::Static { addr: 0x40_2006 })),
-        (&[0xff, 0x54, 0xf7, 0x08], "call *0x8(%rdi,%rsi,8)", arg(ArgLoc::Mem {
-            base: Some(x(Register::RDI)),
-            index: Some((x(Register::RSI), 8)),
-            disp: 8,
-        })),
-        (&[0xff, 0x14, 0x24], "call *(%rsp)", arg(ArgLoc::Mem {
-            base: Some(x(Register::RSP)),
-            index: None,
-            disp: 0,
-        })),
+        (
+            &[0x41, 0xff, 0xd3],
+            "call *%r11",
+            arg(ArgLoc::Reg(x(Register::R11))),
+        ),
+        (
+            &[0xff, 0x15, 0xf8, 0x0f, 0x00, 0x00],
+            "call *0xff8(%rip) # 0x402006",
+            arg(ArgLoc::Static { addr: 0x40_2006 }),
+        ),
+        (
+            &[0xff, 0x54, 0xf7, 0x08],
+            "call *0x8(%rdi,%rsi,8)",
+            arg(ArgLoc::Mem {
+                base: Some(x(Register::RDI)),
+                index: Some((x(Register::RSI), 8)),
+                disp: 8,
+            }),
+        ),
+        (
+            &[0xff, 0x14, 0x24],
+            "call *(%rsp)",
+            arg(ArgLoc::Mem {
+                base: Some(x(Register::RSP)),
+                index: None,
+                disp: 0,
+            }),
+        ),
     ];
     let Some((code, at)) = layout(cases) else {
         eprintln!("objdump not installed; skipped");
@@ -172,7 +244,9 @@ fn plt_entries_start_at_their_landing_pad() {
     let entry = |k: u64| {
         let rel = (GOT + 0x18 + 8 * k - (sec + 16 * k + 4 + 7)) as u32;
         let r = rel.to_le_bytes();
-        let mut b = vec![0xf3, 0x0f, 0x1e, 0xfa, 0xf2, 0xff, 0x25, r[0], r[1], r[2], r[3]];
+        let mut b = vec![
+            0xf3, 0x0f, 0x1e, 0xfa, 0xf2, 0xff, 0x25, r[0], r[1], r[2], r[3],
+        ];
         b.extend_from_slice(&[0x0f, 0x1f, 0x44, 0x00, 0x00]);
         b
     };

@@ -165,8 +165,8 @@ fn entry_stub_then_the_relocated_loop() {
 fn relocated_rip_relative_operands_and_branches_reach_the_same_addresses() {
     // mov 0x100(%rip),%rax; cmpl $0x0,0x20(%rip); je +0x30; call TEXT + 0x80
     let code = [
-        0x48, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00, 0x83, 0x3d, 0x20, 0x00, 0x00, 0x00, 0x00,
-        0x74, 0x30, 0xe8, 0x6b, 0x00, 0x00, 0x00,
+        0x48, 0x8b, 0x05, 0x00, 0x01, 0x00, 0x00, 0x83, 0x3d, 0x20, 0x00, 0x00, 0x00, 0x00, 0x74,
+        0x30, 0xe8, 0x6b, 0x00, 0x00, 0x00,
     ];
     let orig = or_skip!(super::objdump(&code, TEXT));
     assert_eq!(
@@ -286,7 +286,10 @@ fn memory_site_stub_computes_the_address_from_the_original_registers() {
             "mov %rcx,0x18(%r11)",
         ]
     );
-    assert_eq!(run(&lines, "movl $0x4,(%r11)", 2)[1], "movl $0x40008,0x4(%r11)");
+    assert_eq!(
+        run(&lines, "movl $0x4,(%r11)", 2)[1],
+        "movl $0x40008,0x4(%r11)"
+    );
     // Restored: the scratch word, flags (OF from seto's byte), %rax, the red zone.
     assert_eq!(
         run(&lines, "pop %r11", 10),
@@ -363,7 +366,7 @@ fn runtime(pre_tls: bool) -> Option<(Runtime, Vec<(u64, String)>)> {
     Some((rt, lines))
 }
 
-fn from<'a>(lines: &'a [(u64, String)], at: u64, n: usize) -> Vec<&'a str> {
+fn from(lines: &[(u64, String)], at: u64, n: usize) -> Vec<&str> {
     let k = lines.iter().position(|l| l.0 == at).unwrap();
     lines[k..k + n].iter().map(|l| l.1.as_str()).collect()
 }
@@ -407,10 +410,7 @@ fn runtime_entry_points_flush_probe_and_shim() {
     assert_eq!(
         from(&lines, shim, 6),
         [
-            &format!(
-                "lea -0xff8d7(%rip),%rsi # {:#x}",
-                RW + PRE_TLS_OFF
-            ),
+            &format!("lea -0xff8d7(%rip),%rsi # {:#x}", RW + PRE_TLS_OFF),
             "mov %rsi,(%rsi)",
             "mov $0x1002,%edi",
             "mov $0x9e,%eax",
@@ -423,14 +423,7 @@ fn runtime_entry_points_flush_probe_and_shim() {
     assert_eq!(
         text(&lines[k - 8..k]),
         [
-            "pop %r13",
-            "pop %r12",
-            "pop %r10",
-            "pop %r9",
-            "pop %r8",
-            "pop %rdi",
-            "popf",
-            "ret"
+            "pop %r13", "pop %r12", "pop %r10", "pop %r9", "pop %r8", "pop %rdi", "popf", "ret"
         ]
     );
     let (rt, _) = or_skip!(runtime(false));
@@ -583,7 +576,10 @@ fn a_jump_to_a_return_outside_the_window_runs_that_returns_stub() {
     // test %edi,%edi; je R; mov $1,%eax; R: ret
     let code = [0x85, 0xff, 0x74, 0x05, 0xb8, 0x01, 0x00, 0x00, 0x00, 0xc3];
     let orig = or_skip!(super::objdump(&code, TEXT));
-    assert_eq!(orig, ["test %edi,%edi", "je 0x401009", "mov $0x1,%eax", "ret"]);
+    assert_eq!(
+        orig,
+        ["test %edi,%edi", "je 0x401009", "mov $0x1,%eax", "ret"]
+    );
     let img = Image::function(&code);
     let p = plan(
         &img,

@@ -8,8 +8,8 @@ mod flow;
 mod plan;
 mod usdt;
 
-use iced_x86::code_asm::CodeAssembler;
 use iced_x86::BlockEncoderOptions;
+use iced_x86::code_asm::CodeAssembler;
 use object::elf;
 
 use crate::elf::read::{Function, Input, Kind, Phdr, Section};

@@ -37,7 +37,10 @@ fn spans(p: &FunctionPlan) -> Vec<(u64, usize, usize)> {
 fn an_entry_window_covers_whole_instructions_after_the_landing_pad() {
     // push %rbp; mov %rsp,%rbp; mov %edi,%eax; pop %rbp; ret
     let body = [0x55, 0x48, 0x89, 0xe5, 0x89, 0xf8, 0x5d, 0xc3];
-    let p = plan(&Image::function(&body), &[req(1, SiteKind::FunctionEntry, TEXT)]);
+    let p = plan(
+        &Image::function(&body),
+        &[req(1, SiteKind::FunctionEntry, TEXT)],
+    );
     assert_eq!(spans(&p), vec![(TEXT, 6, 6)]);
     let s = &p.windows[0].sites[0];
     assert_eq!((s.id, s.at), (1, TEXT));
@@ -45,7 +48,10 @@ fn an_entry_window_covers_whole_instructions_after_the_landing_pad() {
     assert!(s.keep_flags && s.keep_r11);
     // With endbr64 first, the window starts after it.
     let ibt = [&[0xf3, 0x0f, 0x1e, 0xfa][..], &body].concat();
-    let p = plan(&Image::function(&ibt), &[req(1, SiteKind::FunctionEntry, TEXT)]);
+    let p = plan(
+        &Image::function(&ibt),
+        &[req(1, SiteKind::FunctionEntry, TEXT)],
+    );
     assert_eq!(spans(&p), vec![(TEXT + 4, 6, 6)]);
     assert_eq!(p.windows[0].sites[0].at, TEXT + 4);
     let input = Image::function(&ibt);
@@ -70,7 +76,9 @@ fn a_last_ret_takes_the_padding_after_the_function() {
     let p = plan(&img, &[req(7, SiteKind::FunctionExit, TEXT + 2)]);
     assert!(p.windows.is_empty());
     assert_eq!(p.uprobes.len(), 1);
-    assert!(matches!(&p.uprobes[0].1, FallbackReason::Detail(d) if d.contains("too few bytes before it")));
+    assert!(
+        matches!(&p.uprobes[0].1, FallbackReason::Detail(d) if d.contains("too few bytes before it"))
+    );
 }
 
 #[test]
@@ -97,7 +105,10 @@ fn sites_that_are_not_what_they_claim_fall_back_to_uprobes() {
 fn a_call_may_only_end_a_window() {
     // call g; mov %eax,%ebx; ret — the entry window is the call alone.
     let body = [0xe8, 0xfb, 0x00, 0x00, 0x00, 0x89, 0xc3, 0xc3];
-    let p = plan(&Image::function(&body), &[req(1, SiteKind::FunctionEntry, TEXT)]);
+    let p = plan(
+        &Image::function(&body),
+        &[req(1, SiteKind::FunctionEntry, TEXT)],
+    );
     assert_eq!(spans(&p), vec![(TEXT, 5, 5)]);
     // nop; call g; nop; ret: the entry window ends with the call.
     let body = [0x90, 0xe8, 0xfa, 0x00, 0x00, 0x00, 0x90, 0xc3];
@@ -141,7 +152,10 @@ fn a_window_grows_over_a_local_loop_and_lands_the_jump_from_outside() {
             "ret"
         ]
     );
-    assert_eq!(objdump_or_skip!(&code[0x20..], TEXT + 0x20), ["jmp 0x401005"]);
+    assert_eq!(
+        objdump_or_skip!(&code[0x20..], TEXT + 0x20),
+        ["jmp 0x401005"]
+    );
     let p = plan(&img, &[req(1, SiteKind::FunctionEntry, TEXT)]);
     // [xor .. jne]: the loop's own jump moves with its target; the jump from g
     // lands at L2.
@@ -230,13 +244,22 @@ fn jumps_with_a_rel32_are_repointed_in_place() {
     ];
     let l = TEXT + 13;
     let lines = objdump_or_skip!(&code, TEXT);
-    assert_eq!(lines, ["jmp 0x40100d", "jne 0x40100d", "jmp 0x40100d", "ret"]);
+    assert_eq!(
+        lines,
+        ["jmp 0x40100d", "jne 0x40100d", "jmp 0x40100d", "ret"]
+    );
     let img = Image::new(&code);
     let input = img.input();
     let e = rel32_jump(&input, TEXT, l).unwrap();
     assert_eq!(e, Entered { at: TEXT, len: 5 });
     let e2 = rel32_jump(&input, TEXT + 5, l).unwrap();
-    assert_eq!(e2, Entered { at: TEXT + 5, len: 6 });
+    assert_eq!(
+        e2,
+        Entered {
+            at: TEXT + 5,
+            len: 6
+        }
+    );
     assert_eq!(rel32_jump(&input, TEXT + 11, l), None);
     // A jump elsewhere is not one to `l`.
     assert_eq!(rel32_jump(&input, TEXT, l + 1), None);
@@ -247,6 +270,9 @@ fn jumps_with_a_rel32_are_repointed_in_place() {
         patched[off..off + bytes.len()].copy_from_slice(&bytes);
     }
     let lines = objdump_or_skip!(&patched, TEXT);
-    assert_eq!(lines, ["jmp 0x500000", "jne 0x500000", "jmp 0x40100d", "ret"]);
+    assert_eq!(
+        lines,
+        ["jmp 0x500000", "jne 0x500000", "jmp 0x40100d", "ret"]
+    );
     assert!(X86_64.repoint(&e, TEXT + (1 << 32)).is_err());
 }

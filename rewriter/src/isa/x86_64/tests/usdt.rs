@@ -24,8 +24,10 @@ fn parse(specs: &[&str]) -> Vec<Arg> {
         .collect()
 }
 
-/// `(kind, base, index, shift, size, flags, disp)` of each operand.
-fn descriptors(specs: &[&str]) -> Option<Vec<(u8, u8, u8, u8, u8, u8, i64)>> {
+/// `(kind, base, index, shift, size, flags, disp)` of an operand.
+type Desc = (u8, u8, u8, u8, u8, u8, i64);
+
+fn descriptors(specs: &[&str]) -> Option<Vec<Desc>> {
     let img = Image::new(&[0x90]);
     let set = X86_64.uprobe_operands(&img.input(), SiteKind::Usdt, PC, &parse(specs))?;
     assert_eq!(set.count as usize, specs.len());
@@ -41,7 +43,9 @@ fn descriptors(specs: &[&str]) -> Option<Vec<(u8, u8, u8, u8, u8, u8, i64)>> {
 fn registers_in_the_encoding_numbering() {
     let n = REG_NONE;
     assert_eq!(
-        descriptors(&["-4@%eax", "8@%rsp", "2@%r9w", "-1@%r15b", "1@%ah", "-1@%dh", "8@%rdi"]),
+        descriptors(&[
+            "-4@%eax", "8@%rsp", "2@%r9w", "-1@%r15b", "1@%ah", "-1@%dh", "8@%rdi"
+        ]),
         Some(vec![
             (OP_REG, 0, n, 0, 4, OPF_SIGNED, 0),
             (OP_REG, 4, n, 0, 8, 0, 0),
