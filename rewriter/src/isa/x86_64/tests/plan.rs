@@ -276,3 +276,62 @@ fn jumps_with_a_rel32_are_repointed_in_place() {
     );
     assert!(X86_64.repoint(&e, TEXT + (1 << 32)).is_err());
 }
+
+#[test]
+fn with_unsure_targets_only_the_entry_and_a_last_ret_get_windows() {
+    // push %rbx; mov %rdi,%rbx; mov (%rbx),%eax; add $1,%eax; pop %rbx; ret
+    let body = [
+        0x53, 0x48, 0x89, 0xfb, 0x8b, 0x03, 0x83, 0xc0, 0x01, 0x5b, 0xc3,
+    ];
+    let img = Image::function(&body);
+    let input = img.input();
+    let targets = X86_64.branch_targets(&input, &Flow::default());
+    let why = FallbackReason::UnresolvedJump { at: 0x40_2000 };
+    let reqs = [
+        req(1, SiteKind::FunctionEntry, TEXT),
+        req(2, SiteKind::Block, TEXT + 6),
+        req(3, SiteKind::FunctionExit, TEXT + 10),
+    ];
+    let p = X86_64.plan_function(&input, func(&input), &reqs, &targets, Some(&why), false);
+    // The ret's window is forward, over the padding: nothing inside can be entered.
+    assert_eq!(spans(&p), vec![(TEXT, 6, 6), (TEXT + 10, 5, 1)]);
+    assert_eq!(p.uprobes, vec![(2, why.clone())]);
+    // Sure of the targets, the block gets its window too.
+    let p = X86_64.plan_function(&input, func(&input), &reqs, &targets, None, false);
+    assert!(p.uprobes.is_empty());
+    assert!(p.windows.iter().any(|w| w.sites.iter().any(|s| s.id == 2)));
+}
+
+#[test]
+fn a_short_split_off_part_is_entered_by_its_rel32_jumps() {
+    // f.cold: mov %eax,%ebx; ret — and right after it g: jmp f.cold
+    let code = [0x89, 0xc3, 0xc3, 0xe9, 0xf8, 0xff, 0xff, 0xff];
+    let lines = objdump_or_skip!(&code, TEXT);
+    assert_eq!(lines, ["mov %eax,%ebx", "ret", "jmp 0x401000"]);
+    let mut img = Image::new(&code);
+    img.functions.push((TEXT, 3, "f.cold"));
+    img.functions.push((TEXT + 3, 5, "g"));
+    let input = img.input();
+    let targets = X86_64.branch_targets(&input, &Flow::default());
+    let reqs = [req(1, SiteKind::Block, TEXT)];
+    let f = func(&input);
+    let p = X86_64.plan_function(&input, f, &reqs, &targets, None, false);
+    assert_eq!(p.windows.len(), 0);
+    // As a part: a window over the run that nothing is written at, its jumps
+    // re-pointed.
+    let p = X86_64.plan_function(&input, f, &reqs, &targets, None, true);
+    assert_eq!(spans(&p), vec![(TEXT, 0, 3)]);
+    let w = &p.windows[0];
+    assert_eq!(w.entered_by, vec![Entered { at: TEXT + 3, len: 5 }]);
+    assert_eq!((w.sites[0].id, w.sites[0].at), (1, TEXT));
+    assert!(p.uprobes.is_empty());
+    // A rel8 jump to it cannot be re-pointed: the site stays a uprobe.
+    let mut img = Image::new(&[0x89, 0xc3, 0xc3, 0xeb, 0xfb]);
+    img.functions.push((TEXT, 3, "f.cold"));
+    img.functions.push((TEXT + 3, 2, "g"));
+    let input = img.input();
+    let targets = X86_64.branch_targets(&input, &Flow::default());
+    let p = X86_64.plan_function(&input, func(&input), &reqs, &targets, None, true);
+    assert!(p.windows.is_empty());
+    assert_eq!(p.uprobes.len(), 1);
+}
