@@ -614,3 +614,110 @@ fn a_jump_to_a_return_outside_the_window_runs_that_returns_stub() {
     assert_eq!(tail[k + 1], "ret");
     assert!(lines.iter().any(|l| l.1 == "jmp 0x401009"));
 }
+
+/// The disassembly without rip-relative displacements (`lea -0x…(%rip),%rax #
+/// 0x401110` → `lea (%rip),%rax # 0x401110`): what they reach is what counts.
+fn reach(lines: &[(u64, String)]) -> Vec<String> {
+    lines
+        .iter()
+        .map(|(_, l)| match (l.find(' '), l.find("(%rip)")) {
+            (Some(a), Some(b)) if a < b => {
+                let start = l[..b].rfind([' ', ',']).unwrap() + 1;
+                format!("{}{}", &l[..start], &l[b..])
+            }
+            _ => l.clone(),
+        })
+        .collect()
+}
+
+#[test]
+fn memory_sites_through_fs_and_rip_and_an_indirect_call_site() {
+    // mov %fs:0x28,%rax; mov 0x100(%rip),%rcx; call *0x10(%rdi); ret
+    let code = [
+        0x64, 0x48, 0x8b, 0x04, 0x25, 0x28, 0, 0, 0, 0x48, 0x8b, 0x0d, 0x00, 0x01, 0x00, 0x00,
+        0xff, 0x57, 0x10, 0xc3,
+    ];
+    let orig = or_skip!(super::objdump(&code, TEXT));
+    assert_eq!(
+        orig,
+        [
+            "mov %fs:0x28,%rax",
+            "mov 0x100(%rip),%rcx # 0x401110",
+            "call *0x10(%rdi)",
+            "ret"
+        ]
+    );
+    let mut img = Image::function(&code);
+    img.functions.push((TEXT + 0x20, 1, "g"));
+    let p = plan(
+        &img,
+        &[
+            req(1, SiteKind::Memory, TEXT),
+            req(2, SiteKind::Memory, TEXT + 9),
+            req(3, SiteKind::Call, TEXT + 16),
+        ],
+    );
+    assert!(p.uprobes.is_empty());
+    let w: Vec<(u64, usize)> = p.windows.iter().map(|w| (w.start, w.code_len)).collect();
+    assert_eq!(w, [(TEXT, 9), (TEXT + 9, 10)]);
+    let (_, lines) = or_skip!(tramp(&img, &layout(), &p.windows[0]));
+    // The thread pointer's base plus the offset: %fs:0 holds the TCB's address.
+    let l = reach(&lines);
+    let k = l.iter().position(|l| l == "lea 0x28,%rax").unwrap();
+    assert_eq!(
+        l[k - 1..k + 3],
+        [
+            "mov 0x8(%rsp),%rax",
+            "lea 0x28,%rax",
+            "add %fs:0x0,%rax",
+            "push %rax"
+        ]
+    );
+    assert!(l.contains(&"lea (%rip),%rcx # 0x401000".to_string()));
+    assert_eq!(l.last().unwrap(), "jmp 0x500099");
+    let (_, lines) = or_skip!(tramp(&img, &layout(), &p.windows[1]));
+    let l = reach(&lines);
+    // The rip-relative operand's address, as the original reaches it.
+    let k = l
+        .iter()
+        .position(|l| l == "lea (%rip),%rax # 0x401110")
+        .unwrap();
+    assert_eq!(l[k + 1], "push %rax");
+    let k = l.iter().position(|l| l == "movl $0x2,(%r11)").unwrap();
+    assert_eq!(
+        l[k..k + 6],
+        [
+            "movl $0x2,(%r11)",
+            "movl $0x80004,0x4(%r11)",
+            "mov 0x18(%rsp),%rcx",
+            "mov %rcx,0x10(%r11)",
+            "lea (%rip),%rcx # 0x401009",
+            "mov %rcx,0x18(%r11)"
+        ]
+    );
+    // The call site: its target loaded through the original %rdi, the return address
+    // as aux; then the call itself, re-created.
+    let k = l.iter().position(|l| l == "lea 0x10(%rdi),%rax").unwrap();
+    assert_eq!(l[k + 1..k + 3], ["mov (%rax),%rax", "push %rax"]);
+    let k = l.iter().position(|l| l == "movq $0x3,(%r11)").unwrap();
+    assert_eq!(
+        l[k + 1..k + 5],
+        [
+            "mov 0x18(%rsp),%rcx",
+            "mov %rcx,0x10(%r11)",
+            "lea (%rip),%rcx # 0x401013",
+            "mov %rcx,0x18(%r11)"
+        ]
+    );
+    let k = l.iter().position(|l| l == "jmp *0x10(%rdi)").unwrap();
+    assert_eq!(
+        l[k - 5..k],
+        [
+            "lea -0x8(%rsp),%rsp",
+            "push %rax",
+            "lea (%rip),%rax # 0x401013",
+            "mov %rax,0x8(%rsp)",
+            "pop %rax"
+        ]
+    );
+}

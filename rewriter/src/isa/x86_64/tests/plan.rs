@@ -322,7 +322,13 @@ fn a_short_split_off_part_is_entered_by_its_rel32_jumps() {
     let p = X86_64.plan_function(&input, f, &reqs, &targets, None, true);
     assert_eq!(spans(&p), vec![(TEXT, 0, 3)]);
     let w = &p.windows[0];
-    assert_eq!(w.entered_by, vec![Entered { at: TEXT + 3, len: 5 }]);
+    assert_eq!(
+        w.entered_by,
+        vec![Entered {
+            at: TEXT + 3,
+            len: 5
+        }]
+    );
     assert_eq!((w.sites[0].id, w.sites[0].at), (1, TEXT));
     assert!(p.uprobes.is_empty());
     // A rel8 jump to it cannot be re-pointed: the site stays a uprobe.
