@@ -310,3 +310,116 @@ fn a_slot_stored_differently_on_two_ways_is_not_trusted() {
     assert_eq!(fl.unresolved_indirect_jumps, vec![at]);
     assert!(fl.tail_calls.is_empty());
 }
+
+/// gcc 12 `-O0` for `switch (x) { case 0..=4: return …; default: return 0; }`, its
+/// two `lea T(%rip)` pointed at RODATA: the switch value spilled to the frame and
+/// compared there, `lea 0(,%rax,4)`, `mov (%rdx,%rax,1),%eax`, `cltq`.
+#[test]
+fn gcc_o0_switch_through_a_frame_slot() {
+    let mut code = vec![
+        0x55, 0x48, 0x89, 0xe5, 0x89, 0x7d, 0xfc, 0x83, 0x7d, 0xfc, 0x04, 0x77, 0x46, 0x8b,
+        0x45, 0xfc, 0x48, 0x8d, 0x14, 0x85, 0x00, 0x00, 0x00, 0x00, 0x48, 0x8d, 0x05, 0x00,
+        0x00, 0x00, 0x00, 0x8b, 0x04, 0x02, 0x48, 0x98, 0x48, 0x8d, 0x15, 0x00, 0x00, 0x00,
+        0x00, 0x48, 0x01, 0xd0, 0xff, 0xe0, 0xb8, 0x0b, 0x00, 0x00, 0x00, 0xeb, 0x21, 0xb8,
+        0x16, 0x00, 0x00, 0x00, 0xeb, 0x1a, 0xb8, 0x21, 0x00, 0x00, 0x00, 0xeb, 0x13, 0xb8,
+        0x2c, 0x00, 0x00, 0x00, 0xeb, 0x0c, 0xb8, 0x37, 0x00, 0x00, 0x00, 0xeb, 0x05, 0xb8,
+        0x00, 0x00, 0x00, 0x00, 0x5d, 0xc3,
+    ];
+    for (field, end) in [(0x1b, 0x1f), (0x27, 0x2b)] {
+        let rel = (RODATA - (TEXT + end)) as u32;
+        code[field..field + 4].copy_from_slice(&rel.to_le_bytes());
+    }
+    if let Some(text) = super::objdump(&code[..0x30], TEXT) {
+        assert_eq!(
+            text[3..],
+            [
+                "cmpl $0x4,-0x4(%rbp)",
+                "ja 0x401053",
+                "mov -0x4(%rbp),%eax",
+                "lea 0x0(,%rax,4),%rdx",
+                "lea 0xfe1(%rip),%rax # 0x402000",
+                "mov (%rdx,%rax,1),%eax",
+                "cltq",
+                "lea 0xfd5(%rip),%rdx # 0x402000",
+                "add %rdx,%rax",
+                "jmp *%rax",
+            ]
+        );
+    }
+    let cases: Vec<u64> = (0..5).map(|k| TEXT + 0x30 + 7 * k).collect();
+    let mut img = Image::function(&code);
+    let table: Vec<u8> = cases
+        .iter()
+        .flat_map(|&t| ((t - RODATA) as i32).to_le_bytes())
+        .collect();
+    img.put(RODATA, &table);
+    let fl = flow(&img);
+    assert_eq!(
+        fl.tables,
+        vec![JumpTable {
+            table: RODATA,
+            entry_size: 4,
+            dispatch: TEXT + 0x2e,
+            targets: cases,
+            bounded: true,
+        }]
+    );
+    assert!(fl.unresolved_indirect_jumps.is_empty());
+}
+
+#[test]
+fn a_byte_index_bounds_a_table_of_labels_at_256() {
+    // movzbl (%rdi),%eax; jmp *T(,%rax,8); four labels, T's 256 entries cycling them.
+    let (code, l) = asm_labels(TEXT, |a| {
+        let mut jmp = a.create_label();
+        a.movzx(eax, byte_ptr(rdi))?;
+        a.set_label(&mut jmp)?;
+        let m = MemoryOperand::new(
+            Register::None,
+            Register::RAX,
+            8,
+            RODATA as i64,
+            4,
+            false,
+            Register::None,
+        );
+        a.add_instruction(Instruction::with1(Code::Jmp_rm64, m)?)?;
+        let mut out = Vec::new();
+        for k in 0..4u32 {
+            let mut t = a.create_label();
+            a.set_label(&mut t)?;
+            a.mov(eax, k)?;
+            a.ret()?;
+            out.push(t);
+        }
+        out.push(jmp);
+        Ok(out)
+    });
+    let mut img = Image::function(&code);
+    let table: Vec<u8> = (0..256).flat_map(|k| l[k % 4].to_le_bytes()).collect();
+    img.put(RODATA, &table);
+    // What follows the table is no label: a bound, not the entries, stops the read.
+    img.put(RODATA + 256 * 8, &l[0].to_le_bytes());
+    let fl = flow(&img);
+    assert_eq!(fl.tables.len(), 1);
+    let t = &fl.tables[0];
+    assert_eq!((t.dispatch, t.bounded, t.entry_size), (l[4], true, 8));
+    assert_eq!(t.targets, l[..4].to_vec());
+}
+
+#[test]
+fn no_tail_call_in_a_function_that_takes_its_own_addresses() {
+    // lea L(%rip),%rax; mov %rax,(%rsi); jmp *%rdi; L: ret — a label escapes, so a
+    // jump through an argument may be a computed goto back in.
+    let (fl, _) = classify(|a| {
+        let mut l = a.create_label();
+        a.lea(rax, ptr(l))?;
+        a.mov(qword_ptr(rsi), rax)?;
+        a.jmp(rdi)?;
+        a.set_label(&mut l)?;
+        a.ret()
+    });
+    let jmp = TEXT + 10;
+    assert_eq!(fl.unresolved_indirect_jumps, vec![jmp]);
+    assert!(fl.tail_calls.is_empty());
+}
