@@ -8,7 +8,9 @@ use super::super::X86_64;
 use super::plan::{loop_with_a_way_in, plan, req};
 use super::{Image, TEXT, objdump_at};
 use crate::isa::arg::{ArgError, parse_arg};
-use crate::isa::{IndexWhy, Isa, Layout, PlacedSite, Runtime, SlotLookup, Trampoline, Window};
+use crate::isa::{
+    IndexWhy, Isa, Landing, Layout, PlacedSite, Runtime, SlotLookup, Trampoline, Window,
+};
 use tracer_common::meta::{SiteKind, TimeMode};
 use tracer_common::*;
 
@@ -719,5 +721,53 @@ fn memory_sites_through_fs_and_rip_and_an_indirect_call_site() {
             "mov %rax,0x8(%rsp)",
             "pop %rax"
         ]
+    );
+}
+
+#[test]
+fn a_jrcxz_inside_a_window_reaches_its_target_through_a_landing() {
+    // xor %eax,%eax; L1: inc %eax; jrcxz L2; nop; L2: cmp $10,%eax; jne L1; ret
+    let code = [
+        0x31, 0xc0, 0xff, 0xc0, 0xe3, 0x01, 0x90, 0x83, 0xf8, 0x0a, 0x75, 0xf6, 0xc3,
+    ];
+    let orig = or_skip!(super::objdump(&code, TEXT));
+    assert_eq!(orig[2], "jrcxz 0x401007");
+    let img = Image::function(&code);
+    let p = plan(&img, &[req(1, SiteKind::FunctionEntry, TEXT)]);
+    let w = &p.windows[0];
+    // The loop's jne moves with its target; jrcxz has no near form to re-point, so
+    // its target keeps a landing.
+    assert_eq!((w.start, w.len, w.code_len), (TEXT, 12, 12));
+    assert_eq!(
+        w.landings,
+        [Landing {
+            target: TEXT + 7,
+            hop: None
+        }]
+    );
+    let (t, lines) = or_skip!(tramp(&img, &layout(), w));
+    let k = lines.iter().position(|l| l.1 == "xor %eax,%eax").unwrap();
+    let at = |i: usize| lines[k + i].0;
+    assert_eq!(
+        text(&lines[k..k + 9]),
+        [
+            "xor %eax,%eax",
+            "inc %eax",
+            &format!("jrcxz {:#x}", at(4)),
+            &format!("jmp {:#x}", at(5)),
+            "jmp 0x401007",
+            "nop",
+            "cmp $0xa,%eax",
+            &format!("jne {:#x}", at(1)),
+            "jmp 0x40100c",
+        ]
+    );
+    assert_eq!(t.landed, [at(6)]);
+    // The original range: the jump in, traps, the landing to the copy of L2.
+    let patch = X86_64.patch_bytes(w, AT, &t.landed).unwrap();
+    let lines = or_skip!(super::objdump(&patch, TEXT));
+    assert_eq!(
+        lines,
+        ["jmp 0x500000", "int3", "int3", &format!("jmp {:#x}", at(6))]
     );
 }
