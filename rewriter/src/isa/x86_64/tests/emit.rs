@@ -771,3 +771,45 @@ fn a_jrcxz_inside_a_window_reaches_its_target_through_a_landing() {
         ["jmp 0x500000", "int3", "int3", &format!("jmp {:#x}", at(6))]
     );
 }
+
+#[test]
+fn an_exit_stub_that_must_keep_the_flags_reads_rax_from_its_saved_copy() {
+    // mov %rdi,%rax; ret — no instruction writes RFLAGS or %r11: both kept.
+    let mut img = Image::function(&[0x48, 0x89, 0xf8, 0xc3]);
+    img.functions.push((TEXT + 0x10, 1, "g"));
+    let p = plan(&img, &[req(4, SiteKind::FunctionExit, TEXT + 3)]);
+    let w = &p.windows[0];
+    // The ret with the padding after it (the mov before it would make 4 bytes only).
+    assert_eq!((w.start, w.len, w.code_len), (TEXT + 3, 5, 1));
+    assert!(w.sites[0].keep_flags && w.sites[0].keep_r11);
+    let (_, lines) = or_skip!(tramp(&img, &layout(), w));
+    let l = reach(&lines);
+    assert_eq!(
+        l[..10],
+        [
+            "lea -0x80(%rsp),%rsp",
+            "push %rax",
+            "lahf",
+            "seto %al",
+            "push %rax",
+            "push %rcx",
+            "push %rsi",
+            "push %r11",
+            "mov %fs:0x0,%r11",
+            "mov %r11,%rcx",
+        ]
+    );
+    // 0x80 + 2 + 3 words down: the original %rax 0x20 up, the return address 0xa8 up.
+    let k = l.iter().position(|l| l == "movq $0x4,(%r11)").unwrap();
+    assert_eq!(
+        l[k + 1..k + 5],
+        [
+            "mov 0x20(%rsp),%rcx",
+            "mov %rcx,0x10(%r11)",
+            "mov 0xa8(%rsp),%rcx",
+            "mov %rcx,0x18(%r11)"
+        ]
+    );
+    let k = l.iter().position(|l| l == "sahf").unwrap();
+    assert_eq!(l[k + 1..k + 4], ["pop %rax", "lea 0x80(%rsp),%rsp", "ret"]);
+}
