@@ -41,6 +41,9 @@ mod stub;
 mod usdt;
 mod wait;
 
+#[cfg(test)]
+mod tests;
+
 use iced_x86::{
     Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register,
 };
