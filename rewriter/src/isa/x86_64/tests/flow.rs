@@ -77,7 +77,7 @@ fn pic_switch_table_bounded_by_cmp_ja() {
     // The table: each case's offset from the table.
     let table: Vec<u8> = l[..4]
         .iter()
-        .flat_map(|&t| ((t - RODATA) as i32).to_le_bytes())
+        .flat_map(|&t| (t.wrapping_sub(RODATA) as i32).to_le_bytes())
         .collect();
     img.put(RODATA, &table);
     let fl = flow(&img);
@@ -154,7 +154,7 @@ fn a_table_whose_first_entry_misses_every_instruction_is_rejected() {
     let table: Vec<u8> = l[..4]
         .iter()
         .enumerate()
-        .flat_map(|(k, &t)| ((t + u64::from(k == 0) - RODATA) as i32).to_le_bytes())
+        .flat_map(|(k, &t)| ((t + u64::from(k == 0)).wrapping_sub(RODATA) as i32).to_le_bytes())
         .collect();
     img.put(RODATA, &table);
     let fl = flow(&img);
@@ -349,7 +349,7 @@ fn gcc_o0_switch_through_a_frame_slot() {
     let mut img = Image::function(&code);
     let table: Vec<u8> = cases
         .iter()
-        .flat_map(|&t| ((t - RODATA) as i32).to_le_bytes())
+        .flat_map(|&t| (t.wrapping_sub(RODATA) as i32).to_le_bytes())
         .collect();
     img.put(RODATA, &table);
     let fl = flow(&img);

@@ -27,7 +27,7 @@ const END: u64 = 0x40_4000;
 
 /// Disassemble `bytes` (code at `base`) with GNU objdump: one "mnemonic operands"
 /// string per instruction, whitespace collapsed, objdump's `# address` comment kept.
-/// None when objdump is not installed.
+/// None when objdump is missing and the run allows that (`tests::skip`).
 pub(super) fn objdump(bytes: &[u8], base: u64) -> Option<Vec<String>> {
     Some(objdump_at(bytes, base)?.into_iter().map(|l| l.1).collect())
 }
@@ -35,7 +35,14 @@ pub(super) fn objdump(bytes: &[u8], base: u64) -> Option<Vec<String>> {
 /// [`objdump`] with each instruction's address.
 pub(super) fn objdump_at(bytes: &[u8], base: u64) -> Option<Vec<(u64, String)>> {
     use std::process::Command;
-    Command::new("objdump").arg("--version").output().ok()?;
+    // A missing objdump fails the test unless the run allows the skip.
+    if !::tests::skip::require(
+        "objdump",
+        ::tests::skip::runs("objdump"),
+        "x86-64 unit tests",
+    ) {
+        return None;
+    }
     // Tests run in parallel: one file per call.
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -64,7 +71,7 @@ pub(super) fn objdump_at(bytes: &[u8], base: u64) -> Option<Vec<(u64, String)>> 
     Some(lines)
 }
 
-/// Skip a test quietly where objdump is missing.
+/// Skip a test where objdump is missing and the run allows that (`tests::skip`).
 macro_rules! objdump_or_skip {
     ($bytes:expr, $base:expr) => {
         match super::objdump($bytes, $base) {
