@@ -15,7 +15,9 @@ mod flow;
 mod mem;
 mod reloc;
 mod runtime;
+mod slot;
 mod stub;
+mod sys;
 mod usdt;
 mod wait;
 

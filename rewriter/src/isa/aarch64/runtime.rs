@@ -3,27 +3,12 @@
 //! as the x86-64 runtime; see that module and ARCHITECTURE.md.
 
 use super::enc::*;
+use super::slot::reset_buffer;
+use super::sys::*;
 use super::wait;
 use crate::isa::linux::*;
 use crate::isa::{Layout, Runtime, SlotLookup};
 use tracer_common::*;
-
-const SYS_GETPID: u64 = 172;
-const SYS_GETTID: u64 = 178;
-const SYS_TGKILL: u64 = 131;
-const SYS_RT_SIGPROCMASK: u64 = 135;
-const SIG_BLOCK: u64 = 0;
-const SIG_SETMASK: u64 = 2;
-const SYS_SENDMSG: u32 = 211;
-const SYS_SENDTO: u32 = 206;
-const SYS_GETSOCKOPT: u32 = 209;
-const SYS_SOCKET: u32 = 198;
-const SYS_CONNECT: u32 = 203;
-const SYS_DUP3: u32 = 24;
-const SYS_CLOSE: u32 = 57;
-const SYS_PPOLL: u32 = 73;
-const SYS_PRCTL: u32 = 167;
-const SYS_GETEUID: u32 = 175;
 
 /// `add rd, rn, #v` for any v < 2^24 (one or two instructions).
 fn add_big(a: &mut Asm, rd: u32, rn: u32, v: u64) {
@@ -152,17 +137,6 @@ struct RegisterCalls {
     take_hold: Label,
     user_drain: Label,
     user_send: Label,
-}
-
-/// `cur = start` and a new buffer epoch: coarse-timestamp records carry it (see the
-/// stub), so a drain position remembered from before the reset is no longer trusted.
-/// x9 = slot; clobbers x10.
-pub(super) fn reset_buffer(a: &mut Asm) {
-    a.put(ldr_x(10, 9, SLOT_START as u32));
-    a.put(str_x(10, 9, SLOT_CUR as u32));
-    a.put(ldr_w(10, 9, SLOT_GENERATION as u32));
-    a.put(add_imm(10, 10, 1, false));
-    a.put(str_w(10, 9, SLOT_GENERATION as u32));
 }
 
 fn emit_register(
@@ -294,7 +268,7 @@ fn register_own_or_claim(a: &mut Asm, l: &Layout, lb: &RegisterLabels) {
 /// (3) reclaim a slot of a dead thread (→ `claimed`), (4) else count a drop and fail.
 fn register_reclaim(a: &mut Asm, l: &Layout, lb: &RegisterLabels) {
     // (3) reclaim a slot whose owner died without a tracer releasing it.
-    a.put(movz(8, SYS_GETPID as u32, 0));
+    a.put(movz(8, SYS_GETPID, 0));
     a.put(SVC0);
     a.put(mov_reg(3, 0)); // x3 = pid
     first_slot(a, l);
@@ -302,7 +276,7 @@ fn register_reclaim(a: &mut Asm, l: &Layout, lb: &RegisterLabels) {
     a.put(mov_reg(0, 3));
     a.put(ldr_w(1, 9, SLOT_OWNER_TID as u32));
     a.put(movz(2, 0, 0));
-    a.put(movz(8, SYS_TGKILL as u32, 0));
+    a.put(movz(8, SYS_TGKILL, 0));
     a.put(SVC0);
     a.put(cmn_imm(0, ESRCH));
     a.bcond_l(NE, lb.reclaim_next);
@@ -357,7 +331,7 @@ fn register_init(a: &mut Asm, l: &Layout, lb: &RegisterLabels) {
     a.put(str_x(6, 9, SLOT_RW_BASE as u32));
     a.put_all(&mov_imm64(0, l.binary_id));
     a.put(str_x(0, 9, SLOT_BINARY_ID as u32));
-    a.put(movz(8, SYS_GETTID as u32, 0));
+    a.put(movz(8, SYS_GETTID, 0));
     a.put(SVC0);
     a.put(str_w(0, 9, SLOT_OWNER_TID as u32)); // w0 = tid, kept for the hand-over
     a.put(ldr_w(1, 9, SLOT_GENERATION as u32));
@@ -750,7 +724,7 @@ fn emit_user_send(a: &mut Asm, label: Label) {
     a.put(lsr(4, 0, 32));
     a.put(str_x(4, SP, 32)); // cause, pad = 0
     a.put(str_x(XZR, SP, 40));
-    a.put(movz(8, SYS_GETPID as u32, 0));
+    a.put(movz(8, SYS_GETPID, 0));
     a.put(SVC0);
     a.put(str_w(0, SP, 8));
     a.put(ldr_w(4, 9, SLOT_OWNER_TID as u32));
@@ -793,28 +767,4 @@ fn emit_user_send(a: &mut Asm, label: Label) {
     a.bind(sent);
     a.put(add_imm(SP, SP, FRAME, false));
     a.put(RET);
-}
-
-/// Block every signal; the mask words live at `[sp + new_off]` and `[sp + old_off]`
-/// (the old mask is saved there). Clobbers x0-x3 and x8.
-pub(super) fn block_signals(a: &mut Asm, new_off: u32, old_off: u32) {
-    a.put_all(&mov_imm64(0, u64::MAX));
-    a.put(str_x(0, SP, new_off));
-    a.put(movz(0, SIG_BLOCK as u32, 0));
-    a.put(add_imm(1, SP, new_off, false));
-    a.put(add_imm(2, SP, old_off, false));
-    a.put(movz(3, 8, 0));
-    a.put(movz(8, SYS_RT_SIGPROCMASK as u32, 0));
-    a.put(SVC0);
-}
-
-/// Put back the mask that [`block_signals`] saved at `[sp + old_off]`. Clobbers x0-x3
-/// and x8.
-pub(super) fn restore_signals(a: &mut Asm, old_off: u32) {
-    a.put(movz(0, SIG_SETMASK as u32, 0));
-    a.put(add_imm(1, SP, old_off, false));
-    a.put(movz(2, 0, 0));
-    a.put(movz(3, 8, 0));
-    a.put(movz(8, SYS_RT_SIGPROCMASK as u32, 0));
-    a.put(SVC0);
 }

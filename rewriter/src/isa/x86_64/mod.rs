@@ -9,8 +9,10 @@
 
 mod flow;
 mod runtime;
+mod slot;
 mod spill;
 mod stub;
+mod sys;
 mod usdt;
 mod wait;
 

@@ -6,29 +6,12 @@ use iced_x86::code_asm::*;
 use iced_x86::{BlockEncoderOptions, Register};
 
 use super::super::{Layout, Runtime, SlotLookup};
+use super::slot::reset_buffer;
 use super::stub::lea_rip;
+use super::sys::*;
 use super::wait;
 use crate::isa::linux::*;
 use tracer_common::*;
-
-pub(super) const SYS_GETPID: u32 = 39;
-pub(super) const SYS_GETTID: u32 = 186;
-const SYS_TGKILL: u32 = 234;
-const SYS_ARCH_PRCTL: u32 = 158;
-const ARCH_SET_FS: u32 = 0x1002;
-pub(super) const SYS_RT_SIGPROCMASK: u32 = 14;
-pub(super) const SIG_BLOCK: u32 = 0;
-pub(super) const SIG_SETMASK: u32 = 2;
-const SYS_SENDMSG: u32 = 46;
-const SYS_SENDTO: u32 = 44;
-const SYS_GETSOCKOPT: u32 = 55;
-const SYS_SOCKET: u32 = 41;
-const SYS_CONNECT: u32 = 42;
-const SYS_CLOSE: u32 = 3;
-const SYS_DUP3: u32 = 292;
-const SYS_PPOLL: u32 = 271;
-const SYS_PRCTL: u32 = 157;
-const SYS_GETEUID: u32 = 107;
 
 pub(super) fn emit(
     layout: &Layout,
@@ -148,15 +131,6 @@ pub(super) fn emit(
         },
     };
     Ok((res.inner.code_buffer, rt))
-}
-
-/// `cur = start` and a new buffer epoch: coarse-timestamp records carry it (see the
-/// stub), so a drain position remembered from before the reset is no longer trusted.
-/// %rsi = slot; clobbers %rcx.
-pub(super) fn reset_buffer(a: &mut CodeAssembler) -> Result<(), IcedError> {
-    a.mov(rcx, qword_ptr(rsi + SLOT_START as i32))?;
-    a.mov(qword_ptr(rsi + SLOT_CUR as i32), rcx)?;
-    a.inc(dword_ptr(rsi + SLOT_GENERATION as i32))
 }
 
 /// register(%r11 = thread pointer) → %rcx != 0 when the thread now owns a slot.
