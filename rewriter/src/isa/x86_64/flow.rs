@@ -476,11 +476,11 @@ fn cfg(insns: &[Instruction], from: u64, to: u64) -> Cfg {
     let l = leaders(insns, from, to);
     let mut block_of = vec![usize::MAX; n];
     let mut blocks = Vec::new();
-    for k in 0..n {
+    for (k, b) in block_of.iter_mut().enumerate() {
         if l.leader[k] {
             blocks.push((k, k));
         }
-        block_of[k] = blocks.len() - 1;
+        *b = blocks.len() - 1;
         blocks.last_mut().unwrap().1 = k + 1;
     }
     let mut succ = vec![[None, None]; blocks.len()];
