@@ -1,7 +1,7 @@
 //! `rewriter INPUT [-o OUT] [--spec FILE] [--functions GLOB]... [--sites KIND,...]
 //! [--time record|coarse] [--slots N] [--buffer-records N] [--force-uprobe] [-v]`
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -65,33 +65,13 @@ fn main() -> ExitCode {
         s.push(".traced");
         PathBuf::from(s)
     });
-    let mut opts = rewriter::Options::default();
-    if let Some(path) = &args.spec {
-        let applied = std::fs::read_to_string(path)
-            .map_err(|e| rewriter::Error::Read(path.clone(), e))
-            .and_then(|text| rewriter::spec::apply(&path.display().to_string(), &text, &mut opts));
-        if let Err(e) = applied {
+    let mut opts = match options(&args) {
+        Ok(opts) => opts,
+        Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
-    }
-    if !args.functions.is_empty() {
-        opts.functions = args.functions.clone();
-    }
-    if !args.sites.is_empty() {
-        opts.kinds = args.sites.clone();
-    }
-    opts.time_mode = args.time.unwrap_or(opts.time_mode);
-    if let Some(k) = args.buffer_kind {
-        opts.buf_kind = k;
-        if let Some(r) = rewriter::spec::default_records(k) {
-            opts.buf_records = r;
-        }
-    }
-    opts.nslots = args.slots.unwrap_or(opts.nslots);
-    opts.values.extend(args.values.iter().cloned());
-    opts.buf_records = args.buffer_records.unwrap_or(opts.buf_records);
-    opts.force_uprobe = args.force_uprobe;
+    };
     // A progress bar over the functions of each stage (a terminal only, long jobs only).
     let bar = std::sync::Arc::new(std::sync::Mutex::new(present::progress::Bar::new(
         0,
@@ -113,50 +93,86 @@ fn main() -> ExitCode {
     }
     match result {
         Ok(r) => {
-            println!(
-                "{} -> {} ({}): {} sites: {} inline, {} uprobe{}; {} -> {} bytes",
-                args.input.display(),
-                output.display(),
-                r.kind,
-                r.sites,
-                r.inline,
-                r.uprobe,
-                untraced(r.untraced),
-                r.input_size,
-                r.output_size
-            );
-            for (kind, (inline, uprobe, not)) in &r.per_kind {
-                let total = inline + uprobe + not;
-                println!(
-                    "  {:<6} {total} sites: {inline} inline ({:.2}%), {uprobe} uprobe{}",
-                    kind.name(),
-                    100.0 * *inline as f64 / total.max(1) as f64,
-                    untraced(*not)
-                );
-            }
-            println!(
-                "  time: {}; buffers: {}; slot lookup: {}; split-off parts: {}",
-                opts.time_mode.name(),
-                ["trace", "circular", "fast-circular"][opts.buf_kind as usize % 3],
-                r.slot_lookup.describe(),
-                r.parts.len()
-            );
-            if args.verbose {
-                for (at, f) in &r.parts {
-                    println!("  split-off part at {at:#x} of {f}");
-                }
-                for (f, why) in &r.uprobe_reasons {
-                    println!("  uprobe site {f}: {why}");
-                }
-                for (f, why) in &r.untraced_reasons {
-                    println!("  untraced site {f}: {why}");
-                }
-            }
+            print_report(&args, &output, &opts, &r);
             ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// The options: the spec file's, then the flags over them.
+fn options(args: &Args) -> rewriter::Result<rewriter::Options> {
+    let mut opts = rewriter::Options::default();
+    if let Some(path) = &args.spec {
+        std::fs::read_to_string(path)
+            .map_err(|e| rewriter::Error::Read(path.clone(), e))
+            .and_then(|text| {
+                rewriter::spec::apply(&path.display().to_string(), &text, &mut opts)
+            })?;
+    }
+    if !args.functions.is_empty() {
+        opts.functions = args.functions.clone();
+    }
+    if !args.sites.is_empty() {
+        opts.kinds = args.sites.clone();
+    }
+    opts.time_mode = args.time.unwrap_or(opts.time_mode);
+    if let Some(k) = args.buffer_kind {
+        opts.buf_kind = k;
+        if let Some(r) = rewriter::spec::default_records(k) {
+            opts.buf_records = r;
+        }
+    }
+    opts.nslots = args.slots.unwrap_or(opts.nslots);
+    opts.values.extend(args.values.iter().cloned());
+    opts.buf_records = args.buffer_records.unwrap_or(opts.buf_records);
+    opts.force_uprobe = args.force_uprobe;
+    Ok(opts)
+}
+
+/// What was done: totals, per site kind, and with `-v` each split-off part, uprobe
+/// site and untraced site with its reason.
+fn print_report(args: &Args, output: &Path, opts: &rewriter::Options, r: &rewriter::Report) {
+    println!(
+        "{} -> {} ({}): {} sites: {} inline, {} uprobe{}; {} -> {} bytes",
+        args.input.display(),
+        output.display(),
+        r.kind,
+        r.sites,
+        r.inline,
+        r.uprobe,
+        untraced(r.untraced),
+        r.input_size,
+        r.output_size
+    );
+    for (kind, (inline, uprobe, not)) in &r.per_kind {
+        let total = inline + uprobe + not;
+        println!(
+            "  {:<6} {total} sites: {inline} inline ({:.2}%), {uprobe} uprobe{}",
+            kind.name(),
+            100.0 * *inline as f64 / total.max(1) as f64,
+            untraced(*not)
+        );
+    }
+    println!(
+        "  time: {}; buffers: {}; slot lookup: {}; split-off parts: {}",
+        opts.time_mode.name(),
+        ["trace", "circular", "fast-circular"][opts.buf_kind as usize % 3],
+        r.slot_lookup.describe(),
+        r.parts.len()
+    );
+    if args.verbose {
+        for (at, f) in &r.parts {
+            println!("  split-off part at {at:#x} of {f}");
+        }
+        for (f, why) in &r.uprobe_reasons {
+            println!("  uprobe site {f}: {why}");
+        }
+        for (f, why) in &r.untraced_reasons {
+            println!("  untraced site {f}: {why}");
         }
     }
 }

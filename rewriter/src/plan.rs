@@ -232,84 +232,100 @@ impl Ctx<'_> {
     ) -> Vec<SiteReq> {
         let f = &c.f;
         let mut reqs = Vec::new();
-        let mut add = |kind, addr, label: &str, args: Vec<Arg>, frame| {
-            let nargs = if kind == SiteKind::Usdt {
-                args.len().min(255) as u8
-            } else {
-                0
-            };
-            reqs.push(SiteReq {
-                id: sites.info.len() as u32,
-                kind,
-                addr,
-                args,
-                frame,
-            });
-            sites.info.push(SiteInfo {
-                name: label.to_string(),
-                kind,
-                addr,
-                nargs,
-            });
-        };
         let in_f = |pc: u64| (f.addr..f.addr + f.size).contains(&pc);
         for &kind in kinds {
             if kind == SiteKind::Usdt {
                 for p in self.probes.iter().filter(|p| in_f(p.pc)) {
-                    add(
-                        kind,
-                        p.pc,
-                        &format!("{}:{}", p.provider, p.name),
-                        p.args.clone(),
-                        None,
-                    );
+                    let label = format!("{}:{}", p.provider, p.name);
+                    add_site(&mut reqs, sites, kind, p.pc, &label, p.args.clone(), None);
                     sites.semaphores.extend(p.semaphore);
                 }
                 continue;
             }
-            if !c.selected {
-                continue; // planned only for its USDT probes
-            }
-            // A part has its function's exits, never an entry.
-            let whole = match (kind, c.part_of) {
-                (SiteKind::FunctionEntry, Some(_)) => continue,
-                (
-                    SiteKind::FunctionEntry
-                    | SiteKind::FunctionExit
-                    | SiteKind::Landing
-                    | SiteKind::Resume,
-                    _,
-                ) if !c.callable => continue,
-                (_, Some(parent)) => self.sel.whole(parent),
-                (_, None) => self.sel.whole(f.addr),
-            };
             let value: Vec<Arg> = self.values.get(&kind).cloned().into_iter().collect();
-            let of = match kind {
-                SiteKind::Landing => unwinding.sites[i].0.clone(),
-                SiteKind::Resume => unwinding.sites[i].1.clone(),
-                _ => crate::isa::sites_of(
-                    self.isa,
-                    self.input,
-                    f,
-                    &whole,
-                    kind,
-                    self.fn_starts,
-                    &self.facts,
-                ),
-            };
-            for addr in of {
-                let frame = match kind {
-                    SiteKind::FunctionEntry if unwinding.lands_in.contains(&f.addr) => {
-                        unwinding.entry
-                    }
-                    SiteKind::Landing | SiteKind::Resume => unwinding.rules.get(&addr).copied(),
-                    _ => None,
-                };
-                add(kind, addr, &c.name, value.clone(), frame);
+            for (addr, frame) in self.kind_sites(c, kind, unwinding, i) {
+                add_site(&mut reqs, sites, kind, addr, &c.name, value.clone(), frame);
             }
         }
         reqs
     }
+
+    /// The addresses of chosen function `i`'s sites of a `kind` other than USDT, each
+    /// with its frame rule when its record carries the frame.
+    fn kind_sites(
+        &self,
+        c: &Chosen,
+        kind: SiteKind,
+        unwinding: &Unwinding,
+        i: usize,
+    ) -> Vec<(u64, Option<FrameRule>)> {
+        let f = &c.f;
+        if !c.selected {
+            return Vec::new(); // planned only for its USDT probes
+        }
+        // A part has its function's exits, never an entry.
+        let whole = match (kind, c.part_of) {
+            (SiteKind::FunctionEntry, Some(_)) => return Vec::new(),
+            (
+                SiteKind::FunctionEntry
+                | SiteKind::FunctionExit
+                | SiteKind::Landing
+                | SiteKind::Resume,
+                _,
+            ) if !c.callable => return Vec::new(),
+            (_, Some(parent)) => self.sel.whole(parent),
+            (_, None) => self.sel.whole(f.addr),
+        };
+        let of = match kind {
+            SiteKind::Landing => unwinding.sites[i].0.clone(),
+            SiteKind::Resume => unwinding.sites[i].1.clone(),
+            _ => crate::isa::sites_of(
+                self.isa,
+                self.input,
+                f,
+                &whole,
+                kind,
+                self.fn_starts,
+                &self.facts,
+            ),
+        };
+        let frame = |addr: u64| match kind {
+            SiteKind::FunctionEntry if unwinding.lands_in.contains(&f.addr) => unwinding.entry,
+            SiteKind::Landing | SiteKind::Resume => unwinding.rules.get(&addr).copied(),
+            _ => None,
+        };
+        of.into_iter().map(|addr| (addr, frame(addr))).collect()
+    }
+}
+
+/// Request a site, numbered on from `sites.info`, and describe it there.
+fn add_site(
+    reqs: &mut Vec<SiteReq>,
+    sites: &mut Sites,
+    kind: SiteKind,
+    addr: u64,
+    label: &str,
+    args: Vec<Arg>,
+    frame: Option<FrameRule>,
+) {
+    let nargs = if kind == SiteKind::Usdt {
+        args.len().min(255) as u8
+    } else {
+        0
+    };
+    reqs.push(SiteReq {
+        id: sites.info.len() as u32,
+        kind,
+        addr,
+        args,
+        frame,
+    });
+    sites.info.push(SiteInfo {
+        name: label.to_string(),
+        kind,
+        addr,
+        nargs,
+    });
 }
 
 /// Plan every chosen function: windows for inline stubs, uprobes for the rest.

@@ -382,6 +382,23 @@ fn function_symbols(
     data: &[u8],
     sections: &[Section],
 ) -> Result<Vec<Function>> {
+    let raw = raw_function_symbols(name, sections_tab, data, sections)?;
+    let mut functions = merge_aliases(raw);
+    fill_sizes(&mut functions, sections);
+    Ok(functions)
+}
+
+/// A function symbol as the table has it: address, size, binding, name.
+type RawSymbol = (u64, u64, u8, String);
+
+/// The named function symbols in code sections (of .symtab when present, else of
+/// .dynsym).
+fn raw_function_symbols(
+    name: &str,
+    sections_tab: &SectionTable,
+    data: &[u8],
+    sections: &[Section],
+) -> Result<Vec<RawSymbol>> {
     let e = LE;
     // Function symbols: .symtab when present, else .dynsym.
     let mut syms = sections_tab
@@ -392,7 +409,7 @@ fn function_symbols(
             .symbols(e, data, elf::SHT_DYNSYM)
             .map_err(|e| malformed(name, e))?;
     }
-    let mut raw: Vec<(u64, u64, u8, String)> = Vec::new();
+    let mut raw: Vec<RawSymbol> = Vec::new();
     for sym in syms.iter() {
         let st_type = sym.st_type();
         if st_type != elf::STT_FUNC && st_type != elf::STT_GNU_IFUNC {
@@ -436,6 +453,11 @@ fn function_symbols(
             String::from_utf8_lossy(n).into_owned(),
         ));
     }
+    Ok(raw)
+}
+
+/// One function per address, its names best first.
+fn merge_aliases(mut raw: Vec<RawSymbol>) -> Vec<Function> {
     // Aliases share an address: best name first (global, then weak, then local; shorter).
     raw.sort_by(|a, b| {
         let rank = |bind: u8| match bind {
@@ -461,9 +483,12 @@ fn function_symbols(
             }),
         }
     }
+    functions
+}
 
-    // Symbols without a size (hand-written assembly, crt files) extend to the next
-    // function or the end of their section.
+/// Symbols without a size (hand-written assembly, crt files) extend to the next
+/// function or the end of their section.
+fn fill_sizes(functions: &mut [Function], sections: &[Section]) {
     for i in 0..functions.len() {
         if functions[i].size != 0 {
             continue;
@@ -484,7 +509,6 @@ fn function_symbols(
             .map_or(sec_end, |f| f.addr.min(sec_end));
         functions[i].size = next.saturating_sub(addr);
     }
-    Ok(functions)
 }
 
 fn dyn_flags_1(data: &[u8], sections: &object::read::elf::SectionTable<'_, Fh>) -> u32 {

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, CommonInformationEntry, EhFrame, EhFrameOffset, EndianSlice,
-    LittleEndian, Pointer, RegisterRule, UnwindContext, UnwindSection,
+    FrameDescriptionEntry, LittleEndian, Pointer, RegisterRule, UnwindContext, UnwindSection,
 };
 use object::elf;
 
@@ -102,10 +102,31 @@ pub(crate) fn read(input: &Input) -> Result<Eh, FlowError> {
             .push("no .eh_frame: no FDE function ranges, no landing pads".into());
         return Ok(eh);
     };
-    let err = |what: String| FlowError::EhFrame {
+    let lsdas = read_fdes(input, eh_addr, bytes, &mut eh)?;
+    read_landing_pads(input, &lsdas, &mut eh)?;
+    eh.fdes.sort_unstable();
+    eh.fdes.dedup();
+    eh.fde_offsets.sort_unstable();
+    eh.landing_pads.sort_unstable();
+    eh.landing_pads.dedup();
+    Ok(eh)
+}
+
+/// A malformed `.eh_frame`.
+fn eh_err(input: &Input, what: String) -> FlowError {
+    FlowError::EhFrame {
         file: input.name.clone(),
         what,
-    };
+    }
+}
+
+/// Every FDE's range into `eh`; the LSDAs, with their FDE's start and size.
+fn read_fdes(
+    input: &Input,
+    eh_addr: u64,
+    bytes: &[u8],
+    eh: &mut Eh,
+) -> Result<Vec<(u64, u64, u64)>, FlowError> {
     let bases = bases(input, eh_addr);
     let section = EhFrame::new(bytes, LittleEndian);
     // Most FDEs share a handful of CIEs: parse each once.
@@ -115,7 +136,7 @@ pub(crate) fn read(input: &Input) -> Result<Eh, FlowError> {
     loop {
         let entry = entries
             .next()
-            .map_err(|e| err(format!("entry list: {e}")))?;
+            .map_err(|e| eh_err(input, format!("entry list: {e}")))?;
         let Some(entry) = entry else { break };
         let CieOrFde::Fde(partial) = entry else {
             continue;
@@ -129,34 +150,56 @@ pub(crate) fn read(input: &Input) -> Result<Eh, FlowError> {
                 cies.insert(off.0, c.clone());
                 Ok(c)
             })
-            .map_err(|e| err(format!("FDE at offset {:#x}: {e}", partial.offset())))?;
+            .map_err(|e| eh_err(input, format!("FDE at offset {:#x}: {e}", partial.offset())))?;
         let start = fde.initial_address();
         let size = fde.len();
         if !in_user_space(start, size) {
-            return Err(err(format!(
-                "FDE at offset {:#x} ends outside the user address space",
-                partial.offset()
-            )));
+            return Err(eh_err(
+                input,
+                format!(
+                    "FDE at offset {:#x} ends outside the user address space",
+                    partial.offset()
+                ),
+            ));
         }
         if size != 0 {
             eh.fdes.push((start, size));
             eh.fde_offsets
                 .push((start, start.saturating_add(size), partial.offset()));
         }
-        let lsda = match fde.lsda() {
-            None => continue,
-            Some(Pointer::Direct(a)) => a,
-            Some(Pointer::Indirect(a)) => read_u64(input, a).ok_or_else(|| {
-                err(format!(
-                    "FDE for {start:#x}: indirect LSDA pointer at {a:#x} is not in the file"
-                ))
-            })?,
-        };
-        if lsda != 0 {
+        if let Some(lsda) = lsda_of(input, &fde, start)? {
             lsdas.push((lsda, start, size));
         }
     }
-    for &(lsda, start, size) in &lsdas {
+    Ok(lsdas)
+}
+
+/// Where an FDE's LSDA is, if it has one (`None`: none, or a null pointer).
+fn lsda_of(
+    input: &Input,
+    fde: &FrameDescriptionEntry<Slice>,
+    start: u64,
+) -> Result<Option<u64>, FlowError> {
+    let lsda = match fde.lsda() {
+        None => return Ok(None),
+        Some(Pointer::Direct(a)) => a,
+        Some(Pointer::Indirect(a)) => read_u64(input, a).ok_or_else(|| {
+            eh_err(
+                input,
+                format!("FDE for {start:#x}: indirect LSDA pointer at {a:#x} is not in the file"),
+            )
+        })?,
+    };
+    Ok(Some(lsda).filter(|&l| l != 0))
+}
+
+/// The landing pads of each LSDA into `eh` (and a warning for pads outside their FDE).
+fn read_landing_pads(
+    input: &Input,
+    lsdas: &[(u64, u64, u64)],
+    eh: &mut Eh,
+) -> Result<(), FlowError> {
+    for &(lsda, start, size) in lsdas {
         let before = eh.landing_pads.len();
         parse_lsda(input, lsda, start, &mut eh.landing_pads).map_err(|what| FlowError::Lsda {
             file: input.name.clone(),
@@ -175,12 +218,7 @@ pub(crate) fn read(input: &Input) -> Result<Eh, FlowError> {
             ));
         }
     }
-    eh.fdes.sort_unstable();
-    eh.fdes.dedup();
-    eh.fde_offsets.sort_unstable();
-    eh.landing_pads.sort_unstable();
-    eh.landing_pads.dedup();
-    Ok(eh)
+    Ok(())
 }
 
 /// For each of `addrs`: is the stack back at its height at function entry there, by

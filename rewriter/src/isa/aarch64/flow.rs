@@ -266,19 +266,7 @@ fn step(st: &mut State, pc: u64, w: u32, out: &mut Scan) {
         | InsnId::LDRSH_Rt_ADDR_REGOFF
         | InsnId::LDRSW_Rt_ADDR_REGOFF => load_register_offset(st, op.id(), w),
         InsnId::SUBS_Rd_Rn_SP_AIMM | InsnId::SUBS_Rd_Rn_Rm_SFT => compare(st, op.id(), w),
-        InsnId::B_C_ADDR_PCREL19 => {
-            // Unsigned compares: HI/LS → value <= imm on one way, HS/LO → value < imm.
-            // B.HI/B.HS: the bound holds on the fall-through (this state); B.LS/B.LO:
-            // on the taken edge (`forward_branch`).
-            let bound = match (w & 15, st.flags) {
-                (8, Some((r, imm))) => imm.checked_add(1).map(|b| (r, b)),
-                (2, Some((r, imm))) => Some((r, imm)),
-                _ => None,
-            };
-            if let Some((r, b)) = bound {
-                st.bound_reg(r, b);
-            }
-        }
+        InsnId::B_C_ADDR_PCREL19 => bound_by_branch(st, w),
         InsnId::ORR_Rd_Rn_Rm_SFT if rn == 31 && (w >> 10) & 63 == 0 => {
             // `mov xD, xM` / `mov wD, wM`.
             let (v, o) = (st.get(rm), st.origin[rm as usize]);
@@ -288,17 +276,7 @@ fn step(st: &mut State, pc: u64, w: u32, out: &mut Scan) {
             let v = u64::from((w >> 5) & 0xffff) << (16 * ((w >> 21) & 3));
             st.set(rd, sf, Val::Const(v));
         }
-        InsnId::UBFM_Rd_Rn_IMMR_IMMS | InsnId::SBFM_Rd_Rn_IMMR_IMMS => {
-            // uxtb/uxth/uxtw, sxtb/sxth/sxtw: immr == 0, imms = width - 1.
-            let (immr, imms) = ((w >> 16) & 63, (w >> 10) & 63);
-            let v = match imms {
-                7 | 15 | 31 if immr == 0 => st
-                    .get(rn)
-                    .extend((imms + 1) as u8, op.id() == InsnId::SBFM_Rd_Rn_IMMR_IMMS),
-                _ => Val::Unknown,
-            };
-            st.set(rd, sf, v);
-        }
+        InsnId::UBFM_Rd_Rn_IMMR_IMMS | InsnId::SBFM_Rd_Rn_IMMR_IMMS => extend(st, op.id(), w),
         InsnId::BL_ADDR_PCREL26 | InsnId::BLR_Rn => call(st),
         _ => {
             if (w & 0xfeff_f800) == 0xd63f_0800 {
@@ -309,6 +287,35 @@ fn step(st: &mut State, pc: u64, w: u32, out: &mut Scan) {
             }
         }
     }
+}
+
+/// A conditional branch after an unsigned compare: HI/LS → value <= imm on one way,
+/// HS/LO → value < imm. B.HI/B.HS: the bound holds on the fall-through (this state);
+/// B.LS/B.LO: on the taken edge (`forward_branch`).
+fn bound_by_branch(st: &mut State, w: u32) {
+    let bound = match (w & 15, st.flags) {
+        (8, Some((r, imm))) => imm.checked_add(1).map(|b| (r, b)),
+        (2, Some((r, imm))) => Some((r, imm)),
+        _ => None,
+    };
+    if let Some((r, b)) = bound {
+        st.bound_reg(r, b);
+    }
+}
+
+/// UBFM/SBFM: uxtb/uxth/uxtw, sxtb/sxth/sxtw (immr == 0, imms = width - 1) extend
+/// the value; any other bitfield move is unknown.
+fn extend(st: &mut State, id: InsnId, w: u32) {
+    let (rd, rn) = (w & 31, (w >> 5) & 31);
+    let sf = w >> 31 == 1;
+    let (immr, imms) = ((w >> 16) & 63, (w >> 10) & 63);
+    let v = match imms {
+        7 | 15 | 31 if immr == 0 => st
+            .get(rn)
+            .extend((imms + 1) as u8, id == InsnId::SBFM_Rd_Rn_IMMR_IMMS),
+        _ => Val::Unknown,
+    };
+    st.set(rd, sf, v);
 }
 
 /// `add` of two registers: a relative-table target (table base plus an entry).
@@ -427,7 +434,7 @@ fn call(st: &mut State) {
 /// The registers an unmodelled instruction may write, by encoding class (Arm ARM,
 /// "Top-level encodings"); the flags are dropped whenever any might be set.
 fn kill_by_class(st: &mut State, w: u32) {
-    let (rt, rn, rt2, rs) = (w & 31, (w >> 5) & 31, (w >> 10) & 31, (w >> 16) & 31);
+    let rt = w & 31;
     let op0 = (w >> 25) & 0xf;
     match op0 {
         // Data processing (immediate): writes Rd.
@@ -446,75 +453,84 @@ fn kill_by_class(st: &mut State, w: u32) {
             }
         }
         // Loads and stores.
-        o if o & 0b0101 == 0b0100 => {
-            let simd = (w >> 26) & 1 == 1;
-            let load = (w >> 22) & 3 != 0;
-            match (w >> 27) & 7 {
-                0b001 if simd => {
-                    // SIMD structure loads/stores: post-index writes Rn.
-                    if (w >> 23) & 1 == 1 {
-                        st.kill(rn);
-                    }
-                }
-                0b001 => {
-                    // Exclusives, acquire/release, compare-and-swap.
-                    st.kill(rt);
-                    st.kill(rs);
-                    st.kill(rt2);
-                }
-                0b011 => {
-                    if !simd {
-                        st.kill(rt);
-                    }
-                }
-                0b101 => {
-                    // Pairs: L is bit 22; pre/post-index write Rn.
-                    if !simd && (w >> 22) & 1 == 1 {
-                        st.kill(rt);
-                        st.kill(rt2);
-                    }
-                    if matches!((w >> 23) & 3, 1 | 3) {
-                        st.kill(rn);
-                    }
-                }
-                _ => {
-                    // Single register.
-                    if (w >> 24) & 1 == 1 {
-                        if !simd && load {
-                            st.kill(rt);
-                        }
-                    } else if (w >> 21) & 1 == 0 {
-                        if !simd && load {
-                            st.kill(rt);
-                        }
-                        if matches!((w >> 10) & 3, 1 | 3) {
-                            st.kill(rn);
-                        }
-                    } else {
-                        match (w >> 10) & 3 {
-                            0b10 => {
-                                if !simd && load {
-                                    st.kill(rt);
-                                }
-                            }
-                            // Atomic memory operations write Rt whatever opc says.
-                            0b00 => st.kill(rt),
-                            _ => {
-                                // LDRAA/LDRAB; bit 11: writeback.
-                                st.kill(rt);
-                                if (w >> 11) & 1 == 1 {
-                                    st.kill(rn);
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        o if o & 0b0101 == 0b0100 => kill_load_store(st, w),
         // Data processing (register) and SIMD/FP (FMOV/UMOV/FCVTZS to Rd, FCMP).
         _ => {
             st.kill(rt);
             st.flags = None;
+        }
+    }
+}
+
+/// A load or store: the registers it loads and the base it writes back.
+fn kill_load_store(st: &mut State, w: u32) {
+    let (rt, rn, rt2, rs) = (w & 31, (w >> 5) & 31, (w >> 10) & 31, (w >> 16) & 31);
+    let simd = (w >> 26) & 1 == 1;
+    let load = (w >> 22) & 3 != 0;
+    match (w >> 27) & 7 {
+        0b001 if simd => {
+            // SIMD structure loads/stores: post-index writes Rn.
+            if (w >> 23) & 1 == 1 {
+                st.kill(rn);
+            }
+        }
+        0b001 => {
+            // Exclusives, acquire/release, compare-and-swap.
+            st.kill(rt);
+            st.kill(rs);
+            st.kill(rt2);
+        }
+        0b011 => {
+            if !simd {
+                st.kill(rt);
+            }
+        }
+        0b101 => {
+            // Pairs: L is bit 22; pre/post-index write Rn.
+            if !simd && (w >> 22) & 1 == 1 {
+                st.kill(rt);
+                st.kill(rt2);
+            }
+            if matches!((w >> 23) & 3, 1 | 3) {
+                st.kill(rn);
+            }
+        }
+        // Single register.
+        _ => kill_single(st, w, simd, load),
+    }
+}
+
+/// A single-register load or store (unsigned offset, unscaled, pre/post-index,
+/// register offset, atomics, LDRAA/LDRAB).
+fn kill_single(st: &mut State, w: u32, simd: bool, load: bool) {
+    let (rt, rn) = (w & 31, (w >> 5) & 31);
+    if (w >> 24) & 1 == 1 {
+        if !simd && load {
+            st.kill(rt);
+        }
+    } else if (w >> 21) & 1 == 0 {
+        if !simd && load {
+            st.kill(rt);
+        }
+        if matches!((w >> 10) & 3, 1 | 3) {
+            st.kill(rn);
+        }
+    } else {
+        match (w >> 10) & 3 {
+            0b10 => {
+                if !simd && load {
+                    st.kill(rt);
+                }
+            }
+            // Atomic memory operations write Rt whatever opc says.
+            0b00 => st.kill(rt),
+            _ => {
+                // LDRAA/LDRAB; bit 11: writeback.
+                st.kill(rt);
+                if (w >> 11) & 1 == 1 {
+                    st.kill(rn);
+                }
+            }
         }
     }
 }

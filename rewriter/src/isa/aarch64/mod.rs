@@ -45,7 +45,9 @@ mod flow;
 mod mem;
 mod reloc;
 mod runtime;
+mod slot;
 mod stub;
+mod sys;
 mod usdt;
 mod wait;
 
@@ -122,6 +124,138 @@ fn exclusive_ranges(bytes: &[u8], addr: u64, size: usize) -> Exclusive {
         x.open.push(start..=addr + size as u64);
     }
     x
+}
+
+/// A function's code as `plan_function` sees it: its words, its first instruction and
+/// its exclusive sequences.
+struct Body<'a> {
+    addr: u64,
+    bytes: &'a [u8],
+    /// Whole instructions in the function and the file.
+    size: usize,
+    first: Option<u32>,
+    /// The function starts with a landing pad (`bti`, `paciasp`...).
+    pad: bool,
+    exclusive: Exclusive,
+}
+
+impl<'a> Body<'a> {
+    fn new(addr: u64, bytes: &'a [u8], f_size: u64) -> Self {
+        let size = (f_size as usize).min(bytes.len()) / INSN * INSN;
+        let first = word_at(bytes, 0).filter(|_| size >= INSN);
+        Body {
+            addr,
+            bytes,
+            size,
+            first,
+            pad: first.is_some_and(|w| enc::LANDING_PADS.contains(&w)),
+            exclusive: exclusive_ranges(bytes, addr, size),
+        }
+    }
+
+    /// A site inside an exclusive sequence: untraced, with the sequence's start.
+    fn untraced(&self, r: &SiteReq) -> (u32, FallbackReason) {
+        let x = self.exclusive.closed.iter().find(|x| x.contains(&r.addr));
+        let at = x.map_or(r.addr, |x| *x.start());
+        (r.id, FallbackReason::ExclusiveSequence { at })
+    }
+
+    /// Where `r`'s stub goes and whether it can: a one-instruction window or a uprobe.
+    fn candidate(&self, r: &SiteReq, targets: &Targets) -> Candidate {
+        let entry = r.kind == SiteKind::FunctionEntry;
+        let at = if entry && self.pad {
+            self.addr + INSN as u64
+        } else {
+            r.addr
+        };
+        // An entry at a load-exclusive runs after its sequence (unless it
+        // records a value, which the sequence may have overwritten).
+        let moved = (self.exclusive.closed.iter())
+            .find(|x| entry && r.args.is_empty() && *x.start() == at)
+            .and_then(|x| entry_after_sequence(self.bytes, self.addr, self.size, x, targets));
+        let at = moved.unwrap_or(at);
+        let c = |why: String| Candidate::uprobe(r, at, FallbackReason::Detail(why));
+        let Some(w) = word_at(self.bytes, (at - self.addr) as usize)
+            .filter(|_| at + INSN as u64 <= self.addr + self.size as u64)
+        else {
+            return c("function too short to patch".into());
+        };
+        if let Some(why) = self.refusal(r, at, w, moved.is_some(), targets) {
+            return c(why);
+        }
+        let flags = match (r.kind, mem::classify(w, at)) {
+            (SiteKind::Memory, Some(m)) => mem_flags(&m),
+            (SiteKind::Memory, None) => {
+                return Candidate::uprobe(r, at, FallbackReason::NotMemoryAccess);
+            }
+            _ => 0,
+        };
+        Candidate {
+            req: r.clone(),
+            at,
+            signed_lr: self.signed_lr(r.kind, w),
+            flags,
+            // The AArch64 stub never writes NZCV and saves what it uses.
+            keep_flags: false,
+            keep_r11: false,
+            window: Ok(Span {
+                start: at,
+                len: INSN,
+                code_len: INSN,
+            }),
+        }
+    }
+
+    /// Why the instruction `w` at `at` cannot be displaced for `r`'s stub, if it cannot.
+    fn refusal(
+        &self,
+        r: &SiteReq,
+        at: u64,
+        w: u32,
+        moved: bool,
+        targets: &Targets,
+    ) -> Option<String> {
+        let entry = r.kind == SiteKind::FunctionEntry;
+        if let Class::Refuse(why) = reloc::classify(w, at) {
+            return Some(format!("{why} at {at:#x}"));
+        }
+        // A branch landing on an entry's displaced instruction after a landing
+        // pad would run the entry stub; landing on an exit (the `ret` itself)
+        // is that exit.
+        if entry && !moved && at != self.addr && targets.all.binary_search(&at).is_ok() {
+            return Some(format!(
+                "branch target {at:#x} is the displaced instruction"
+            ));
+        }
+        // An entry at a load-exclusive that the sequence's retry branches back
+        // to would run the entry stub at every retry; after a load-exclusive
+        // with no store-exclusive, a stub's own pair would still clear the
+        // monitor a wait relies on.
+        let open = self.exclusive.open.iter().find(|x| x.contains(&at));
+        let entry_at_load = (self.exclusive.closed.iter()).find(|x| entry && x.contains(&at));
+        open.or(entry_at_load).map(|x| {
+            format!(
+                "inside an exclusive load/store sequence ({:#x}..{:#x})",
+                x.start(),
+                x.end()
+            )
+        })
+    }
+
+    /// Whether the return address is signed at the site (an entry's PAC pad, an
+    /// authenticating return).
+    fn signed_lr(&self, kind: SiteKind, w: u32) -> bool {
+        match kind {
+            SiteKind::FunctionEntry => self.first.is_some_and(|w| enc::PAC_PADS.contains(&w)),
+            SiteKind::FunctionExit => reloc::is_return(w) == Some(true),
+            SiteKind::Block
+            | SiteKind::Memory
+            | SiteKind::Usdt
+            | SiteKind::Call
+            | SiteKind::Landing
+            | SiteKind::Resume => false,
+        }
+    }
 }
 
 /// Where an entry at the load-exclusive `x.start()` of a closed sequence `x` runs
@@ -282,105 +416,15 @@ impl Isa for Aarch64 {
         let Some(bytes) = input.bytes_at(f.addr) else {
             return FunctionPlan::all_uprobes(reqs, FallbackReason::NotFileBacked);
         };
-        let size = (f.size as usize).min(bytes.len()) / INSN * INSN;
-        let first = word_at(bytes, 0).filter(|_| size >= INSN);
-        let pad = first.is_some_and(|w| enc::LANDING_PADS.contains(&w));
-        let exclusive = exclusive_ranges(bytes, f.addr, size);
+        let body = Body::new(f.addr, bytes, f.size);
         let (inside, reqs): (Vec<&SiteReq>, Vec<&SiteReq>) = reqs.iter().partition(|r| {
             r.kind != SiteKind::FunctionEntry
-                && (exclusive.closed.iter()).any(|x| *x.start() < r.addr && r.addr <= *x.end())
+                && (body.exclusive.closed.iter()).any(|x| *x.start() < r.addr && r.addr <= *x.end())
         });
-        let untraced = inside
-            .iter()
-            .map(|r| {
-                let x = exclusive.closed.iter().find(|x| x.contains(&r.addr));
-                let at = x.map_or(r.addr, |x| *x.start());
-                (r.id, FallbackReason::ExclusiveSequence { at })
-            })
-            .collect();
+        let untraced = inside.iter().map(|r| body.untraced(r)).collect();
         let cands = reqs
             .into_iter()
-            .map(|r| {
-                let entry = r.kind == SiteKind::FunctionEntry;
-                let at = if entry && pad {
-                    f.addr + INSN as u64
-                } else {
-                    r.addr
-                };
-                // An entry at a load-exclusive runs after its sequence (unless it
-                // records a value, which the sequence may have overwritten).
-                let moved = exclusive
-                    .closed
-                    .iter()
-                    .find(|x| entry && r.args.is_empty() && *x.start() == at)
-                    .and_then(|x| entry_after_sequence(bytes, f.addr, size, x, targets));
-                let at = moved.unwrap_or(at);
-                let c = |why: String| Candidate::uprobe(r, at, FallbackReason::Detail(why));
-                let Some(w) = word_at(bytes, (at - f.addr) as usize)
-                    .filter(|_| at + INSN as u64 <= f.addr + size as u64)
-                else {
-                    return c("function too short to patch".into());
-                };
-                if let Class::Refuse(why) = reloc::classify(w, at) {
-                    return c(format!("{why} at {at:#x}"));
-                }
-                // A branch landing on an entry's displaced instruction after a landing
-                // pad would run the entry stub; landing on an exit (the `ret` itself)
-                // is that exit.
-                if entry
-                    && moved.is_none()
-                    && at != f.addr
-                    && targets.all.binary_search(&at).is_ok()
-                {
-                    return c(format!(
-                        "branch target {at:#x} is the displaced instruction"
-                    ));
-                }
-                // An entry at a load-exclusive that the sequence's retry branches back
-                // to would run the entry stub at every retry; after a load-exclusive
-                // with no store-exclusive, a stub's own pair would still clear the
-                // monitor a wait relies on.
-                let open = exclusive.open.iter().find(|x| x.contains(&at));
-                let entry_at_load = exclusive.closed.iter().find(|x| entry && x.contains(&at));
-                if let Some(x) = open.or(entry_at_load) {
-                    return c(format!(
-                        "inside an exclusive load/store sequence ({:#x}..{:#x})",
-                        x.start(),
-                        x.end()
-                    ));
-                }
-                let signed_lr = match r.kind {
-                    SiteKind::FunctionEntry => first.is_some_and(|w| enc::PAC_PADS.contains(&w)),
-                    SiteKind::FunctionExit => reloc::is_return(w) == Some(true),
-                    SiteKind::Block
-                    | SiteKind::Memory
-                    | SiteKind::Usdt
-                    | SiteKind::Call
-                    | SiteKind::Landing
-                    | SiteKind::Resume => false,
-                };
-                let flags = match (r.kind, mem::classify(w, at)) {
-                    (SiteKind::Memory, Some(m)) => mem_flags(&m),
-                    (SiteKind::Memory, None) => {
-                        return Candidate::uprobe(r, at, FallbackReason::NotMemoryAccess);
-                    }
-                    _ => 0,
-                };
-                Candidate {
-                    req: r.clone(),
-                    at,
-                    signed_lr,
-                    flags,
-                    // The AArch64 stub never writes NZCV and saves what it uses.
-                    keep_flags: false,
-                    keep_r11: false,
-                    window: Ok(Span {
-                        start: at,
-                        len: INSN,
-                        code_len: INSN,
-                    }),
-                }
-            })
+            .map(|r| body.candidate(r, targets))
             .collect();
         FunctionPlan {
             untraced,

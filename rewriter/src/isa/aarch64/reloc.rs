@@ -91,9 +91,15 @@ pub fn classify(w: u32, pc: u64) -> Class {
     let Some(op) = decoder::decode(w) else {
         return Class::Refuse("undecodable instruction");
     };
+    pc_relative(op.id(), w, pc).unwrap_or_else(|| not_pc_relative(op.id(), w))
+}
+
+/// The PC-relative forms that are relocated: address computations, branches, literal
+/// loads.
+fn pc_relative(id: InsnId, w: u32, pc: u64) -> Option<Class> {
     let rd = w & 31;
     let off19 = || pc.wrapping_add_signed(sext((w >> 5) & 0x7ffff, 19) << 2);
-    match op.id() {
+    Some(match id {
         InsnId::ADR_Rd_ADDR_PCREL21 => {
             let imm = ((w >> 5) & 0x7ffff) << 2 | (w >> 29) & 3;
             Class::Adr {
@@ -110,7 +116,7 @@ pub fn classify(w: u32, pc: u64) -> Class {
         }
         InsnId::B_ADDR_PCREL26 | InsnId::BL_ADDR_PCREL26 => {
             let target = pc.wrapping_add_signed(sext(w & 0x3ff_ffff, 26) << 2);
-            if op.id() == InsnId::B_ADDR_PCREL26 {
+            if id == InsnId::B_ADDR_PCREL26 {
                 Class::B { target }
             } else {
                 Class::Bl { target }
@@ -130,9 +136,9 @@ pub fn classify(w: u32, pc: u64) -> Class {
         },
         InsnId::LDR_Rt_ADDR_PCREL19 | InsnId::LDRSW_Rt_ADDR_PCREL19 => {
             if rd == 31 {
-                return Class::Refuse("literal load into xzr");
+                return Some(Class::Refuse("literal load into xzr"));
             }
-            let kind = match (op.id(), w >> 30) {
+            let kind = match (id, w >> 30) {
                 (InsnId::LDRSW_Rt_ADDR_PCREL19, _) => LitKind::Sw,
                 (_, 0) => LitKind::W,
                 _ => LitKind::X,
@@ -144,6 +150,14 @@ pub fn classify(w: u32, pc: u64) -> Class {
             }
         }
         InsnId::PRFM_PRFOP_ADDR_PCREL19 => Class::PrfmLit,
+        _ => return None,
+    })
+}
+
+/// Every other instruction: exclusive accesses, indirect calls, traps, and plain ones
+/// (unless of a PC-relative form not relocated).
+fn not_pc_relative(id: InsnId, w: u32) -> Class {
+    match id {
         InsnId::LDXR_Rt_ADDR_SIMPLE
         | InsnId::LDXRB_Rt_ADDR_SIMPLE
         | InsnId::LDXRH_Rt_ADDR_SIMPLE

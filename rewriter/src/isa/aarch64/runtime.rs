@@ -11,27 +11,12 @@
 //! tpidr_el0` = the pre-TLS TCB.
 
 use super::enc::*;
+use super::slot::reset_buffer;
+use super::sys::*;
 use super::wait;
 use crate::isa::linux::*;
 use crate::isa::{Layout, Runtime, SlotLookup};
 use tracer_common::*;
-
-const SYS_GETPID: u64 = 172;
-const SYS_GETTID: u64 = 178;
-const SYS_TGKILL: u64 = 131;
-const SYS_RT_SIGPROCMASK: u64 = 135;
-const SIG_BLOCK: u64 = 0;
-const SIG_SETMASK: u64 = 2;
-const SYS_SENDMSG: u32 = 211;
-const SYS_SENDTO: u32 = 206;
-const SYS_GETSOCKOPT: u32 = 209;
-const SYS_SOCKET: u32 = 198;
-const SYS_CONNECT: u32 = 203;
-const SYS_DUP3: u32 = 24;
-const SYS_CLOSE: u32 = 57;
-const SYS_PPOLL: u32 = 73;
-const SYS_PRCTL: u32 = 167;
-const SYS_GETEUID: u32 = 175;
 
 /// `add rd, rn, #v` for any v < 2^24 (one or two instructions).
 fn add_big(a: &mut Asm, rd: u32, rn: u32, v: u64) {
@@ -63,90 +48,129 @@ pub(super) fn emit(
     original_entry: u64,
 ) -> Result<(Vec<u8>, Runtime), String> {
     let mut a = Asm::new(at);
-    let (flush, register, shim) = (a.label(), a.label(), a.label());
+    let l = FlushLabels::new(&mut a);
+    emit_flush(&mut a, layout, &l)?;
+    wait::emit_armed(&mut a, &l.armed, l.again, l.flush_done, l.take_hold);
+    wait::emit_take_hold(&mut a, l.take_hold);
 
-    // flush(x9 = slot): the uprobe sits on the NOP; the eBPF program drains the
-    // buffer; x11 tells it what the flush may do (`FLUSH_*`, 0 = plain). Plain: then,
-    // with no tracer, discard the records: reset unless a record is still being
-    // written (`inflight`) or the buffer is no longer full. With the user-space drain
-    // on, send the records instead (user_drain saves what it uses). Armed
-    // (`RwHeader::on_full`, see `wait.rs`): signals held, and the flush repeats while
-    // the drain holds the buffer. Clobbers x10, x11 only; flags untouched.
-    let (flush_done, flush_user) = (a.label(), a.label());
-    let (user_drain, user_send) = (a.label(), a.label());
-    let (again, probe, hello, take_hold) = (a.label(), a.label(), a.label(), a.label());
-    let armed = wait::Labels::new(&mut a);
-    a.bind(flush);
-    // This binary's own header, not the slot's `rw_base` (a program may scribble there).
-    a.addr(10, layout.rw_vaddr)?;
-    a.put(ldr_w(10, 10, RWH_ON_FULL as u32));
-    a.put(sub_imm(10, 10, ON_FULL_WAIT, false));
-    a.cbz_l(true, false, 10, armed.enter);
-    a.put(movz(11, 0, 0));
-    a.bind(again);
-    a.bind(probe);
-    a.put(NOP);
-    a.cbz_l(true, true, 11, armed.after);
-    a.put(ldr_x(10, 9, SLOT_INFLIGHT as u32));
-    a.cbz_l(true, true, 10, flush_done);
-    a.put(ldr_x(10, 9, SLOT_CUR as u32));
-    a.put(ldr_x(11, 9, SLOT_END as u32));
-    a.put(sub_reg(10, 10, 11));
-    a.tbz_l(true, 10, 63, flush_done);
-    a.put(ldr_x(10, 9, SLOT_RW_BASE as u32));
-    a.put(ldr_w(10, 10, RWH_USER_STATE as u32));
-    a.put(sub_imm(10, 10, USER_ON, false));
-    a.cbz_l(true, false, 10, flush_user);
-    reset_buffer(&mut a);
-    a.bind(flush_done);
-    a.put(RET);
-    a.bind(flush_user);
-    // Tail call: user_drain returns to flush's caller (x30 is still its return).
-    a.put_all(&mov_imm64(
-        10,
-        chunk_kind_cause(CHUNK_KIND_RECORDS, CAUSE_FULL),
-    ));
-    a.b_l(user_drain);
-    // register's flush: the drain answers whether the tracer waits (signals are
-    // held in register).
-    a.bind(hello);
-    a.put_all(&mov_imm64(11, FLUSH_HELLO));
-    a.b_l(again);
-    wait::emit_armed(&mut a, &armed, again, flush_done, take_hold);
-    wait::emit_take_hold(&mut a, take_hold);
-
-    emit_user_drain(&mut a, user_drain, user_send);
-    emit_user_send(&mut a, user_send);
+    emit_user_drain(&mut a, l.user_drain, l.user_send);
+    emit_user_send(&mut a, l.user_send);
 
     let calls = RegisterCalls {
-        flush,
-        hello,
-        take_hold,
-        user_drain,
-        user_send,
+        flush: l.flush,
+        hello: l.hello,
+        take_hold: l.take_hold,
+        user_drain: l.user_drain,
+        user_send: l.user_send,
     };
-    emit_register(&mut a, layout, register, &calls)?;
-
+    emit_register(&mut a, layout, l.register, &calls)?;
     if layout.pre_tls {
-        // Process entry: x0 (rtld_fini) and sp must survive; x9 is scratch.
-        a.bind(shim);
-        a.addr(9, layout.rw_vaddr + PRE_TLS_OFF)?;
-        a.put(str_x(9, 9, 0)); // TCB self pointer, as on x86-64
-        a.put(msr(TPIDR_EL0, 9));
-        a.b_to(false, original_entry)?;
+        emit_shim(&mut a, layout, l.shim, original_entry)?;
     }
 
     let rt = Runtime {
-        flush: a.addr_of(flush).ok_or("flush unbound")?,
-        flush_probe: a.addr_of(probe).ok_or("flush probe unbound")?,
-        register: a.addr_of(register).ok_or("register unbound")?,
+        flush: a.addr_of(l.flush).ok_or("flush unbound")?,
+        flush_probe: a.addr_of(l.probe).ok_or("flush probe unbound")?,
+        register: a.addr_of(l.register).ok_or("register unbound")?,
         entry_shim: if layout.pre_tls {
-            a.addr_of(shim)
+            a.addr_of(l.shim)
         } else {
             None
         },
     };
     Ok((a.finish()?, rt))
+}
+
+/// The runtime's routines and the flush's inner points.
+struct FlushLabels {
+    flush: Label,
+    register: Label,
+    shim: Label,
+    flush_done: Label,
+    flush_user: Label,
+    user_drain: Label,
+    user_send: Label,
+    again: Label,
+    probe: Label,
+    hello: Label,
+    take_hold: Label,
+    armed: wait::Labels,
+}
+
+impl FlushLabels {
+    fn new(a: &mut Asm) -> Self {
+        FlushLabels {
+            flush: a.label(),
+            register: a.label(),
+            shim: a.label(),
+            flush_done: a.label(),
+            flush_user: a.label(),
+            user_drain: a.label(),
+            user_send: a.label(),
+            again: a.label(),
+            probe: a.label(),
+            hello: a.label(),
+            take_hold: a.label(),
+            armed: wait::Labels::new(a),
+        }
+    }
+}
+
+/// flush(x9 = slot): the uprobe sits on the NOP; the eBPF program drains the
+/// buffer; x11 tells it what the flush may do (`FLUSH_*`, 0 = plain). Plain: then,
+/// with no tracer, discard the records: reset unless a record is still being
+/// written (`inflight`) or the buffer is no longer full. With the user-space drain
+/// on, send the records instead (user_drain saves what it uses). Armed
+/// (`RwHeader::on_full`, see `wait.rs`): signals held, and the flush repeats while
+/// the drain holds the buffer. Clobbers x10, x11 only; flags untouched.
+fn emit_flush(a: &mut Asm, layout: &Layout, l: &FlushLabels) -> Result<(), String> {
+    a.bind(l.flush);
+    // This binary's own header, not the slot's `rw_base` (a program may scribble there).
+    a.addr(10, layout.rw_vaddr)?;
+    a.put(ldr_w(10, 10, RWH_ON_FULL as u32));
+    a.put(sub_imm(10, 10, ON_FULL_WAIT, false));
+    a.cbz_l(true, false, 10, l.armed.enter);
+    a.put(movz(11, 0, 0));
+    a.bind(l.again);
+    a.bind(l.probe);
+    a.put(NOP);
+    a.cbz_l(true, true, 11, l.armed.after);
+    a.put(ldr_x(10, 9, SLOT_INFLIGHT as u32));
+    a.cbz_l(true, true, 10, l.flush_done);
+    a.put(ldr_x(10, 9, SLOT_CUR as u32));
+    a.put(ldr_x(11, 9, SLOT_END as u32));
+    a.put(sub_reg(10, 10, 11));
+    a.tbz_l(true, 10, 63, l.flush_done);
+    a.put(ldr_x(10, 9, SLOT_RW_BASE as u32));
+    a.put(ldr_w(10, 10, RWH_USER_STATE as u32));
+    a.put(sub_imm(10, 10, USER_ON, false));
+    a.cbz_l(true, false, 10, l.flush_user);
+    reset_buffer(a);
+    a.bind(l.flush_done);
+    a.put(RET);
+    a.bind(l.flush_user);
+    // Tail call: user_drain returns to flush's caller (x30 is still its return).
+    a.put_all(&mov_imm64(
+        10,
+        chunk_kind_cause(CHUNK_KIND_RECORDS, CAUSE_FULL),
+    ));
+    a.b_l(l.user_drain);
+    // register's flush: the drain answers whether the tracer waits (signals are
+    // held in register).
+    a.bind(l.hello);
+    a.put_all(&mov_imm64(11, FLUSH_HELLO));
+    a.b_l(l.again);
+    Ok(())
+}
+
+/// Process entry of a static executable: a stand-in thread pointer until libc sets the
+/// real one. x0 (rtld_fini) and sp must survive; x9 is scratch.
+fn emit_shim(a: &mut Asm, layout: &Layout, shim: Label, original_entry: u64) -> Result<(), String> {
+    a.bind(shim);
+    a.addr(9, layout.rw_vaddr + PRE_TLS_OFF)?;
+    a.put(str_x(9, 9, 0)); // TCB self pointer, as on x86-64
+    a.put(msr(TPIDR_EL0, 9));
+    a.b_to(false, original_entry)
 }
 
 /// register(x10 = thread pointer) → x9 = the thread's slot, or 0.
@@ -160,17 +184,6 @@ struct RegisterCalls {
     take_hold: Label,
     user_drain: Label,
     user_send: Label,
-}
-
-/// `cur = start` and a new buffer epoch: coarse-timestamp records carry it (see the
-/// stub), so a drain position remembered from before the reset is no longer trusted.
-/// x9 = slot; clobbers x10.
-pub(super) fn reset_buffer(a: &mut Asm) {
-    a.put(ldr_x(10, 9, SLOT_START as u32));
-    a.put(str_x(10, 9, SLOT_CUR as u32));
-    a.put(ldr_w(10, 9, SLOT_GENERATION as u32));
-    a.put(add_imm(10, 10, 1, false));
-    a.put(str_w(10, 9, SLOT_GENERATION as u32));
 }
 
 fn emit_register(
@@ -302,7 +315,7 @@ fn register_own_or_claim(a: &mut Asm, l: &Layout, lb: &RegisterLabels) {
 /// (3) reclaim a slot of a dead thread (→ `claimed`), (4) else count a drop and fail.
 fn register_reclaim(a: &mut Asm, l: &Layout, lb: &RegisterLabels) {
     // (3) reclaim a slot whose owner died without a tracer releasing it.
-    a.put(movz(8, SYS_GETPID as u32, 0));
+    a.put(movz(8, SYS_GETPID, 0));
     a.put(SVC0);
     a.put(mov_reg(3, 0)); // x3 = pid
     first_slot(a, l);
@@ -310,7 +323,7 @@ fn register_reclaim(a: &mut Asm, l: &Layout, lb: &RegisterLabels) {
     a.put(mov_reg(0, 3));
     a.put(ldr_w(1, 9, SLOT_OWNER_TID as u32));
     a.put(movz(2, 0, 0));
-    a.put(movz(8, SYS_TGKILL as u32, 0));
+    a.put(movz(8, SYS_TGKILL, 0));
     a.put(SVC0);
     a.put(cmn_imm(0, ESRCH));
     a.bcond_l(NE, lb.reclaim_next);
@@ -365,7 +378,7 @@ fn register_init(a: &mut Asm, l: &Layout, lb: &RegisterLabels) {
     a.put(str_x(6, 9, SLOT_RW_BASE as u32));
     a.put_all(&mov_imm64(0, l.binary_id));
     a.put(str_x(0, 9, SLOT_BINARY_ID as u32));
-    a.put(movz(8, SYS_GETTID as u32, 0));
+    a.put(movz(8, SYS_GETTID, 0));
     a.put(SVC0);
     a.put(str_w(0, 9, SLOT_OWNER_TID as u32)); // w0 = tid, kept for the hand-over
     a.put(ldr_w(1, 9, SLOT_GENERATION as u32));
@@ -758,7 +771,7 @@ fn emit_user_send(a: &mut Asm, label: Label) {
     a.put(lsr(4, 0, 32));
     a.put(str_x(4, SP, 32)); // cause, pad = 0
     a.put(str_x(XZR, SP, 40));
-    a.put(movz(8, SYS_GETPID as u32, 0));
+    a.put(movz(8, SYS_GETPID, 0));
     a.put(SVC0);
     a.put(str_w(0, SP, 8));
     a.put(ldr_w(4, 9, SLOT_OWNER_TID as u32));
@@ -801,28 +814,4 @@ fn emit_user_send(a: &mut Asm, label: Label) {
     a.bind(sent);
     a.put(add_imm(SP, SP, FRAME, false));
     a.put(RET);
-}
-
-/// Block every signal; the mask words live at `[sp + new_off]` and `[sp + old_off]`
-/// (the old mask is saved there). Clobbers x0-x3 and x8.
-pub(super) fn block_signals(a: &mut Asm, new_off: u32, old_off: u32) {
-    a.put_all(&mov_imm64(0, u64::MAX));
-    a.put(str_x(0, SP, new_off));
-    a.put(movz(0, SIG_BLOCK as u32, 0));
-    a.put(add_imm(1, SP, new_off, false));
-    a.put(add_imm(2, SP, old_off, false));
-    a.put(movz(3, 8, 0));
-    a.put(movz(8, SYS_RT_SIGPROCMASK as u32, 0));
-    a.put(SVC0);
-}
-
-/// Put back the mask that [`block_signals`] saved at `[sp + old_off]`. Clobbers x0-x3
-/// and x8.
-pub(super) fn restore_signals(a: &mut Asm, old_off: u32) {
-    a.put(movz(0, SIG_SETMASK as u32, 0));
-    a.put(add_imm(1, SP, old_off, false));
-    a.put(movz(2, 0, 0));
-    a.put(movz(3, 8, 0));
-    a.put(movz(8, SYS_RT_SIGPROCMASK as u32, 0));
-    a.put(SVC0);
 }

@@ -3,15 +3,10 @@
 //! protocol as x86-64 (see that `wait.rs`), with the flush mode in x11.
 
 use super::enc::*;
-use super::runtime::{block_signals, reset_buffer, restore_signals};
+use super::slot::reset_buffer;
+use super::sys::*;
 use tracer_common::*;
 
-const SYS_GETPID: u32 = 172;
-const SYS_GETTID: u32 = 178;
-const SYS_SCHED_YIELD: u32 = 124;
-const SYS_NANOSLEEP: u32 = 101;
-const SYS_RT_SIGTIMEDWAIT: u32 = 137;
-const SYS_RT_TGSIGQUEUEINFO: u32 = 240;
 /// Answers `take_hold` takes at most (one per tracer in a session on the process).
 const MAX_ANSWERS: u32 = 8;
 /// take_hold's frame.

@@ -479,59 +479,14 @@ struct Cfg {
 
 fn cfg(insns: &[Instruction], from: u64, to: u64) -> Cfg {
     let n = insns.len();
-    let index_of = |ip: u64| insns.binary_search_by_key(&ip, |i| i.ip()).ok();
-    let inside = |a: u64| from < a && a < to;
-    let mut leader = vec![false; n + 1];
-    leader[0] = true;
-    let mut incomplete = false;
-    let mut own_address = false;
-    let mut target = vec![None; n];
-    for (k, ins) in insns.iter().enumerate() {
-        if ins.is_invalid() {
-            incomplete = true;
-            leader[k] = true;
-            leader[k + 1] = true;
-            continue;
-        }
-        match ins.flow_control() {
-            FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch => {
-                if ins.op0_kind() == OpKind::NearBranch64 {
-                    let t = ins.near_branch_target();
-                    if from <= t && t < to {
-                        match index_of(t) {
-                            Some(j) => {
-                                leader[j] = true;
-                                target[k] = Some(j);
-                            }
-                            None => incomplete = true,
-                        }
-                    }
-                }
-                leader[k + 1] = true;
-            }
-            FlowControl::IndirectBranch | FlowControl::Return | FlowControl::Exception => {
-                leader[k + 1] = true;
-            }
-            _ => {}
-        }
-        if (ins.is_ip_rel_memory_operand() && inside(ins.ip_rel_memory_address()))
-            || (0..ins.op_count()).any(|o| {
-                matches!(
-                    ins.op_kind(o),
-                    OpKind::Immediate32 | OpKind::Immediate32to64 | OpKind::Immediate64
-                ) && inside(ins.immediate(o))
-            })
-        {
-            own_address = true;
-        }
-    }
+    let l = leaders(insns, from, to);
     let mut block_of = vec![usize::MAX; n];
     let mut blocks = Vec::new();
-    for k in 0..n {
-        if leader[k] {
+    for (k, b) in block_of.iter_mut().enumerate() {
+        if l.leader[k] {
             blocks.push((k, k));
         }
-        block_of[k] = blocks.len() - 1;
+        *b = blocks.len() - 1;
         blocks.last_mut().unwrap().1 = k + 1;
     }
     let mut succ = vec![[None, None]; blocks.len()];
@@ -549,7 +504,7 @@ fn cfg(insns: &[Instruction], from: u64, to: u64) -> Cfg {
         if falls && end < n {
             succ[b][0] = Some(block_of[end]);
         }
-        succ[b][1] = target[end - 1].map(|j| block_of[j]);
+        succ[b][1] = l.target[end - 1].map(|j| block_of[j]);
         for s in succ[b].into_iter().flatten() {
             has_pred[s] = true;
         }
@@ -558,9 +513,77 @@ fn cfg(insns: &[Instruction], from: u64, to: u64) -> Cfg {
         blocks,
         succ,
         has_pred,
-        incomplete,
-        own_address,
+        incomplete: l.incomplete,
+        own_address: l.own_address,
     }
+}
+
+/// Where a piece's blocks start and where its direct branches go.
+struct Leaders {
+    /// Instruction k starts a block (one more entry than instructions).
+    leader: Vec<bool>,
+    /// The instruction index a direct branch at k goes to, inside the piece.
+    target: Vec<Option<usize>>,
+    incomplete: bool,
+    own_address: bool,
+}
+
+fn leaders(insns: &[Instruction], from: u64, to: u64) -> Leaders {
+    let n = insns.len();
+    let index_of = |ip: u64| insns.binary_search_by_key(&ip, |i| i.ip()).ok();
+    let mut l = Leaders {
+        leader: vec![false; n + 1],
+        target: vec![None; n],
+        incomplete: false,
+        own_address: false,
+    };
+    l.leader[0] = true;
+    for (k, ins) in insns.iter().enumerate() {
+        if ins.is_invalid() {
+            l.incomplete = true;
+            l.leader[k] = true;
+            l.leader[k + 1] = true;
+            continue;
+        }
+        match ins.flow_control() {
+            FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch => {
+                if ins.op0_kind() == OpKind::NearBranch64 {
+                    let t = ins.near_branch_target();
+                    if from <= t && t < to {
+                        match index_of(t) {
+                            Some(j) => {
+                                l.leader[j] = true;
+                                l.target[k] = Some(j);
+                            }
+                            None => l.incomplete = true,
+                        }
+                    }
+                }
+                l.leader[k + 1] = true;
+            }
+            FlowControl::IndirectBranch | FlowControl::Return | FlowControl::Exception => {
+                l.leader[k + 1] = true;
+            }
+            _ => {}
+        }
+        if names_address_inside(ins, from, to) {
+            l.own_address = true;
+        }
+    }
+    l
+}
+
+/// `ins` materialises an address strictly inside `(from, to)` (RIP-relative or an
+/// immediate).
+fn names_address_inside(ins: &Instruction, from: u64, to: u64) -> bool {
+    let inside = |a: u64| from < a && a < to;
+    (ins.is_ip_rel_memory_operand() && inside(ins.ip_rel_memory_address()))
+        || (0..ins.op_count()).any(|o| {
+            matches!(
+                ins.op_kind(o),
+                OpKind::Immediate32 | OpKind::Immediate32to64 | OpKind::Immediate64
+            ) && inside(ins.immediate(o))
+        })
 }
 
 /// The state on the way out of a block that ends in `last`, on its fall-through
@@ -639,63 +662,7 @@ fn analyse(insns: &[Instruction], from: u64, to: u64, entry: bool, cx: &mut Cx, 
     p.escaped = false;
     p.private = spill::private_frame(insns);
     let g = cfg(insns, from, to);
-    let nb = g.blocks.len();
-    // Alignment padding after a `ret` or `jmp` is never entered.
-    let padding = |b: usize| {
-        let (start, end) = g.blocks[b];
-        insns[start..end]
-            .iter()
-            .all(|i| matches!(i.mnemonic(), Mnemonic::Nop | Mnemonic::Int3))
-    };
-    let orphans: Vec<usize> = (1..nb).filter(|&b| !g.has_pred[b] && !padding(b)).collect();
-    let mut ins_of: Vec<Option<State>> = vec![None; nb];
-    let mut queue = BTreeSet::new();
-    ins_of[0] = Some(State::new(entry));
-    queue.insert(0);
-    let mut hub: Option<State> = None;
-    // Values only ever get less precise at joins: a few passes reach the fixpoint.
-    let budget = 8 * nb + 64;
-    let mut visits = 0;
-    let mut converged = true;
-    while let Some(b) = queue.pop_first() {
-        visits += 1;
-        if visits > budget {
-            converged = false;
-            break;
-        }
-        let mut st = ins_of[b].clone().unwrap();
-        let (start, end) = g.blocks[b];
-        for ins in &insns[start..end] {
-            step(&mut st, ins, &mut cx.factory, &mut p);
-        }
-        let last = &insns[end - 1];
-        for (k, s) in g.succ[b].iter().enumerate() {
-            let Some(s) = *s else { continue };
-            let ip = insns[g.blocks[s].0].ip();
-            match edge(&st, last, k == 1) {
-                Some(e) => flow_into(&mut ins_of, &mut queue, s, ip, &e),
-                None => flow_into(&mut ins_of, &mut queue, s, ip, &st),
-            }
-        }
-        // A tail call's state does not reach the table's targets: it would make the
-        // stack height unknown there (and so at every tail call after them).
-        if is_indirect_jmp(last) && !leaves(&st, last, &p) {
-            let changed = match &mut hub {
-                Some(h) => h.meet(&st, from),
-                h @ None => {
-                    *h = Some(st);
-                    true
-                }
-            };
-            if changed {
-                let h = hub.as_ref().unwrap();
-                for &o in &orphans {
-                    ins_of[o] = Some(h.clone());
-                    queue.insert(o);
-                }
-            }
-        }
-    }
+    let (ins_of, converged) = fixpoint(insns, &g, entry, from, cx, &mut p);
     let tail_ok = entry && converged && !g.incomplete && !g.own_address;
     // A part's stack height is the CFI's to say (`recover`).
     let part_ok = !entry && converged && !g.incomplete && !g.own_address;
@@ -723,6 +690,76 @@ fn analyse(insns: &[Instruction], from: u64, to: u64, entry: bool, cx: &mut Cx, 
             out.unresolved.push(last.ip());
         }
     }
+}
+
+/// The state at the start of each block, to a fixpoint (or the visit budget: then
+/// `false`).
+fn fixpoint(
+    insns: &[Instruction],
+    g: &Cfg,
+    entry: bool,
+    from: u64,
+    cx: &mut Cx,
+    p: &mut Piece,
+) -> (Vec<Option<State>>, bool) {
+    let nb = g.blocks.len();
+    // Alignment padding after a `ret` or `jmp` is never entered.
+    let padding = |b: usize| {
+        let (start, end) = g.blocks[b];
+        insns[start..end]
+            .iter()
+            .all(|i| matches!(i.mnemonic(), Mnemonic::Nop | Mnemonic::Int3))
+    };
+    let orphans: Vec<usize> = (1..nb).filter(|&b| !g.has_pred[b] && !padding(b)).collect();
+    let mut ins_of: Vec<Option<State>> = vec![None; nb];
+    let mut queue = BTreeSet::new();
+    ins_of[0] = Some(State::new(entry));
+    queue.insert(0);
+    let mut hub: Option<State> = None;
+    // Values only ever get less precise at joins: a few passes reach the fixpoint.
+    let budget = 8 * nb + 64;
+    let mut visits = 0;
+    let mut converged = true;
+    while let Some(b) = queue.pop_first() {
+        visits += 1;
+        if visits > budget {
+            converged = false;
+            break;
+        }
+        let mut st = ins_of[b].clone().unwrap();
+        let (start, end) = g.blocks[b];
+        for ins in &insns[start..end] {
+            step(&mut st, ins, &mut cx.factory, p);
+        }
+        let last = &insns[end - 1];
+        for (k, s) in g.succ[b].iter().enumerate() {
+            let Some(s) = *s else { continue };
+            let ip = insns[g.blocks[s].0].ip();
+            match edge(&st, last, k == 1) {
+                Some(e) => flow_into(&mut ins_of, &mut queue, s, ip, &e),
+                None => flow_into(&mut ins_of, &mut queue, s, ip, &st),
+            }
+        }
+        // A tail call's state does not reach the table's targets: it would make the
+        // stack height unknown there (and so at every tail call after them).
+        if is_indirect_jmp(last) && !leaves(&st, last, p) {
+            let changed = match &mut hub {
+                Some(h) => h.meet(&st, from),
+                h @ None => {
+                    *h = Some(st);
+                    true
+                }
+            };
+            if changed {
+                let h = hub.as_ref().unwrap();
+                for &o in &orphans {
+                    ins_of[o] = Some(h.clone());
+                    queue.insert(o);
+                }
+            }
+        }
+    }
+    (ins_of, converged)
 }
 
 /// Whether an indirect jump to `v` goes through a pointer the function received or

@@ -36,8 +36,10 @@
 
 mod flow;
 mod runtime;
+mod slot;
 mod spill;
 mod stub;
+mod sys;
 mod usdt;
 mod wait;
 
@@ -724,7 +726,14 @@ impl PlanCx<'_> {
         if let Some(why) = self.unsure.filter(|_| !entry && s + 1 != self.insns.len()) {
             return Candidate::uprobe(r, at, why.clone());
         }
-        match window_for(
+        let window = self.window_at(s, entry);
+        self.with_window(r, at, flags, window)
+    }
+
+    /// The instructions `[i..=j]` (and their length) of site `s`'s window: around it,
+    /// or else (the function's branch targets known) one the targets leave closed.
+    fn window_at(&self, s: usize, entry: bool) -> Result<(usize, usize, usize), FallbackReason> {
+        window_for(
             self.insns,
             s,
             self.first,
@@ -735,7 +744,18 @@ impl PlanCx<'_> {
         .or_else(|why| match self.unsure {
             None => self.closed_window(s).ok_or(why),
             Some(_) => Err(why),
-        }) {
+        })
+    }
+
+    /// The candidate of request `r` at `at` with its window or why it has none.
+    fn with_window(
+        &self,
+        r: &SiteReq,
+        at: u64,
+        flags: u32,
+        window: Result<(usize, usize, usize), FallbackReason>,
+    ) -> Candidate {
+        match window {
             Ok((i, j, len)) => {
                 let start = self.insns[i].ip();
                 let code_len = (self.insns[j].next_ip() - start) as usize;

@@ -30,29 +30,12 @@ use iced_x86::code_asm::*;
 use iced_x86::{BlockEncoderOptions, Register};
 
 use super::super::{Layout, Runtime, SlotLookup};
+use super::slot::reset_buffer;
 use super::stub::lea_rip;
+use super::sys::*;
 use super::wait;
 use crate::isa::linux::*;
 use tracer_common::*;
-
-pub(super) const SYS_GETPID: u32 = 39;
-pub(super) const SYS_GETTID: u32 = 186;
-const SYS_TGKILL: u32 = 234;
-const SYS_ARCH_PRCTL: u32 = 158;
-const ARCH_SET_FS: u32 = 0x1002;
-pub(super) const SYS_RT_SIGPROCMASK: u32 = 14;
-pub(super) const SIG_BLOCK: u32 = 0;
-pub(super) const SIG_SETMASK: u32 = 2;
-const SYS_SENDMSG: u32 = 46;
-const SYS_SENDTO: u32 = 44;
-const SYS_GETSOCKOPT: u32 = 55;
-const SYS_SOCKET: u32 = 41;
-const SYS_CONNECT: u32 = 42;
-const SYS_CLOSE: u32 = 3;
-const SYS_DUP3: u32 = 292;
-const SYS_PPOLL: u32 = 271;
-const SYS_PRCTL: u32 = 157;
-const SYS_GETEUID: u32 = 107;
 
 pub(super) fn emit(
     layout: &Layout,
@@ -60,113 +43,34 @@ pub(super) fn emit(
     original_entry: u64,
 ) -> Result<(Vec<u8>, Runtime), IcedError> {
     let mut a = CodeAssembler::new(64)?;
-    let mut flush = a.create_label();
-    let mut probe = a.create_label();
-    let mut register = a.create_label();
-    let mut shim = a.create_label();
-
-    // flush(%rsi = slot): the uprobe sits on the 4-byte NOP. Not a 5-byte one:
-    // Linux 6.18 optimises a uprobe on nop5 into a call to a per-process trampoline
-    // that a fork()ed child does not inherit, so the child's first flush jumps into
-    // nothing (SIGSEGV; tests/fixtures/callers.c). A NOP uprobe is emulated, without a
-    // single-step: ~3 ns/event more than nop5 under `tracer record` (xtask bench).
-    // The tracer's eBPF program drains the buffer; %rdx tells it what the flush may do
-    // (`FLUSH_*`, 0 = plain). Plain: then, with no tracer, discard the records: reset
-    // unless a record is still being written (`inflight`, a signal handler interrupted
-    // a stub) or the buffer is no longer full (the tracer reset it). With the
-    // user-space drain on, send the records instead. A signal handler that records
-    // between the drain and the reset (a signal pending during the uprobe is delivered
-    // right after it) moved `cur` on: no reset then, its records stay for the next
-    // flush (the tracer drains from where it stopped; they stay in the slack after
-    // `end`). Armed (`RwHeader::on_full`, see `wait.rs`): signals held, and the flush
-    // repeats while the drain holds the buffer. Clobbers %rax %rcx and flags.
-    let mut flush_done = a.create_label();
-    let mut flush_user = a.create_label();
-    let mut user_drain = a.create_label();
-    let mut user_send = a.create_label();
-    let mut again = a.create_label();
-    let mut hello = a.create_label();
-    let mut take_hold = a.create_label();
-    let mut armed = wait::Labels::new(&mut a);
-    a.set_label(&mut flush)?;
-    a.push(rdx)?;
-    // This binary's own header, not the slot's `rw_base` (a program may scribble there).
-    lea_rip(&mut a, Register::RCX, layout.rw_vaddr)?;
-    a.cmp(dword_ptr(rcx + RWH_ON_FULL as i32), ON_FULL_WAIT)?;
-    a.je(armed.enter)?;
-    a.xor(edx, edx)?;
-    a.set_label(&mut again)?;
-    a.mov(rax, qword_ptr(rsi + SLOT_CUR as i32))?;
-    a.set_label(&mut probe)?;
-    a.db(&[0x0f, 0x1f, 0x40, 0x00])?;
-    a.test(rdx, rdx)?;
-    a.jne(armed.after)?;
-    a.cmp(qword_ptr(rsi + SLOT_INFLIGHT as i32), 0)?;
-    a.jne(flush_done)?;
-    a.mov(rcx, qword_ptr(rsi + SLOT_CUR as i32))?;
-    a.cmp(rcx, qword_ptr(rsi + SLOT_END as i32))?;
-    a.jb(flush_done)?;
-    a.mov(rcx, qword_ptr(rsi + SLOT_RW_BASE as i32))?;
-    a.cmp(dword_ptr(rcx + RWH_USER_STATE as i32), USER_ON)?;
-    a.je(flush_user)?;
-    // Kept only while half the slack is still free (then reset as before: lost).
-    let mut reset = a.create_label();
-    a.cmp(rax, qword_ptr(rsi + SLOT_CUR as i32))?;
-    a.je(reset)?;
-    a.mov(rcx, qword_ptr(rsi + SLOT_END as i32))?;
-    a.add(rcx, (BUF_SLACK_RECORDS / 2 * RECORD_SIZE as u64) as i32)?;
-    a.cmp(qword_ptr(rsi + SLOT_CUR as i32), rcx)?;
-    a.jb(flush_done)?;
-    a.set_label(&mut reset)?;
-    reset_buffer(&mut a)?;
-    a.set_label(&mut flush_done)?;
-    a.pop(rdx)?;
-    a.ret()?;
-    a.set_label(&mut flush_user)?;
-    a.mov(r10, chunk_kind_cause(CHUNK_KIND_RECORDS, CAUSE_FULL))?;
-    a.call(user_drain)?;
-    a.pop(rdx)?;
-    a.ret()?;
-    // register's flush: the drain answers whether the tracer waits (signals are
-    // held in register).
-    a.set_label(&mut hello)?;
-    a.push(rdx)?;
-    a.mov(rdx, FLUSH_HELLO)?;
-    a.jmp(again)?;
-    wait::emit_armed(&mut a, &mut armed, again, flush_done, take_hold)?;
-    wait::emit_take_hold(&mut a, &mut take_hold)?;
+    let mut l = FlushLabels::new(&mut a);
+    emit_flush(&mut a, layout, &mut l)?;
+    wait::emit_armed(&mut a, &mut l.armed, l.again, l.flush_done, l.take_hold)?;
+    wait::emit_take_hold(&mut a, &mut l.take_hold)?;
     a.int3()?;
 
-    emit_user_drain(&mut a, &mut user_drain, user_send)?;
-    emit_user_send(&mut a, &mut user_send)?;
+    emit_user_drain(&mut a, &mut l.user_drain, l.user_send)?;
+    emit_user_send(&mut a, &mut l.user_send)?;
 
     let calls = RegisterCalls {
-        flush,
-        hello,
-        take_hold,
-        user_drain,
-        user_send,
+        flush: l.flush,
+        hello: l.hello,
+        take_hold: l.take_hold,
+        user_drain: l.user_drain,
+        user_send: l.user_send,
     };
-    emit_register(&mut a, layout, &mut register, &calls)?;
-
+    emit_register(&mut a, layout, &mut l.register, &calls)?;
     if layout.pre_tls {
-        // Process entry: %rdx (rtld_fini) and %rsp must survive; the rest is scratch.
-        a.set_label(&mut shim)?;
-        lea_rip(&mut a, Register::RSI, layout.rw_vaddr + PRE_TLS_OFF)?;
-        a.mov(qword_ptr(rsi), rsi)?; // TCB self pointer: %fs:0 reads the TCB address
-        a.mov(edi, ARCH_SET_FS)?;
-        a.mov(eax, SYS_ARCH_PRCTL)?;
-        a.syscall()?;
-        a.jmp(original_entry)?;
+        emit_shim(&mut a, layout, &mut l.shim, original_entry)?;
     }
 
     let res = a.assemble_options(at, BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS)?;
     let rt = Runtime {
-        flush: res.label_ip(&flush)?,
-        flush_probe: res.label_ip(&probe)?,
-        register: res.label_ip(&register)?,
+        flush: res.label_ip(&l.flush)?,
+        flush_probe: res.label_ip(&l.probe)?,
+        register: res.label_ip(&l.register)?,
         entry_shim: if layout.pre_tls {
-            Some(res.label_ip(&shim)?)
+            Some(res.label_ip(&l.shim)?)
         } else {
             None
         },
@@ -174,13 +78,124 @@ pub(super) fn emit(
     Ok((res.inner.code_buffer, rt))
 }
 
-/// `cur = start` and a new buffer epoch: coarse-timestamp records carry it (see the
-/// stub), so a drain position remembered from before the reset is no longer trusted.
-/// %rsi = slot; clobbers %rcx.
-pub(super) fn reset_buffer(a: &mut CodeAssembler) -> Result<(), IcedError> {
-    a.mov(rcx, qword_ptr(rsi + SLOT_START as i32))?;
-    a.mov(qword_ptr(rsi + SLOT_CUR as i32), rcx)?;
-    a.inc(dword_ptr(rsi + SLOT_GENERATION as i32))
+/// The runtime's routines and the flush's inner points.
+struct FlushLabels {
+    flush: CodeLabel,
+    probe: CodeLabel,
+    register: CodeLabel,
+    shim: CodeLabel,
+    flush_done: CodeLabel,
+    flush_user: CodeLabel,
+    user_drain: CodeLabel,
+    user_send: CodeLabel,
+    again: CodeLabel,
+    hello: CodeLabel,
+    take_hold: CodeLabel,
+    armed: wait::Labels,
+}
+
+impl FlushLabels {
+    fn new(a: &mut CodeAssembler) -> Self {
+        FlushLabels {
+            flush: a.create_label(),
+            probe: a.create_label(),
+            register: a.create_label(),
+            shim: a.create_label(),
+            flush_done: a.create_label(),
+            flush_user: a.create_label(),
+            user_drain: a.create_label(),
+            user_send: a.create_label(),
+            again: a.create_label(),
+            hello: a.create_label(),
+            take_hold: a.create_label(),
+            armed: wait::Labels::new(a),
+        }
+    }
+}
+
+/// flush(%rsi = slot): the uprobe sits on the 4-byte NOP. Not a 5-byte one:
+/// Linux 6.18 optimises a uprobe on nop5 into a call to a per-process trampoline
+/// that a fork()ed child does not inherit, so the child's first flush jumps into
+/// nothing (SIGSEGV; tests/fixtures/callers.c). A NOP uprobe is emulated, without a
+/// single-step: ~3 ns/event more than nop5 under `tracer record` (xtask bench).
+/// The tracer's eBPF program drains the buffer; %rdx tells it what the flush may do
+/// (`FLUSH_*`, 0 = plain). Plain: then, with no tracer, discard the records: reset
+/// unless a record is still being written (`inflight`, a signal handler interrupted
+/// a stub) or the buffer is no longer full (the tracer reset it). With the
+/// user-space drain on, send the records instead. A signal handler that records
+/// between the drain and the reset (a signal pending during the uprobe is delivered
+/// right after it) moved `cur` on: no reset then, its records stay for the next
+/// flush (the tracer drains from where it stopped; they stay in the slack after
+/// `end`). Armed (`RwHeader::on_full`, see `wait.rs`): signals held, and the flush
+/// repeats while the drain holds the buffer. Clobbers %rax %rcx and flags.
+fn emit_flush(
+    a: &mut CodeAssembler,
+    layout: &Layout,
+    l: &mut FlushLabels,
+) -> Result<(), IcedError> {
+    a.set_label(&mut l.flush)?;
+    a.push(rdx)?;
+    // This binary's own header, not the slot's `rw_base` (a program may scribble there).
+    lea_rip(a, Register::RCX, layout.rw_vaddr)?;
+    a.cmp(dword_ptr(rcx + RWH_ON_FULL as i32), ON_FULL_WAIT)?;
+    a.je(l.armed.enter)?;
+    a.xor(edx, edx)?;
+    a.set_label(&mut l.again)?;
+    a.mov(rax, qword_ptr(rsi + SLOT_CUR as i32))?;
+    a.set_label(&mut l.probe)?;
+    a.db(&[0x0f, 0x1f, 0x40, 0x00])?;
+    a.test(rdx, rdx)?;
+    a.jne(l.armed.after)?;
+    a.cmp(qword_ptr(rsi + SLOT_INFLIGHT as i32), 0)?;
+    a.jne(l.flush_done)?;
+    a.mov(rcx, qword_ptr(rsi + SLOT_CUR as i32))?;
+    a.cmp(rcx, qword_ptr(rsi + SLOT_END as i32))?;
+    a.jb(l.flush_done)?;
+    a.mov(rcx, qword_ptr(rsi + SLOT_RW_BASE as i32))?;
+    a.cmp(dword_ptr(rcx + RWH_USER_STATE as i32), USER_ON)?;
+    a.je(l.flush_user)?;
+    // Kept only while half the slack is still free (then reset as before: lost).
+    let mut reset = a.create_label();
+    a.cmp(rax, qword_ptr(rsi + SLOT_CUR as i32))?;
+    a.je(reset)?;
+    a.mov(rcx, qword_ptr(rsi + SLOT_END as i32))?;
+    a.add(rcx, (BUF_SLACK_RECORDS / 2 * RECORD_SIZE as u64) as i32)?;
+    a.cmp(qword_ptr(rsi + SLOT_CUR as i32), rcx)?;
+    a.jb(l.flush_done)?;
+    a.set_label(&mut reset)?;
+    reset_buffer(a)?;
+    a.set_label(&mut l.flush_done)?;
+    a.pop(rdx)?;
+    a.ret()?;
+    a.set_label(&mut l.flush_user)?;
+    a.mov(r10, chunk_kind_cause(CHUNK_KIND_RECORDS, CAUSE_FULL))?;
+    a.call(l.user_drain)?;
+    a.pop(rdx)?;
+    a.ret()?;
+    // register's flush: the drain answers whether the tracer waits (signals are
+    // held in register).
+    a.set_label(&mut l.hello)?;
+    a.push(rdx)?;
+    a.mov(rdx, FLUSH_HELLO)?;
+    a.jmp(l.again)?;
+    Ok(())
+}
+
+/// Process entry of a static executable: a stand-in thread pointer until libc sets the
+/// real one. %rdx (rtld_fini) and %rsp must survive; the rest is scratch.
+fn emit_shim(
+    a: &mut CodeAssembler,
+    layout: &Layout,
+    shim: &mut CodeLabel,
+    original_entry: u64,
+) -> Result<(), IcedError> {
+    a.set_label(shim)?;
+    lea_rip(a, Register::RSI, layout.rw_vaddr + PRE_TLS_OFF)?;
+    a.mov(qword_ptr(rsi), rsi)?; // TCB self pointer: %fs:0 reads the TCB address
+    a.mov(edi, ARCH_SET_FS)?;
+    a.mov(eax, SYS_ARCH_PRCTL)?;
+    a.syscall()?;
+    a.jmp(original_entry)
 }
 
 /// register(%r11 = thread pointer) → %rcx != 0 when the thread now owns a slot.

@@ -124,62 +124,13 @@ fn emit_usdt_arg(
     depth: i32,
     rax_at: i32,
 ) -> Result<(), IcedError> {
-    // The original value of a register.
-    let reg_of = |a: &mut CodeAssembler, r: Register| -> Result<(), IcedError> {
-        match r {
-            Register::RAX => a.mov(rax, qword_ptr(rsp + rax_at)),
-            Register::RSP => a.lea(rax, ptr(rsp + depth)),
-            r => a.add_instruction(Instruction::with2(Code::Mov_r64_rm64, Register::RAX, r)?),
-        }
-    };
-    // The notes of an x86-64 binary are parsed as x86-64 (usdt::probes checks the
-    // machine), so every register is an x86 one.
-    let x86 = |r: &UsdtReg| -> Result<Register, IcedError> {
-        Ok(match r {
-            UsdtReg::X86 { reg, .. } => *reg,
-            UsdtReg::A64(_) => Register::None,
-        })
-    };
-    let mem_load = |a: &mut CodeAssembler, arg: &Arg| -> Result<(), IcedError> {
-        match (arg.size, arg.signed) {
-            (1, false) => a.movzx(rax, byte_ptr(rax)),
-            (1, true) => a.movsx(rax, byte_ptr(rax)),
-            (2, false) => a.movzx(rax, word_ptr(rax)),
-            (2, true) => a.movsx(rax, word_ptr(rax)),
-            (4, false) => a.mov(eax, dword_ptr(rax)),
-            (4, true) => a.movsxd(rax, dword_ptr(rax)),
-            _ => a.mov(rax, qword_ptr(rax)),
-        }
-    };
     match &arg.loc {
         ArgLoc::Imm(v) => a.mov(rax, *v as u64)?,
-        ArgLoc::Reg(r) => {
-            reg_of(a, x86(r)?)?;
-            if matches!(r, UsdtReg::X86 { high8: true, .. }) {
-                a.movzx(eax, ah)?;
-                if arg.signed {
-                    a.movsx(rax, al)?;
-                }
-                return Ok(());
-            }
-            match (arg.size, arg.signed) {
-                (1, false) => a.movzx(rax, al)?,
-                (1, true) => a.movsx(rax, al)?,
-                (2, false) => a.movzx(rax, ax)?,
-                (2, true) => a.movsx(rax, ax)?,
-                (4, false) => a.mov(eax, eax)?,
-                (4, true) => a.movsxd(rax, eax)?,
-                _ => {}
-            }
-        }
+        ArgLoc::Reg(r) => usdt_reg_arg(a, arg, r, depth, rax_at)?,
         ArgLoc::Mem { base, index, disp } => {
-            let base = base
-                .as_ref()
-                .map(x86)
-                .transpose()?
-                .unwrap_or(Register::None);
+            let base = base.as_ref().map_or(Register::None, x86);
             let (index, scale) = match index {
-                Some((r, s)) => (x86(r)?, u32::from(*s)),
+                Some((r, s)) => (x86(r), u32::from(*s)),
                 None => (Register::None, 1),
             };
             // %rax is about to be overwritten: address through its original value.
@@ -192,14 +143,67 @@ fn emit_usdt_arg(
             }
             let mem = MemoryOperand::new(base, index, scale, disp, 8, false, Register::None);
             a.add_instruction(Instruction::with2(Code::Lea_r64_m, Register::RAX, mem)?)?;
-            mem_load(a, arg)?;
+            load_at_rax(a, arg)?;
         }
         ArgLoc::Static { addr } => {
             lea_rip(a, Register::RAX, *addr)?;
-            mem_load(a, arg)?;
+            load_at_rax(a, arg)?;
         }
     }
     Ok(())
+}
+
+/// The notes of an x86-64 binary are parsed as x86-64 (usdt::probes checks the
+/// machine), so every register is an x86 one.
+fn x86(r: &UsdtReg) -> Register {
+    match r {
+        UsdtReg::X86 { reg, .. } => *reg,
+        UsdtReg::A64(_) => Register::None,
+    }
+}
+
+/// %rax = the original value of register `r`, widened as `arg` says.
+fn usdt_reg_arg(
+    a: &mut CodeAssembler,
+    arg: &Arg,
+    r: &UsdtReg,
+    depth: i32,
+    rax_at: i32,
+) -> Result<(), IcedError> {
+    match x86(r) {
+        Register::RAX => a.mov(rax, qword_ptr(rsp + rax_at))?,
+        Register::RSP => a.lea(rax, ptr(rsp + depth))?,
+        r => a.add_instruction(Instruction::with2(Code::Mov_r64_rm64, Register::RAX, r)?)?,
+    }
+    if matches!(r, UsdtReg::X86 { high8: true, .. }) {
+        a.movzx(eax, ah)?;
+        if arg.signed {
+            a.movsx(rax, al)?;
+        }
+        return Ok(());
+    }
+    match (arg.size, arg.signed) {
+        (1, false) => a.movzx(rax, al),
+        (1, true) => a.movsx(rax, al),
+        (2, false) => a.movzx(rax, ax),
+        (2, true) => a.movsx(rax, ax),
+        (4, false) => a.mov(eax, eax),
+        (4, true) => a.movsxd(rax, eax),
+        _ => Ok(()),
+    }
+}
+
+/// %rax = the `arg.size` bytes at %rax, widened as `arg` says.
+fn load_at_rax(a: &mut CodeAssembler, arg: &Arg) -> Result<(), IcedError> {
+    match (arg.size, arg.signed) {
+        (1, false) => a.movzx(rax, byte_ptr(rax)),
+        (1, true) => a.movsx(rax, byte_ptr(rax)),
+        (2, false) => a.movzx(rax, word_ptr(rax)),
+        (2, true) => a.movsx(rax, word_ptr(rax)),
+        (4, false) => a.mov(eax, dword_ptr(rax)),
+        (4, true) => a.movsxd(rax, dword_ptr(rax)),
+        _ => a.mov(rax, qword_ptr(rax)),
+    }
 }
 
 /// What the sites of one stub need, decided before any code is emitted.
@@ -709,6 +713,82 @@ fn internal_targets(a: &mut CodeAssembler, insns: &[Instruction]) -> HashMap<u64
     labels
 }
 
+/// Every label the window needs: jumps inside it, landing pads and tail calls.
+fn window_labels(
+    a: &mut CodeAssembler,
+    insns: &[Instruction],
+    w: &Window,
+) -> HashMap<u64, CodeLabel> {
+    let mut labels = internal_targets(a, insns);
+    for t in w
+        .landings
+        .iter()
+        .map(|l| l.target)
+        .chain(w.tails.iter().map(|t| t.at))
+    {
+        labels.entry(t).or_insert_with(|| a.create_label());
+    }
+    labels
+}
+
+/// A displaced call: push the original return address without touching flags or
+/// registers, then jump where the call would go (an operand relative to %rsp is 8 bytes
+/// further now).
+fn emit_call_as_jump(a: &mut CodeAssembler, ins: &Instruction) -> Result<(), IcedError> {
+    a.lea(rsp, ptr(rsp - 8))?;
+    a.push(rax)?;
+    lea_rip(a, Register::RAX, ins.next_ip())?;
+    a.mov(qword_ptr(rsp + 8), rax)?;
+    a.pop(rax)?;
+    match ins.op0_kind() {
+        OpKind::NearBranch64 => a.jmp(ins.near_branch_target())?,
+        OpKind::Register => {
+            a.add_instruction(Instruction::with1(Code::Jmp_rm64, ins.op0_register())?)?
+        }
+        _ => {
+            let base = ins.memory_base();
+            let mut disp = ins.memory_displacement64() as i64;
+            if base == Register::RSP {
+                disp += 8;
+            }
+            let mem = MemoryOperand::new(
+                base,
+                ins.memory_index(),
+                ins.memory_index_scale(),
+                disp,
+                8,
+                false,
+                Register::None,
+            );
+            a.add_instruction(Instruction::with1(Code::Jmp_rm64, mem)?)?;
+        }
+    }
+    Ok(())
+}
+
+/// Each tail call's stub and its `ret`, after the window's code.
+fn emit_tails(
+    a: &mut CodeAssembler,
+    layout: &Layout,
+    w: &Window,
+    rets: &[Instruction],
+    labels: &mut HashMap<u64, CodeLabel>,
+    slow: &mut Vec<SlowPaths>,
+) -> Result<(), IcedError> {
+    for (t, ret) in w.tails.iter().zip(rets) {
+        if let Some(l) = labels.get_mut(&t.at) {
+            a.set_label(l)?;
+            a.zero_bytes()?;
+        }
+        let here: Vec<&PlacedSite> = t.sites.iter().collect();
+        slow.push(emit_stub(a, layout, &here, ret)?);
+        let mut ret = *ret;
+        ret.set_ip(0);
+        a.add_instruction(ret)?;
+    }
+    Ok(())
+}
+
 pub(super) fn emit_window(
     layout: &Layout,
     rt: &Runtime,
@@ -720,15 +800,7 @@ pub(super) fn emit_window(
     let mut a = CodeAssembler::new(64)?;
     let mut leaves = false;
     let mut slow = Vec::new();
-    let mut labels = internal_targets(&mut a, insns);
-    for t in w
-        .landings
-        .iter()
-        .map(|l| l.target)
-        .chain(w.tails.iter().map(|t| t.at))
-    {
-        labels.entry(t).or_insert_with(|| a.create_label());
-    }
+    let mut labels = window_labels(&mut a, insns, w);
     let sites = &w.sites;
     for ins in insns {
         if let Some(l) = labels.get_mut(&ins.ip()) {
@@ -761,37 +833,7 @@ pub(super) fn emit_window(
             ins.flow_control(),
             FlowControl::Call | FlowControl::IndirectCall
         ) {
-            // push the original return address without touching flags or registers,
-            // then jump where the call would go (an operand relative to %rsp is 8
-            // bytes further now).
-            a.lea(rsp, ptr(rsp - 8))?;
-            a.push(rax)?;
-            lea_rip(&mut a, Register::RAX, ins.next_ip())?;
-            a.mov(qword_ptr(rsp + 8), rax)?;
-            a.pop(rax)?;
-            match ins.op0_kind() {
-                OpKind::NearBranch64 => a.jmp(ins.near_branch_target())?,
-                OpKind::Register => {
-                    a.add_instruction(Instruction::with1(Code::Jmp_rm64, ins.op0_register())?)?
-                }
-                _ => {
-                    let base = ins.memory_base();
-                    let mut disp = ins.memory_displacement64() as i64;
-                    if base == Register::RSP {
-                        disp += 8;
-                    }
-                    let mem = MemoryOperand::new(
-                        base,
-                        ins.memory_index(),
-                        ins.memory_index_scale(),
-                        disp,
-                        8,
-                        false,
-                        Register::None,
-                    );
-                    a.add_instruction(Instruction::with1(Code::Jmp_rm64, mem)?)?;
-                }
-            }
+            emit_call_as_jump(&mut a, &ins)?;
             leaves = true;
             continue;
         }
@@ -802,17 +844,7 @@ pub(super) fn emit_window(
     if !leaves {
         a.jmp(w.start + w.code_len as u64)?;
     }
-    for (t, ret) in w.tails.iter().zip(rets) {
-        if let Some(l) = labels.get_mut(&t.at) {
-            a.set_label(l)?;
-            a.zero_bytes()?;
-        }
-        let here: Vec<&PlacedSite> = t.sites.iter().collect();
-        slow.push(emit_stub(&mut a, layout, &here, ret)?);
-        let mut ret = *ret;
-        ret.set_ip(0);
-        a.add_instruction(ret)?;
-    }
+    emit_tails(&mut a, layout, w, rets, &mut labels, &mut slow)?;
     for p in slow {
         emit_slow_paths(&mut a, rt, p)?;
     }

@@ -144,30 +144,20 @@ pub(crate) fn operand(
         };
         return Ok(ArgLoc::Static { addr });
     }
-    let (base, index) = match parts[..] {
+    registers(op, &parts, disp)
+}
+
+/// `base`, `base, index[, scale]` or `, index[, scale]` between the parentheses of a
+/// memory operand.
+fn registers(op: &str, parts: &[&str], disp: i64) -> Result<ArgLoc, ArgError> {
+    let (base, index) = match *parts {
         [b] => (Some(b), None),
         [b, i] => (Some(b).filter(|b| !b.is_empty()), Some((i, "1"))),
         [b, i, s] => (Some(b).filter(|b| !b.is_empty()), Some((i, s))),
         _ => return Err(ArgError::Form(op.into())),
     };
     let base = base.map(address_reg).transpose()?;
-    let index = match index {
-        Some((i, s)) => {
-            let r = address_reg(i)?;
-            if r == R::RSP {
-                return Err(ArgError::Form(format!("{i} as an index register")));
-            }
-            let scale = match s {
-                "1" => 1,
-                "2" => 2,
-                "4" => 4,
-                "8" => 8,
-                _ => return Err(ArgError::Form(format!("scale `{s}` in {op}"))),
-            };
-            Some((r, scale))
-        }
-        None => None,
-    };
+    let index = index.map(|(i, s)| index_reg(op, i, s)).transpose()?;
     if base.is_none() && index.is_none() {
         return Err(ArgError::Form(op.into()));
     }
@@ -177,4 +167,20 @@ pub(crate) fn operand(
         index: index.map(|(r, s)| (x(r), s)),
         disp,
     })
+}
+
+/// An index register and its scale.
+fn index_reg(op: &str, i: &str, s: &str) -> Result<(R, u8), ArgError> {
+    let r = address_reg(i)?;
+    if r == R::RSP {
+        return Err(ArgError::Form(format!("{i} as an index register")));
+    }
+    let scale = match s {
+        "1" => 1,
+        "2" => 2,
+        "4" => 4,
+        "8" => 8,
+        _ => return Err(ArgError::Form(format!("scale `{s}` in {op}"))),
+    };
+    Ok((r, scale))
 }

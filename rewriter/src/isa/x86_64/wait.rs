@@ -14,14 +14,9 @@ use iced_x86::IcedError;
 use iced_x86::code_asm::*;
 use tracer_common::*;
 
-use super::runtime::{
-    SIG_BLOCK, SIG_SETMASK, SYS_GETPID, SYS_GETTID, SYS_RT_SIGPROCMASK, reset_buffer,
-};
+use super::slot::reset_buffer;
+use super::sys::*;
 
-const SYS_SCHED_YIELD: u32 = 24;
-const SYS_NANOSLEEP: u32 = 35;
-const SYS_RT_SIGTIMEDWAIT: u32 = 128;
-const SYS_RT_TGSIGQUEUEINFO: u32 = 297;
 /// Answers `take_hold` takes at most (one per tracer in a session on the process).
 const MAX_ANSWERS: u32 = 8;
 
