@@ -201,3 +201,46 @@ fn order_reports(root: &Path, name: &str, layers: &[&[&str]], b: &[Breach<'_>]) 
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn layers(krate: &str) -> &'static [&'static [&'static str]] {
+        LAYERS.iter().find(|(c, _)| *c == krate).unwrap().1
+    }
+
+    fn breaks(krate: &str, from: &str, to: &str) -> bool {
+        let p = |s: &str| s.split("::").map(String::from).collect();
+        let m = CrateModel {
+            modules: BTreeMap::new(),
+            refs: vec![Ref {
+                from: p(from),
+                to: p(to),
+                file: PathBuf::new(),
+                line: 1,
+                text: String::new(),
+            }],
+        };
+        !check::breaches(&m, layers(krate)).is_empty()
+    }
+
+    #[test]
+    fn tracer_user_order_under_old_and_new_names() {
+        assert!(!breaks("tracer-user", "session::x", "drain::y"));
+        assert!(breaks("tracer-user", "drain::y", "session::x"));
+        assert!(breaks("tracer-user", "record::summary", "views::text"));
+        assert!(breaks("tracer-user", "session::summary", "views::text"));
+        assert!(!breaks("tracer-user", "views::top", "tracefile::write"));
+        assert!(!breaks("tracer-user", "read::names", "debuginfo"));
+    }
+
+    #[test]
+    fn rewriter_order() {
+        assert!(!breaks("rewriter", "elf::read", "isa::machine"));
+        assert!(breaks("rewriter", "elf::read", "isa::x86_64"));
+        assert!(!breaks("rewriter", "elf::write", "layout"));
+        assert!(breaks("rewriter", "flow", "select"));
+    }
+}
