@@ -1,5 +1,6 @@
 //! For the fixtures that reach into their own RW area (`hostile.c`, `nonresident.c`,
-//! both on `fixtures/own_slot.h`): building them and reading their tagged values.
+//! both on `fixtures/own_slot.h`): building them and reading their tagged values; the
+//! layout header that `own_slot.h` checks its hand-written offsets against.
 
 use std::path::PathBuf;
 
@@ -31,6 +32,7 @@ pub fn build_rec_only(
     name: &str,
     buffer_records: &str,
 ) -> (PathBuf, String, Metadata) {
+    check_layout_header();
     let (orig, traced) = (tmp.join(name), tmp.join(format!("{name}.traced")));
     compile(
         "gcc",
@@ -51,4 +53,29 @@ pub fn build_rec_only(
     let meta = metadata(&traced);
     let flush = format!("{:x}", meta.flush_vaddr);
     (traced, flush, meta)
+}
+
+/// Panics unless `fixtures/utrace_layout.h` is what tracer-common renders now (the C
+/// fixtures `_Static_assert` their copies of the layout against it; any compile finds it
+/// next to them). `UTRACE_BLESS=1` rewrites it.
+pub fn check_layout_header() {
+    let path = fixture("utrace_layout.h");
+    let want = tracer_common::c_header::render();
+    if std::env::var_os("UTRACE_BLESS").is_some_and(|v| v == "1") {
+        std::fs::write(&path, &want).unwrap();
+    }
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        have == want,
+        "{} is not tracer-common's layout: rerun with UTRACE_BLESS=1",
+        path.display()
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn layout_header_is_current() {
+        super::check_layout_header();
+    }
 }

@@ -7,6 +7,8 @@
 #![cfg_attr(not(feature = "std"), no_std)]
 
 pub mod books;
+#[cfg(feature = "std")]
+pub mod c_header;
 pub mod chunk;
 pub mod ebpf;
 pub mod filter;

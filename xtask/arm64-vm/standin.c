@@ -13,11 +13,15 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+/* Written from tracer-common by xtask (arm64_vm/standin.rs) next to this build. */
+#include "utrace_layout.h"
 
 #define RT_BINARY_ID 0x4152363456540001ULL
 #define PRE_TLS_OFF 0x1000
@@ -46,6 +50,41 @@ struct record {
     uint32_t site, flags;
     uint64_t time, value, aux;
 };
+/* The copies above, checked against tracer-common's layout. */
+_Static_assert(PRE_TLS_OFF == UTRACE_PRE_TLS_OFF, "PRE_TLS_OFF");
+_Static_assert(INDEX_OFF == UTRACE_INDEX_OFF, "INDEX_OFF");
+_Static_assert(INDEX_ENTRIES == UTRACE_INDEX_ENTRIES, "INDEX_ENTRIES");
+_Static_assert(SLOTS_OFF == UTRACE_SLOTS_OFF, "SLOTS_OFF");
+_Static_assert(BUF_STRIDE == BUF_BYTES + UTRACE_BUF_SLACK_RECORDS * UTRACE_RECORD_SIZE, "stride");
+_Static_assert((BUFS_OFF & (UTRACE_BUF_ALIGN - 1)) == 0, "BUFS_OFF");
+_Static_assert(KEY_FREE == UTRACE_KEY_FREE && KEY_TOMBSTONE == UTRACE_KEY_TOMBSTONE, "keys");
+_Static_assert(offsetof(struct rw_header, magic) == UTRACE_RWH_MAGIC, "magic");
+_Static_assert(offsetof(struct rw_header, version) == UTRACE_RWH_VERSION, "version");
+_Static_assert(offsetof(struct rw_header, nslots) == UTRACE_RWH_NSLOTS, "nslots");
+_Static_assert(offsetof(struct rw_header, buf_bytes) == UTRACE_RWH_BUF_BYTES, "buf_bytes");
+_Static_assert(offsetof(struct rw_header, bufs_off) == UTRACE_RWH_BUFS_OFF, "bufs_off");
+_Static_assert(offsetof(struct rw_header, binary_id) == UTRACE_RWH_BINARY_ID, "binary_id");
+_Static_assert(offsetof(struct rw_header, no_slot_drops) == UTRACE_RWH_NO_SLOT_DROPS, "drops");
+_Static_assert(offsetof(struct rw_header, registrations) == UTRACE_RWH_REGISTRATIONS, "regs");
+_Static_assert(offsetof(struct rw_header, pre_tls) == UTRACE_RWH_PRE_TLS, "pre_tls");
+_Static_assert(sizeof(struct rw_header) <= UTRACE_RWH_SIZE, "rw_header");
+_Static_assert(sizeof(struct slot) == UTRACE_SLOT_SIZE, "struct slot");
+_Static_assert(offsetof(struct slot, key) == UTRACE_SLOT_KEY, "slot.key");
+_Static_assert(offsetof(struct slot, cur) == UTRACE_SLOT_CUR, "slot.cur");
+_Static_assert(offsetof(struct slot, end) == UTRACE_SLOT_END, "slot.end");
+_Static_assert(offsetof(struct slot, start) == UTRACE_SLOT_START, "slot.start");
+_Static_assert(offsetof(struct slot, rw_base) == UTRACE_SLOT_RW_BASE, "slot.rw_base");
+_Static_assert(offsetof(struct slot, binary_id) == UTRACE_SLOT_BINARY_ID, "slot.binary_id");
+_Static_assert(offsetof(struct slot, owner_tid) == UTRACE_SLOT_OWNER_TID, "slot.owner_tid");
+_Static_assert(offsetof(struct slot, generation) == UTRACE_SLOT_GENERATION, "slot.generation");
+_Static_assert(offsetof(struct slot, inflight) == UTRACE_SLOT_INFLIGHT, "slot.inflight");
+_Static_assert(sizeof(struct record) == UTRACE_RECORD_SIZE, "struct record");
+_Static_assert(offsetof(struct record, site) == UTRACE_RECORD_SITE, "record.site");
+_Static_assert(offsetof(struct record, flags) == UTRACE_RECORD_FLAGS, "record.flags");
+_Static_assert(offsetof(struct record, time) == UTRACE_RECORD_TIME, "record.time");
+_Static_assert(offsetof(struct record, value) == UTRACE_RECORD_VALUE, "record.value");
+_Static_assert(offsetof(struct record, aux) == UTRACE_RECORD_AUX, "record.aux");
+
 struct rw_area {
     struct rw_header hdr;
     char pad0[INDEX_OFF - sizeof(struct rw_header)];
@@ -68,20 +107,23 @@ __attribute__((aligned(65536), used)) struct rw_area utrace_rw = {
 
 // flush(x9 = slot), as the rewriter's AArch64 runtime: NOP (uprobe point), then reset
 // the buffer unless a record is in flight or it is no longer full. Clobbers x10, x11.
+// The slot's field offsets come from utrace_layout.h.
+#define STR_(x) #x
+#define STR(x) STR_(x)
 __asm__(".text\n"
         ".globl utrace_flush\n"
         ".type utrace_flush, %function\n"
         ".p2align 2\n"
         "utrace_flush:\n"
         "  nop\n"
-        "  ldr x10, [x9, #56]\n"
+        "  ldr x10, [x9, #" STR(UTRACE_SLOT_INFLIGHT) "]\n"
         "  cbnz x10, 1f\n"
-        "  ldr x10, [x9, #8]\n"
-        "  ldr x11, [x9, #16]\n"
+        "  ldr x10, [x9, #" STR(UTRACE_SLOT_CUR) "]\n"
+        "  ldr x11, [x9, #" STR(UTRACE_SLOT_END) "]\n"
         "  sub x10, x10, x11\n"
         "  tbnz x10, #63, 1f\n"
-        "  ldr x10, [x9, #24]\n"
-        "  str x10, [x9, #8]\n"
+        "  ldr x10, [x9, #" STR(UTRACE_SLOT_START) "]\n"
+        "  str x10, [x9, #" STR(UTRACE_SLOT_CUR) "]\n"
         "1: ret\n"
         ".size utrace_flush, .-utrace_flush\n");
 

@@ -1,4 +1,5 @@
-//! `cargo xtask <task>`: setup, build, rewrite, demo, test, test-arm64-vm, bench.
+//! `cargo xtask <task>`: setup, build, rewrite, demo, test, test-arm64-vm, bench, fuzz,
+//! difftest, modgraph.
 //!
 //! Every external command is printed (`$ ...`) before it runs.
 
@@ -6,6 +7,7 @@ mod arm64_vm;
 mod bench;
 mod difftest;
 mod fuzz;
+mod modgraph;
 mod setup;
 mod util;
 
@@ -46,7 +48,7 @@ enum Task {
     },
     /// build, then compile xtask/demo/demo.c, rewrite it, trace it and report.
     Demo,
-    /// build, then `cargo test --release` (the integration tests need root), the fuzz
+    /// build, then modgraph, `cargo test --release` (the integration tests need root), the fuzz
     /// targets (replay, then 20 s each), difftest of seeds 1 and 2 (csmith C and C++), and
     /// test-arm64-vm. Arguments after `--` go to cargo test, e.g.
     /// `cargo xtask test -- --test matrix`. A test that lacks a tool fails, unless
@@ -75,6 +77,9 @@ enum Task {
     /// same output and exit code rewritten, untraced and traced; exact pairing, and
     /// entry counts equal to kernel uprobes on the originals.
     Difftest(difftest::Args),
+    /// Check ARCHITECTURE.md's "dependencies point forward": no cycle among sibling
+    /// modules, no module naming a later layer of the declared orders.
+    Modgraph,
 }
 
 fn main() {
@@ -97,6 +102,7 @@ fn main() {
         Task::Bench(args) => bench::bench(&args),
         Task::Fuzz(args) => setup::setup().and_then(|()| fuzz::fuzz(&args)),
         Task::Difftest(args) => build().and_then(|()| difftest::difftest(&args)),
+        Task::Modgraph => modgraph::modgraph(),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");
@@ -214,6 +220,7 @@ fn test(args: &[String], arm64_vm: bool, allow_skip: &[String]) -> Result<()> {
         );
     }
     build()?;
+    modgraph::modgraph()?;
     // The portability test reads traces with the aarch64 tracer too.
     let a64_tracer = arm64_vm::cross_build_tracer()?;
     println!("== cargo xtask test");

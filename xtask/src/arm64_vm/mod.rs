@@ -25,7 +25,7 @@ mod initramfs;
 mod programs;
 mod standin;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
@@ -120,9 +120,7 @@ struct Expect {
     aux: Option<(u64, u64)>,
 }
 
-pub fn test_arm64_vm(args: &Args) -> Result<()> {
-    let t0 = Instant::now();
-    println!("== cargo xtask test-arm64-vm");
+fn check_tools() -> Result<()> {
     for tool in [
         "qemu-system-aarch64",
         CROSS_GCC,
@@ -134,6 +132,46 @@ pub fn test_arm64_vm(args: &Args) -> Result<()> {
             bail!("{tool} not found: run `cargo xtask setup` (as root)");
         }
     }
+    Ok(())
+}
+
+/// One boot on `cpu` and the console's checks, said; whether they passed.
+fn boot_and_check(
+    args: &Args,
+    cpu: &str,
+    work: &Path,
+    (kernel, initrd): (&Path, &Path),
+    programs: &[Program],
+) -> Result<bool> {
+    let tb = Instant::now();
+    let log = work.join(format!(
+        "console-{}.log",
+        cpu.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+    ));
+    let console = boot(kernel, initrd, cpu, Duration::from_secs(args.timeout), &log)?;
+    let errs = check_console(&console, programs);
+    let secs = tb.elapsed().as_secs_f64();
+    if errs.is_empty() {
+        println!(
+            "arm64-vm: PASS -cpu {cpu} ({secs:.1}s, console: {})",
+            log.display()
+        );
+        return Ok(true);
+    }
+    println!(
+        "arm64-vm: FAIL -cpu {cpu} ({secs:.1}s, console: {}):",
+        log.display()
+    );
+    for e in &errs {
+        println!("    {e}");
+    }
+    Ok(false)
+}
+
+pub fn test_arm64_vm(args: &Args) -> Result<()> {
+    let t0 = Instant::now();
+    println!("== cargo xtask test-arm64-vm");
+    check_tools()?;
     let cache = util::target_dir().join("arm64-vm");
     let (kernel, busybox) = kernel_and_busybox(&cache)?;
     let tracer = cross_build_tracer()?;
@@ -162,33 +200,7 @@ pub fn test_arm64_vm(args: &Args) -> Result<()> {
     };
     let mut failures = Vec::new();
     for cpu in &cpus {
-        let tb = Instant::now();
-        let log = work.join(format!(
-            "console-{}.log",
-            cpu.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
-        ));
-        let console = boot(
-            &kernel,
-            &initrd,
-            cpu,
-            Duration::from_secs(args.timeout),
-            &log,
-        )?;
-        let errs = check_console(&console, &programs);
-        let secs = tb.elapsed().as_secs_f64();
-        if errs.is_empty() {
-            println!(
-                "arm64-vm: PASS -cpu {cpu} ({secs:.1}s, console: {})",
-                log.display()
-            );
-        } else {
-            println!(
-                "arm64-vm: FAIL -cpu {cpu} ({secs:.1}s, console: {}):",
-                log.display()
-            );
-            for e in &errs {
-                println!("    {e}");
-            }
+        if !boot_and_check(args, cpu, &work, (&kernel, &initrd), &programs)? {
             failures.push(cpu.clone());
         }
     }

@@ -14,11 +14,17 @@ use crate::util::{self, cmd};
 pub fn standin(work: &Path) -> Result<Program> {
     let raw = work.join("standin.raw");
     let out = work.join("standin");
+    // standin.c checks its copy of the layout against tracer-common's.
+    std::fs::write(
+        work.join("utrace_layout.h"),
+        tracer_common::c_header::render(),
+    )?;
+    let include = format!("-I{}", work.display());
     // BTI + PAC code (NOPs on cores without them): probe_target starts with paciasp.
     cross_gcc(
         &raw,
         &src("standin.c"),
-        &["-static", "-mbranch-protection=standard"],
+        &["-static", "-mbranch-protection=standard", &include],
     )?;
     let elf = Elf::read(&raw)?;
     let meta = metadata(&elf)?;

@@ -1,7 +1,7 @@
 //! The events section: ns per event of the untraced loop, the inline stub (alone and
 //! under the tracer), a hand-written store, a kernel uprobe, the other site kinds and USDT.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
@@ -18,7 +18,6 @@ pub fn ns_per_event(args: &Args) -> Result<()> {
     let src = util::workspace_root().join("xtask/bench/bench.c");
     let plain = dir.join("bench");
     let hand = dir.join("bench_hand");
-    let traced = dir.join("bench.traced");
     util::run(cmd("gcc").arg("-O2").arg(&src).arg("-o").arg(&plain))?;
     util::run(
         cmd("gcc")
@@ -27,21 +26,12 @@ pub fn ns_per_event(args: &Args) -> Result<()> {
             .arg("-o")
             .arg(&hand),
     )?;
-    let rewritten = util::run(
-        cmd(crate::rewriter_bin())
-            .arg(&plain)
-            .arg("-o")
-            .arg(&traced),
-    )
-    .map_err(|e| format!("rewriter failed: {e:#}"));
-    let uprobed = dir.join("bench.uprobe");
-    let uprobe_rewritten = util::run(
-        cmd(crate::rewriter_bin())
-            .args(["--force-uprobe", "--functions", "hit", "-o"])
-            .arg(&uprobed)
-            .arg(&plain),
-    )
-    .map_err(|e| format!("rewriter --force-uprobe failed: {e:#}"));
+    let Rewrites {
+        traced,
+        rewritten,
+        uprobed,
+        uprobe_rewritten,
+    } = rewrites(&dir, &plain);
     let tracer = crate::tracer_bin();
     let trace_file = dir.join("bench.utrace");
     let n = args.iterations;
@@ -102,6 +92,35 @@ pub fn ns_per_event(args: &Args) -> Result<()> {
     print_table(&rows);
     aarch64_smoke(&dir, &src)?;
     Ok(())
+}
+
+/// bench rewritten with inline stubs, and with `hit` a forced uprobe; a failure is a
+/// row's error, not the section's.
+struct Rewrites {
+    traced: PathBuf,
+    rewritten: Result<(), String>,
+    uprobed: PathBuf,
+    uprobe_rewritten: Result<(), String>,
+}
+
+fn rewrites(dir: &Path, plain: &Path) -> Rewrites {
+    let traced = dir.join("bench.traced");
+    let rewritten = util::run(cmd(crate::rewriter_bin()).arg(plain).arg("-o").arg(&traced))
+        .map_err(|e| format!("rewriter failed: {e:#}"));
+    let uprobed = dir.join("bench.uprobe");
+    let uprobe_rewritten = util::run(
+        cmd(crate::rewriter_bin())
+            .args(["--force-uprobe", "--functions", "hit", "-o"])
+            .arg(&uprobed)
+            .arg(plain),
+    )
+    .map_err(|e| format!("rewriter --force-uprobe failed: {e:#}"));
+    Rewrites {
+        traced,
+        rewritten,
+        uprobed,
+        uprobe_rewritten,
+    }
 }
 
 /// Other site kinds and the coarse timestamps, on the same loop: hit() is one basic

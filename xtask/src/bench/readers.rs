@@ -48,6 +48,12 @@ pub fn readers(records: u64) -> Result<()> {
         trace_bytes as f64 / 1e6,
         iterations * 3
     );
+    time_readers(&dir, &trace, n)?;
+    unwound(records)
+}
+
+/// Each reader of `trace` (`n` records) timed, a row each; the big outputs removed.
+fn time_readers(dir: &Path, trace: &Path, n: u64) -> Result<()> {
     println!(
         "{:<22} {:>9} {:>9} {:>12} {:>12} {:>12}",
         "reader", "wall s", "CPU s", "M rec/s", "peak RSS MB", "out B/rec"
@@ -108,11 +114,11 @@ pub fn readers(records: u64) -> Result<()> {
         );
     }
     // The big outputs are not kept.
-    for p in [&trace, &pftrace] {
+    for p in [trace, pftrace.as_path()] {
         let _ = std::fs::remove_file(p);
     }
     let _ = std::fs::remove_dir_all(&parquet);
-    unwound(records)
+    Ok(())
 }
 
 /// Records per iteration of unwind.c, on average: 8 and a landing (`setjmp` returns),

@@ -179,6 +179,9 @@ fn generate(seed: u64, dir: &Path) -> Result<PathBuf> {
     Ok(src)
 }
 
+/// Entry counts per (binary, function) from kernel uprobes on the originals.
+type KernelCounts = std::collections::HashMap<(PathBuf, String), u64>;
+
 /// The verdict on each build: originals (under the kernel oracle on x86-64), then
 /// rewritten untraced, then rewritten under one `tracer record` session. `attribute`:
 /// a faulty session is re-run per build.
@@ -188,45 +191,8 @@ fn batch(
     dir: &Path,
     attribute: bool,
 ) -> Result<Vec<Verdict>> {
-    let exes: Vec<PathBuf> = builds.iter().map(|(_, b)| b.exe.clone()).collect();
-    let orig = Script::new(dir, "orig", arch.runner(), &exes, 2)?;
-    let counts = if arch == Arch::X86_64 {
-        let mut probes = Vec::new();
-        for (_, b) in builds {
-            for (function, offset) in variant::function_offsets(&b.exe, &b.functions)? {
-                probes.push(oracle::Probe {
-                    binary: b.exe.clone(),
-                    function,
-                    offset,
-                });
-            }
-        }
-        oracle::count_entries(&probes, || run_script(&orig))?
-    } else {
-        run_script(&orig)?;
-        None
-    };
-    let expected = orig.outcomes();
-    let mut verdicts: Vec<Option<Verdict>> = vec![None; builds.len()];
-    let mut live = Vec::new();
-    for (i, (v, b)) in builds.iter().enumerate() {
-        verdicts[i] = match &expected[i] {
-            // The rewritten program runs ten times slower or more (every site kind,
-            // qemu): a longer original would only test the time limits.
-            Some(o) if o.code == 0 && o.millis > MAX_ORIGINAL_MS => Some(Verdict::Skipped(
-                format!("the original runs {} ms", o.millis),
-            )),
-            Some(o) if o.code == 0 => match rewrites(v, b) {
-                Ok(t) => {
-                    live.push((i, t));
-                    None
-                }
-                Err(e) => Some(Verdict::Different(vec![format!("{e:#}")])),
-            },
-            Some(o) => Some(Verdict::Skipped(format!("the original: {}", o.describe()))),
-            None => Some(Verdict::Skipped("the original did not run".into())),
-        };
-    }
+    let (expected, counts) = originals(arch, builds, dir)?;
+    let (mut verdicts, live) = rewrite_all(builds, &expected);
     let traced: Vec<PathBuf> = live.iter().map(|(_, t)| t.traced.clone()).collect();
     let every: Vec<(usize, PathBuf)> = live
         .iter()
@@ -273,14 +239,7 @@ fn batch(
                 .into_owned();
             let mine = ours.get(&name).cloned().unwrap_or_default();
             diffs[i].extend(faults.iter().cloned());
-            match &counts {
-                Some(kernel) => diffs[i].extend(count_diffs(&builds[i].1, kernel, &mine)),
-                None if mine.get("main") != Some(&1) => diffs[i].push(format!(
-                    "main: {} entries recorded (1 expected)",
-                    mine.get("main").copied().unwrap_or(0)
-                )),
-                None => {}
-            }
+            diffs[i].extend(entry_diffs(&builds[i].1, counts.as_ref(), &mine));
         }
     }
     Ok(verdicts
@@ -294,6 +253,80 @@ fn batch(
             None => Verdict::Different(d),
         })
         .collect())
+}
+
+/// The originals run from one script, under kernel uprobes on x86-64: their outcomes
+/// and (when the oracle ran) entry counts.
+fn originals(
+    arch: Arch,
+    builds: &[(Variant, Build)],
+    dir: &Path,
+) -> Result<(Vec<Option<Outcome>>, Option<KernelCounts>)> {
+    let exes: Vec<PathBuf> = builds.iter().map(|(_, b)| b.exe.clone()).collect();
+    let orig = Script::new(dir, "orig", arch.runner(), &exes, 2)?;
+    let counts = if arch == Arch::X86_64 {
+        let mut probes = Vec::new();
+        for (_, b) in builds {
+            for (function, offset) in variant::function_offsets(&b.exe, &b.functions)? {
+                probes.push(oracle::Probe {
+                    binary: b.exe.clone(),
+                    function,
+                    offset,
+                });
+            }
+        }
+        oracle::count_entries(&probes, || run_script(&orig))?
+    } else {
+        run_script(&orig)?;
+        None
+    };
+    Ok((orig.outcomes(), counts))
+}
+
+/// Each build rewritten when its original ran well: a verdict already (skipped, or a
+/// rewriter failure) or its rewritten files, by index.
+fn rewrite_all(
+    builds: &[(Variant, Build)],
+    expected: &[Option<Outcome>],
+) -> (Vec<Option<Verdict>>, Vec<(usize, Rewritten)>) {
+    let mut verdicts: Vec<Option<Verdict>> = vec![None; builds.len()];
+    let mut live = Vec::new();
+    for (i, (v, b)) in builds.iter().enumerate() {
+        verdicts[i] = match &expected[i] {
+            // The rewritten program runs ten times slower or more (every site kind,
+            // qemu): a longer original would only test the time limits.
+            Some(o) if o.code == 0 && o.millis > MAX_ORIGINAL_MS => Some(Verdict::Skipped(
+                format!("the original runs {} ms", o.millis),
+            )),
+            Some(o) if o.code == 0 => match rewrites(v, b) {
+                Ok(t) => {
+                    live.push((i, t));
+                    None
+                }
+                Err(e) => Some(Verdict::Different(vec![format!("{e:#}")])),
+            },
+            Some(o) => Some(Verdict::Skipped(format!("the original: {}", o.describe()))),
+            None => Some(Verdict::Skipped("the original did not run".into())),
+        };
+    }
+    (verdicts, live)
+}
+
+/// A build's recorded entries against the kernel's counts, or without them (AArch64)
+/// against one entry of `main`.
+fn entry_diffs(
+    b: &Build,
+    kernel: Option<&KernelCounts>,
+    mine: &std::collections::HashMap<String, u64>,
+) -> Vec<String> {
+    match kernel {
+        Some(kernel) => count_diffs(b, kernel, mine),
+        None if mine.get("main") != Some(&1) => vec![format!(
+            "main: {} entries recorded (1 expected)",
+            mine.get("main").copied().unwrap_or(0)
+        )],
+        None => Vec::new(),
+    }
 }
 
 /// The build's files in `dir` (a re-run must not overwrite the batch's outcomes).

@@ -89,45 +89,50 @@ fn print_rows<'a>(empty: &Session, rows: &'a [CaseRow]) -> Option<&'a Session> {
         if case.threads == 1 && case.filter.is_empty() {
             base = Some(s);
         }
-        let p = s.produced();
-        let opt = |k: &str| s.stat(k).map_or("-".to_string(), |v| v.to_string());
-        println!(
-            "{:<27} {:>9} {:>6.3} {:>6} {:>7} {:>7.2} {:>6} {:>8.3} {:>6} {:>9} {:>9} {:>9}  {}",
-            case.name,
-            p,
-            s.loop_s,
-            m(p, s.loop_s),
-            m(p, s.wall_s - empty.wall_s),
-            s.cpu_s(),
-            m(p, s.cpu_s()),
-            s.pipe_s(),
-            m(p, s.pipe_s()),
-            opt("records_delivered"),
-            opt("records_filtered"),
-            opt("records_dropped"),
-            s.check().1
-        );
-        let workers: Vec<String> = s
-            .workers
-            .iter()
-            .map(|(name, t)| format!("{name} {t:.3}"))
-            .collect();
-        println!(
-            "{:<27}   producer {:.3} user + {:.3} sys ({} thread{}); tracer {:.2} ({}); \
-             session {:.2} s wall; {} records skipped (already delivered)",
-            "",
-            s.prod_user_s,
-            s.prod_sys_s,
-            s.threads,
-            if s.threads == 1 { "" } else { "s" },
-            s.tracer_s,
-            workers.join(", "),
-            s.wall_s,
-            opt("records_skipped")
-        );
+        print_session(case.name, s, empty);
     }
 
     base
+}
+
+/// A session's two lines: its rates, then where its CPU went.
+fn print_session(name: &str, s: &Session, empty: &Session) {
+    let p = s.produced();
+    let opt = |k: &str| s.stat(k).map_or("-".to_string(), |v| v.to_string());
+    println!(
+        "{:<27} {:>9} {:>6.3} {:>6} {:>7} {:>7.2} {:>6} {:>8.3} {:>6} {:>9} {:>9} {:>9}  {}",
+        name,
+        p,
+        s.loop_s,
+        m(p, s.loop_s),
+        m(p, s.wall_s - empty.wall_s),
+        s.cpu_s(),
+        m(p, s.cpu_s()),
+        s.pipe_s(),
+        m(p, s.pipe_s()),
+        opt("records_delivered"),
+        opt("records_filtered"),
+        opt("records_dropped"),
+        s.check().1
+    );
+    let workers: Vec<String> = s
+        .workers
+        .iter()
+        .map(|(name, t)| format!("{name} {t:.3}"))
+        .collect();
+    println!(
+        "{:<27}   producer {:.3} user + {:.3} sys ({} thread{}); tracer {:.2} ({}); \
+         session {:.2} s wall; {} records skipped (already delivered)",
+        "",
+        s.prod_user_s,
+        s.prod_sys_s,
+        s.threads,
+        if s.threads == 1 { "" } else { "s" },
+        s.tracer_s,
+        workers.join(", "),
+        s.wall_s,
+        opt("records_skipped")
+    );
 }
 
 /// Filtering cost per record, against the unfiltered 1-thread row `base`.

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -128,41 +128,14 @@ pub fn session(
         .arg(traced)
         .arg(threads.to_string())
         .arg(n.to_string());
-    // Output into files (no pipe to drain while we poll).
-    let out_path = trace.with_extension("stdout");
-    let err_path = trace.with_extension("stderr");
-    c.stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out_path)?)
-        .stderr(std::fs::File::create(&err_path)?);
-    util::announce(&c);
-    let before = children_cpu_s();
-    let t = Instant::now();
-    let mut child = c
-        .spawn()
-        .with_context(|| format!("cannot run {}", util::show(&c)))?;
-    // The tracer's threads' CPU time, sampled until it exits (the consumer and writer
-    // end after the producer; the last sample misses at most one period of them).
-    let mut tasks = BTreeMap::new();
-    let status = loop {
-        sample_threads(child.id(), &mut tasks);
-        if let Some(st) = child.try_wait()? {
-            break st;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let wall_s = t.elapsed().as_secs_f64();
-    let total_s = children_cpu_s() - before;
-    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
-    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
-    let _ = std::fs::remove_file(&out_path);
-    let _ = std::fs::remove_file(&err_path);
-    let main_tid = child.id();
-    let mut workers: BTreeMap<String, f64> = BTreeMap::new();
-    for (tid, (name, ns)) in tasks {
-        if tid != main_tid {
-            *workers.entry(name).or_default() += ns as f64 / 1e9;
-        }
-    }
+    let Ran {
+        status,
+        wall_s,
+        total_s,
+        stdout,
+        stderr,
+        workers,
+    } = run_sampled(&mut c, trace)?;
     if !status.success() {
         let _ = std::fs::remove_file(trace);
         bail!(
@@ -202,6 +175,66 @@ pub fn session(
         tracer_s,
         workers: workers.into_iter().collect(),
         stats,
+    })
+}
+
+/// A finished session's process facts.
+struct Ran {
+    status: std::process::ExitStatus,
+    wall_s: f64,
+    /// CPU time of the tracer and what it waited for.
+    total_s: f64,
+    stdout: String,
+    stderr: String,
+    /// CPU seconds of the tracer's threads but its main one, by name.
+    workers: BTreeMap<String, f64>,
+}
+
+/// Runs `c` (a `tracer record` writing `trace`) with its output in files, sampling its
+/// threads' CPU time until it exits.
+fn run_sampled(c: &mut Command, trace: &Path) -> Result<Ran> {
+    // Output into files (no pipe to drain while we poll).
+    let out_path = trace.with_extension("stdout");
+    let err_path = trace.with_extension("stderr");
+    c.stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path)?)
+        .stderr(std::fs::File::create(&err_path)?);
+    util::announce(c);
+    let before = children_cpu_s();
+    let t = Instant::now();
+    let mut child = c
+        .spawn()
+        .with_context(|| format!("cannot run {}", util::show(c)))?;
+    // The tracer's threads' CPU time, sampled until it exits (the consumer and writer
+    // end after the producer; the last sample misses at most one period of them).
+    let mut tasks = BTreeMap::new();
+    let status = loop {
+        sample_threads(child.id(), &mut tasks);
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let wall_s = t.elapsed().as_secs_f64();
+    let total_s = children_cpu_s() - before;
+    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&out_path);
+    let _ = std::fs::remove_file(&err_path);
+    let main_tid = child.id();
+    let mut workers: BTreeMap<String, f64> = BTreeMap::new();
+    for (tid, (name, ns)) in tasks {
+        if tid != main_tid {
+            *workers.entry(name).or_default() += ns as f64 / 1e9;
+        }
+    }
+    Ok(Ran {
+        status,
+        wall_s,
+        total_s,
+        stdout,
+        stderr,
+        workers,
     })
 }
 
