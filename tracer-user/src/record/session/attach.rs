@@ -50,14 +50,42 @@ use crate::{
 };
 
 use super::{
-    binaries::Instrumented,
+    binaries::{FileId, Instrumented},
     discover::{Traced, binary_info},
     filters::Filters,
-    live::Live,
     semaphores::Raised,
     shares::{BinaryRefusal, Shares},
     target::OnFull,
 };
+
+/// The loaded eBPF object and what the session traces.
+pub(super) struct Live {
+    pub(super) ebpf: Ebpf,
+    pub(super) write_user: bool,
+    /// `--on-full wait`.
+    pub(super) wait: bool,
+    /// The flush program in use (sleepable or not).
+    pub(super) flush: &'static str,
+    /// Ordinal = index.
+    pub(super) binaries: Vec<Instrumented>,
+    pub(super) raised: Raised,
+    pub(super) filters: Filters,
+    pub(super) filter_changes: u64,
+    /// (pid, rw_base) already in `TABLES`.
+    pub(super) seeded: HashSet<(u32, u64)>,
+    /// (pid, binary id, bias) written to the trace file.
+    pub(super) loads: HashSet<(u32, u64, u64)>,
+    /// Every traced file (`(st_dev, st_ino)`) and its ordinal: a binary is a file, not
+    /// a binary_id.
+    pub(super) files: std::collections::HashMap<FileId, u32>,
+    /// Copies of traced binaries (same binary_id and note, another file), held open
+    /// with their uprobes.
+    pub(super) copies: Vec<Instrumented>,
+    /// Per-uid shares of a system-wide session, and what was refused.
+    pub(super) shares: Shares,
+    /// Every process runs the programs, not only `TARGETS`.
+    pub(super) system_wide: bool,
+}
 
 /// How a binary joins the session.
 enum Admit {

@@ -1,49 +1,17 @@
-//! The session's live state: the loaded eBPF object, the binaries it traces, their
-//! filters and semaphores, what was seeded and noted; and its answers to `tracer filter`.
-
-use std::collections::{HashMap, HashSet};
+//! The session's live state ([`Live`], defined where it is loaded: `attach.rs`): the
+//! binaries it traces, their filters and semaphores, what was seeded and noted; and its
+//! answers to `tracer filter`.
 
 use anyhow::Result;
-use aya::Ebpf;
 
 use super::{
-    binaries::{FileId, Instrumented, SeenFiles},
+    attach::Live,
+    binaries::{Instrumented, SeenFiles},
     control::{Reply, Request},
     discover::Traced,
-    filters::{FilterSpec, Filters},
-    semaphores::Raised,
-    shares::Shares,
+    filters::FilterSpec,
     target::RecordOptions,
 };
-
-/// The loaded eBPF object and what the session traces.
-pub(super) struct Live {
-    pub(super) ebpf: Ebpf,
-    pub(super) write_user: bool,
-    /// `--on-full wait`.
-    pub(super) wait: bool,
-    /// The flush program in use (sleepable or not).
-    pub(super) flush: &'static str,
-    /// Ordinal = index.
-    pub(super) binaries: Vec<Instrumented>,
-    pub(super) raised: Raised,
-    pub(super) filters: Filters,
-    pub(super) filter_changes: u64,
-    /// (pid, rw_base) already in `TABLES`.
-    pub(super) seeded: HashSet<(u32, u64)>,
-    /// (pid, binary id, bias) written to the trace file.
-    pub(super) loads: HashSet<(u32, u64, u64)>,
-    /// Every traced file (`(st_dev, st_ino)`) and its ordinal: a binary is a file, not
-    /// a binary_id.
-    pub(super) files: HashMap<FileId, u32>,
-    /// Copies of traced binaries (same binary_id and note, another file), held open
-    /// with their uprobes.
-    pub(super) copies: Vec<Instrumented>,
-    /// Per-uid shares of a system-wide session, and what was refused.
-    pub(super) shares: Shares,
-    /// Every process runs the programs, not only `TARGETS`.
-    pub(super) system_wide: bool,
-}
 
 impl Live {
     /// A control-socket request.

@@ -101,10 +101,10 @@ use crate::{
     },
     tracefile::{BinaryInfo, SessionInfo, Writer},
 };
+use attach::Live;
 use binaries::SeenFiles;
 use control::Control;
 use gate::{GatedChild, WaitEnd};
-use live::Live;
 use seed::all_pids;
 
 /// Record a trace; returns the exit code for the tracer (the command's, when it ran one).

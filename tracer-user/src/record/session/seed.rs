@@ -24,8 +24,8 @@ use tracer_common::{
 use crate::{record::drain::consumer::Pipeline, tracefile::encode_load};
 
 use super::{
+    attach::Live,
     binaries::{self, Instrumented},
-    live::Live,
     procdir::ProcDir,
     shares::{self, BinaryRefusal},
 };
