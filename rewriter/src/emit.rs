@@ -37,7 +37,7 @@ pub struct Report {
 }
 
 /// The emitted RX segment contents and what goes into the metadata.
-pub struct Emitted {
+pub(crate) struct Emitted {
     /// The code after the program header table (at `Segments::code_at`).
     pub code: Vec<u8>,
     pub rt: Runtime,
@@ -78,7 +78,7 @@ fn repoint(
 }
 
 /// Emit the run-time code, the anchors and every function's trampolines.
-pub fn code(
+pub(crate) fn code(
     input: &Input,
     isa: &dyn Isa,
     seg: &Segments,
@@ -283,7 +283,7 @@ impl Emitted {
     }
 
     /// The `.note.utrace` metadata. `tx_size`, `rw_size`: the final segment sizes.
-    pub fn metadata(
+    pub(crate) fn metadata(
         &mut self,
         input: &Input,
         isa: &dyn Isa,
@@ -339,7 +339,7 @@ fn meta_flags(input: &Input, opts: &Options) -> u32 {
 }
 
 /// The RwHeader page: what the run-time code and the tracer read before any slot.
-pub fn rw_header(seg: &Segments) -> Vec<u8> {
+pub(crate) fn rw_header(seg: &Segments) -> Vec<u8> {
     let l = &seg.layout;
     let mut page = vec![0u8; RW_FILESZ as usize];
     let mut put = |o: usize, v: &[u8]| page[o..o + v.len()].copy_from_slice(v);

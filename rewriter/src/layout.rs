@@ -12,7 +12,7 @@ use crate::plan::SiteInfo;
 use crate::{Error, Options, Result};
 use tracer_common::{BUF_ALIGN, BUF_FAST_CIRCULAR, FAST_RING_BYTES, RECORD_SIZE, rw_size};
 
-pub const PHDR_SIZE: u64 = 56;
+pub(crate) const PHDR_SIZE: u64 = 56;
 /// Upper bound of a trampoline without its stubs (relocated instructions, branch back,
 /// alignment), and of one stub (x86-64: ~150 bytes, AArch64: ~200); only address space
 /// is reserved, so be generous.
@@ -21,10 +21,10 @@ const MAX_STUB: u64 = 320;
 /// Largest padding we accept to keep `vaddr = base + offset` for the new segments.
 const MAX_QEMU_PAD: u64 = 64 << 20;
 /// File part of the RW segment: the RwHeader page.
-pub const RW_FILESZ: u64 = 0x1000;
+pub(crate) const RW_FILESZ: u64 = 0x1000;
 
 /// The addresses and file offsets of the new segments.
-pub struct Segments {
+pub(crate) struct Segments {
     /// What the emitted code needs to know (RW address, buffer geometry, ...).
     pub layout: Layout,
     /// Alignment of the new segments.
@@ -38,12 +38,12 @@ pub struct Segments {
     pub new_phnum: u64,
 }
 
-pub fn align_up(v: u64, a: u64) -> u64 {
+pub(crate) fn align_up(v: u64, a: u64) -> u64 {
     v.div_ceil(a) * a
 }
 
 /// Place the new segments, reserving room for the windows and stubs of `plans`.
-pub fn place(
+pub(crate) fn place(
     input: &Input,
     isa: &dyn Isa,
     opts: &Options,
@@ -104,14 +104,14 @@ pub fn place(
 
 impl Segments {
     /// The file offset of an address in the RX segment.
-    pub fn tx_file_off(&self, vaddr: u64) -> u64 {
+    pub(crate) fn tx_file_off(&self, vaddr: u64) -> u64 {
         vaddr - self.tx_vaddr + self.tx_off
     }
 
     /// Alignment of the RW segment: fast rings must be 64 KiB aligned at run time, and
     /// the loader aligns a segment's load address to its p_align (the kernel for
     /// executables, ld.so for libraries).
-    pub fn rw_align(&self) -> u64 {
+    pub(crate) fn rw_align(&self) -> u64 {
         if self.layout.buf_kind == BUF_FAST_CIRCULAR {
             self.align.max(FAST_RING_BYTES)
         } else {
@@ -120,7 +120,7 @@ impl Segments {
     }
 
     /// File offset of the RW segment once the RX segment is `tx_size` bytes.
-    pub fn rw_off(&self, tx_size: u64) -> u64 {
+    pub(crate) fn rw_off(&self, tx_size: u64) -> u64 {
         let rw_align = self.rw_align();
         align_up(self.tx_off + tx_size, rw_align) + (self.layout.rw_vaddr % rw_align)
     }

@@ -14,15 +14,17 @@
 //! original bytes, every site a uprobe, so its site offsets and operand sets are the
 //! original file's.
 
+#![warn(unreachable_pub)]
+
 pub mod elf;
-pub mod emit;
-pub mod error;
+mod emit;
+mod error;
 pub mod flow;
-pub mod isa;
-pub mod layout;
-pub mod options;
-pub mod plan;
-pub mod select;
+pub(crate) mod isa;
+pub(crate) mod layout;
+mod options;
+pub(crate) mod plan;
+pub(crate) mod select;
 
 use std::io::Write as _;
 use std::path::Path;

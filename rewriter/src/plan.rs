@@ -49,7 +49,7 @@ use crate::select::{Chosen, Selection};
 use tracer_common::meta::{FallbackReason, SiteKind};
 
 /// One site, by id: what the metadata and the report say of it.
-pub struct SiteInfo {
+pub(crate) struct SiteInfo {
     /// The function's name (USDT: `provider:name`).
     pub name: String,
     pub kind: SiteKind,
@@ -59,7 +59,7 @@ pub struct SiteInfo {
 }
 
 /// Every site asked for.
-pub struct Sites {
+pub(crate) struct Sites {
     /// The requests of each chosen function (same order), ids ascending.
     pub reqs_of: Vec<Vec<SiteReq>>,
     /// Every site, indexed by id.
@@ -80,7 +80,7 @@ struct Ctx<'a> {
 }
 
 /// Find the sites of every chosen function. `targets`: every known branch target.
-pub fn sites(
+pub(crate) fn sites(
     input: &Input,
     isa: &dyn Isa,
     flow: &Flow,
@@ -332,7 +332,7 @@ fn add_site(
 /// `eh_problem`: why the exception tables could not be read (then no function's
 /// interior is trusted).
 #[allow(clippy::too_many_arguments)]
-pub fn plan(
+pub(crate) fn plan(
     input: &Input,
     isa: &dyn Isa,
     flow: &Flow,

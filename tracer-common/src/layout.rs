@@ -73,8 +73,8 @@
 //! **Static executables.** Before libc installs the thread pointer, `%fs` is 0 and
 //! `%fs:0` would fault (AArch64: `tpidr_el0` is 0, which the stub skips). The rewriter
 //! points `e_entry` at a shim that sets the thread pointer to a stand-in TCB at
-//! `PRE_TLS_OFF` whose first word is its own address; records of that phase go to slot
-//! 1. When the main thread's first record after libc's `arch_prctl(ARCH_SET_FS)`
+//! `PRE_TLS_OFF` whose first word is its own address; records of that phase go to
+//! slot 1. When the main thread's first record after libc's `arch_prctl(ARCH_SET_FS)`
 //! registers a real slot, `register` flushes slot 1 and tombstones it (the user-space
 //! drain is sent slot 1's records the same way).
 //!

@@ -24,48 +24,48 @@ mod regs {
 
     /// The slot pointer the stub passes to the flush function (%rsi).
     #[inline(always)]
-    pub fn slot_arg(ctx: &ProbeContext) -> u64 {
+    pub(crate) fn slot_arg(ctx: &ProbeContext) -> u64 {
         // SAFETY: ctx.regs is the program's pt_regs context, readable for its lifetime.
         unsafe { (*ctx.regs).rsi }
     }
 
     /// First integer argument (%rdi).
     #[inline(always)]
-    pub fn first_arg(ctx: &ProbeContext) -> u64 {
+    pub(crate) fn first_arg(ctx: &ProbeContext) -> u64 {
         // SAFETY: as above.
         unsafe { (*ctx.regs).rdi }
     }
 
     /// What the flush function allows its drain (`FLUSH_*`, %rdx).
     #[inline(always)]
-    pub fn flush_mode(ctx: &ProbeContext) -> u64 {
+    pub(crate) fn flush_mode(ctx: &ProbeContext) -> u64 {
         // SAFETY: as above.
         unsafe { (*ctx.regs).rdx }
     }
 
     /// The probed instruction's address (a uprobe runs before it executes).
     #[inline(always)]
-    pub fn pc(ctx: &ProbeContext) -> u64 {
+    pub(crate) fn pc(ctx: &ProbeContext) -> u64 {
         // SAFETY: as above.
         unsafe { (*ctx.regs).rip }
     }
 
     /// Return value register (%rax) at a return.
     #[inline(always)]
-    pub fn return_value(ctx: &ProbeContext) -> u64 {
+    pub(crate) fn return_value(ctx: &ProbeContext) -> u64 {
         // SAFETY: as above.
         unsafe { (*ctx.regs).rax }
     }
 
     /// Return address at function entry, at a `ret` and at a tail call: the word at %rsp.
     #[inline(always)]
-    pub fn return_address(ctx: &ProbeContext) -> u64 {
+    pub(crate) fn return_address(ctx: &ProbeContext) -> u64 {
         // SAFETY: as above.
         let sp = unsafe { (*ctx.regs).rsp };
         read_user::<u64>(sp).unwrap_or(0)
     }
 
-    pub const NREGS: usize = tracer_common::operand::X86_NREGS;
+    pub(crate) const NREGS: usize = tracer_common::operand::X86_NREGS;
 
     /// Fill `out` with the register file in the operand descriptors' numbering (`rax
     /// rcx rdx rbx rsp rbp rsi rdi r8..r15 rip`). Every field is its own volatile load
@@ -73,7 +73,7 @@ mod regs {
     /// stored at once with a volatile store (else LLVM loads them all first and spills
     /// them, doubling the stack this needs).
     #[inline(always)]
-    pub fn registers(ctx: &ProbeContext, out: &mut [u64; NREGS]) {
+    pub(crate) fn registers(ctx: &ProbeContext, out: &mut [u64; NREGS]) {
         let r = ctx.regs;
         let o = out.as_mut_ptr();
         macro_rules! rd {
@@ -119,31 +119,31 @@ mod regs {
     /// The slot pointer the stub passes to the flush function (x9, an intra-procedure
     /// scratch register: the stub saved it, so no argument register is disturbed).
     #[inline(always)]
-    pub fn slot_arg(ctx: &ProbeContext) -> u64 {
+    pub(crate) fn slot_arg(ctx: &ProbeContext) -> u64 {
         reg(ctx, 9)
     }
 
     /// What the flush function allows its drain (`FLUSH_*`, x11).
     #[inline(always)]
-    pub fn flush_mode(ctx: &ProbeContext) -> u64 {
+    pub(crate) fn flush_mode(ctx: &ProbeContext) -> u64 {
         reg(ctx, 11)
     }
 
     #[inline(always)]
-    pub fn first_arg(ctx: &ProbeContext) -> u64 {
+    pub(crate) fn first_arg(ctx: &ProbeContext) -> u64 {
         reg(ctx, 0)
     }
 
     /// The probed instruction's address (a uprobe runs before it executes).
     #[inline(always)]
-    pub fn pc(ctx: &ProbeContext) -> u64 {
+    pub(crate) fn pc(ctx: &ProbeContext) -> u64 {
         // SAFETY: ctx.regs is the program's pt_regs context, which starts with user_pt_regs.
         unsafe { (*ctx.regs.cast::<UserPtRegs>()).pc }
     }
 
     /// Return value register (x0) at a return.
     #[inline(always)]
-    pub fn return_value(ctx: &ProbeContext) -> u64 {
+    pub(crate) fn return_value(ctx: &ProbeContext) -> u64 {
         reg(ctx, 0)
     }
 
@@ -155,11 +155,11 @@ mod regs {
     /// site sits after a `paciasp`/`pacibsp` landing pad, so x30 may carry a PAC:
     /// strip it (as `xpaclri` would) so that aux is the plain return address.
     #[inline(always)]
-    pub fn return_address(ctx: &ProbeContext) -> u64 {
+    pub(crate) fn return_address(ctx: &ProbeContext) -> u64 {
         reg(ctx, 30) & USER_VA_MASK
     }
 
-    pub const NREGS: usize = tracer_common::operand::A64_NREGS;
+    pub(crate) const NREGS: usize = tracer_common::operand::A64_NREGS;
 
     /// Fill `out` with the register file in the operand descriptors' numbering (`x0..x30
     /// sp pc`). Every register is its own volatile load at a constant offset (the
@@ -167,7 +167,7 @@ mod regs {
     /// volatile store (else LLVM loads them all first and spills them, and the frame
     /// no longer fits under the drain's in 512 bytes).
     #[inline(always)]
-    pub fn registers(ctx: &ProbeContext, out: &mut [u64; NREGS]) {
+    pub(crate) fn registers(ctx: &ProbeContext, out: &mut [u64; NREGS]) {
         let r = ctx.regs.cast::<UserPtRegs>();
         let o = out.as_mut_ptr();
         macro_rules! rd {
@@ -196,7 +196,7 @@ mod regs {
     }
 }
 
-pub use regs::{
+pub(crate) use regs::{
     NREGS, first_arg, flush_mode, pc, registers, return_address, return_value, slot_arg,
 };
 
@@ -206,7 +206,7 @@ pub use regs::{
 /// after exec and has not been switched out since still shows 0 (or a static
 /// executable's pre-TLS TCB) there, so lookups by thread pointer fall back to the
 /// slot's `owner_tid`.
-pub const THREAD_POINTER_MAY_BE_STALE: bool = cfg!(bpf_target_arch = "aarch64");
+pub(crate) const THREAD_POINTER_MAY_BE_STALE: bool = cfg!(bpf_target_arch = "aarch64");
 
 /// The current thread's thread pointer (the key of its slots), 0 if unknown. Read from
 /// `task_struct` at the offset the loader found in BTF. The kernel sets that field at
@@ -214,7 +214,7 @@ pub const THREAD_POINTER_MAY_BE_STALE: bool = cfg!(bpf_target_arch = "aarch64");
 /// it is the thread pointer unless the program changes it with `wrfsbase` behind the
 /// kernel's back (libc does not).
 #[inline(always)]
-pub fn thread_pointer() -> u64 {
+pub(crate) fn thread_pointer() -> u64 {
     let off = FSBASE_OFFSET.load();
     if off == 0 {
         return 0;

@@ -9,7 +9,7 @@ use core::arch::asm;
 /// # Safety
 /// `p` must be a valid, 8-byte aligned pointer to a map value.
 #[inline(always)]
-pub unsafe fn fetch_add(p: *mut u64, v: u64) -> u64 {
+pub(crate) unsafe fn fetch_add(p: *mut u64, v: u64) -> u64 {
     let mut old = v;
     // SAFETY: the caller guarantees p; the instruction only touches *p.
     unsafe {
@@ -28,7 +28,7 @@ pub unsafe fn fetch_add(p: *mut u64, v: u64) -> u64 {
 /// # Safety
 /// As [`fetch_add`].
 #[inline(always)]
-pub unsafe fn cmpxchg(p: *mut u64, expected: u64, new: u64) -> u64 {
+pub(crate) unsafe fn cmpxchg(p: *mut u64, expected: u64, new: u64) -> u64 {
     let old: u64;
     // SAFETY: as above; BPF_CMPXCHG compares with and returns in r0.
     unsafe {

@@ -18,7 +18,7 @@ use crate::{
 
 /// `STATS[index] += n` on this CPU.
 #[inline(always)]
-pub fn stat_add(index: u32, n: u64) {
+pub(crate) fn stat_add(index: u32, n: u64) {
     if let Some(p) = STATS.get_ptr_mut(index) {
         // SAFETY: a per-CPU array value. Atomic all the same: a program may be
         // preempted by another on the same CPU (sleepable ones, PREEMPT_RCU), and the
@@ -29,7 +29,7 @@ pub fn stat_add(index: u32, n: u64) {
 
 /// Sequence number for the next chunk; shared by all CPUs, so an atomic add.
 #[inline(always)]
-pub fn next_seq() -> u64 {
+pub(crate) fn next_seq() -> u64 {
     match SEQ.get_ptr_mut(0) {
         // SAFETY: the map value is a live, 8-byte aligned u64 for the map's lifetime.
         Some(p) => unsafe { atomic::fetch_add(p, 1) },
@@ -41,7 +41,7 @@ pub fn next_seq() -> u64 {
 /// `chunks` chunks, `dropped` found no room (or could not be read), the rest were
 /// filtered.
 #[inline(always)]
-pub fn settle(n: u64, delivered: u64, dropped: u64, chunks: u64) {
+pub(crate) fn settle(n: u64, delivered: u64, dropped: u64, chunks: u64) {
     stat_add(STAT_RECORDS_DELIVERED, delivered);
     stat_add(STAT_CHUNKS, chunks);
     let removed = n - delivered - dropped;

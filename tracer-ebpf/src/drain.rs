@@ -62,9 +62,9 @@ use crate::{
 };
 
 /// `drain` error: `[start, cur)` is not a valid span of records.
-pub const E_BAD_SPAN: i64 = -2000;
+pub(crate) const E_BAD_SPAN: i64 = -2000;
 /// `drain` error: the user buffer could not be read (the helper's error is lost).
-pub const E_READ: i64 = -2001;
+pub(crate) const E_READ: i64 = -2001;
 
 /// State shared with the bpf_loop callback (lives on the caller's stack).
 #[repr(C)]
@@ -97,7 +97,7 @@ struct DrainCtx {
 /// part; a trace buffer has an empty second span) of binary `binary_id`. One request,
 /// so that every program has a single call of `drain` to verify.
 #[repr(C)]
-pub struct DrainReq {
+pub(crate) struct DrainReq {
     pub spans: [u64; 4],
     pub binary_id: u64,
     /// `bpf_get_current_pid_tgid()`.
@@ -136,7 +136,7 @@ fn span_records(from: u64, to: u64) -> Option<u64> {
 /// must stay within the verifier's 512-byte combined stack: inlined into its one
 /// caller (`slots::drain_slot`), one frame less (Linux 6.1 counts callbacks too).
 #[inline(always)]
-pub fn drain<const S: bool>(req: &mut DrainReq) -> i64 {
+pub(crate) fn drain<const S: bool>(req: &mut DrainReq) -> i64 {
     let [a0, a1, b0, b1] = req.spans;
     let (Some(n1), Some(n2)) = (span_records(a0, a1), span_records(b0, b1)) else {
         stat_add(STAT_READ_ERRORS, 1);

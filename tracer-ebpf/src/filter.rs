@@ -22,7 +22,7 @@ use crate::{
 
 /// The configuration in force and its generation (`FILTER` index), if any test is on.
 #[inline(always)]
-pub fn active() -> Option<(*const FilterConfig, u32)> {
+pub(crate) fn active() -> Option<(*const FilterConfig, u32)> {
     let generation = FILTER_ACTIVE.get(0).copied().unwrap_or(0) & 1;
     let cfg = FILTER.get_ptr(generation)?;
     // SAFETY: a live map value.
@@ -31,7 +31,7 @@ pub fn active() -> Option<(*const FilterConfig, u32)> {
 
 /// Whether the current thread passes the per-thread tests of `cfg`.
 #[inline(never)]
-pub fn thread_passes(cfg: &FilterConfig, pid_tid: u64) -> bool {
+pub(crate) fn thread_passes(cfg: &FilterConfig, pid_tid: u64) -> bool {
     let f = cfg.flags & F_PER_THREAD;
     if f == 0 {
         return true;
@@ -72,7 +72,7 @@ pub fn thread_passes(cfg: &FilterConfig, pid_tid: u64) -> bool {
 
 /// Whether record `r` passes the per-record tests.
 #[inline(always)]
-pub fn record_passes(f: &mut RecordFilter, r: &Record) -> bool {
+pub(crate) fn record_passes(f: &mut RecordFilter, r: &Record) -> bool {
     if r.flags & FLAG_USDT_MORE != 0 {
         return f.last_keep != 0;
     }
@@ -112,7 +112,7 @@ struct CommChunk {
 /// Tell the tracer the current thread's name if it has not been told it yet (or it
 /// changed): a `CHUNK_KIND_COMM` entry before the thread's records.
 #[inline(never)]
-pub fn announce_comm(pid_tid: u64, binary_id: u64, time: u64) {
+pub(crate) fn announce_comm(pid_tid: u64, binary_id: u64, time: u64) {
     let comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
     if let Some(known) = COMMS.get_ptr(pid_tid) {
         // SAFETY: a live map value, copied at once.
@@ -139,7 +139,7 @@ pub fn announce_comm(pid_tid: u64, binary_id: u64, time: u64) {
 /// value), evaluated in the per-CPU scratch. Kept when the scratch is held by a
 /// preempted drain on this CPU (it cannot be evaluated then; rare).
 #[inline(never)]
-pub fn uprobe_record_passes(pid_tid: u64, binary_id: u64, site: u32, value: u64) -> bool {
+pub(crate) fn uprobe_record_passes(pid_tid: u64, binary_id: u64, site: u32, value: u64) -> bool {
     let Some((cfg, generation)) = active() else {
         return true;
     };

@@ -23,134 +23,137 @@ use tracer_common::{
 
 /// Exit drains in progress, by pid_tid (see [`ExitWork`]).
 #[map]
-pub static EXIT_WORK: HashMap<u64, ExitWork> = HashMap::with_max_entries(MAX_EXIT_WORK, 0);
+pub(crate) static EXIT_WORK: HashMap<u64, ExitWork> = HashMap::with_max_entries(MAX_EXIT_WORK, 0);
 
 /// Entry 0: the `exit_step` program (set by the loader).
 #[map]
-pub static EXIT_STEPS: ProgramArray = ProgramArray::with_max_entries(1, 0);
+pub(crate) static EXIT_STEPS: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
 /// The two filter configurations (see `tracer_common::filter`).
 #[map]
-pub static FILTER: Array<FilterConfig> = Array::with_max_entries(2, 0);
+pub(crate) static FILTER: Array<FilterConfig> = Array::with_max_entries(2, 0);
 
 /// Which `FILTER` entry is in force.
 #[map]
-pub static FILTER_ACTIVE: Array<u32> = Array::with_max_entries(1, 0);
+pub(crate) static FILTER_ACTIVE: Array<u32> = Array::with_max_entries(1, 0);
 
 /// `filter::id_key(..)` → 1: the pids and tids that pass.
 #[map]
-pub static FILTER_IDS: HashMap<u64, u8> = HashMap::with_max_entries(MAX_FILTER_IDS, 0);
+pub(crate) static FILTER_IDS: HashMap<u64, u8> = HashMap::with_max_entries(MAX_FILTER_IDS, 0);
 
 /// `filter::site_key(..)` → 64 bits, one per site: the sites that pass (size set by
 /// the loader).
 #[map]
-pub static FILTER_SITES: HashMap<[u64; 2], u64> =
+pub(crate) static FILTER_SITES: HashMap<[u64; 2], u64> =
     HashMap::with_max_entries(DEFAULT_FILTER_SITE_WORDS, 0);
 
 /// `[binary_id, site]` → string arguments of a USDT site (bit i = argument i + 1);
 /// `[binary_id, STRING_SITES_ANY]` → 1 (filled by the loader).
 #[map]
-pub static STRING_SITES: HashMap<[u64; 2], u64> = HashMap::with_max_entries(MAX_STRING_SITES, 0);
+pub(crate) static STRING_SITES: HashMap<[u64; 2], u64> =
+    HashMap::with_max_entries(MAX_STRING_SITES, 0);
 
 /// `[tgid, pointer]` → the first bytes of the string last sent for it.
 #[map]
-pub static STRINGS: LruHashMap<[u64; 2], [u64; STRING_PROBE_BYTES / 8]> =
+pub(crate) static STRINGS: LruHashMap<[u64; 2], [u64; STRING_PROBE_BYTES / 8]> =
     LruHashMap::with_max_entries(MAX_STRINGS, 0);
 
 /// pid_tid → the thread name last announced (`CHUNK_KIND_COMM`).
 #[map]
-pub static COMMS: LruHashMap<u64, [u8; COMM_LEN]> = LruHashMap::with_max_entries(MAX_TARGETS, 0);
+pub(crate) static COMMS: LruHashMap<u64, [u8; COMM_LEN]> =
+    LruHashMap::with_max_entries(MAX_TARGETS, 0);
 
 /// Per-CPU scratch of filtered drains.
 #[map]
-pub static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+pub(crate) static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
 /// Chunks for the tracer (size overridden by the loader, `--ring-bytes`).
 #[map]
-pub static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
+pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(DEFAULT_RING_BYTES, 0);
 
 /// One counter: the sequence number of the next chunk.
 #[map]
-pub static SEQ: Array<u64> = Array::with_max_entries(1, 0);
+pub(crate) static SEQ: Array<u64> = Array::with_max_entries(1, 0);
 
 /// Per-CPU counters indexed by `STAT_*`.
 #[map]
-pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COUNT, 0);
+pub(crate) static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COUNT, 0);
 
 /// tgid → rw_bases of the instrumented binaries registered in that process.
 #[map]
-pub static TABLES: HashMap<u32, [u64; TABLE_BINARIES]> =
+pub(crate) static TABLES: HashMap<u32, [u64; TABLE_BINARIES]> =
     HashMap::with_max_entries(MAX_PROCESSES, 0);
 
 /// tgid → the uid its `TABLES` entry is charged to (`tables::claim_table`); written
 /// with each new entry, removed with it.
 #[map]
-pub static TABLE_OWNERS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_PROCESSES, 0);
+pub(crate) static TABLE_OWNERS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_PROCESSES, 0);
 
 /// uid → `TABLES` entries charged to it (at most `TABLES_PER_UID`). A uid's counter
 /// stays at 0 when its entries are gone (uids with traced processes are few).
 #[map]
-pub static TABLE_UIDS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_PROCESSES, 0);
+pub(crate) static TABLE_UIDS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_PROCESSES, 0);
 
 /// pid_tid → 1: the thread's exit() drain delivered everything (`tables::exit_step`);
 /// its `task_exit` skips the fallback drain.
 #[map]
-pub static EXIT_DRAINED: LruHashMap<u64, u8> = LruHashMap::with_max_entries(MAX_TARGETS, 0);
+pub(crate) static EXIT_DRAINED: LruHashMap<u64, u8> = LruHashMap::with_max_entries(MAX_TARGETS, 0);
 
 /// The traced processes.
 #[map]
-pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGETS, 0);
+pub(crate) static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGETS, 0);
 
 /// Binary ordinal (high half of a site cookie) → binary_id.
 #[map]
-pub static BINARIES: Array<u64> = Array::with_max_entries(MAX_BINARIES, 0);
+pub(crate) static BINARIES: Array<u64> = Array::with_max_entries(MAX_BINARIES, 0);
 
 /// operand_key(binary ordinal, site id) → where a uprobe memory or USDT site's values
 /// are; filled by the loader, which also sizes the map (one entry per such site, and
 /// room for binaries that join). Not preallocated: that room costs nothing unused.
 #[map]
-pub static OPERANDS: HashMap<u64, OperandSet> =
+pub(crate) static OPERANDS: HashMap<u64, OperandSet> =
     HashMap::with_max_entries(1, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
 
 /// [tgid, slot address] → [position, stamp]: how far the slot's buffer has been
 /// delivered, for kernels where the programs cannot write user memory (see
 /// `slots::delivered_up_to`).
 #[map]
-pub static DRAINED: LruHashMap<[u64; 2], [u64; 2]> = LruHashMap::with_max_entries(MAX_DRAINED, 0);
+pub(crate) static DRAINED: LruHashMap<[u64; 2], [u64; 2]> =
+    LruHashMap::with_max_entries(MAX_DRAINED, 0);
 
 /// 1 = bpf_probe_write_user is allowed (no kernel lockdown): slots are reset and
 /// tombstoned in place. 0 = positions are kept in DRAINED instead.
 #[unsafe(no_mangle)]
-pub static WRITE_USER: Global<u8> = Global::new(0);
+pub(crate) static WRITE_USER: Global<u8> = Global::new(0);
 
 /// 1 = a flush that finds no room in the ring buffer waits and flushes again
 /// (`--on-full wait`, see `tracer_common::HOLD_SIGNAL`); 0 = what finds no room is
 /// dropped.
 #[unsafe(no_mangle)]
-pub static ON_FULL: Global<u8> = Global::new(0);
+pub(crate) static ON_FULL: Global<u8> = Global::new(0);
 
 /// 1 = the ring buffer is small (`tracer_common::SMALL_RING_BYTES`): drains cut
 /// buffers into chunks of SMALL_CHUNK_RECORDS, not CHUNK_RECORDS.
 #[unsafe(no_mangle)]
-pub static SMALL_CHUNKS: Global<u8> = Global::new(0);
+pub(crate) static SMALL_CHUNKS: Global<u8> = Global::new(0);
 
 /// Offset of the thread pointer in `task_struct` (x86-64 `thread.fsbase`, AArch64
 /// `thread.uw.tp_value`), from BTF by the loader. 0 = unknown: no slot lookups by
 /// thread pointer (flush still works, it gets the slot in a register).
 #[unsafe(no_mangle)]
-pub static FSBASE_OFFSET: Global<u64> = Global::new(0);
+pub(crate) static FSBASE_OFFSET: Global<u64> = Global::new(0);
 
 /// 1 = trace every process that runs an instrumented binary (TARGETS not consulted).
 #[unsafe(no_mangle)]
-pub static SYSTEM_WIDE: Global<u8> = Global::new(0);
+pub(crate) static SYSTEM_WIDE: Global<u8> = Global::new(0);
 
 /// Offset of `child_pid` in the sched_process_fork record (from its tracefs format).
 #[unsafe(no_mangle)]
-pub static FORK_CHILD_PID_OFF: Global<u32> = Global::new(20);
+pub(crate) static FORK_CHILD_PID_OFF: Global<u32> = Global::new(20);
 
 /// Offset of `group_dead` in the sched_process_exit record; 0 when the kernel lacks it.
 #[unsafe(no_mangle)]
-pub static EXIT_GROUP_DEAD_OFF: Global<u32> = Global::new(0);
+pub(crate) static EXIT_GROUP_DEAD_OFF: Global<u32> = Global::new(0);
 
 /// An exit drain in progress (`EXIT_WORK`, keyed by pid_tid): the exiting thread's
 /// RW areas and where the walk is. The walk runs as a chain of tail calls of the
@@ -159,7 +162,7 @@ pub static EXIT_GROUP_DEAD_OFF: Global<u32> = Global::new(0);
 /// program, a drain in a program of its own a tenth of that.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct ExitWork {
+pub(crate) struct ExitWork {
     pub table: [u64; TABLE_BINARIES],
     pub tp: u64,
     pub cause: u32,
@@ -174,13 +177,13 @@ pub struct ExitWork {
 
 /// Records per block of a filtered drain (read, and written as a chunk): fewer than
 /// `CHUNK_RECORDS`, as two blocks must fit a per-CPU map value (32 KiB at most).
-pub const FILTER_BLOCK: usize = 128;
+pub(crate) const FILTER_BLOCK: usize = 128;
 
 /// Per-CPU scratch of filtered drains (`SCRATCH`): a chunk (header and records
 /// contiguous, as `bpf_ringbuf_output` takes them), the filter state, and a busy flag
 /// (a sleepable program may be preempted while it holds the scratch).
 #[repr(C)]
-pub struct Scratch {
+pub(crate) struct Scratch {
     pub header: ChunkHeader,
     /// The chunk being built from the records that pass.
     pub records: [Record; FILTER_BLOCK],
@@ -195,7 +198,7 @@ pub struct Scratch {
 /// Per-record state of a filtered drain (lives in the per-CPU scratch, not on the
 /// stack: the exit programs' call chain has little stack left).
 #[repr(C)]
-pub struct RecordFilter {
+pub(crate) struct RecordFilter {
     pub cfg: FilterConfig,
     pub generation: u64,
     pub binary_id: u64,
@@ -209,13 +212,13 @@ pub struct RecordFilter {
 }
 
 /// Entries of [`StringState::sites`] and [`StringState::seen`] (powers of two).
-pub const STRING_SITE_CACHE: usize = 16;
-pub const STRING_SEEN_CACHE: usize = 64;
+pub(crate) const STRING_SITE_CACHE: usize = 16;
+pub(crate) const STRING_SEEN_CACHE: usize = 64;
 
 /// Per-record state of the string pass of a drain (`strings::name_strings`), in the
 /// per-CPU scratch: map keys and values must live in memory, and the stack has no room.
 #[repr(C)]
-pub struct StringState {
+pub(crate) struct StringState {
     /// 1 = the drain's binary has string arguments (the pass runs).
     pub on: u64,
     /// 1 = a drain at the thread's exit: pointers named before keep their strings.

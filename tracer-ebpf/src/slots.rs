@@ -49,7 +49,7 @@ const MAX_SCAN: u32 = 1 << 20;
 /// Fast path through the index; on a miss (index collision, or the thread has no slot)
 /// a scan of the table.
 #[inline(never)]
-pub fn find_slot(rw: u64, tp: u64) -> u64 {
+pub(crate) fn find_slot(rw: u64, tp: u64) -> u64 {
     if tp <= KEY_CLAIMING {
         return 0;
     }
@@ -77,7 +77,7 @@ pub fn find_slot(rw: u64, tp: u64) -> u64 {
 /// table for `owner_tid`), 0 if none. Only for when the thread pointer the kernel
 /// keeps is not the live one (see `arch::THREAD_POINTER_MAY_BE_STALE`).
 #[inline(never)]
-pub fn find_slot_by_tid(rw: u64, tid: u32) -> u64 {
+pub(crate) fn find_slot_by_tid(rw: u64, tid: u32) -> u64 {
     let n = scan_len(rw);
     if n == 0 {
         return 0;
@@ -150,7 +150,7 @@ extern "C" fn scan_slot_tid(index: u64, ctx: *mut c_void) -> i64 {
 }
 
 #[inline(always)]
-pub fn pre_tls_slot(rw: u64) -> u64 {
+pub(crate) fn pre_tls_slot(rw: u64) -> u64 {
     rw + SLOTS_OFF + SLOT_PRE_TLS as u64 * SLOT_SIZE
 }
 
@@ -186,30 +186,30 @@ extern "C" fn scan_slot(index: u64, ctx: *mut c_void) -> i64 {
 /// The thread goes on using the buffer (flush, uprobe site): reset it (`cur = start`).
 /// The flush function's own reset then sees a buffer that is no longer full and keeps
 /// whatever a signal handler recorded in between.
-pub const AFTER_RESET: u32 = 1;
+pub(crate) const AFTER_RESET: u32 = 1;
 /// The thread is exiting (sys_enter_exit): reset, unindex and tombstone the slot, so
 /// that a new thread with the same thread pointer registers afresh.
-pub const AFTER_RELEASE: u32 = 2;
+pub(crate) const AFTER_RELEASE: u32 = 2;
 /// With `AFTER_RESET`: records that find no room in the ring buffer stay in the
 /// buffer (the flush comes back for them), see [`held`].
-pub const HOLD: u32 = 0x100;
+pub(crate) const HOLD: u32 = 0x100;
 /// The task is dying (sched_process_exit, no user writes possible): nothing.
-pub const AFTER_EXIT: u32 = 3;
+pub(crate) const AFTER_EXIT: u32 = 3;
 /// The thread takes a fatal signal (a crash, or SIGKILL): like `AFTER_RESET`, and
 /// circular buffers are delivered too (their last records lead up to the crash).
-pub const AFTER_SIGNAL: u32 = 4;
+pub(crate) const AFTER_SIGNAL: u32 = 4;
 
 /// Error: the slot could not be read or written back.
-pub const E_SLOT_IO: i64 = -3000;
+pub(crate) const E_SLOT_IO: i64 = -3000;
 /// Error: the DRAINED map could not be updated (records may be delivered twice).
-pub const E_DRAINED_MAP: i64 = -3001;
+pub(crate) const E_DRAINED_MAP: i64 = -3001;
 /// [`drain_slot`] with `hold` stopped for want of room: `HELD_BASE - r` records are
 /// still in the buffer, past the position remembered in `DRAINED` (see [`held`]).
 const HELD_BASE: i64 = -(1 << 40);
 
 /// Records a holding drain left in the buffer, if `r` (from [`drain_slot`]) says it held.
 #[inline(always)]
-pub fn held(r: i64) -> Option<u64> {
+pub(crate) fn held(r: i64) -> Option<u64> {
     (r <= HELD_BASE).then(|| (HELD_BASE - r) as u64)
 }
 
@@ -237,7 +237,7 @@ fn delivered_up_to(key: [u64; 2], slot: &Slot) -> Option<u64> {
 /// process (they count as skipped there, never as produced). Trace buffers only: a
 /// circular buffer is delivered whole at its thread's end.
 #[inline(always)]
-pub fn inherit(slot_addr: u64, rw: u64, child: u32) {
+pub(crate) fn inherit(slot_addr: u64, rw: u64, child: u32) {
     if read_user::<u32>(rw + RWH_BUF_KIND) != Ok(BUF_TRACE) {
         return;
     }
@@ -288,7 +288,7 @@ fn ring_spans(slot: &Slot, key: [u64; 2], after: u32) -> Result<Option<RingDrain
 /// negative error (or, with [`HOLD`] in `after`, that it held: see [`held`]). `S`:
 /// the caller is a sleepable program (see `drain`).
 #[inline(always)]
-pub fn drain_slot<const S: bool>(
+pub(crate) fn drain_slot<const S: bool>(
     slot_addr: u64,
     rw: u64,
     pid_tid: u64,

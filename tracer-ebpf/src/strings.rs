@@ -37,7 +37,7 @@ use crate::maps::{
 
 /// Whether sites of `binary_id` have string arguments (one lookup per drain).
 #[inline(always)]
-pub fn binary_has_strings(binary_id: u64) -> bool {
+pub(crate) fn binary_has_strings(binary_id: u64) -> bool {
     STRING_SITES
         .get_ptr(&[binary_id, STRING_SITES_ANY])
         .is_some()
@@ -46,7 +46,7 @@ pub fn binary_has_strings(binary_id: u64) -> bool {
 /// Start the string pass of a drain (`cause`: `CAUSE_*`, `time`: its clock sample) of
 /// thread `pid_tid`'s records of `binary_id`.
 #[inline(always)]
-pub fn begin(st: &mut StringState, pid_tid: u64, binary_id: u64, (cause, time): (u32, u64)) {
+pub(crate) fn begin(st: &mut StringState, pid_tid: u64, binary_id: u64, (cause, time): (u32, u64)) {
     st.at_exit = (cause == CAUSE_THREAD_EXIT || cause == CAUSE_TASK_EXIT) as u64;
     st.pid_tid = pid_tid;
     st.binary_id = binary_id;
@@ -61,7 +61,7 @@ pub fn begin(st: &mut StringState, pid_tid: u64, binary_id: u64, (cause, time): 
 /// # Safety
 /// `st` and `r` point into this CPU's scratch, held by the drain (its busy flag).
 #[inline(always)]
-pub unsafe fn name_strings(st: *mut StringState, r: *const Record) {
+pub(crate) unsafe fn name_strings(st: *mut StringState, r: *const Record) {
     // SAFETY: the caller's promise.
     let (st, r) = unsafe { (&mut *st, &*r) };
     // A probe's first record holds arguments 1 and 2; record k after it (flagged
@@ -120,7 +120,7 @@ fn site_mask(st: &mut StringState, site: u32) -> u64 {
 /// both.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn name_string(ptr: u64) -> i64 {
+pub(crate) extern "C" fn name_string(ptr: u64) -> i64 {
     let Some(s) = SCRATCH.get_ptr_mut(0) else {
         return 0;
     };

@@ -41,18 +41,18 @@ const _: () = assert!(TABLE_BINARIES.is_power_of_two());
 
 /// Error of [`remember_rw_base`] (reported by the caller): no room for one more RW
 /// area in the process's entry.
-pub const E_TABLE_FULL: i64 = -1000;
+pub(crate) const E_TABLE_FULL: i64 = -1000;
 /// Error of [`remember_rw_base`]: the address is not an RW area (no `RW_MAGIC`).
-pub const E_BAD_RW: i64 = -1001;
+pub(crate) const E_BAD_RW: i64 = -1001;
 /// Error of [`remember_rw_base`] and [`claim_table`]: the process has no entry and its
 /// user holds `TABLES_PER_UID` entries already.
-pub const E_TABLE_SHARE: i64 = -1002;
+pub(crate) const E_TABLE_SHARE: i64 = -1002;
 
 /// Record that process `tgid` has an instrumented binary whose RW area is at `rw_base`.
 /// Called on every flush (cheap when already known), so a process that was running
 /// before the session started is learned at its first flush.
 #[inline(never)]
-pub fn remember_rw_base(tgid: u32, rw_base: u64) -> i64 {
+pub(crate) fn remember_rw_base(tgid: u32, rw_base: u64) -> i64 {
     if let Some(p) = TABLES.get_ptr(tgid) {
         // SAFETY: p points at a live TABLES value.
         let known = unsafe { *p };
@@ -103,7 +103,7 @@ pub fn remember_rw_base(tgid: u32, rw_base: u64) -> i64 {
 /// entry, or calls [`release_owner`] if it cannot), 1 = `id` is charged already,
 /// [`E_TABLE_SHARE`] = refused.
 #[inline(never)]
-pub fn claim_table(id: u32, uid: u32) -> i64 {
+pub(crate) fn claim_table(id: u32, uid: u32) -> i64 {
     if TABLE_UIDS.get_ptr(uid).is_none() {
         let _ = TABLE_UIDS.insert(uid, 0u64, BPF_NOEXIST as u64);
     }
@@ -126,7 +126,7 @@ pub fn claim_table(id: u32, uid: u32) -> i64 {
 
 /// Forget process (or thread) `id`'s `TABLES` entry, and give its charge back.
 #[inline(never)]
-pub fn forget_table(id: u32) {
+pub(crate) fn forget_table(id: u32) {
     let _ = TABLES.remove(id);
     release_owner(id);
 }
@@ -134,7 +134,7 @@ pub fn forget_table(id: u32) {
 /// Give back the charge of `id`'s entry to the uid stored with it (once: only the
 /// remover of the owner entry does).
 #[inline(never)]
-pub fn release_owner(id: u32) {
+pub(crate) fn release_owner(id: u32) {
     let Some(p) = TABLE_OWNERS.get_ptr(id) else {
         return;
     };
@@ -170,7 +170,7 @@ fn uncharge(uid: u32) {
 /// libc installed its own thread pointer): tail-calls `exit_step`, so it only returns
 /// if there is nothing to drain (0) or the walk cannot start (an error).
 #[inline(always)]
-pub fn drain_exiting<C: EbpfContext>(ctx: &C, pid_tid: u64, cause: u32, after: u32) -> i64 {
+pub(crate) fn drain_exiting<C: EbpfContext>(ctx: &C, pid_tid: u64, cause: u32, after: u32) -> i64 {
     match plan_exit_drain(pid_tid, cause, after) {
         1 => run_exit_drain(ctx, pid_tid),
         r => r,
@@ -179,7 +179,7 @@ pub fn drain_exiting<C: EbpfContext>(ctx: &C, pid_tid: u64, cause: u32, after: u
 
 /// Tail-call the exit drain planned by [`plan_exit_drain`]; returns only on failure.
 #[inline(always)]
-pub fn run_exit_drain<C: EbpfContext>(ctx: &C, pid_tid: u64) -> i64 {
+pub(crate) fn run_exit_drain<C: EbpfContext>(ctx: &C, pid_tid: u64) -> i64 {
     // SAFETY: ctx is the calling program's context; EXIT_STEPS holds exit_step.
     unsafe { EXIT_STEPS.tail_call(ctx, 0) };
     let _ = EXIT_WORK.remove(pid_tid);
@@ -190,7 +190,7 @@ pub fn run_exit_drain<C: EbpfContext>(ctx: &C, pid_tid: u64) -> i64 {
 /// copied, so the caller may forget them before running it): 1 = planned, 0 = nothing
 /// to drain, < 0 = error.
 #[inline(always)]
-pub fn plan_exit_drain(pid_tid: u64, cause: u32, after: u32) -> i64 {
+pub(crate) fn plan_exit_drain(pid_tid: u64, cause: u32, after: u32) -> i64 {
     let Some(p) = TABLES.get_ptr((pid_tid >> 32) as u32) else {
         return 0;
     };
@@ -211,11 +211,11 @@ pub fn plan_exit_drain(pid_tid: u64, cause: u32, after: u32) -> i64 {
 }
 
 /// Error of [`drain_exiting`]: no room in `EXIT_WORK`, or `exit_step` not installed.
-pub const E_EXIT_WORK: i64 = -4000;
+pub(crate) const E_EXIT_WORK: i64 = -4000;
 
 /// One step of an exit drain (see [`ExitWork`]); tail-calls itself for the next.
 #[inline(always)]
-pub fn exit_step<C: EbpfContext>(ctx: &C) -> i64 {
+pub(crate) fn exit_step<C: EbpfContext>(ctx: &C) -> i64 {
     let pid_tid = bpf_get_current_pid_tgid();
     let Some(w) = EXIT_WORK.get_ptr_mut(pid_tid) else {
         return 0;
@@ -287,7 +287,7 @@ struct ForkCtx {
 /// A thread of a process whose RW areas are `table` forked process `child`: its slot
 /// in each area holds records the child must not deliver again (`slots::inherit`).
 #[inline(never)]
-pub fn inherit_at_fork(table: [u64; TABLE_BINARIES], child: u32) {
+pub(crate) fn inherit_at_fork(table: [u64; TABLE_BINARIES], child: u32) {
     let mut c = ForkCtx {
         table,
         tp: thread_pointer(),
@@ -337,7 +337,7 @@ struct FindCtx {
 /// `(rw_base, slot address)`, or None if the process has no such area or the thread no
 /// slot in it.
 #[inline(never)]
-pub fn find_binary_slot(tgid: u32, binary_id: u64, tp: u64) -> Option<(u64, u64)> {
+pub(crate) fn find_binary_slot(tgid: u32, binary_id: u64, tp: u64) -> Option<(u64, u64)> {
     let p = TABLES.get_ptr(tgid)?;
     let mut c = FindCtx {
         // SAFETY: p points at a live TABLES value; copied to the stack at once.

@@ -18,7 +18,7 @@ use serde::Serialize;
 
 /// Where a binary's debug information came from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct DebugSource {
+pub(crate) struct DebugSource {
     pub path: String,
     /// "binary", "cache", "build-id", "debuglink", or "symbols" (no DWARF found: names
     /// from the binary's symbol table only).
@@ -29,7 +29,7 @@ pub struct DebugSource {
 /// (`UTRACE_DEBUG_CACHE` overrides, empty: none). As root, only if the part of its path
 /// that exists passes the [`safe_dir`] walk: a reader run with another user's
 /// environment (`sudo -E`) takes no debug files from a directory that user controls.
-pub fn cache_dir() -> Option<PathBuf> {
+pub(crate) fn cache_dir() -> Option<PathBuf> {
     let dir = if let Some(d) = std::env::var_os("UTRACE_DEBUG_CACHE") {
         (!d.is_empty()).then(|| PathBuf::from(d))?
     } else {
@@ -72,7 +72,7 @@ struct FileFacts {
 
 /// `path` mapped read-only, if it is a regular file (not a FIFO or device a hostile
 /// debuglink or trace could name).
-pub fn map_regular(path: &Path) -> Option<memmap2::Mmap> {
+pub(crate) fn map_regular(path: &Path) -> Option<memmap2::Mmap> {
     use std::os::unix::fs::OpenOptionsExt;
     // Non-blocking: opening a FIFO for reading would wait for a writer.
     let f = std::fs::OpenOptions::new()
@@ -92,7 +92,7 @@ pub fn map_regular(path: &Path) -> Option<memmap2::Mmap> {
 
 /// Largest file the cache step reads (the tracer's limit on a binary, `MAX_BINARY_BYTES`
 /// in `record::binaries`): a debug file is no bigger than what it describes, give or take.
-pub const MAX_CACHED_FILE_BYTES: u64 = 4 << 30;
+pub(crate) const MAX_CACHED_FILE_BYTES: u64 = 4 << 30;
 
 /// How candidate files are read.
 #[derive(Clone, Copy)]
@@ -140,7 +140,7 @@ impl Reading {
 
 /// Why the cache step does not read a file.
 #[derive(Debug, thiserror::Error)]
-pub enum NotRead {
+pub(crate) enum NotRead {
     #[error("not a regular file")]
     NotRegular,
     #[error("{size} bytes, more than the {max} read")]
@@ -223,7 +223,7 @@ fn debuglink_name(name: &[u8]) -> Option<PathBuf> {
 }
 
 /// The file to read `path`'s debug information from, and how it was found.
-pub fn locate(
+pub(crate) fn locate(
     path: &Path,
     build_id: &[u8],
     cache: Option<&Path>,
@@ -356,7 +356,7 @@ fn crc32(data: &[u8]) -> u32 {
 /// Every file looked at here (the binary, debug files) is read as [`Reading::Bounded`]
 /// says: never mapped, at most [`MAX_CACHED_FILE_BYTES`], and, as root, only if owned
 /// by root or the effective user (another user's debug file is not cached).
-pub fn cache_debug_info(
+pub(crate) fn cache_debug_info(
     path: &Path,
     own_bytes: &Path,
     build_id: &[u8],
@@ -403,7 +403,7 @@ pub fn cache_debug_info(
 
 /// Why a cache directory is not used.
 #[derive(Debug, thiserror::Error)]
-pub enum UnsafeDir {
+pub(crate) enum UnsafeDir {
     #[error("{0} is not an absolute path without '..'")]
     NotPlain(PathBuf),
     #[error("{0} is a symbolic link or not a directory")]
@@ -419,7 +419,7 @@ pub enum UnsafeDir {
 /// Directory `dir` opened one component at a time from `/` (`O_NOFOLLOW`), each
 /// owned by root or the effective user and, if others may write in it, sticky (so no
 /// one else can rename what is in it); components that are missing are created 0700.
-pub fn safe_dir(dir: &Path) -> Result<std::os::fd::OwnedFd, UnsafeDir> {
+pub(crate) fn safe_dir(dir: &Path) -> Result<std::os::fd::OwnedFd, UnsafeDir> {
     walk_dir(dir, true)?.ok_or_else(|| UnsafeDir::NotPlain(dir.into()))
 }
 

@@ -3,10 +3,12 @@
 //! share. A module uses only its own stage and the layers below it. The `tracer` binary (`main.rs`) is the
 //! CLI over them; the fuzz targets (`fuzz/`) drive the parsers directly.
 
-pub mod debuginfo;
-pub mod probes;
-pub mod read;
+#![warn(unreachable_pub)]
+
+pub(crate) mod debuginfo;
+pub(crate) mod probes;
+pub(crate) mod read;
 pub mod record;
 pub mod tracefile;
 pub mod views;
-pub mod wording;
+pub(crate) mod wording;

@@ -11,7 +11,7 @@
 //! ```
 
 /// A USDT probe the tracer knows, by its site name (`provider:name`).
-pub struct KnownProbe {
+pub(crate) struct KnownProbe {
     pub site: &'static str,
     /// Bit i: argument i + 1 points at a NUL-terminated string.
     pub strings: u64,
@@ -21,7 +21,7 @@ pub struct KnownProbe {
 
 /// Which arguments of a call probe say what is called (1-based argument numbers).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CallProbe {
+pub(crate) struct CallProbe {
     pub entry: bool,
     pub file: u8,
     pub function: u8,
@@ -76,7 +76,7 @@ const KNOWN: &[KnownProbe] = &[
 ];
 
 /// The known probe of a USDT site named `provider:name`.
-pub fn known(site: &str) -> Option<&'static KnownProbe> {
+pub(crate) fn known(site: &str) -> Option<&'static KnownProbe> {
     KNOWN.iter().find(|p| p.site == site)
 }
 

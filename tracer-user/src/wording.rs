@@ -2,7 +2,7 @@
 //! the two say the same and the session need not use the views.
 
 /// "1 program", "2 programs".
-pub fn programs(n: u64) -> String {
+pub(crate) fn programs(n: u64) -> String {
     if n == 1 {
         "1 program".into()
     } else {

@@ -21,7 +21,7 @@ use anyhow::{Context, Result, bail};
 use crate::util::{self, cmd};
 
 /// Every target (file `fuzz/fuzz_targets/NAME.rs`).
-pub const TARGETS: &[&str] = &[
+pub(crate) const TARGETS: &[&str] = &[
     "rewrite_elf",
     "trace_read",
     "trace_views",
@@ -34,7 +34,7 @@ pub const TARGETS: &[&str] = &[
 ];
 
 #[derive(clap::Args, Debug)]
-pub struct Args {
+pub(crate) struct Args {
     /// Seconds per target.
     #[arg(long, default_value_t = 60)]
     pub seconds: u64,
@@ -54,7 +54,7 @@ fn work_dir() -> PathBuf {
     util::target_dir().join("fuzz")
 }
 
-pub fn fuzz(args: &Args) -> Result<()> {
+pub(crate) fn fuzz(args: &Args) -> Result<()> {
     let targets: Vec<&str> = if args.targets.is_empty() {
         TARGETS.to_vec()
     } else {

@@ -3,6 +3,8 @@
 //!
 //! Every external command is printed (`$ ...`) before it runs.
 
+#![warn(unreachable_pub)]
+
 mod arm64_vm;
 mod bench;
 mod difftest;

@@ -10,7 +10,7 @@ use crate::util::{self, cmd};
 
 /// Every Debian package the build, the tests, the demo and the bench need: the one place
 /// to add more.
-pub const APT_PACKAGES: &[&str] = &[
+pub(crate) const APT_PACKAGES: &[&str] = &[
     "gcc",
     // C++ fixtures (exceptions, `.cold` parts, demangling).
     "g++",
@@ -61,16 +61,16 @@ pub const APT_PACKAGES: &[&str] = &[
 ];
 
 /// `cargo xtask fuzz` drives libFuzzer through cargo-fuzz (crates.io), on nightly.
-pub const CARGO_FUZZ_VERSION: &str = "0.13.2";
+pub(crate) const CARGO_FUZZ_VERSION: &str = "0.13.2";
 
 /// The Rust target of the aarch64 tracer run in the arm64 VM (linked with rust-lld).
-pub const RUST_CROSS_TARGETS: &[&str] = &[crate::arm64_vm::MUSL_TARGET];
+pub(crate) const RUST_CROSS_TARGETS: &[&str] = &[crate::arm64_vm::MUSL_TARGET];
 
-pub const BPF_LINKER_VERSION: &str = "0.13.0";
+pub(crate) const BPF_LINKER_VERSION: &str = "0.13.0";
 /// bpf-linker cargo features that select an LLVM major ("llvm-<major>").
 const BPF_LINKER_LLVM_FEATURES: &[u32] = &[21, 22, 23];
 
-pub const TRACEFS: &str = "/sys/kernel/tracing";
+pub(crate) const TRACEFS: &str = "/sys/kernel/tracing";
 
 struct Log(Vec<String>);
 
@@ -87,7 +87,7 @@ impl Log {
     }
 }
 
-pub fn setup() -> Result<()> {
+pub(crate) fn setup() -> Result<()> {
     println!("== cargo xtask setup");
     let mut log = Log(Vec::new());
     apt(&mut log)?;
@@ -130,9 +130,10 @@ fn cargo_fuzz(log: &mut Log) -> Result<()> {
 /// Python packages of the tests (PyPI), installed into [`PYTHON_DIR`]: Perfetto's own
 /// generated protos (`perfetto_trace_pb2`) read the Perfetto exports independently,
 /// DuckDB the Parquet exports.
-pub const PYTHON_PACKAGES: &[&str] = &["perfetto==0.59.1", "protobuf==7.36.2", "duckdb==2.0.1"];
+pub(crate) const PYTHON_PACKAGES: &[&str] =
+    &["perfetto==0.59.1", "protobuf==7.36.2", "duckdb==2.0.1"];
 /// Where [`PYTHON_PACKAGES`] go (PYTHONPATH of the tests that use them).
-pub const PYTHON_DIR: &str = "target/xtask/python";
+pub(crate) const PYTHON_DIR: &str = "target/xtask/python";
 
 fn python_packages(log: &mut Log) -> Result<()> {
     let dir = util::workspace_root().join(PYTHON_DIR);
@@ -275,7 +276,7 @@ fn rust_targets(log: &mut Log) -> Result<()> {
 
 /// LLVM version of a toolchain component.
 #[derive(Clone, Debug)]
-pub struct LlvmVersion {
+pub(crate) struct LlvmVersion {
     pub full: String,
     pub major: u32,
 }

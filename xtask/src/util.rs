@@ -7,7 +7,7 @@ use std::process::{Command, ExitStatus, Output, Stdio};
 use anyhow::{Context, Result, bail};
 
 /// The workspace root (the parent of this crate's directory).
-pub fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives inside the workspace")
@@ -15,11 +15,11 @@ pub fn workspace_root() -> PathBuf {
 }
 
 /// `target/release` of the workspace (honours `CARGO_TARGET_DIR`).
-pub fn release_dir() -> PathBuf {
+pub(crate) fn release_dir() -> PathBuf {
     target_dir().join("release")
 }
 
-pub fn target_dir() -> PathBuf {
+pub(crate) fn target_dir() -> PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR") {
         Some(d) if !d.is_empty() => {
             let d = PathBuf::from(d);
@@ -33,7 +33,7 @@ pub fn target_dir() -> PathBuf {
     }
 }
 
-pub fn home_dir() -> PathBuf {
+pub(crate) fn home_dir() -> PathBuf {
     std::env::var_os("HOME")
         .filter(|h| !h.is_empty())
         .map(PathBuf::from)
@@ -41,7 +41,7 @@ pub fn home_dir() -> PathBuf {
 }
 
 /// `$CARGO_HOME`, default `~/.cargo`.
-pub fn cargo_home() -> PathBuf {
+pub(crate) fn cargo_home() -> PathBuf {
     std::env::var_os("CARGO_HOME")
         .filter(|h| !h.is_empty())
         .map(PathBuf::from)
@@ -49,12 +49,12 @@ pub fn cargo_home() -> PathBuf {
 }
 
 /// Where `cargo install` puts binaries (bpf-linker).
-pub fn cargo_bin_dir() -> PathBuf {
+pub(crate) fn cargo_bin_dir() -> PathBuf {
     cargo_home().join("bin")
 }
 
 /// `PATH` with `~/.cargo/bin` in front, so that children (cargo, aya-build) find bpf-linker.
-pub fn child_path() -> OsString {
+pub(crate) fn child_path() -> OsString {
     let bin = cargo_bin_dir();
     let old = std::env::var_os("PATH").unwrap_or_default();
     let mut parts: Vec<PathBuf> = vec![bin.clone()];
@@ -63,20 +63,20 @@ pub fn child_path() -> OsString {
 }
 
 /// A command whose `PATH` has `~/.cargo/bin` first.
-pub fn cmd(program: impl AsRef<std::ffi::OsStr>) -> Command {
+pub(crate) fn cmd(program: impl AsRef<std::ffi::OsStr>) -> Command {
     let mut c = Command::new(program);
     c.env("PATH", child_path());
     c
 }
 
 /// Find an executable on the children's `PATH`.
-pub fn which(name: &str) -> Option<PathBuf> {
+pub(crate) fn which(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&child_path())
         .map(|d| d.join(name))
         .find(|p| is_executable(p))
 }
 
-pub fn is_executable(p: &Path) -> bool {
+pub(crate) fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(p)
         .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
@@ -84,7 +84,7 @@ pub fn is_executable(p: &Path) -> bool {
 }
 
 /// Shell-like rendering of a command (explicit env vars except PATH, program, args).
-pub fn show(c: &Command) -> String {
+pub(crate) fn show(c: &Command) -> String {
     let mut s = String::new();
     for (k, v) in c.get_envs() {
         if k == "PATH" {
@@ -123,12 +123,12 @@ fn quote(s: &str) -> String {
     }
 }
 
-pub fn announce(c: &Command) {
+pub(crate) fn announce(c: &Command) {
     println!("$ {}", show(c));
 }
 
 /// Print and run; error on a non-zero exit.
-pub fn run(c: &mut Command) -> Result<()> {
+pub(crate) fn run(c: &mut Command) -> Result<()> {
     let st = status(c)?;
     if !st.success() {
         bail!("command failed ({}): {}", describe(st), show(c));
@@ -137,14 +137,14 @@ pub fn run(c: &mut Command) -> Result<()> {
 }
 
 /// Print and run; return the exit status (stdio inherited).
-pub fn status(c: &mut Command) -> Result<ExitStatus> {
+pub(crate) fn status(c: &mut Command) -> Result<ExitStatus> {
     announce(c);
     c.status()
         .with_context(|| format!("cannot run {}", show(c)))
 }
 
 /// Print and run with stdout/stderr captured.
-pub fn output(c: &mut Command) -> Result<Output> {
+pub(crate) fn output(c: &mut Command) -> Result<Output> {
     announce(c);
     c.stdin(Stdio::null())
         .output()
@@ -152,7 +152,7 @@ pub fn output(c: &mut Command) -> Result<Output> {
 }
 
 /// Print and run with output captured; error (showing stderr) on a non-zero exit.
-pub fn output_ok(c: &mut Command) -> Result<String> {
+pub(crate) fn output_ok(c: &mut Command) -> Result<String> {
     let o = output(c)?;
     if !o.status.success() {
         bail!(
@@ -165,7 +165,7 @@ pub fn output_ok(c: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
-pub fn describe(st: ExitStatus) -> String {
+pub(crate) fn describe(st: ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (st.code(), st.signal()) {
         (Some(c), _) => format!("exit code {c}"),
@@ -174,13 +174,13 @@ pub fn describe(st: ExitStatus) -> String {
     }
 }
 
-pub fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
 }
 
 /// A fresh scratch directory `target/xtask/<name>` (emptied first).
-pub fn scratch_dir(name: &str) -> Result<PathBuf> {
+pub(crate) fn scratch_dir(name: &str) -> Result<PathBuf> {
     let d = target_dir().join("xtask").join(name);
     if d.exists() {
         std::fs::remove_dir_all(&d).with_context(|| format!("cannot clear {}", d.display()))?;

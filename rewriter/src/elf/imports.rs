@@ -13,7 +13,7 @@ use crate::elf::read::Input;
 /// GOT slot (or data word) address → the symbol the dynamic linker writes there.
 /// Empty for a static binary, or when the dynamic tables cannot be read (then no call
 /// through them is named: a site not found, never a wrong one).
-pub fn slot_symbols(input: &Input) -> HashMap<u64, String> {
+pub(crate) fn slot_symbols(input: &Input) -> HashMap<u64, String> {
     let mut out = HashMap::new();
     let Ok(file) = ElfFile64::<LittleEndian>::parse(input.data) else {
         return out;
@@ -37,13 +37,13 @@ pub fn slot_symbols(input: &Input) -> HashMap<u64, String> {
 
 /// The name a call at `target` goes by: the function symbol there, or the imported
 /// symbol of the PLT entry or GOT slot it goes through.
-pub struct Callees {
+pub(crate) struct Callees {
     names: HashMap<u64, String>,
 }
 
 impl Callees {
     /// `plt`: (entry, GOT slot) of every PLT entry (`Isa::plt_slots`).
-    pub fn new(input: &Input, plt: &[(u64, u64)]) -> Callees {
+    pub(crate) fn new(input: &Input, plt: &[(u64, u64)]) -> Callees {
         let slots = slot_symbols(input);
         let mut names: HashMap<u64, String> = HashMap::new();
         for f in &input.functions {
@@ -61,7 +61,7 @@ impl Callees {
     }
 
     /// The name of what a call to (or through) `addr` calls.
-    pub fn name(&self, addr: u64) -> Option<&str> {
+    pub(crate) fn name(&self, addr: u64) -> Option<&str> {
         self.names.get(&addr).map(String::as_str)
     }
 }

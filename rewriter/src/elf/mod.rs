@@ -2,6 +2,6 @@
 //! segments, headers and metadata to an unmodified copy of it; [`imports`] names
 //! what calls into other objects go to.
 
-pub mod imports;
+pub(crate) mod imports;
 pub mod read;
-pub mod write;
+pub(crate) mod write;

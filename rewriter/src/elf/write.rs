@@ -17,7 +17,7 @@ use crate::layout::{PHDR_SIZE, RW_FILESZ, Segments, align_up};
 use tracer_common::meta;
 
 /// The new parts, placed.
-pub struct NewParts<'a> {
+pub(crate) struct NewParts<'a> {
     pub seg: &'a Segments,
     /// RX segment contents after the program header table.
     pub code: &'a [u8],
@@ -34,7 +34,7 @@ pub struct NewParts<'a> {
 }
 
 /// The output file: the input with `new` appended and the sites patched.
-pub fn write(input: &Input, new: &NewParts) -> Result<Vec<u8>> {
+pub(crate) fn write(input: &Input, new: &NewParts) -> Result<Vec<u8>> {
     let seg = new.seg;
     let mut out = input.data.to_vec();
     out.resize(seg.tx_off as usize, 0);

@@ -5,14 +5,14 @@
 use object::elf;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Machine {
+pub(crate) enum Machine {
     X86_64,
     Aarch64,
 }
 
 impl Machine {
     /// The backend's instruction set for `e_machine`, or None when there is none.
-    pub fn of(e_machine: u16) -> Option<Machine> {
+    pub(crate) fn of(e_machine: u16) -> Option<Machine> {
         match e_machine {
             elf::EM_X86_64 => Some(Machine::X86_64),
             elf::EM_AARCH64 => Some(Machine::Aarch64),

@@ -40,18 +40,18 @@ use crate::elf::read::{Function, Input};
 use crate::isa::arg::Arg;
 use tracer_common::meta::{FallbackReason, SiteKind, TimeMode};
 
-pub mod aarch64;
-pub mod arg;
-pub mod linux;
-pub mod machine;
-pub mod operands;
-pub mod x86_64;
+pub(crate) mod aarch64;
+pub(crate) mod arg;
+pub(crate) mod linux;
+pub(crate) mod machine;
+pub(crate) mod operands;
+pub(crate) mod x86_64;
 
 use machine::Machine;
 
 /// The backend for an ELF `e_machine`, or None when there is none (adding an ISA is a
 /// folder, a `Machine` and an arm here).
-pub fn of(e_machine: u16) -> Option<&'static dyn Isa> {
+pub(crate) fn of(e_machine: u16) -> Option<&'static dyn Isa> {
     Some(match Machine::of(e_machine)? {
         Machine::X86_64 => &x86_64::X86_64,
         Machine::Aarch64 => &aarch64::Aarch64,
@@ -60,7 +60,7 @@ pub fn of(e_machine: u16) -> Option<&'static dyn Isa> {
 
 /// Where the new code and data will live, fixed before any code is emitted.
 #[derive(Clone, Copy, Debug)]
-pub struct Layout {
+pub(crate) struct Layout {
     /// Link-time address of the RW area (`RwHeader`).
     pub rw_vaddr: u64,
     pub nslots: u32,
@@ -105,7 +105,7 @@ pub enum IndexWhy {
 
 /// The mask that keeps any 32-bit value the byte offset of one of `nslots` slots
 /// (a power of two) from `SLOTS_OFF`.
-pub fn slot_mask(nslots: u32) -> u32 {
+pub(crate) fn slot_mask(nslots: u32) -> u32 {
     let size = tracer_common::SLOT_SIZE as u32;
     (nslots * size - 1) & !(size - 1)
 }
@@ -133,7 +133,7 @@ impl SlotLookup {
 
 /// A site asked for, before planning.
 #[derive(Clone, Debug)]
-pub struct SiteReq {
+pub(crate) struct SiteReq {
     pub id: u32,
     pub kind: SiteKind,
     /// Entry: the function's address. Others: the instruction (exit: the `ret` or
@@ -148,7 +148,7 @@ pub struct SiteReq {
 
 /// A site placed in a window: its stub runs just before the instruction at `at`.
 #[derive(Clone, Debug)]
-pub struct PlacedSite {
+pub(crate) struct PlacedSite {
     pub id: u32,
     pub kind: SiteKind,
     pub at: u64,
@@ -175,7 +175,7 @@ pub struct PlacedSite {
 /// instruction leaves anyway (`ret`, `jmp`). `[start + code_len, start + len)` is
 /// padding between functions that the branch may overwrite.
 #[derive(Clone, Debug)]
-pub struct Window {
+pub(crate) struct Window {
     pub start: u64,
     pub len: usize,
     pub code_len: usize,
@@ -194,7 +194,7 @@ pub struct Window {
 /// A direct jump with a 32-bit displacement (its last 4 bytes) that is re-pointed at a
 /// trampoline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Entered {
+pub(crate) struct Entered {
     pub at: u64,
     pub len: u8,
 }
@@ -204,7 +204,7 @@ pub struct Entered {
 /// A `ret` does the same wherever it runs, so the record is the same whichever way
 /// the function returns, even where the `ret` itself has no window.
 #[derive(Clone, Debug)]
-pub struct Tail {
+pub(crate) struct Tail {
     pub at: u64,
     pub sites: Vec<PlacedSite>,
 }
@@ -213,13 +213,13 @@ pub struct Tail {
 /// trampoline's copy of `target`, directly (5 bytes), or by a 2-byte hop to a 5-byte
 /// jump at `hop` in the range's unused bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Landing {
+pub(crate) struct Landing {
     pub target: u64,
     pub hop: Option<u64>,
 }
 
 /// What the sites need from control-flow recovery (all sorted).
-pub struct FlowFacts<'a> {
+pub(crate) struct FlowFacts<'a> {
     /// Every known branch target.
     pub targets: &'a [u64],
     /// Indirect jumps that are tail calls (exits).
@@ -241,14 +241,14 @@ const UNWIND_RESUME: &str = "_Unwind_Resume";
 
 /// A window's trampoline: its code, and where the copy of each of its landings'
 /// targets is (in `Window::landings` order).
-pub struct Trampoline {
+pub(crate) struct Trampoline {
     pub code: Vec<u8>,
     pub landed: Vec<u64>,
 }
 
 /// A direct branch found by the linear sweep.
 #[derive(Clone, Copy, Debug)]
-pub struct Branch {
+pub(crate) struct Branch {
     pub from: u64,
     pub to: u64,
     pub call: bool,
@@ -256,7 +256,7 @@ pub struct Branch {
 
 /// Every known branch target, and which of them a window may hold inside.
 #[derive(Debug, Default)]
-pub struct Targets {
+pub(crate) struct Targets {
     /// Sorted, deduplicated.
     pub all: Vec<u64>,
     /// Sorted by target: targets reached only by direct jumps from inside the
@@ -329,7 +329,7 @@ impl Targets {
     }
 
     /// Where the direct jumps to function start `start` are.
-    pub fn jumps_to(&self, start: u64) -> impl Iterator<Item = u64> + '_ {
+    pub(crate) fn jumps_to(&self, start: u64) -> impl Iterator<Item = u64> + '_ {
         let lo = self.entry_jumps.partition_point(|j| j.0 < start);
         self.entry_jumps[lo..]
             .iter()
@@ -338,12 +338,12 @@ impl Targets {
     }
 
     /// Is `t` a jump-table target or a landing pad?
-    pub fn reached_indirectly(&self, t: u64) -> bool {
+    pub(crate) fn reached_indirectly(&self, t: u64) -> bool {
         self.indirect.binary_search(&t).is_ok()
     }
 
     /// The number of jumps to `t` if it is local (see `local`).
-    pub fn local_jumps(&self, t: u64) -> Option<u32> {
+    pub(crate) fn local_jumps(&self, t: u64) -> Option<u32> {
         self.local
             .binary_search_by_key(&t, |l| l.0)
             .ok()
@@ -354,14 +354,14 @@ impl Targets {
 /// How a function's sites are patched: windows, the sites left to uprobes, and those
 /// neither a stub nor a trap may touch (why, each).
 #[derive(Clone, Debug, Default)]
-pub struct FunctionPlan {
+pub(crate) struct FunctionPlan {
     pub windows: Vec<Window>,
     pub uprobes: Vec<(u32, FallbackReason)>,
     pub untraced: Vec<(u32, FallbackReason)>,
 }
 
 impl FunctionPlan {
-    pub fn all_uprobes(reqs: &[SiteReq], why: FallbackReason) -> Self {
+    pub(crate) fn all_uprobes(reqs: &[SiteReq], why: FallbackReason) -> Self {
         FunctionPlan {
             uprobes: reqs.iter().map(|r| (r.id, why.clone())).collect(),
             ..FunctionPlan::default()
@@ -373,14 +373,14 @@ impl FunctionPlan {
 /// bytes, of which the first `code_len` are instructions that are relocated (the rest
 /// padding after the function).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Span {
+pub(crate) struct Span {
     pub start: u64,
     pub len: usize,
     pub code_len: usize,
 }
 
 /// One site's own window, before windows that overlap are merged, or why it has none.
-pub struct Candidate {
+pub(crate) struct Candidate {
     pub req: SiteReq,
     /// The instruction the stub runs before.
     pub at: u64,
@@ -394,7 +394,7 @@ pub struct Candidate {
 
 impl Candidate {
     /// The site as a stub places it.
-    pub fn placed(&self) -> PlacedSite {
+    pub(crate) fn placed(&self) -> PlacedSite {
         PlacedSite {
             id: self.req.id,
             kind: self.req.kind,
@@ -411,7 +411,7 @@ impl Candidate {
         }
     }
 
-    pub fn uprobe(req: &SiteReq, at: u64, why: FallbackReason) -> Self {
+    pub(crate) fn uprobe(req: &SiteReq, at: u64, why: FallbackReason) -> Self {
         Candidate {
             req: req.clone(),
             at,
@@ -430,7 +430,7 @@ impl Candidate {
 /// a merged window (e.g. an x86-64 `call` that is no longer last) and may complete it
 /// (its landings): a rejected window is dropped and its sites become uprobe sites, the
 /// code left untouched.
-pub fn merge_windows(
+pub(crate) fn merge_windows(
     cands: Vec<Candidate>,
     mut bad: impl FnMut(&mut Window) -> Option<String>,
 ) -> FunctionPlan {
@@ -490,7 +490,7 @@ pub fn merge_windows(
 
 /// What site selection needs to know about one instruction.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct InsnFacts {
+pub(crate) struct InsnFacts {
     pub addr: u64,
     /// A return (`ret`, `retaa`).
     pub is_return: bool,
@@ -528,7 +528,7 @@ pub struct InsnFacts {
 /// an explicit memory operand that they read or write. Calls: every call. Landings:
 /// exception landing pads, and the returns of `setjmp` calls. Resumes: calls to
 /// `_Unwind_Resume`. (USDT sites come from the probe notes, not from here.)
-pub fn sites_of(
+pub(crate) fn sites_of(
     isa: &dyn Isa,
     input: &Input,
     f: &Function,
@@ -589,7 +589,7 @@ pub fn sites_of(
 
 /// `f`'s landing sites (its exception landing pads, the returns of its `setjmp`
 /// calls) and resume sites (its calls to `_Unwind_Resume`), from one decode.
-pub fn unwind_sites(
+pub(crate) fn unwind_sites(
     isa: &dyn Isa,
     input: &Input,
     f: &Function,
@@ -617,7 +617,7 @@ pub fn unwind_sites(
 
 /// Addresses of the injected run-time routines.
 #[derive(Clone, Copy, Debug)]
-pub struct Runtime {
+pub(crate) struct Runtime {
     pub flush: u64,
     /// Where the flush uprobe goes (the flush code's NOP).
     pub flush_probe: u64,
@@ -626,7 +626,7 @@ pub struct Runtime {
     pub entry_shim: Option<u64>,
 }
 
-pub trait Isa: crate::flow::FlowArch + Sync {
+pub(crate) trait Isa: crate::flow::FlowArch + Sync {
     /// `ARCH_*` code stored in the metadata.
     fn arch(&self) -> u32;
     /// Parse a `<sys/sdt.h>` argument operand (after its size prefix) in this ISA's

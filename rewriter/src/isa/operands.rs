@@ -12,7 +12,7 @@ use tracer_common::operand::{
 /// An address of the binary as seen from the uprobe at `at`: the pc register plus the
 /// link-time distance, which adds the load bias at run time without the eBPF side
 /// knowing it.
-pub fn pc_relative(kind: u8, target: u64, at: u64, pc: u8) -> Operand {
+pub(crate) fn pc_relative(kind: u8, target: u64, at: u64, pc: u8) -> Operand {
     Operand {
         kind,
         base: pc,
@@ -23,7 +23,7 @@ pub fn pc_relative(kind: u8, target: u64, at: u64, pc: u8) -> Operand {
 }
 
 /// The set of a memory site: its effective address and its record flags.
-pub fn memory_set(ea: Operand, flags: u32) -> OperandSet {
+pub(crate) fn memory_set(ea: Operand, flags: u32) -> OperandSet {
     debug_assert_eq!(ea.kind, OP_ADDR);
     let mut set = OperandSet {
         count: 1,
@@ -38,7 +38,7 @@ pub fn memory_set(ea: Operand, flags: u32) -> OperandSet {
 /// per argument, extended as the note says (the inline stubs' semantics). `reg` gives
 /// a register's number and whether it is an x86 high-byte register; `pc` is the
 /// backend's pc register. None if an argument cannot be described.
-pub fn usdt_set(
+pub(crate) fn usdt_set(
     args: &[Arg],
     at: u64,
     pc: u8,

@@ -14,7 +14,7 @@ use present::demangle;
 const NEVER: &[&str] = &["__restore_rt"];
 
 /// A symbol naming a split-off part of a function rather than a function.
-pub fn is_fragment(name: &str) -> bool {
+pub(crate) fn is_fragment(name: &str) -> bool {
     name.contains(".cold") || name.contains(".warm")
 }
 
@@ -22,7 +22,7 @@ pub fn is_fragment(name: &str) -> bool {
 /// symbol covers (a stripped binary's functions) and that start in code, named
 /// `sub_<address>`. PLT sections (FDEs for the whole PLT) are not functions. Sorted
 /// by address.
-pub fn functions(input: &Input, fdes: &[(u64, u64)]) -> Vec<Function> {
+pub(crate) fn functions(input: &Input, fdes: &[(u64, u64)]) -> Vec<Function> {
     let mut all = input.functions.clone();
     let plt: Vec<(u64, u64)> = input
         .sections
@@ -56,7 +56,7 @@ pub fn functions(input: &Input, fdes: &[(u64, u64)]) -> Vec<Function> {
 
 /// The selected functions of `functions` with the name to report (the alias that
 /// matched).
-pub fn select<'i>(
+pub(crate) fn select<'i>(
     input: &Input,
     functions: &'i [Function],
     globs: &[String],

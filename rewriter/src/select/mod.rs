@@ -2,8 +2,8 @@
 //! `--functions` globs ([`functions`]), the TOML spec ([`spec`]), USDT probe notes
 //! ([`usdt`]); globs also match demangled names (`present::demangle`).
 
-pub mod functions;
-pub mod parts;
+pub(crate) mod functions;
+pub(crate) mod parts;
 pub mod spec;
 pub mod usdt;
 
@@ -18,7 +18,7 @@ use tracer_common::BUF_FAST_CIRCULAR;
 use tracer_common::meta::SiteKind;
 
 /// A function to plan, with the name its sites report.
-pub struct Chosen {
+pub(crate) struct Chosen {
     pub f: Function,
     pub name: String,
     /// Matched by the globs (else: planned only for its USDT probes).
@@ -34,7 +34,7 @@ pub struct Chosen {
 }
 
 /// What the selection stage found.
-pub struct Selection {
+pub(crate) struct Selection {
     /// Every function of the binary (symbols and unnamed FDE ranges), sorted.
     pub functions: Vec<Function>,
     /// The functions to plan, sorted by address.
@@ -47,7 +47,7 @@ pub struct Selection {
 
 impl Selection {
     /// Every range of the function starting at `entry`: its own, then its parts'.
-    pub fn whole(&self, entry: u64) -> Vec<std::ops::Range<u64>> {
+    pub(crate) fn whole(&self, entry: u64) -> Vec<std::ops::Range<u64>> {
         std::iter::once(entry)
             .chain(self.parts.parts_of(entry))
             .filter_map(|a| function_at(&self.functions, a).filter(|f| f.addr == a))
@@ -58,7 +58,7 @@ impl Selection {
 
 /// Choose the functions to plan: the globs' matches with their split-off parts, and
 /// those holding a USDT probe.
-pub fn select(
+pub(crate) fn select(
     input: &Input,
     isa: &dyn Isa,
     flow: &Flow,
@@ -156,7 +156,7 @@ fn unplaced(input: &Input, p: &usdt::Probe) -> Error {
 }
 
 /// The function of `functions` (sorted) containing `pc`.
-pub fn function_at(functions: &[Function], pc: u64) -> Option<&Function> {
+pub(crate) fn function_at(functions: &[Function], pc: u64) -> Option<&Function> {
     let i = functions.partition_point(|f| f.addr <= pc);
     i.checked_sub(1)
         .map(|i| &functions[i])

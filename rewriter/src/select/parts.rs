@@ -31,7 +31,7 @@ use crate::isa::{Branch, Isa, Targets};
 
 /// Which regions are parts of which functions.
 #[derive(Debug, Default)]
-pub struct Parts {
+pub(crate) struct Parts {
     /// `(part start, parent start)`, sorted by part start.
     of: Vec<(u64, u64)>,
     /// The same as `(parent start, part start)`, sorted by parent: a function's parts
@@ -42,7 +42,7 @@ pub struct Parts {
 impl Parts {
     /// The parts of `all` (every function region, sorted). `named`: starts of the
     /// symbols' functions; `calls`: every direct call's target, sorted.
-    pub fn find(
+    pub(crate) fn find(
         input: &Input,
         isa: &dyn Isa,
         all: &[Function],
@@ -82,12 +82,12 @@ impl Parts {
     }
 
     /// The function `start` is a part of, if it is one.
-    pub fn parent_of(&self, start: u64) -> Option<u64> {
+    pub(crate) fn parent_of(&self, start: u64) -> Option<u64> {
         lookup(&self.of, start)
     }
 
     /// The starts of `parent`'s parts.
-    pub fn parts_of(&self, parent: u64) -> impl Iterator<Item = u64> + '_ {
+    pub(crate) fn parts_of(&self, parent: u64) -> impl Iterator<Item = u64> + '_ {
         let lo = self.by_parent.partition_point(|e| e.0 < parent);
         self.by_parent[lo..]
             .iter()

@@ -46,7 +46,7 @@ fn drain_if_target(ctx: &TracePointContext, cause: u32, after: u32) -> i64 {
 
 /// The thread leaves through exit(): drain and release its slots.
 #[inline(always)]
-pub fn thread_exit(ctx: &TracePointContext) -> u32 {
+pub(crate) fn thread_exit(ctx: &TracePointContext) -> u32 {
     let r = drain_if_target(ctx, CAUSE_THREAD_EXIT, AFTER_RELEASE);
     if r < 0 {
         log_error!(ctx, "thread_exit: drain failed: {}", r);
@@ -60,7 +60,7 @@ pub fn thread_exit(ctx: &TracePointContext) -> u32 {
 /// buffers hold. Circular buffers are delivered too (an exec that fails leaves the
 /// process running: trace buffers go on from where this drain stopped).
 #[inline(always)]
-pub fn group_exit(ctx: &TracePointContext) -> u32 {
+pub(crate) fn group_exit(ctx: &TracePointContext) -> u32 {
     let r = drain_if_target(ctx, CAUSE_THREAD_EXIT, AFTER_SIGNAL);
     if r < 0 {
         log_error!(ctx, "group_exit: drain failed: {}", r);
@@ -82,7 +82,7 @@ const CRASH_SIGNALS: [i32; 7] = [4, 5, 6, 7, 8, 11, 31];
 /// thread taking a crash signal has its buffers delivered too (circular buffers: the
 /// records leading up to the crash); if it survives (a handler), it goes on recording.
 #[inline(always)]
-pub fn killed(ctx: &TracePointContext) -> u32 {
+pub(crate) fn killed(ctx: &TracePointContext) -> u32 {
     let pid_tid = bpf_get_current_pid_tgid();
     if !is_target((pid_tid >> 32) as u32) {
         return 0;
@@ -107,7 +107,7 @@ pub fn killed(ctx: &TracePointContext) -> u32 {
 /// exit-time programs left (threads killed by exit_group or a signal), and the maps
 /// forget it.
 #[inline(always)]
-pub fn task_exit(ctx: &TracePointContext) -> u32 {
+pub(crate) fn task_exit(ctx: &TracePointContext) -> u32 {
     let pid_tid = bpf_get_current_pid_tgid();
     let tgid = (pid_tid >> 32) as u32;
     let tid = pid_tid as u32;
@@ -149,7 +149,7 @@ pub fn task_exit(ctx: &TracePointContext) -> u32 {
 
 /// One step of an exit drain, reached by tail calls only (see `maps::ExitWork`).
 #[inline(always)]
-pub fn exit_step(ctx: &TracePointContext) -> u32 {
+pub(crate) fn exit_step(ctx: &TracePointContext) -> u32 {
     let r = tables::exit_step(ctx);
     if r < 0 {
         log_error!(ctx, "exit drain step failed: {}", r);

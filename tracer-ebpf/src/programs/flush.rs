@@ -35,7 +35,7 @@ use crate::{
 /// The flush uprobe; `S` = the sleepable variant (`flush_s`), which faults
 /// non-resident buffer pages in.
 #[inline(always)]
-pub fn flush<const S: bool>(ctx: &ProbeContext) -> u32 {
+pub(crate) fn flush<const S: bool>(ctx: &ProbeContext) -> u32 {
     let pid_tid = bpf_get_current_pid_tgid();
     let tgid = (pid_tid >> 32) as u32;
     if !is_target(tgid) {

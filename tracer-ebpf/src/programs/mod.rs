@@ -10,10 +10,10 @@ macro_rules! log_error {
     };
 }
 
-pub mod exit;
-pub mod flush;
-pub mod process;
-pub mod site;
+pub(crate) mod exit;
+pub(crate) mod flush;
+pub(crate) mod process;
+pub(crate) mod site;
 
 use tracer_common::ebpf::TARGETS_ENDED;
 
@@ -22,12 +22,12 @@ use crate::maps::{SYSTEM_WIDE, TARGETS};
 /// Whether process `tgid` is traced (every process in a system-wide session), until
 /// the session ends.
 #[inline(always)]
-pub fn is_target(tgid: u32) -> bool {
+pub(crate) fn is_target(tgid: u32) -> bool {
     !ended() && (SYSTEM_WIDE.load() != 0 || TARGETS.get_ptr(tgid).is_some())
 }
 
 /// The session is over (`TARGETS_ENDED`).
 #[inline(always)]
-pub fn ended() -> bool {
+pub(crate) fn ended() -> bool {
     TARGETS.get_ptr(TARGETS_ENDED).is_some()
 }

@@ -21,7 +21,7 @@ use crate::tables::{claim_table, forget_table, inherit_at_fork, release_owner};
 /// A traced process forked: the child is traced too, and starts with its parent's RW
 /// areas.
 #[inline(always)]
-pub fn fork(ctx: &TracePointContext) -> u32 {
+pub(crate) fn fork(ctx: &TracePointContext) -> u32 {
     let system_wide = SYSTEM_WIDE.load() != 0;
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !system_wide && TARGETS.get_ptr(tgid).is_none() {
@@ -88,7 +88,7 @@ fn announce_mapped(pid_tid: u64, cause: u32) {
 /// A process exec'd: a system-wide session looks for instrumented binaries in it
 /// (its executable is mapped by now; the libraries come with `mmap`).
 #[inline(always)]
-pub fn exec() -> u32 {
+pub(crate) fn exec() -> u32 {
     let pid_tid = bpf_get_current_pid_tgid();
     let tgid = (pid_tid >> 32) as u32;
     if is_target(tgid) {
@@ -103,7 +103,7 @@ pub fn exec() -> u32 {
 /// A traced process maps a file executable (the loader, or `dlopen`): the tracer
 /// looks for an instrumented binary it does not trace yet.
 #[inline(always)]
-pub fn mmap(ctx: &TracePointContext) -> u32 {
+pub(crate) fn mmap(ctx: &TracePointContext) -> u32 {
     let pid_tid = bpf_get_current_pid_tgid();
     if !is_target((pid_tid >> 32) as u32) {
         return 0;

@@ -66,7 +66,7 @@ struct Event {
 
 /// The uprobe of an unpatchable site.
 #[inline(always)]
-pub fn site(ctx: &ProbeContext) -> u32 {
+pub(crate) fn site(ctx: &ProbeContext) -> u32 {
     let pid_tid = bpf_get_current_pid_tgid();
     let tgid = (pid_tid >> 32) as u32;
     if !is_target(tgid) {

@@ -41,10 +41,10 @@ const LANG_KEY: u64 = 1 << 63;
 
 /// Latency histogram buckets: bucket i counts calls of [2^i, 2^(i+1)) ns (bucket 0
 /// also 0 ns).
-pub const BUCKETS: usize = 40;
+pub(crate) const BUCKETS: usize = 40;
 
 #[derive(Clone, Debug, Serialize)]
-pub struct FunctionTime {
+pub(crate) struct FunctionTime {
     pub binary: String,
     pub function: String,
     /// Calls with both their entry and their exit.
@@ -86,7 +86,7 @@ impl FunctionTime {
 
 /// What one record did to its thread's calls.
 #[derive(Default)]
-pub struct Step {
+pub(crate) struct Step {
     /// An entry: the function whose call began.
     pub began: Option<usize>,
     /// Open calls above the one this exit completes, given up (never exited through a
@@ -100,7 +100,7 @@ pub struct Step {
 }
 
 /// A completed call.
-pub struct Slice {
+pub(crate) struct Slice {
     pub pid: u32,
     pub tid: u32,
     pub function: usize,
@@ -285,7 +285,7 @@ impl Stack {
 }
 
 #[derive(Default)]
-pub struct Calls {
+pub(crate) struct Calls {
     index: HashMap<(u64, String), usize>,
     /// (binary id, site) → function: one lookup per record, no string hashing.
     by_site: HashMap<(u64, u32), usize>,
@@ -314,13 +314,13 @@ pub struct Calls {
 /// from its parent node. Stacks deeper than [`MAX_STACK_DEPTH`] (deep recursion) end
 /// in their frame at that depth, which takes the time of the calls below it.
 #[derive(Default)]
-pub struct StackTree {
+pub(crate) struct StackTree {
     /// (parent node, function, self time ns, depth) per node; node 0 is the root.
     pub nodes: Vec<(usize, usize, u64, u32)>,
     children: HashMap<(usize, usize), usize>,
 }
 
-pub const MAX_STACK_DEPTH: u32 = 512;
+pub(crate) const MAX_STACK_DEPTH: u32 = 512;
 
 impl StackTree {
     fn child(&mut self, parent: usize, function: usize) -> usize {
@@ -338,7 +338,7 @@ impl StackTree {
     }
 
     /// The functions of `node`'s stack, outermost first.
-    pub fn path(&self, mut node: usize) -> Vec<usize> {
+    pub(crate) fn path(&self, mut node: usize) -> Vec<usize> {
         let mut path = Vec::new();
         while node != 0 {
             let (parent, function, ..) = self.nodes[node];
@@ -401,7 +401,7 @@ fn end_call(
 
 impl Calls {
     /// Also sum self time per call stack ([`Calls::folded`]).
-    pub fn folding() -> Calls {
+    pub(crate) fn folding() -> Calls {
         Calls {
             folded: Some(StackTree::default()),
             ..Calls::default()
@@ -442,7 +442,7 @@ impl Calls {
     }
 
     /// Take one record.
-    pub fn event(&mut self, ev: &Event) -> Step {
+    pub(crate) fn event(&mut self, ev: &Event) -> Step {
         self.strings = ev.strings.stats;
         if let Some(c) = ev.lang {
             let key = LANG_KEY | u64::from(c.file) << 32 | u64::from(c.function);
@@ -600,7 +600,7 @@ impl Calls {
 
     /// Calls still open per thread (for closing them at the end of a trace): of
     /// functions, and of interpreted programs.
-    pub fn open_calls(&self) -> impl Iterator<Item = ((u32, u32), usize, usize)> + '_ {
+    pub(crate) fn open_calls(&self) -> impl Iterator<Item = ((u32, u32), usize, usize)> + '_ {
         self.stacks.iter().map(|(&t, s)| {
             let lang = s.frames.iter().filter(|fr| fr.key & LANG_KEY != 0).count();
             (t, s.len() - lang, lang)
@@ -609,7 +609,7 @@ impl Calls {
 
     /// Close the books: calls still open count as unfinished; the functions that were
     /// called, by total time (largest first), histograms trimmed.
-    pub fn finish(mut self) -> (Vec<FunctionTime>, u64, u64) {
+    pub(crate) fn finish(mut self) -> (Vec<FunctionTime>, u64, u64) {
         self.unfinished += self.stacks.values().map(|s| s.len() as u64).sum::<u64>();
         let mut fs: Vec<FunctionTime> = self
             .functions

@@ -17,7 +17,7 @@ use crate::tracefile::{Chunk, Reader, Section};
 type Key = (u32, u32, u64);
 
 /// A first pass over the file: per thread and binary, each drain's (time, records).
-pub struct Timeline {
+pub(crate) struct Timeline {
     coarse: Vec<u64>,
     /// `TimeMode::Block` binaries: which of their site ids are basic blocks.
     block_mode: HashMap<u64, Vec<bool>>,
@@ -29,7 +29,7 @@ pub struct Timeline {
 }
 
 impl Timeline {
-    pub fn scan(path: &Path) -> Result<Self> {
+    pub(crate) fn scan(path: &Path) -> Result<Self> {
         let mut r = Reader::open(path)?;
         let mut coarse = Vec::new();
         let mut block_mode = HashMap::new();
@@ -78,7 +78,7 @@ impl Timeline {
 
     /// Give the records of `c` (the next chunk in file order) their times, if they
     /// come from a coarse binary.
-    pub fn apply(&mut self, c: &mut Chunk) {
+    pub(crate) fn apply(&mut self, c: &mut Chunk) {
         let h = c.header;
         if let Some(is_block) = self.block_mode.get(&h.binary_id) {
             // Block timestamps: a record other than a block's takes the time of the

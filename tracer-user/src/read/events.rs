@@ -22,7 +22,7 @@ use crate::{
     tracefile::{self, Chunk, FinalStats, Reader, Section, Truncation, clock::Calibration},
 };
 
-pub fn truncation_warning(path: &Path, t: Option<&Truncation>, stats: Option<&FinalStats>) {
+pub(crate) fn truncation_warning(path: &Path, t: Option<&Truncation>, stats: Option<&FinalStats>) {
     if let Some(t) = t {
         eprintln!(
             "utrace: warning: {} is truncated: incomplete {} at byte {}; reading what precedes it",
@@ -39,7 +39,7 @@ pub fn truncation_warning(path: &Path, t: Option<&Truncation>, stats: Option<&Fi
 }
 
 /// One record as [`each_record`] hands it out.
-pub struct Event<'a> {
+pub(crate) struct Event<'a> {
     pub pid: u32,
     pub tid: u32,
     pub binary_id: u64,
@@ -67,14 +67,14 @@ pub struct Event<'a> {
 /// What a reader keeps from one section to the next: thread names, the strings of
 /// USDT arguments, call probes under way.
 #[derive(Default)]
-pub struct Threads {
+pub(crate) struct Threads {
     comms: HashMap<(u32, u32), String>,
     pub lang: Lang,
 }
 
 impl Threads {
     /// Take a comm or string section (others are not for it).
-    pub fn section(&mut self, s: Section) {
+    pub(crate) fn section(&mut self, s: Section) {
         match s {
             Section::Comm(pid, tid, name) => {
                 self.comms.insert((pid, tid), name);
@@ -87,7 +87,7 @@ impl Threads {
 
 /// Every real record of a trace, in delivery order, with its names and time; the
 /// file's stats section (if any) at the end. `names` also learns load biases.
-pub fn each_record(
+pub(crate) fn each_record(
     path: &Path,
     names: &mut Names,
     mut f: impl FnMut(&Event, &Names),
@@ -124,7 +124,7 @@ pub fn each_record(
 }
 
 /// Every real record of chunk `c` as an [`Event`], in order.
-pub fn chunk_events(
+pub(crate) fn chunk_events(
     c: &Chunk,
     threads: &mut Threads,
     names: &Names,
@@ -179,7 +179,7 @@ pub fn chunk_events(
 
 /// CLOCK_MONOTONIC ns of a record: uprobe records already are; inline records carry
 /// the cycle counter.
-pub fn time_ns(rec: &Record, clock: Option<&Calibration>) -> u64 {
+pub(crate) fn time_ns(rec: &Record, clock: Option<&Calibration>) -> u64 {
     if rec.flags & FLAG_KTIME != 0 {
         rec.time
     } else {

@@ -29,7 +29,7 @@ use crate::{probes::CallProbe, tracefile::StringAt};
 /// A call of the interpreted program that a record opens or closes. `file` and
 /// `function` are string ids ([`Lang::text`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LangCall {
+pub(crate) struct LangCall {
     pub entry: bool,
     pub file: u32,
     pub function: u32,
@@ -40,7 +40,7 @@ pub struct LangCall {
 
 /// What the string sections of a trace said.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct StringStats {
+pub(crate) struct StringStats {
     /// String sections (a pointer named, or named again).
     pub sent: u64,
     /// Sent again because the bytes at the pointer changed (freed and reused while
@@ -62,7 +62,7 @@ struct Pending {
 
 /// The strings of a trace (per process) and the call probes under way (per thread).
 #[derive(Default)]
-pub struct Lang {
+pub(crate) struct Lang {
     /// (pid, pointer) → string id.
     at: HashMap<(u32, u64), u32>,
     pub stats: StringStats,
@@ -76,7 +76,7 @@ pub struct Lang {
 
 impl Lang {
     /// A string section: from here on `s.ptr` in process `s.pid` means its text.
-    pub fn learn(&mut self, s: StringAt) {
+    pub(crate) fn learn(&mut self, s: StringAt) {
         let st = &mut self.stats;
         st.sent += 1;
         st.changed += u64::from(s.status & STRING_CHANGED != 0);
@@ -101,7 +101,7 @@ impl Lang {
     }
 
     /// The text of string id `id`.
-    pub fn text(&self, id: u32) -> &str {
+    pub(crate) fn text(&self, id: u32) -> &str {
         self.texts.get(id as usize).map_or("?", |t| t)
     }
 
@@ -126,7 +126,7 @@ impl Lang {
 
     /// Record `rec` of thread (pid, tid), of a site that is call probe `probe` (None:
     /// any other site): the call it completes, if any.
-    pub fn step(
+    pub(crate) fn step(
         &mut self,
         (pid, tid): (u32, u32),
         probe: Option<CallProbe>,
@@ -176,7 +176,7 @@ impl Lang {
     /// Thread (pid, tid) recorded at a site that is no call probe: a probe's records
     /// are contiguous, so one still waiting lost the others.
     #[inline]
-    pub fn other_record(&mut self, thread: (u32, u32)) {
+    pub(crate) fn other_record(&mut self, thread: (u32, u32)) {
         if !self.pending.is_empty() {
             self.pending.remove(&thread);
         }

@@ -2,9 +2,9 @@
 //! coarse times, calls (and those of interpreted programs, `lang`), code symbols. May use `tracefile` and `debuginfo`; `views`
 //! builds on it.
 
-pub mod calls;
-pub mod coarse;
-pub mod events;
-pub mod lang;
-pub mod names;
-pub mod symbols;
+pub(crate) mod calls;
+pub(crate) mod coarse;
+pub(crate) mod events;
+pub(crate) mod lang;
+pub(crate) mod names;
+pub(crate) mod symbols;

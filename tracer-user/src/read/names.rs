@@ -21,7 +21,7 @@ use crate::{
 };
 
 /// One site of a binary: its raw symbol, the readable (demangled) name, kind, address.
-pub struct SiteName {
+pub(crate) struct SiteName {
     pub(super) raw: String,
     pub(super) name: String,
     pub(super) kind: SiteKind,
@@ -34,7 +34,7 @@ pub struct SiteName {
 
 /// Names for the (binary_id, site id) pairs of a trace, from its binary sections, and
 /// source locations of code addresses (DWARF, see [`crate::read::symbols`]).
-pub struct Names {
+pub(crate) struct Names {
     /// Per binary: its name and its sites, indexed by site id.
     pub(super) binaries: HashMap<u64, (String, Vec<Option<SiteName>>)>,
     /// (binary name, time mode) per binary.
@@ -50,7 +50,7 @@ pub struct Names {
 }
 
 impl Names {
-    pub fn new(debug_dirs: &[PathBuf]) -> Names {
+    pub(crate) fn new(debug_dirs: &[PathBuf]) -> Names {
         Names {
             binaries: HashMap::new(),
             time_modes: Vec::new(),
@@ -61,7 +61,7 @@ impl Names {
         }
     }
 
-    pub fn add(&mut self, b: &BinaryInfo) {
+    pub(crate) fn add(&mut self, b: &BinaryInfo) {
         if self.binaries.contains_key(&b.binary_id) {
             return;
         }
@@ -120,20 +120,20 @@ impl Names {
 
     /// Whether a record is real: circular buffers are delivered whole, and the records
     /// never written there have flags 0 (a written one has `FLAG_RING`).
-    pub fn is_record(&self, binary_id: u64, rec: &Record) -> bool {
+    pub(crate) fn is_record(&self, binary_id: u64, rec: &Record) -> bool {
         rec.flags & FLAG_RING != 0 || !self.rings.contains(&binary_id)
     }
 
-    pub fn binary(&self, id: u64) -> &str {
+    pub(crate) fn binary(&self, id: u64) -> &str {
         self.binaries.get(&id).map_or("?", |(n, _)| n)
     }
 
     /// The binary's build-id in hex ("" when unknown).
-    pub fn build_id(&self, id: u64) -> &str {
+    pub(crate) fn build_id(&self, id: u64) -> &str {
         self.build_ids.get(&id).map_or("", String::as_str)
     }
 
-    pub fn site(&self, id: u64, site: u32) -> Option<&SiteName> {
+    pub(crate) fn site(&self, id: u64, site: u32) -> Option<&SiteName> {
         self.binaries
             .get(&id)
             .and_then(|(_, s)| s.get(site as usize))
@@ -141,21 +141,21 @@ impl Names {
     }
 
     /// The site's symbol as the binary spells it (mangled).
-    pub fn raw_symbol(&self, id: u64, site: u32) -> &str {
+    pub(crate) fn raw_symbol(&self, id: u64, site: u32) -> &str {
         self.site(id, site).map_or("?", |s| s.raw.as_str())
     }
 
     /// The site's function, demangled.
-    pub fn symbol(&self, id: u64, site: u32) -> &str {
+    pub(crate) fn symbol(&self, id: u64, site: u32) -> &str {
         self.site(id, site).map_or("?", |s| s.name.as_str())
     }
 
-    pub fn kind(&self, id: u64, site: u32) -> &'static str {
+    pub(crate) fn kind(&self, id: u64, site: u32) -> &'static str {
         self.site(id, site).map_or("?", |s| s.kind.name())
     }
 
     /// Source frames of a site, innermost first (empty: no debug information).
-    pub fn site_frames(&self, id: u64, site: u32) -> Rc<[Frame]> {
+    pub(crate) fn site_frames(&self, id: u64, site: u32) -> Rc<[Frame]> {
         match self.site(id, site) {
             Some(s) => self.symbols.borrow_mut().frames(id, s.vaddr),
             None => Rc::from([]),
@@ -163,12 +163,12 @@ impl Names {
     }
 
     /// Binary `id` is at `bias` in process `pid` (a load section).
-    pub fn loaded_at(&self, pid: u32, id: u64, bias: u64) {
+    pub(crate) fn loaded_at(&self, pid: u32, id: u64, bias: u64) {
         self.biases.borrow_mut().insert((pid, id), bias);
     }
 
     /// Learn load biases from a record that holds its own site's run-time address.
-    pub fn learn_at(&self, pid: u32, id: u64, s: &SiteName, rec: &Record) {
+    pub(crate) fn learn_at(&self, pid: u32, id: u64, s: &SiteName, rec: &Record) {
         let at = match s.kind {
             SiteKind::Memory if rec.flags & FLAG_UPROBE == 0 => rec.aux,
             SiteKind::Block => rec.value,
@@ -187,7 +187,13 @@ impl Names {
     /// binary `id` or another traced binary of that process whose load bias is known;
     /// empty when none has code there. `call_return`: the address follows a call (its
     /// line is the call's).
-    pub fn code_frames(&self, pid: u32, id: u64, addr: u64, call_return: bool) -> Rc<[Frame]> {
+    pub(crate) fn code_frames(
+        &self,
+        pid: u32,
+        id: u64,
+        addr: u64,
+        call_return: bool,
+    ) -> Rc<[Frame]> {
         let mut candidates: Vec<(u64, u64)> = Vec::new();
         {
             let biases = self.biases.borrow();
@@ -218,17 +224,17 @@ impl Names {
     }
 
     /// (binary name, time mode) of each binary, in file order.
-    pub fn time_modes(&self) -> &[(String, TimeMode)] {
+    pub(crate) fn time_modes(&self) -> &[(String, TimeMode)] {
         &self.time_modes
     }
 
     /// Where the debug information of each binary came from.
-    pub fn debug_source(&self, id: u64) -> Option<DebugSource> {
+    pub(crate) fn debug_source(&self, id: u64) -> Option<DebugSource> {
         self.symbols.borrow_mut().source(id)
     }
 }
 
 /// Entry and exit sites stand for their function.
-pub fn kind_is_call_edge(kind: &str) -> bool {
+pub(crate) fn kind_is_call_edge(kind: &str) -> bool {
     matches!(kind, "entry" | "exit")
 }

@@ -11,7 +11,7 @@ use crate::debuginfo::{DebugSource, cache_dir, locate, map_regular};
 
 /// One frame at a code address: the innermost (possibly inlined) function first.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
-pub struct Frame {
+pub(crate) struct Frame {
     pub function: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub file: Option<String>,
@@ -24,7 +24,7 @@ pub struct Frame {
 
 impl Frame {
     /// `file:line` (file name only), or "" when unknown.
-    pub fn location(&self) -> String {
+    pub(crate) fn location(&self) -> String {
         match (&self.file, self.line) {
             (Some(f), Some(l)) => format!("{}:{l}", short(f)),
             (Some(f), None) => short(f).to_string(),
@@ -38,7 +38,7 @@ fn short(path: &str) -> &str {
 }
 
 /// Demangle a C++ or Rust symbol name (others unchanged).
-pub fn demangle(name: &str) -> Cow<'_, str> {
+pub(crate) fn demangle(name: &str) -> Cow<'_, str> {
     present::demangle(name).map_or(Cow::Borrowed(name), Cow::Owned)
 }
 
@@ -50,7 +50,7 @@ struct Loaded {
 }
 
 /// Resolves code addresses of the binaries of one trace.
-pub struct Symbolizer {
+pub(crate) struct Symbolizer {
     dirs: Vec<PathBuf>,
     cache: Option<PathBuf>,
     binaries: HashMap<u64, Option<Rc<Loaded>>>,
@@ -119,7 +119,7 @@ fn read_layout(data: &[u8]) -> Option<Layout> {
 impl Symbolizer {
     /// `dirs`: extra debug directories (`--debug-dir`), searched before
     /// `/usr/lib/debug`.
-    pub fn new(dirs: &[PathBuf]) -> Symbolizer {
+    pub(crate) fn new(dirs: &[PathBuf]) -> Symbolizer {
         Symbolizer {
             dirs: dirs.to_vec(),
             cache: cache_dir(),
@@ -129,18 +129,18 @@ impl Symbolizer {
         }
     }
 
-    pub fn add_binary(&mut self, binary_id: u64, path: &str, build_id: &[u8]) {
+    pub(crate) fn add_binary(&mut self, binary_id: u64, path: &str, build_id: &[u8]) {
         self.known
             .insert(binary_id, (PathBuf::from(path), build_id.to_vec()));
     }
 
     /// Whether `binary_id` loads at its link-time addresses (ELF `ET_EXEC`: bias 0).
-    pub fn fixed_address(&mut self, binary_id: u64) -> bool {
+    pub(crate) fn fixed_address(&mut self, binary_id: u64) -> bool {
         self.loaded(binary_id).is_some_and(|l| l.layout.fixed)
     }
 
     /// Whether file address `vaddr` is in `binary_id`'s code.
-    pub fn is_code(&mut self, binary_id: u64, vaddr: u64) -> bool {
+    pub(crate) fn is_code(&mut self, binary_id: u64, vaddr: u64) -> bool {
         self.loaded(binary_id).is_some_and(|l| {
             l.layout
                 .code
@@ -150,7 +150,7 @@ impl Symbolizer {
     }
 
     /// Where the debug information of `binary_id` comes from (None: nothing usable).
-    pub fn source(&mut self, binary_id: u64) -> Option<DebugSource> {
+    pub(crate) fn source(&mut self, binary_id: u64) -> Option<DebugSource> {
         self.loaded(binary_id).map(|l| l.source.clone())
     }
 
@@ -192,7 +192,7 @@ impl Symbolizer {
 
     /// The frames at file address `vaddr` of `binary_id`, innermost first; empty when
     /// nothing is known about it.
-    pub fn frames(&mut self, binary_id: u64, vaddr: u64) -> Rc<[Frame]> {
+    pub(crate) fn frames(&mut self, binary_id: u64, vaddr: u64) -> Rc<[Frame]> {
         if let Some(f) = self.memo.get(&(binary_id, vaddr)) {
             return f.clone();
         }
@@ -251,7 +251,7 @@ fn resolve(loader: &addr2line::Loader, layout: &Layout, vaddr: u64) -> Vec<Frame
 
 /// "function (file:line)" of the outermost frame, with the inlined ones inside it:
 /// "inner (a.c:3) inlined in outer (b.c:9)".
-pub fn describe(frames: &[Frame]) -> String {
+pub(crate) fn describe(frames: &[Frame]) -> String {
     let one = |f: &Frame| {
         let loc = f.location();
         if loc.is_empty() {

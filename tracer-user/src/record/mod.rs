@@ -6,8 +6,8 @@
 //! `probes`; never `read` or `views`.
 
 pub mod drain;
-pub mod host;
-pub mod session;
+pub(crate) mod host;
+mod session;
 
 pub use session::{
     LiveFeed, OnFull, RecordOptions, Target, Untouched, control, credentials, default_output,

@@ -20,7 +20,7 @@ const ALIGN: usize = 4096;
 /// Bytes per direct write.
 const BLOCK: usize = 2 << 20;
 
-pub struct DirectWriter {
+pub(super) struct DirectWriter {
     file: File,
     /// `BLOCK + ALIGN` bytes; the block is `buf[off..off + BLOCK]`, `ALIGN`-aligned.
     buf: Vec<u8>,
@@ -31,7 +31,7 @@ pub struct DirectWriter {
 
 impl DirectWriter {
     /// Append to `file` (just created), with `O_DIRECT` where its file system takes it.
-    pub fn new(file: File) -> Self {
+    pub(super) fn new(file: File) -> Self {
         let buf = vec![0u8; BLOCK + ALIGN];
         let off = buf.as_ptr().align_offset(ALIGN);
         let direct = set_flags(&file, |f| f | libc::O_DIRECT).is_ok();
@@ -68,7 +68,7 @@ impl DirectWriter {
     }
 
     /// Write what is left and make it durable (the last call).
-    pub fn finish(&mut self) -> io::Result<()> {
+    pub(super) fn finish(&mut self) -> io::Result<()> {
         self.buffered()?;
         let tail = &self.buf[self.off..self.off + self.len];
         self.file.write_all(tail)?;

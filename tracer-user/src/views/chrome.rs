@@ -16,7 +16,7 @@ use crate::read::{calls::Calls, events::each_record, names::Names, symbols::desc
 /// The thread of a thread's interpreted calls: above every Linux tid (pid_max ≤ 2^22).
 const LANG_TID: u32 = 1 << 22;
 
-pub fn write(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Result<()> {
+pub(crate) fn write(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Result<()> {
     let mut calls = Calls::default();
     let mut named: HashSet<(u32, u32)> = HashSet::new();
     let mut first = true;

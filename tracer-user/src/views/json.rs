@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 
 use crate::views::model::Report;
 
-pub fn write(out: &mut impl Write, r: &Report) -> Result<()> {
+pub(crate) fn write(out: &mut impl Write, r: &Report) -> Result<()> {
     serde_json::to_writer(&mut *out, &r.summary).context("cannot write JSON")?;
     writeln!(out)?;
     Ok(())

@@ -2,15 +2,15 @@
 //! JSON), the dump, exports (Chrome, Perfetto, Parquet), flame graphs and the live view of a session. May use `read`,
 //! `tracefile` and `debuginfo`; nothing else uses it but `main`.
 
-pub mod chrome;
+pub(crate) mod chrome;
 pub mod dump;
 pub mod export;
 pub mod flamegraph;
-pub mod json;
-pub mod model;
-pub mod parquet;
-pub mod perfetto;
-pub mod text;
+pub(crate) mod json;
+pub(crate) mod model;
+pub(crate) mod parquet;
+pub(crate) mod perfetto;
+pub(crate) mod text;
 pub mod top;
 
 use std::{io::Write, path::Path, path::PathBuf};

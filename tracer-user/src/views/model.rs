@@ -27,7 +27,7 @@ use crate::{
 };
 
 #[derive(Serialize)]
-pub struct FunctionCount {
+pub(crate) struct FunctionCount {
     pub binary: String,
     /// The site's symbol as the binary has it (mangled, as `tracer dump` prints it).
     pub symbol: String,
@@ -44,14 +44,14 @@ pub struct FunctionCount {
 }
 
 #[derive(Serialize)]
-pub struct BinaryTime {
+pub(crate) struct BinaryTime {
     pub binary: String,
     /// "record" (a cycle-counter read per record) or "coarse" (interpolated).
     pub time_mode: String,
 }
 
 #[derive(Serialize)]
-pub struct ThreadCount {
+pub(crate) struct ThreadCount {
     pub pid: u32,
     pub tid: u32,
     /// The thread's name when its records were drained.
@@ -68,7 +68,7 @@ pub struct ThreadCount {
 }
 
 #[derive(Serialize)]
-pub struct BinarySummary {
+pub(crate) struct BinarySummary {
     pub path: String,
     pub binary_id: u64,
     /// GNU build-id of the original binary, hex.
@@ -79,7 +79,7 @@ pub struct BinarySummary {
 
 /// A site the rewriter could not patch inline: the tracer attached a uprobe there.
 #[derive(Serialize)]
-pub struct UprobeSite {
+pub(crate) struct UprobeSite {
     pub binary: String,
     pub site: u32,
     /// The site's function (a USDT site: its probe), demangled.
@@ -93,7 +93,7 @@ pub struct UprobeSite {
 
 /// `calls` of the report.
 #[derive(Serialize, Default)]
-pub struct CallTimes {
+pub(crate) struct CallTimes {
     pub functions: Vec<FunctionTime>,
     /// Exits with no open call of their function (e.g. the call began before the
     /// session).
@@ -113,7 +113,7 @@ pub struct CallTimes {
 /// The session's books: every record taken out of a buffer (or emitted at a uprobe
 /// site) was delivered, filtered or dropped.
 #[derive(Serialize, Default)]
-pub struct Books {
+pub(crate) struct Books {
     pub produced: u64,
     pub delivered: u64,
     pub filtered: u64,
@@ -136,7 +136,7 @@ pub struct Books {
 }
 
 #[derive(Serialize)]
-pub struct Summary {
+pub(crate) struct Summary {
     pub records: u64,
     pub dropped: u64,
     pub inline: u64,
@@ -163,14 +163,14 @@ pub struct Summary {
 }
 
 #[derive(Serialize)]
-pub struct LastRecords {
+pub(crate) struct LastRecords {
     pub pid: u32,
     pub tid: u32,
     pub records: Vec<LastRecord>,
 }
 
 #[derive(Serialize)]
-pub struct LastRecord {
+pub(crate) struct LastRecord {
     pub binary: String,
     pub site: u32,
     pub symbol: String,
@@ -186,7 +186,7 @@ pub struct LastRecord {
 }
 
 /// A report: the summary (what `--json` prints) and the session it was recorded in.
-pub struct Report {
+pub(crate) struct Report {
     pub summary: Summary,
     pub session: Option<SessionInfo>,
 }
@@ -194,7 +194,7 @@ pub struct Report {
 /// Read the trace twice: first calls and times (each record with its time), then the
 /// counts and `--last` records (whose callers need the load biases the first pass
 /// learned).
-pub fn build(path: &Path, last: usize, debug_dirs: &[std::path::PathBuf]) -> Result<Report> {
+pub(crate) fn build(path: &Path, last: usize, debug_dirs: &[std::path::PathBuf]) -> Result<Report> {
     let mut names = Names::new(debug_dirs);
     let mut calls = Calls::default();
     let times = ThreadTimes::read(path, &mut names, &mut calls)?;

@@ -31,10 +31,10 @@ use crate::read::{
 };
 
 /// Rows buffered before they are written as a row group.
-pub const ROWS_PER_GROUP: usize = 1 << 16;
+pub(crate) const ROWS_PER_GROUP: usize = 1 << 16;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Type {
+pub(crate) enum Type {
     U32,
     U64,
     Str,
@@ -45,7 +45,7 @@ pub enum Type {
 }
 
 /// `records.parquet`: a row per record, in delivery order.
-pub const RECORDS: &[(&str, Type)] = &[
+pub(crate) const RECORDS: &[(&str, Type)] = &[
     ("pid", Type::U32),
     ("tid", Type::U32),
     ("thread", Type::Str),
@@ -63,7 +63,7 @@ pub const RECORDS: &[(&str, Type)] = &[
 ];
 
 /// `calls.parquet`: a row per completed call, in the order calls end.
-pub const CALLS: &[(&str, Type)] = &[
+pub(crate) const CALLS: &[(&str, Type)] = &[
     ("pid", Type::U32),
     ("tid", Type::U32),
     ("thread", Type::Str),
@@ -331,7 +331,7 @@ impl<W: Write + Send> Writer<W> {
 }
 
 /// Write `trace`'s records and calls to `records` and `calls`.
-pub fn write(
+pub(crate) fn write(
     trace: &Path,
     names: &mut Names,
     records: &mut BufWriter<File>,

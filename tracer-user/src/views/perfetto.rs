@@ -33,7 +33,7 @@ use crate::read::{
 };
 
 #[derive(Clone, PartialEq, Message)]
-pub struct TracePacket {
+pub(crate) struct TracePacket {
     #[prost(uint64, optional, tag = "8")]
     pub timestamp: Option<u64>,
     #[prost(uint32, optional, tag = "10")]
@@ -53,7 +53,7 @@ const SEQ_INCREMENTAL_STATE_CLEARED: u32 = 1;
 const SEQ_NEEDS_INCREMENTAL_STATE: u32 = 2;
 
 #[derive(Clone, PartialEq, Message)]
-pub struct TrackDescriptor {
+pub(crate) struct TrackDescriptor {
     #[prost(uint64, optional, tag = "1")]
     pub uuid: Option<u64>,
     #[prost(string, optional, tag = "2")]
@@ -69,7 +69,7 @@ pub struct TrackDescriptor {
 }
 
 #[derive(Clone, PartialEq, Message)]
-pub struct ProcessDescriptor {
+pub(crate) struct ProcessDescriptor {
     #[prost(int32, optional, tag = "1")]
     pub pid: Option<i32>,
     #[prost(string, optional, tag = "6")]
@@ -77,7 +77,7 @@ pub struct ProcessDescriptor {
 }
 
 #[derive(Clone, PartialEq, Message)]
-pub struct ThreadDescriptor {
+pub(crate) struct ThreadDescriptor {
     #[prost(int32, optional, tag = "1")]
     pub pid: Option<i32>,
     #[prost(int64, optional, tag = "2")]
@@ -87,10 +87,10 @@ pub struct ThreadDescriptor {
 }
 
 #[derive(Clone, PartialEq, Message)]
-pub struct CounterDescriptor {}
+pub(crate) struct CounterDescriptor {}
 
 #[derive(Clone, PartialEq, Message)]
-pub struct TrackEvent {
+pub(crate) struct TrackEvent {
     #[prost(uint64, repeated, packed = "false", tag = "3")]
     pub category_iids: Vec<u64>,
     /// `TrackEvent.Type`.
@@ -112,7 +112,7 @@ const TYPE_INSTANT: i32 = 3;
 const TYPE_COUNTER: i32 = 4;
 
 #[derive(Clone, PartialEq, Message)]
-pub struct InternedData {
+pub(crate) struct InternedData {
     #[prost(message, repeated, tag = "1")]
     pub event_categories: Vec<InternedString>,
     #[prost(message, repeated, tag = "2")]
@@ -123,7 +123,7 @@ pub struct InternedData {
 
 /// `EventName` and `EventCategory` (same shape).
 #[derive(Clone, PartialEq, Message)]
-pub struct InternedString {
+pub(crate) struct InternedString {
     #[prost(uint64, optional, tag = "1")]
     pub iid: Option<u64>,
     #[prost(string, optional, tag = "2")]
@@ -131,7 +131,7 @@ pub struct InternedString {
 }
 
 #[derive(Clone, PartialEq, Message)]
-pub struct SourceLocation {
+pub(crate) struct SourceLocation {
     #[prost(uint64, optional, tag = "1")]
     pub iid: Option<u64>,
     #[prost(string, optional, tag = "2")]
@@ -154,7 +154,7 @@ const DROPPED_TRACK: u64 = 1;
 const FILTERED_TRACK: u64 = 2;
 
 /// Streams packets into `w`.
-pub struct Writer<W: Write> {
+pub(crate) struct Writer<W: Write> {
     w: W,
     buf: Vec<u8>,
     names: HashMap<String, u64>,
@@ -182,7 +182,7 @@ struct ThreadTrack {
 }
 
 impl<W: Write> Writer<W> {
-    pub fn new(w: W) -> Writer<W> {
+    pub(crate) fn new(w: W) -> Writer<W> {
         Writer {
             w,
             buf: Vec::with_capacity(256),
@@ -217,7 +217,7 @@ impl<W: Write> Writer<W> {
     }
 
     /// The counter tracks; first, before any event.
-    pub fn start(&mut self) -> Result<()> {
+    pub(crate) fn start(&mut self) -> Result<()> {
         for (uuid, name) in [
             (DROPPED_TRACK, "records dropped"),
             (FILTERED_TRACK, "records filtered"),
@@ -300,7 +300,7 @@ impl<W: Write> Writer<W> {
 
     /// End `n` slices still open on thread (pid, tid) at its latest event (calls that
     /// never exited before the trace ended), on its track of interpreted calls if `lang`.
-    pub fn end_open(&mut self, pid: u32, tid: u32, n: usize, lang: bool) -> Result<()> {
+    pub(crate) fn end_open(&mut self, pid: u32, tid: u32, n: usize, lang: bool) -> Result<()> {
         let Some((comm, at)) = self.thread_state(pid, tid) else {
             return Ok(());
         };
@@ -391,7 +391,7 @@ impl<W: Write> Writer<W> {
     /// of interpreted calls). `key` names the event's site (binary id, site id; a call
     /// of an interpreted program: `(function, u32::MAX)`): its name, category and source
     /// location (`describe`) are asked for and interned once per key.
-    pub fn event(
+    pub(crate) fn event(
         &mut self,
         (pid, tid, comm): (u32, u32, &str),
         time_ns: u64,
@@ -444,7 +444,7 @@ impl<W: Write> Writer<W> {
     }
 
     /// A value of the "records dropped" / "records filtered" counters.
-    pub fn counters(&mut self, time_ns: u64, dropped: u64, filtered: u64) -> Result<()> {
+    pub(crate) fn counters(&mut self, time_ns: u64, dropped: u64, filtered: u64) -> Result<()> {
         for (track, v) in [(DROPPED_TRACK, dropped), (FILTERED_TRACK, filtered)] {
             self.put(TracePacket {
                 timestamp: Some(time_ns),
@@ -462,14 +462,14 @@ impl<W: Write> Writer<W> {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum EventKind {
+pub(crate) enum EventKind {
     Begin,
     End,
     Instant,
 }
 
 /// `tracer export --format perfetto`: every record of `trace` through a [`Writer`].
-pub fn write(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Result<()> {
+pub(crate) fn write(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Result<()> {
     let mut calls = Calls::default();
     let mut p = Writer::new(w);
     p.start()?;

@@ -15,7 +15,7 @@ use crate::{
 };
 
 /// The report of trace `path` as text.
-pub fn write(out: &mut impl Write, path: &Path, r: &Report) -> Result<()> {
+pub(crate) fn write(out: &mut impl Write, path: &Path, r: &Report) -> Result<()> {
     write_header(out, path, r)?;
     write_functions(out, &r.summary.functions)?;
     if !r.summary.calls.functions.is_empty() {

@@ -12,7 +12,7 @@ use crate::util::{self, cmd};
 
 /// Boot, wait for poweroff (or kill qemu after `timeout`); the console text, also
 /// saved to `log`.
-pub fn boot(
+pub(super) fn boot(
     kernel: &Path,
     initrd: &Path,
     cpu: &str,

@@ -32,7 +32,7 @@ fn parse_dump(rest: &str) -> Option<DumpRec> {
 }
 
 /// Everything wrong with the console text; empty = pass.
-pub fn check_console(text: &str, programs: &[Program]) -> Vec<String> {
+pub(super) fn check_console(text: &str, programs: &[Program]) -> Vec<String> {
     let mut errs = Vec::new();
     let lines: Vec<&str> = text.lines().collect();
     if !lines.contains(&"UTRACE-VM: DONE") {

@@ -11,7 +11,7 @@ use crate::util::{self, cmd};
 /// with rust-lld (the linker is set for this target only, in this command's
 /// environment: host builds are unaffected). tracer-user's build script builds the
 /// eBPF object for the target's architecture.
-pub fn cross_build_tracer() -> Result<PathBuf> {
+pub(crate) fn cross_build_tracer() -> Result<PathBuf> {
     let var = format!(
         "CARGO_TARGET_{}_LINKER",
         MUSL_TARGET.to_uppercase().replace('-', "_")

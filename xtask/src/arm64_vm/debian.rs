@@ -60,7 +60,7 @@ fn find_deb(dir: &Path, prefix: &str) -> Option<PathBuf> {
 }
 
 /// `(kernel Image, busybox)`, downloading and extracting the .debs on first use.
-pub fn kernel_and_busybox(cache: &Path) -> Result<(PathBuf, PathBuf)> {
+pub(super) fn kernel_and_busybox(cache: &Path) -> Result<(PathBuf, PathBuf)> {
     let kernel = cache.join("Image");
     let busybox = cache.join("busybox");
     if kernel.exists() && busybox.exists() {

@@ -30,7 +30,7 @@ const FIXTURES: &[(&str, &[&str], &[&str])] = &[
 ];
 
 /// Rewritten fixtures, or none when `rewriter` cannot rewrite AArch64 (yet).
-pub fn rewritten_fixtures(work: &Path) -> Result<Vec<Program>> {
+pub(super) fn rewritten_fixtures(work: &Path) -> Result<Vec<Program>> {
     let mut out = Vec::new();
     for (name, cflags, rflags) in FIXTURES {
         let raw = work.join(format!("{name}.raw"));

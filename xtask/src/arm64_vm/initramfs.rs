@@ -123,7 +123,7 @@ poweroff -f
     s
 }
 
-pub fn write_initramfs(
+pub(super) fn write_initramfs(
     out: &Path,
     busybox: &Path,
     tracer: &Path,

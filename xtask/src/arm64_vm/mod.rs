@@ -33,7 +33,7 @@ use anyhow::{Result, bail};
 use crate::util;
 use boot::boot;
 use console::check_console;
-pub use cross_tracer::cross_build_tracer;
+pub(crate) use cross_tracer::cross_build_tracer;
 use debian::kernel_and_busybox;
 use fixtures::rewritten_fixtures;
 use initramfs::write_initramfs;
@@ -41,7 +41,7 @@ use standin::standin;
 
 /// The CPUs every run boots: a plain ARMv8.0 core, then one with PAC and BTI.
 const DEFAULT_CPUS: &[&str] = &["cortex-a72", "max,pauth-impdef=on"];
-pub const MUSL_TARGET: &str = "aarch64-unknown-linux-musl";
+pub(crate) const MUSL_TARGET: &str = "aarch64-unknown-linux-musl";
 /// Debian packages (arm64) fetched with `apt-get download`.
 const KERNEL_META_PACKAGE: &str = "linux-image-arm64";
 const BUSYBOX_PACKAGE: &str = "busybox-static";
@@ -57,7 +57,7 @@ const P_DUMP: &str = "UTRACE-DUMP";
 const P_PROG: &str = "UTPROG";
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// qemu `-cpu` model to boot (repeatable; default: cortex-a72, then
     /// max,pauth-impdef=on).
     #[arg(long = "cpu")]
@@ -168,7 +168,7 @@ fn boot_and_check(
     Ok(false)
 }
 
-pub fn test_arm64_vm(args: &Args) -> Result<()> {
+pub(crate) fn test_arm64_vm(args: &Args) -> Result<()> {
     let t0 = Instant::now();
     println!("== cargo xtask test-arm64-vm");
     check_tools()?;

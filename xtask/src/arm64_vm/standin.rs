@@ -11,7 +11,7 @@ use super::{CROSS_OBJCOPY, Expect, Program, Who};
 use crate::util::{self, cmd};
 
 /// The hand-made stand-in, with its `.note.utrace`.
-pub fn standin(work: &Path) -> Result<Program> {
+pub(super) fn standin(work: &Path) -> Result<Program> {
     let raw = work.join("standin.raw");
     let out = work.join("standin");
     // standin.c checks its copy of the layout against tracer-common's.

@@ -9,7 +9,7 @@ use crate::util::{self, cmd};
 /// AArch64 under qemu-user, as a correctness smoke only (qemu timings mean nothing):
 /// the bench fixture cross-built, rewritten, traced with the user-space drain; every
 /// call of hit() must be in the trace.
-pub fn aarch64_smoke(dir: &Path, src: &Path) -> Result<()> {
+pub(super) fn aarch64_smoke(dir: &Path, src: &Path) -> Result<()> {
     let n: u64 = 100_000;
     let plain = dir.join("bench-a64");
     let traced = dir.join("bench-a64.traced");

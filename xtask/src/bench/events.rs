@@ -13,7 +13,7 @@ use super::usdt::usdt_rows;
 use crate::util::{self, cmd};
 
 /// The events section: the table, then the AArch64 smoke test.
-pub fn ns_per_event(args: &Args) -> Result<()> {
+pub(super) fn ns_per_event(args: &Args) -> Result<()> {
     let dir = util::scratch_dir("bench")?;
     let src = util::workspace_root().join("xtask/bench/bench.c");
     let plain = dir.join("bench");

@@ -6,10 +6,10 @@ use std::process::Command;
 use crate::util;
 
 /// ns per iteration, or why there is no figure.
-pub type Measure = std::result::Result<f64, String>;
+pub(super) type Measure = std::result::Result<f64, String>;
 
 /// Best (lowest) of `runs` measurements; the first error ends the series.
-pub fn best(runs: u32, mut f: impl FnMut() -> Measure) -> Measure {
+pub(super) fn best(runs: u32, mut f: impl FnMut() -> Measure) -> Measure {
     let mut best = f64::INFINITY;
     for _ in 0..runs {
         best = best.min(f()?);
@@ -18,7 +18,7 @@ pub fn best(runs: u32, mut f: impl FnMut() -> Measure) -> Measure {
 }
 
 /// Run a fixture (possibly under the tracer) and read its "ns_per_iter" line.
-pub fn measure(c: &mut Command) -> Measure {
+pub(super) fn measure(c: &mut Command) -> Measure {
     let o = util::output(c).map_err(|e| format!("{e:#}"))?;
     let stdout = String::from_utf8_lossy(&o.stdout);
     let stderr = String::from_utf8_lossy(&o.stderr);
@@ -38,7 +38,7 @@ pub fn measure(c: &mut Command) -> Measure {
         .ok_or_else(|| format!("no ns_per_iter line in the output of {}", util::show(c)))
 }
 
-pub fn first_line(s: &str) -> String {
+pub(super) fn first_line(s: &str) -> String {
     s.lines()
         .find(|l| !l.trim().is_empty())
         .unwrap_or("")

@@ -53,7 +53,7 @@ mod workload;
 use anyhow::Result;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Loop iterations of the untraced, inline and hand-written runs.
     #[arg(long, default_value_t = 20_000_000)]
     iterations: u64,
@@ -135,7 +135,7 @@ enum Section {
 }
 
 /// `cargo xtask bench`: build, then the sections `args` selects, in order.
-pub fn bench(args: &Args) -> Result<()> {
+pub(crate) fn bench(args: &Args) -> Result<()> {
     crate::build()?;
     println!("== cargo xtask bench");
     let run = |s: Section| match args.only {

@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::util;
 
-pub struct Run {
+pub(super) struct Run {
     pub wall_s: f64,
     /// CPU of the process itself (a tracer: its own threads, not the traced program).
     pub own_cpu_s: f64,
@@ -27,7 +27,7 @@ pub struct Run {
 const SAMPLE: Duration = Duration::from_millis(20);
 
 /// Run `c` to completion (a non-zero exit is an error) and measure it.
-pub fn measured(c: &mut Command) -> Result<Run> {
+pub(super) fn measured(c: &mut Command) -> Result<Run> {
     util::announce(c);
     let t0 = Instant::now();
     let mut child = c
@@ -90,7 +90,7 @@ fn reap(pid: i32) -> Result<Option<(i32, libc::rusage)>> {
 }
 
 /// utime + stime of `pid`'s own threads, seconds (`/proc/PID/stat` fields 14 and 15).
-pub fn own_cpu(pid: i32) -> Option<f64> {
+pub(super) fn own_cpu(pid: i32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &stat[stat.rfind(')')? + 1..];
     let f: Vec<&str> = rest.split_whitespace().collect();

@@ -18,7 +18,7 @@ use crate::util::{self, cmd};
 /// Records per iteration of calls.c (outer, inner, inner: an entry and an exit each).
 const RECORDS_PER_ITERATION: u64 = 6;
 
-pub fn readers(records: u64) -> Result<()> {
+pub(super) fn readers(records: u64) -> Result<()> {
     println!();
     println!("== readers: report, Perfetto export and flame graph of a big trace");
     if !util::is_root() {

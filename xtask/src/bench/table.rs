@@ -3,13 +3,13 @@
 use super::measure::Measure;
 
 /// One variant of the events table.
-pub struct Row {
+pub(super) struct Row {
     pub name: &'static str,
     pub iterations: u64,
     pub ns: Measure,
 }
 
-pub fn print_table(rows: &[Row]) {
+pub(super) fn print_table(rows: &[Row]) {
     let base = rows[0].ns.as_ref().ok().copied();
     println!();
     println!(

@@ -10,7 +10,7 @@ use crate::util::{self, cmd};
 
 /// USDT: the same probe through the inline stub, our uprobe fallback (eBPF `site`
 /// program) and bpftrace's `usdt:` probe (when bpftrace is installed).
-pub fn usdt_rows(dir: &Path, src: &Path, args: &Args, rows: &mut Vec<Row>) {
+pub(super) fn usdt_rows(dir: &Path, src: &Path, args: &Args, rows: &mut Vec<Row>) {
     let runs = args.runs.max(1);
     let plain = dir.join("bench-usdt");
     let built = util::run(

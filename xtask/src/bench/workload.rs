@@ -10,7 +10,11 @@ use crate::util::{self, cmd};
 /// Compile `xtask/bench/<name>.c` with `cflags` into a fresh `target/xtask/bench-<name>`
 /// and rewrite it with `rewrite` (rewriter arguments): (the directory, the rewritten
 /// program).
-pub fn build_workload(name: &str, cflags: &[&str], rewrite: &[&str]) -> Result<(PathBuf, PathBuf)> {
+pub(super) fn build_workload(
+    name: &str,
+    cflags: &[&str],
+    rewrite: &[&str],
+) -> Result<(PathBuf, PathBuf)> {
     let dir = util::scratch_dir(&format!("bench-{name}"))?;
     let src = util::workspace_root().join(format!("xtask/bench/{name}.c"));
     let plain = dir.join(name);

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use serde_json::Value;
 
 /// Session-wide faults (each names what is wrong); empty when the session is clean.
-pub fn session_faults(report: &Value) -> Vec<String> {
+pub(super) fn session_faults(report: &Value) -> Vec<String> {
     let n = |path: &[&str]| -> u64 {
         path.iter()
             .try_fold(report, |v, k| v.get(k))
@@ -35,7 +35,7 @@ pub fn session_faults(report: &Value) -> Vec<String> {
 }
 
 /// Entry records per function, per binary (file name).
-pub fn entries(report: &Value) -> Result<HashMap<String, HashMap<String, u64>>> {
+pub(super) fn entries(report: &Value) -> Result<HashMap<String, HashMap<String, u64>>> {
     let mut out: HashMap<String, HashMap<String, u64>> = HashMap::new();
     let sites = report["functions"]
         .as_array()

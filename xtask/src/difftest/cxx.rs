@@ -40,7 +40,7 @@ const MAX_CALLS: usize = 2;
 const ITERATIONS: u64 = 300;
 
 /// `xSEED.cpp` in `dir`.
-pub fn generate(seed: u64, dir: &Path) -> Result<PathBuf> {
+pub(super) fn generate(seed: u64, dir: &Path) -> Result<PathBuf> {
     let src = dir.join(format!("x{seed}.cpp"));
     std::fs::write(&src, program(seed))?;
     Ok(src)

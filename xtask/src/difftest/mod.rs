@@ -28,7 +28,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::util::{self, cmd};
 use run::{Outcome, Script};
-pub use variant::{Arch, Lang};
+pub(crate) use variant::{Arch, Lang};
 use variant::{Build, Variant};
 
 /// The rewriter's site kinds, all at once.
@@ -37,7 +37,7 @@ const SITES: &str = "entry,exit,block,memory,call";
 const MAX_ORIGINAL_MS: u64 = 1000;
 
 #[derive(clap::Args, Debug)]
-pub struct Args {
+pub(crate) struct Args {
     /// Programs per architecture (csmith seeds SEED, SEED+1, ...), six builds each.
     #[arg(long, default_value_t = 20)]
     pub programs: u64,
@@ -89,7 +89,7 @@ fn log_dir() -> PathBuf {
     util::target_dir().join("difftest")
 }
 
-pub fn difftest(args: &Args) -> Result<()> {
+pub(crate) fn difftest(args: &Args) -> Result<()> {
     for tool in [
         "csmith",
         "timeout",

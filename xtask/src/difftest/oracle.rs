@@ -11,7 +11,7 @@ const TRACING: &str = "/sys/kernel/tracing";
 const BUFFER_KB: &str = "262144";
 
 /// A function entry to count.
-pub struct Probe {
+pub(super) struct Probe {
     pub binary: PathBuf,
     pub function: String,
     pub offset: u64,
@@ -19,7 +19,7 @@ pub struct Probe {
 
 /// Entries per (binary, function) while `run` runs; none when the kernel's buffer
 /// overflowed (then nothing can be said about counts).
-pub fn count_entries(
+pub(super) fn count_entries(
     probes: &[Probe],
     run: impl FnOnce() -> Result<()>,
 ) -> Result<Option<HashMap<(PathBuf, String), u64>>> {

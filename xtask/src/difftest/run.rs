@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 
 /// What a run of a program printed and how it ended (137: killed at its time limit).
 #[derive(Clone, Debug)]
-pub struct Outcome {
+pub(super) struct Outcome {
     pub stdout: Vec<u8>,
     pub code: i32,
     pub millis: u64,
@@ -15,11 +15,11 @@ pub struct Outcome {
 
 impl Outcome {
     /// Same output and exit code (the time is not compared).
-    pub fn same(&self, other: &Outcome) -> bool {
+    pub(super) fn same(&self, other: &Outcome) -> bool {
         (self.code, &self.stdout) == (other.code, &other.stdout)
     }
 
-    pub fn describe(&self) -> String {
+    pub(super) fn describe(&self) -> String {
         let out = String::from_utf8_lossy(&self.stdout);
         let last = out.lines().last().unwrap_or("");
         format!("exit {} after {:?}", self.code, last)
@@ -29,14 +29,14 @@ impl Outcome {
 /// A shell script running `exes` one after another (under `runner`, e.g. qemu-user),
 /// each for at most `timeout_s`, its outcome kept as `EXE.STAGE.out` / `.rc` (exit
 /// code and milliseconds).
-pub struct Script {
+pub(super) struct Script {
     pub path: PathBuf,
     runs: Vec<PathBuf>,
     stage: String,
 }
 
 impl Script {
-    pub fn new(
+    pub(super) fn new(
         dir: &Path,
         stage: &str,
         runner: &[&str],
@@ -62,12 +62,12 @@ impl Script {
     }
 
     /// The command line that runs it.
-    pub fn argv(&self) -> Vec<String> {
+    pub(super) fn argv(&self) -> Vec<String> {
         vec!["/bin/sh".into(), self.path.display().to_string()]
     }
 
     /// Each program's outcome, in order (none when it did not run at all).
-    pub fn outcomes(&self) -> Vec<Option<Outcome>> {
+    pub(super) fn outcomes(&self) -> Vec<Option<Outcome>> {
         self.runs
             .iter()
             .map(|exe| {

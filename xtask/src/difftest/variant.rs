@@ -12,14 +12,14 @@ use object::{Object, ObjectSection, ObjectSymbol, SectionKind, SymbolKind};
 use crate::util::{self, cmd};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Arch {
+pub(crate) enum Arch {
     #[value(name = "x86_64")]
     X86_64,
     Aarch64,
 }
 
 impl Arch {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Arch::X86_64 => "x86_64",
             Arch::Aarch64 => "aarch64",
@@ -27,7 +27,7 @@ impl Arch {
     }
 
     /// How to run one of its programs on this host.
-    pub fn runner(self) -> &'static [&'static str] {
+    pub(crate) fn runner(self) -> &'static [&'static str] {
         match self {
             Arch::X86_64 => &[],
             Arch::Aarch64 => &["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"],
@@ -37,13 +37,13 @@ impl Arch {
 
 /// The language of a program: csmith's C, or the C++ of `cxx.rs` (which throws).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Lang {
+pub(crate) enum Lang {
     C,
     Cxx,
 }
 
 impl Lang {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Lang::C => "c",
             Lang::Cxx => "cxx",
@@ -51,7 +51,7 @@ impl Lang {
     }
 
     /// The source file of program `seed`.
-    pub fn source(self, seed: u64) -> String {
+    pub(crate) fn source(self, seed: u64) -> String {
         match self {
             Lang::C => format!("s{seed}.c"),
             Lang::Cxx => format!("x{seed}.cpp"),
@@ -66,7 +66,7 @@ const LINKS: [&str; 4] = ["pie", "no-pie", "static", "static-pie"];
 const TIMES: [&str; 3] = ["record", "block", "coarse"];
 
 #[derive(Clone, Debug)]
-pub struct Variant {
+pub(super) struct Variant {
     pub arch: Arch,
     pub lang: Lang,
     pub seed: u64,
@@ -78,7 +78,7 @@ pub struct Variant {
 
 impl Variant {
     /// The six builds of program `seed`.
-    pub fn all(arch: Arch, lang: Lang, seed: u64) -> Vec<Variant> {
+    pub(super) fn all(arch: Arch, lang: Lang, seed: u64) -> Vec<Variant> {
         let mut v = Vec::new();
         for (i, cc) in COMPILERS.into_iter().enumerate() {
             for (j, opt) in OPTS.into_iter().enumerate() {
@@ -98,7 +98,7 @@ impl Variant {
     }
 
     /// A file name: `s17-x86_64-gcc-O2-pie-record` (C++: `x17-…`).
-    pub fn name(&self) -> String {
+    pub(super) fn name(&self) -> String {
         format!(
             "{}{}-{}-{}{}-{}-{}",
             match self.lang {
@@ -137,7 +137,7 @@ impl Variant {
 
     /// Compile `src` (object, then link) into `dir`; the program's own functions are
     /// those its object file defines.
-    pub fn build(&self, src: &Path, dir: &Path) -> Result<Build> {
+    pub(super) fn build(&self, src: &Path, dir: &Path) -> Result<Build> {
         let exe = dir.join(self.name());
         let obj = exe.with_extension("o");
         let cc = self.compiler();
@@ -159,7 +159,7 @@ impl Variant {
 }
 
 /// A built variant: the executable and its program's function names.
-pub struct Build {
+pub(super) struct Build {
     pub exe: PathBuf,
     pub functions: Vec<String>,
 }
@@ -191,7 +191,7 @@ fn defined_functions(obj: &Path) -> Result<Vec<String>> {
 
 /// File offsets of `functions` in the linked `exe` (names defined more than once, or
 /// not at all, are left out).
-pub fn function_offsets(exe: &Path, functions: &[String]) -> Result<Vec<(String, u64)>> {
+pub(super) fn function_offsets(exe: &Path, functions: &[String]) -> Result<Vec<(String, u64)>> {
     let data = std::fs::read(exe)?;
     let file = object::File::parse(&*data)?;
     let mut out = Vec::new();

@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 use super::model::{CrateModel, Ref};
 
 /// Sibling edges of one folder (module): (from child, to child) → the references.
-pub type Folder<'a> = BTreeMap<(String, String), Vec<&'a Ref>>;
+pub(super) type Folder<'a> = BTreeMap<(String, String), Vec<&'a Ref>>;
 
 /// Every folder's sibling edges: module A depends on sibling B when anything in A's
 /// subtree names something in B's subtree. A module that the layer order splits (the
 /// rewriter's `elf`: `elf::read` first, `elf::write` last) counts as its parts.
-pub fn sibling_edges<'a>(
+pub(super) fn sibling_edges<'a>(
     m: &'a CrateModel,
     layers: &[&[&str]],
 ) -> BTreeMap<Vec<String>, Folder<'a>> {
@@ -44,7 +44,7 @@ fn node(layers: &[&[&str]], module: &[String], k: usize) -> String {
 }
 
 /// The strongly connected components of more than one module (Tarjan), each sorted.
-pub fn cycles(folder: &Folder<'_>) -> Vec<Vec<String>> {
+pub(super) fn cycles(folder: &Folder<'_>) -> Vec<Vec<String>> {
     let mut nodes: Vec<&String> = folder.keys().flat_map(|(a, b)| [a, b]).collect();
     nodes.sort();
     nodes.dedup();
@@ -123,7 +123,7 @@ impl Tarjan<'_> {
 }
 
 /// A reference from a layer to a later one.
-pub struct Breach<'a> {
+pub(super) struct Breach<'a> {
     pub from_layer: usize,
     pub to_layer: usize,
     pub r: &'a Ref,
@@ -131,7 +131,7 @@ pub struct Breach<'a> {
 
 /// The layer of `module`: the index of the longest entry of `layers` that is a prefix
 /// of it (`"isa::machine"` before `"isa"`).
-pub fn layer_of(layers: &[&[&str]], module: &[String]) -> Option<usize> {
+pub(super) fn layer_of(layers: &[&[&str]], module: &[String]) -> Option<usize> {
     let mut best: Option<(usize, usize)> = None;
     for (i, layer) in layers.iter().enumerate() {
         for entry in layer.iter() {
@@ -146,7 +146,7 @@ pub fn layer_of(layers: &[&[&str]], module: &[String]) -> Option<usize> {
 }
 
 /// References that break the order: a module may name its own layer and those before.
-pub fn breaches<'a>(m: &'a CrateModel, layers: &[&[&str]]) -> Vec<Breach<'a>> {
+pub(super) fn breaches<'a>(m: &'a CrateModel, layers: &[&[&str]]) -> Vec<Breach<'a>> {
     m.refs
         .iter()
         .filter_map(|r| {

@@ -4,7 +4,7 @@
 
 /// One token of interest.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Tok {
+pub(super) enum Tok {
     Ident(String),
     /// `::`
     PathSep,
@@ -13,13 +13,13 @@ pub enum Tok {
 
 /// A token and the 1-based line it starts on.
 #[derive(Debug, Clone)]
-pub struct Token {
+pub(super) struct Token {
     pub tok: Tok,
     pub line: u32,
 }
 
 /// The tokens of `src`.
-pub fn tokens(src: &str) -> Vec<Token> {
+pub(super) fn tokens(src: &str) -> Vec<Token> {
     let mut lx = Lexer {
         s: src.as_bytes(),
         i: 0,

@@ -86,7 +86,7 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
 ];
 
 /// Checks every crate; the error names each cycle and broken order with its files.
-pub fn modgraph() -> Result<()> {
+pub(crate) fn modgraph() -> Result<()> {
     println!("== cargo xtask modgraph");
     let root = util::workspace_root();
     let mut problems = Vec::new();

@@ -12,7 +12,7 @@ use super::parse::{Parsed, RawPath, Start, UseLeaf, parse};
 /// One reference from module `from` to module `to` (both absolute; `to` is the deepest
 /// module the path goes through).
 #[derive(Debug, Clone)]
-pub struct Ref {
+pub(super) struct Ref {
     pub from: Vec<String>,
     pub to: Vec<String>,
     pub file: PathBuf,
@@ -23,7 +23,7 @@ pub struct Ref {
 
 /// A crate's module tree and references.
 #[derive(Debug, Default)]
-pub struct CrateModel {
+pub(super) struct CrateModel {
     /// Module path → the file it is written in.
     pub modules: BTreeMap<Vec<String>, PathBuf>,
     pub refs: Vec<Ref>,
@@ -33,7 +33,7 @@ pub struct CrateModel {
 type Bindings = BTreeMap<(Vec<String>, String), RawPath>;
 
 /// Reads the crate whose root file is `root` (`lib.rs` or `main.rs`).
-pub fn load(root: &Path) -> Result<CrateModel> {
+pub(super) fn load(root: &Path) -> Result<CrateModel> {
     let mut modules = BTreeMap::new();
     let mut written = Vec::new();
     let mut queue = vec![(Vec::new(), root.to_path_buf())];

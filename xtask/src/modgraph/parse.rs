@@ -7,7 +7,7 @@ use super::lex::{Tok, Token, tokens};
 
 /// Where a path starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Start {
+pub(super) enum Start {
     Crate,
     /// `self::` (0), `super::` (1), `super::super::` (2), ...
     Up(usize),
@@ -17,7 +17,7 @@ pub enum Start {
 
 /// A path as written, in module `scope` (absolute, from the crate root).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RawPath {
+pub(super) struct RawPath {
     pub scope: Vec<String>,
     pub start: Start,
     pub segs: Vec<String>,
@@ -26,7 +26,7 @@ pub struct RawPath {
 
 /// A `use` leaf: the path and the name it binds in its scope (none for a glob).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UseLeaf {
+pub(super) struct UseLeaf {
     pub path: RawPath,
     pub binds: Option<String>,
     /// At the module's top level (visible to child modules), not inside a function.
@@ -35,7 +35,7 @@ pub struct UseLeaf {
 
 /// A `mod name;` or `mod name { ... }` declaration, not under `#[cfg(test)]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModDecl {
+pub(super) struct ModDecl {
     /// The declared module's absolute path.
     pub path: Vec<String>,
     /// `mod name { ... }` rather than a file.
@@ -45,7 +45,7 @@ pub struct ModDecl {
 /// A method of type `ty` in a module: defined, or called (`self.name(` in an `impl` of
 /// the type, `Self::name(`, `Type::name(`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Named {
+pub(super) struct Named {
     pub scope: Vec<String>,
     pub ty: String,
     pub name: String,
@@ -54,7 +54,7 @@ pub struct Named {
 
 /// What one file holds.
 #[derive(Debug, Default)]
-pub struct Parsed {
+pub(super) struct Parsed {
     pub mods: Vec<ModDecl>,
     pub uses: Vec<UseLeaf>,
     pub paths: Vec<RawPath>,
@@ -65,7 +65,7 @@ pub struct Parsed {
 }
 
 /// Parses `src`, the file of module `base`.
-pub fn parse(src: &str, base: &[String]) -> Parsed {
+pub(super) fn parse(src: &str, base: &[String]) -> Parsed {
     let mut p = Parser {
         t: tokens(src),
         i: 0,

@@ -3,19 +3,19 @@
 //! `sp` depending on the form, as in the architecture). Every encoder is checked
 //! against `aarch64-linux-gnu-objdump` in the tests below.
 
-pub const SP: u32 = 31;
-pub const XZR: u32 = 31;
-pub const LR: u32 = 30;
+pub(super) const SP: u32 = 31;
+pub(super) const XZR: u32 = 31;
+pub(super) const LR: u32 = 30;
 
-pub const NOP: u32 = 0xd503_201f;
-pub const RET: u32 = 0xd65f_03c0;
-pub const RETAA: u32 = 0xd65f_0bff;
-pub const RETAB: u32 = 0xd65f_0fff;
-pub const SVC0: u32 = 0xd400_0001;
-pub const CLREX: u32 = 0xd503_3f5f;
+pub(super) const NOP: u32 = 0xd503_201f;
+pub(super) const RET: u32 = 0xd65f_03c0;
+pub(super) const RETAA: u32 = 0xd65f_0bff;
+pub(super) const RETAB: u32 = 0xd65f_0fff;
+pub(super) const SVC0: u32 = 0xd400_0001;
+pub(super) const CLREX: u32 = 0xd503_3f5f;
 /// Landing pads that must stay first in a function: `bti c`, `bti j`, `bti jc`,
 /// `paciasp`, `pacibsp`.
-pub const LANDING_PADS: [u32; 5] = [
+pub(super) const LANDING_PADS: [u32; 5] = [
     0xd503_245f,
     0xd503_249f,
     0xd503_24df,
@@ -24,16 +24,16 @@ pub const LANDING_PADS: [u32; 5] = [
 ];
 
 /// `paciasp`, `pacibsp`: after them x30 carries a pointer authentication code.
-pub const PAC_PADS: [u32; 2] = [LANDING_PADS[3], LANDING_PADS[4]];
+pub(super) const PAC_PADS: [u32; 2] = [LANDING_PADS[3], LANDING_PADS[4]];
 /// `xpaclri`: strip the authentication code from x30. A hint: a NOP without PAuth
 /// (cortex-a72), so it needs no feature check.
-pub const XPACLRI: u32 = 0xd503_20ff;
+pub(super) const XPACLRI: u32 = 0xd503_20ff;
 
 /// System registers as bits 5..=19 of MRS/MSR (`op0<0>:op1:CRn:CRm:op2`; op0<1> is in
 /// the base opcode).
-pub const TPIDR_EL0: u32 = 0x5e82;
-pub const CNTVCT_EL0: u32 = 0x5f02;
-pub const NZCV: u32 = 0x5a10;
+pub(super) const TPIDR_EL0: u32 = 0x5e82;
+pub(super) const CNTVCT_EL0: u32 = 0x5f02;
+pub(super) const NZCV: u32 = 0x5a10;
 
 /// Signed PC-relative word offset from `from` to `to` if it fits `bits` bits.
 fn rel(from: u64, to: u64, bits: u32) -> Option<u32> {
@@ -48,21 +48,21 @@ fn rel(from: u64, to: u64, bits: u32) -> Option<u32> {
         .then_some((w as u32) & ((1u32 << bits) - 1))
 }
 
-pub fn b(from: u64, to: u64) -> Option<u32> {
+pub(super) fn b(from: u64, to: u64) -> Option<u32> {
     Some(0x1400_0000 | rel(from, to, 26)?)
 }
-pub fn bl(from: u64, to: u64) -> Option<u32> {
+pub(super) fn bl(from: u64, to: u64) -> Option<u32> {
     Some(0x9400_0000 | rel(from, to, 26)?)
 }
-pub fn b_cond(cond: u32, from: u64, to: u64) -> Option<u32> {
+pub(super) fn b_cond(cond: u32, from: u64, to: u64) -> Option<u32> {
     Some(0x5400_0000 | rel(from, to, 19)? << 5 | (cond & 15))
 }
 /// `cbz`/`cbnz` (`nz`), 64-bit when `sf`.
-pub fn cbz(sf: bool, nz: bool, rt: u32, from: u64, to: u64) -> Option<u32> {
+pub(super) fn cbz(sf: bool, nz: bool, rt: u32, from: u64, to: u64) -> Option<u32> {
     Some(0x3400_0000 | u32::from(sf) << 31 | u32::from(nz) << 24 | rel(from, to, 19)? << 5 | rt)
 }
 /// `tbz`/`tbnz` (`nz`) on bit `bit` (0..=63) of `rt`.
-pub fn tbz(nz: bool, rt: u32, bit: u32, from: u64, to: u64) -> Option<u32> {
+pub(super) fn tbz(nz: bool, rt: u32, bit: u32, from: u64, to: u64) -> Option<u32> {
     Some(
         0x3600_0000
             | (bit >> 5) << 31
@@ -73,7 +73,7 @@ pub fn tbz(nz: bool, rt: u32, bit: u32, from: u64, to: u64) -> Option<u32> {
     )
 }
 /// `adrp rd, target` placed at `from` (±4 GiB).
-pub fn adrp(rd: u32, from: u64, target: u64) -> Option<u32> {
+pub(super) fn adrp(rd: u32, from: u64, target: u64) -> Option<u32> {
     let pages = ((target >> 12) as i64).wrapping_sub((from >> 12) as i64);
     if !(-(1i64 << 20)..(1i64 << 20)).contains(&pages) {
         return None;
@@ -81,47 +81,47 @@ pub fn adrp(rd: u32, from: u64, target: u64) -> Option<u32> {
     let p = pages as u32;
     Some(0x9000_0000 | (p & 3) << 29 | ((p >> 2) & 0x7ffff) << 5 | rd)
 }
-pub fn add_imm(rd: u32, rn: u32, imm12: u32, lsl12: bool) -> u32 {
+pub(super) fn add_imm(rd: u32, rn: u32, imm12: u32, lsl12: bool) -> u32 {
     0x9100_0000 | u32::from(lsl12) << 22 | (imm12 & 0xfff) << 10 | rn << 5 | rd
 }
-pub fn sub_imm(rd: u32, rn: u32, imm12: u32, lsl12: bool) -> u32 {
+pub(super) fn sub_imm(rd: u32, rn: u32, imm12: u32, lsl12: bool) -> u32 {
     0xd100_0000 | u32::from(lsl12) << 22 | (imm12 & 0xfff) << 10 | rn << 5 | rd
 }
-pub fn add_w_imm(rd: u32, rn: u32, imm12: u32) -> u32 {
+pub(super) fn add_w_imm(rd: u32, rn: u32, imm12: u32) -> u32 {
     0x1100_0000 | (imm12 & 0xfff) << 10 | rn << 5 | rd
 }
 /// `cmp xn, #imm` (sets flags; only in code that saved NZCV).
-pub fn cmp_imm(rn: u32, imm12: u32) -> u32 {
+pub(super) fn cmp_imm(rn: u32, imm12: u32) -> u32 {
     0xf100_0000 | (imm12 & 0xfff) << 10 | rn << 5 | XZR
 }
 /// `cmn xn, #imm`.
-pub fn cmn_imm(rn: u32, imm12: u32) -> u32 {
+pub(super) fn cmn_imm(rn: u32, imm12: u32) -> u32 {
     0xb100_0000 | (imm12 & 0xfff) << 10 | rn << 5 | XZR
 }
-pub fn add_reg(rd: u32, rn: u32, rm: u32) -> u32 {
+pub(super) fn add_reg(rd: u32, rn: u32, rm: u32) -> u32 {
     0x8b00_0000 | rm << 16 | rn << 5 | rd
 }
-pub fn sub_reg(rd: u32, rn: u32, rm: u32) -> u32 {
+pub(super) fn sub_reg(rd: u32, rn: u32, rm: u32) -> u32 {
     0xcb00_0000 | rm << 16 | rn << 5 | rd
 }
-pub fn sub_w_reg(rd: u32, rn: u32, rm: u32) -> u32 {
+pub(super) fn sub_w_reg(rd: u32, rn: u32, rm: u32) -> u32 {
     0x4b00_0000 | rm << 16 | rn << 5 | rd
 }
-pub fn mul(rd: u32, rn: u32, rm: u32) -> u32 {
+pub(super) fn mul(rd: u32, rn: u32, rm: u32) -> u32 {
     0x9b00_7c00 | rm << 16 | rn << 5 | rd
 }
 /// `mov xd, xm` (ORR with xzr; not for sp).
-pub fn mov_reg(rd: u32, rm: u32) -> u32 {
+pub(super) fn mov_reg(rd: u32, rm: u32) -> u32 {
     0xaa00_03e0 | rm << 16 | rd
 }
-pub fn movz(rd: u32, imm16: u32, hw: u32) -> u32 {
+pub(super) fn movz(rd: u32, imm16: u32, hw: u32) -> u32 {
     0xd280_0000 | hw << 21 | (imm16 & 0xffff) << 5 | rd
 }
-pub fn movk(rd: u32, imm16: u32, hw: u32) -> u32 {
+pub(super) fn movk(rd: u32, imm16: u32, hw: u32) -> u32 {
     0xf280_0000 | hw << 21 | (imm16 & 0xffff) << 5 | rd
 }
 /// `movz` + `movk`s for any 64-bit constant (1 to 4 instructions).
-pub fn mov_imm64(rd: u32, v: u64) -> Vec<u32> {
+pub(super) fn mov_imm64(rd: u32, v: u64) -> Vec<u32> {
     let mut out = vec![movz(rd, (v & 0xffff) as u32, 0)];
     for hw in 1..4 {
         let part = ((v >> (16 * hw)) & 0xffff) as u32;
@@ -132,93 +132,93 @@ pub fn mov_imm64(rd: u32, v: u64) -> Vec<u32> {
     out
 }
 /// `ldr xt, [xn, #off]` (unsigned offset, multiple of 8).
-pub fn ldr_x(rt: u32, rn: u32, off: u32) -> u32 {
+pub(super) fn ldr_x(rt: u32, rn: u32, off: u32) -> u32 {
     0xf940_0000 | (off / 8) << 10 | rn << 5 | rt
 }
-pub fn str_x(rt: u32, rn: u32, off: u32) -> u32 {
+pub(super) fn str_x(rt: u32, rn: u32, off: u32) -> u32 {
     0xf900_0000 | (off / 8) << 10 | rn << 5 | rt
 }
-pub fn ldr_w(rt: u32, rn: u32, off: u32) -> u32 {
+pub(super) fn ldr_w(rt: u32, rn: u32, off: u32) -> u32 {
     0xb940_0000 | (off / 4) << 10 | rn << 5 | rt
 }
 /// `strh wT, [xN, #off]` (unsigned offset, a multiple of 2).
-pub fn strh(rt: u32, rn: u32, off: u32) -> u32 {
+pub(super) fn strh(rt: u32, rn: u32, off: u32) -> u32 {
     0x7900_0000 | (off / 2) << 10 | rn << 5 | rt
 }
-pub fn str_w(rt: u32, rn: u32, off: u32) -> u32 {
+pub(super) fn str_w(rt: u32, rn: u32, off: u32) -> u32 {
     0xb900_0000 | (off / 4) << 10 | rn << 5 | rt
 }
-pub fn ldrsw(rt: u32, rn: u32, off: u32) -> u32 {
+pub(super) fn ldrsw(rt: u32, rn: u32, off: u32) -> u32 {
     0xb980_0000 | (off / 4) << 10 | rn << 5 | rt
 }
 /// `and wd, wn, #mask`, the mask `width` ones from bit `lsb` (1 <= width < 32).
-pub fn and_w_ones(rd: u32, rn: u32, lsb: u32, width: u32) -> u32 {
+pub(super) fn and_w_ones(rd: u32, rn: u32, lsb: u32, width: u32) -> u32 {
     0x1200_0000 | ((32 - lsb) % 32) << 16 | (width - 1) << 10 | rn << 5 | rd
 }
 /// `ldr wt, [xn, xm, lsl #2]`.
-pub fn ldr_w_idx(rt: u32, rn: u32, rm: u32) -> u32 {
+pub(super) fn ldr_w_idx(rt: u32, rn: u32, rm: u32) -> u32 {
     0xb860_7800 | rm << 16 | rn << 5 | rt
 }
 /// `str wt, [xn, xm, lsl #2]`.
-pub fn str_w_idx(rt: u32, rn: u32, rm: u32) -> u32 {
+pub(super) fn str_w_idx(rt: u32, rn: u32, rm: u32) -> u32 {
     0xb820_7800 | rm << 16 | rn << 5 | rt
 }
 fn imm7(off: i32) -> u32 {
     ((off / 8) as u32 & 0x7f) << 15
 }
 /// `stp xt, xt2, [xn, #off]!`.
-pub fn stp_pre(rt: u32, rt2: u32, rn: u32, off: i32) -> u32 {
+pub(super) fn stp_pre(rt: u32, rt2: u32, rn: u32, off: i32) -> u32 {
     0xa980_0000 | imm7(off) | rt2 << 10 | rn << 5 | rt
 }
 /// `ldp xt, xt2, [xn], #off`.
-pub fn ldp_post(rt: u32, rt2: u32, rn: u32, off: i32) -> u32 {
+pub(super) fn ldp_post(rt: u32, rt2: u32, rn: u32, off: i32) -> u32 {
     0xa8c0_0000 | imm7(off) | rt2 << 10 | rn << 5 | rt
 }
-pub fn stp(rt: u32, rt2: u32, rn: u32, off: i32) -> u32 {
+pub(super) fn stp(rt: u32, rt2: u32, rn: u32, off: i32) -> u32 {
     0xa900_0000 | imm7(off) | rt2 << 10 | rn << 5 | rt
 }
-pub fn ldp(rt: u32, rt2: u32, rn: u32, off: i32) -> u32 {
+pub(super) fn ldp(rt: u32, rt2: u32, rn: u32, off: i32) -> u32 {
     0xa940_0000 | imm7(off) | rt2 << 10 | rn << 5 | rt
 }
-pub fn ldxr(rt: u32, rn: u32) -> u32 {
+pub(super) fn ldxr(rt: u32, rn: u32) -> u32 {
     0xc85f_7c00 | rn << 5 | rt
 }
 /// `stxr ws, xt, [xn]`.
-pub fn stxr(ws: u32, rt: u32, rn: u32) -> u32 {
+pub(super) fn stxr(ws: u32, rt: u32, rn: u32) -> u32 {
     0xc800_7c00 | ws << 16 | rn << 5 | rt
 }
-pub fn mrs(rt: u32, sysreg: u32) -> u32 {
+pub(super) fn mrs(rt: u32, sysreg: u32) -> u32 {
     0xd530_0000 | sysreg << 5 | rt
 }
-pub fn msr(sysreg: u32, rt: u32) -> u32 {
+pub(super) fn msr(sysreg: u32, rt: u32) -> u32 {
     0xd510_0000 | sysreg << 5 | rt
 }
 /// `ubfx xd, xn, #lsb, #width`.
-pub fn ubfx(rd: u32, rn: u32, lsb: u32, width: u32) -> u32 {
+pub(super) fn ubfx(rd: u32, rn: u32, lsb: u32, width: u32) -> u32 {
     0xd340_0000 | lsb << 16 | (lsb + width - 1) << 10 | rn << 5 | rd
 }
 /// `sbfx xd, xn, #lsb, #width` (sign-extending bitfield extract).
-pub fn sbfx(rd: u32, rn: u32, lsb: u32, width: u32) -> u32 {
+pub(super) fn sbfx(rd: u32, rn: u32, lsb: u32, width: u32) -> u32 {
     0x9340_0000 | lsb << 16 | (lsb + width - 1) << 10 | rn << 5 | rd
 }
 /// `ldxrh wt, [xn]`.
-pub fn ldxrh(rt: u32, rn: u32) -> u32 {
+pub(super) fn ldxrh(rt: u32, rn: u32) -> u32 {
     0x485f_7c00 | rn << 5 | rt
 }
 /// `stxrh ws, wt, [xn]`.
-pub fn stxrh(ws: u32, rt: u32, rn: u32) -> u32 {
+pub(super) fn stxrh(ws: u32, rt: u32, rn: u32) -> u32 {
     0x4800_7c00 | ws << 16 | rn << 5 | rt
 }
 /// `ldrb wt, [xn]`.
-pub fn ldrb(rt: u32, rn: u32) -> u32 {
+pub(super) fn ldrb(rt: u32, rn: u32) -> u32 {
     0x3940_0000 | rn << 5 | rt
 }
 /// `ldrh wt, [xn]`.
-pub fn ldrh(rt: u32, rn: u32) -> u32 {
+pub(super) fn ldrh(rt: u32, rn: u32) -> u32 {
     0x7940_0000 | rn << 5 | rt
 }
 /// `lsr xd, xn, #sh`.
-pub fn lsr(rd: u32, rn: u32, sh: u32) -> u32 {
+pub(super) fn lsr(rd: u32, rn: u32, sh: u32) -> u32 {
     0xd340_0000 | sh << 16 | 63 << 10 | rn << 5 | rd
 }
 
@@ -234,10 +234,10 @@ enum Fix {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Label(usize);
+pub(super) struct Label(usize);
 
 /// Sequential code at a known address, with forward/backward labels.
-pub struct Asm {
+pub(super) struct Asm {
     pub base: u64,
     words: Vec<u32>,
     labels: Vec<Option<usize>>,
@@ -245,7 +245,7 @@ pub struct Asm {
 }
 
 impl Asm {
-    pub fn new(base: u64) -> Self {
+    pub(super) fn new(base: u64) -> Self {
         Asm {
             base,
             words: Vec::new(),
@@ -253,34 +253,34 @@ impl Asm {
             fixups: Vec::new(),
         }
     }
-    pub fn pc(&self) -> u64 {
+    pub(super) fn pc(&self) -> u64 {
         self.base + 4 * self.words.len() as u64
     }
-    pub fn put(&mut self, w: u32) {
+    pub(super) fn put(&mut self, w: u32) {
         self.words.push(w);
     }
-    pub fn put_all(&mut self, ws: &[u32]) {
+    pub(super) fn put_all(&mut self, ws: &[u32]) {
         self.words.extend_from_slice(ws);
     }
-    pub fn label(&mut self) -> Label {
+    pub(super) fn label(&mut self) -> Label {
         self.labels.push(None);
         Label(self.labels.len() - 1)
     }
-    pub fn bind(&mut self, l: Label) {
+    pub(super) fn bind(&mut self, l: Label) {
         self.labels[l.0] = Some(self.words.len());
     }
-    pub fn addr_of(&self, l: Label) -> Option<u64> {
+    pub(super) fn addr_of(&self, l: Label) -> Option<u64> {
         self.labels[l.0].map(|i| self.base + 4 * i as u64)
     }
     /// `b`/`bl` to an absolute address.
-    pub fn b_to(&mut self, link: bool, to: u64) -> Result<(), String> {
+    pub(super) fn b_to(&mut self, link: bool, to: u64) -> Result<(), String> {
         let from = self.pc();
         let w = if link { bl(from, to) } else { b(from, to) };
         self.put(w.ok_or_else(|| format!("branch {from:#x} → {to:#x} out of ±128 MiB"))?);
         Ok(())
     }
     /// `adrp rd, addr ; add rd, rd, :lo12:addr`.
-    pub fn addr(&mut self, rd: u32, addr: u64) -> Result<(), String> {
+    pub(super) fn addr(&mut self, rd: u32, addr: u64) -> Result<(), String> {
         let from = self.pc();
         let w = adrp(rd, from, addr)
             .ok_or_else(|| format!("adrp {from:#x} → {addr:#x} out of ±4 GiB"))?;
@@ -292,27 +292,27 @@ impl Asm {
         self.fixups.push((self.words.len(), l, f));
         self.put(w);
     }
-    pub fn b_l(&mut self, l: Label) {
+    pub(super) fn b_l(&mut self, l: Label) {
         self.fix(0x1400_0000, l, Fix::Imm26);
     }
-    pub fn bl_l(&mut self, l: Label) {
+    pub(super) fn bl_l(&mut self, l: Label) {
         self.fix(0x9400_0000, l, Fix::Imm26);
     }
     // The label forms encode with offset 0 and let `finish` fill the offset in.
-    pub fn bcond_l(&mut self, cond: u32, l: Label) {
+    pub(super) fn bcond_l(&mut self, cond: u32, l: Label) {
         let w = b_cond(cond, 0, 0).unwrap_or_default();
         self.fix(w, l, Fix::Imm19);
     }
-    pub fn cbz_l(&mut self, sf: bool, nz: bool, rt: u32, l: Label) {
+    pub(super) fn cbz_l(&mut self, sf: bool, nz: bool, rt: u32, l: Label) {
         let w = cbz(sf, nz, rt, 0, 0).unwrap_or_default();
         self.fix(w, l, Fix::Imm19);
     }
-    pub fn tbz_l(&mut self, nz: bool, rt: u32, bit: u32, l: Label) {
+    pub(super) fn tbz_l(&mut self, nz: bool, rt: u32, bit: u32, l: Label) {
         let w = tbz(nz, rt, bit, 0, 0).unwrap_or_default();
         self.fix(w, l, Fix::Imm14);
     }
     /// Resolve the labels; the little-endian bytes.
-    pub fn finish(mut self) -> Result<Vec<u8>, String> {
+    pub(super) fn finish(mut self) -> Result<Vec<u8>, String> {
         for &(i, l, f) in &self.fixups {
             let to = self.labels[l.0].ok_or("unbound label")?;
             let (from, to) = (self.base + 4 * i as u64, self.base + 4 * to as u64);
@@ -329,9 +329,9 @@ impl Asm {
 }
 
 /// Condition codes.
-pub const NE: u32 = 1;
-pub const HI: u32 = 8;
-pub const LS: u32 = 9;
+pub(super) const NE: u32 = 1;
+pub(super) const HI: u32 = 8;
+pub(super) const LS: u32 = 9;
 
 #[cfg(test)]
 pub(crate) mod tests {
@@ -340,7 +340,7 @@ pub(crate) mod tests {
     /// Disassemble raw little-endian words at `base` with aarch64-linux-gnu-objdump:
     /// one "mnemonic operands" string per word (comments dropped). `None` when objdump
     /// is missing and the run allows that (`tests::skip`).
-    pub fn objdump(words: &[u32], base: u64) -> Option<Vec<String>> {
+    pub(crate) fn objdump(words: &[u32], base: u64) -> Option<Vec<String>> {
         use std::process::Command;
         // A missing objdump fails the test unless the run allows the skip.
         let tool = "aarch64-linux-gnu-objdump";
@@ -494,20 +494,20 @@ pub(crate) mod tests {
 /// `add xd, xn|sp, {w|x}m, <extend> #imm3` (ADD, extended register): `option` is the
 /// load/store register-offset `option` field (010 uxtw, 011 lsl/uxtx, 110 sxtw,
 /// 111 sxtx), `imm3` a left shift of 0..=4; rm 31 is xzr.
-pub fn add_ext(rd: u32, rn: u32, rm: u32, option: u32, imm3: u32) -> u32 {
+pub(super) fn add_ext(rd: u32, rn: u32, rm: u32, option: u32, imm3: u32) -> u32 {
     0x8b20_0000 | rm << 16 | (option & 7) << 13 | (imm3 & 7) << 10 | rn << 5 | rd
 }
 /// `xpacd xd`: strip the pointer authentication code of a data pointer (PAuth; only
 /// emitted in front of LDRAA/LDRAB, which need PAuth themselves).
-pub fn xpacd(rd: u32) -> u32 {
+pub(super) fn xpacd(rd: u32) -> u32 {
     0xdac1_47e0 | rd
 }
 /// `str xt, [xn, #off]!` (pre-index, -256..=255).
-pub fn str_x_pre(rt: u32, rn: u32, off: i32) -> u32 {
+pub(super) fn str_x_pre(rt: u32, rn: u32, off: i32) -> u32 {
     0xf800_0c00 | (off as u32 & 0x1ff) << 12 | rn << 5 | rt
 }
 /// `ldr xt, [xn], #off` (post-index, -256..=255).
-pub fn ldr_x_post(rt: u32, rn: u32, off: i32) -> u32 {
+pub(super) fn ldr_x_post(rt: u32, rn: u32, off: i32) -> u32 {
     0xf840_0400 | (off as u32 & 0x1ff) << 12 | rn << 5 | rt
 }
 

@@ -18,7 +18,7 @@ use super::enc::{self, Asm, SP};
 
 /// What a load/store instruction accesses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MemAccess {
+pub(super) struct MemAccess {
     /// 0..=30 = xN, 31 = sp; unused for literal loads.
     pub base: u8,
     pub addr: Addr,
@@ -33,7 +33,7 @@ pub struct MemAccess {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Addr {
+pub(super) enum Addr {
     /// `[base, #imm]` and pre-index `[base, #imm]!`: EA = base + imm.
     Offset(i64),
     /// `[base], #imm` / `[base], xm`: EA = base.
@@ -47,7 +47,7 @@ pub enum Addr {
 
 /// Extension of the index register of a register-offset access.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Extend {
+pub(super) enum Extend {
     Uxtw,
     /// `lsl` (UXTX): the 64-bit register as is.
     Lsl,
@@ -140,7 +140,7 @@ fn access(base: u32, addr: Addr, size: u32, read: bool, write: bool) -> MemAcces
 
 /// What the instruction `w` at `pc` accesses; `None` when it accesses no data memory
 /// (including prefetches) or is a form not supported (see the module comment).
-pub fn classify(w: u32, pc: u64) -> Option<MemAccess> {
+pub(super) fn classify(w: u32, pc: u64) -> Option<MemAccess> {
     let op = decoder::decode(w)?;
     let def = op.definition();
     let m = def.mnemonic;
@@ -366,7 +366,7 @@ fn load_orig(a: &mut Asm, rd: u32, r: u8, sp_adjust: u32) -> Result<(), String> 
 /// that the stub has moved sp down by `sp_adjust` bytes and saved x9..x13 at
 /// `[sp + 8 * (n - 9)]`. Only `dst` changes (a spilled helper is restored; sp ends
 /// where it started); NZCV is never written.
-pub fn emit_ea(a: &mut Asm, m: &MemAccess, dst: u8, sp_adjust: u32) -> Result<(), String> {
+pub(super) fn emit_ea(a: &mut Asm, m: &MemAccess, dst: u8, sp_adjust: u32) -> Result<(), String> {
     if !(10..=13).contains(&dst) {
         return Err(format!("EA destination x{dst} is not one of x10..x13"));
     }

@@ -64,7 +64,7 @@ use tracer_common::operand::{
     REG_NONE,
 };
 
-pub struct Aarch64;
+pub(crate) struct Aarch64;
 
 /// Width of the `B` written over the site.
 const INSN: usize = 4;

@@ -23,7 +23,7 @@ use super::enc::{self, Asm, RET, RETAA, RETAB};
 
 /// What a decoded instruction means for patching.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Class {
+pub(super) enum Class {
     /// Position independent: copy it.
     Plain,
     /// `blr xN`: re-created as a jump through x16 with x30 = the original return
@@ -75,7 +75,7 @@ pub enum Class {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LitKind {
+pub(super) enum LitKind {
     W,
     X,
     Sw,
@@ -87,7 +87,7 @@ fn sext(v: u32, bits: u32) -> i64 {
 }
 
 /// Decode and classify the instruction `w` at `pc`.
-pub fn classify(w: u32, pc: u64) -> Class {
+pub(super) fn classify(w: u32, pc: u64) -> Class {
     let Some(op) = decoder::decode(w) else {
         return Class::Refuse("undecodable instruction");
     };
@@ -202,7 +202,7 @@ fn not_pc_relative(id: InsnId, w: u32) -> Class {
 
 /// `ret` (through x30), `retaa`, `retab`: a function return. The second value says
 /// whether x30 still holds a signed pointer there.
-pub fn is_return(w: u32) -> Option<bool> {
+pub(super) fn is_return(w: u32) -> Option<bool> {
     match w {
         RET => Some(false),
         RETAA | RETAB => Some(true),
@@ -211,14 +211,14 @@ pub fn is_return(w: u32) -> Option<bool> {
 }
 
 /// Whether control never falls through `w` (a return, an unconditional branch).
-pub fn leaves(w: u32) -> bool {
+pub(super) fn leaves(w: u32) -> bool {
     // b imm26; br xN.
     is_return(w).is_some() || w & 0xfc00_0000 == 0x1400_0000 || w & 0xffff_fc1f == 0xd61f_0000
 }
 
 /// Whether `w` can transfer control (ends a basic block): branches, calls, returns,
 /// traps.
-pub fn transfers(w: u32, pc: u64) -> bool {
+pub(super) fn transfers(w: u32, pc: u64) -> bool {
     leaves(w)
         || branch_target(w, pc).is_some()
         || w & 0xfe00_0000 == 0xd600_0000 // br/blr/ret and their PAC forms
@@ -226,7 +226,7 @@ pub fn transfers(w: u32, pc: u64) -> bool {
 }
 
 /// Direct branch target of `w` at `pc`, if it is a direct branch.
-pub fn branch_target(w: u32, pc: u64) -> Option<u64> {
+pub(super) fn branch_target(w: u32, pc: u64) -> Option<u64> {
     match classify(w, pc) {
         Class::B { target }
         | Class::Bl { target }
@@ -239,7 +239,7 @@ pub fn branch_target(w: u32, pc: u64) -> Option<u64> {
 
 /// Append the re-creation of `w` (originally at `pc`) to `a`, then fall through to
 /// what follows in `a` (the caller appends the branch back to `pc + 4`).
-pub fn relocate(a: &mut Asm, w: u32, pc: u64) -> Result<(), String> {
+pub(super) fn relocate(a: &mut Asm, w: u32, pc: u64) -> Result<(), String> {
     let next = pc + 4;
     // `short` is the original conditional branch re-pointed at +8: taken → the far
     // `b target` two words on; not taken → `b next`.

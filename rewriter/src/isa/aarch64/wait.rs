@@ -28,7 +28,7 @@ pub(super) struct Labels {
 }
 
 impl Labels {
-    pub fn new(a: &mut Asm) -> Self {
+    pub(super) fn new(a: &mut Asm) -> Self {
         Labels {
             enter: a.label(),
             after: a.label(),

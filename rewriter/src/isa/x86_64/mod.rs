@@ -61,11 +61,11 @@ use crate::isa::arg::{Arg, Reg as UsdtReg};
 use tracer_common::meta::{FallbackReason, SiteKind};
 use tracer_common::operand::{OP_ADDR, OPF_TP, Operand, OperandSet, REG_NONE, X86_REG_PC};
 
-pub struct X86_64;
+pub(crate) struct X86_64;
 
 const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 /// `jmp rel32`.
-pub const JMP_LEN: usize = 5;
+pub(crate) const JMP_LEN: usize = 5;
 
 /// The function's instructions from a linear sweep (compilers put no data in x86-64
 /// code), or why it cannot be decoded.

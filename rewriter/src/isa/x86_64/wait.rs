@@ -29,7 +29,7 @@ pub(super) struct Labels {
 }
 
 impl Labels {
-    pub fn new(a: &mut CodeAssembler) -> Self {
+    pub(super) fn new(a: &mut CodeAssembler) -> Self {
         Labels {
             enter: a.create_label(),
             after: a.create_label(),

@@ -48,18 +48,18 @@ const POLL_MS: i32 = 10;
 /// How long chunks wait for more of a group (the live view sees them this late).
 const GROUP_WAIT: Duration = Duration::from_millis(200);
 
-pub type Logger = EbpfLogger<&'static dyn log::Log>;
+pub(crate) type Logger = EbpfLogger<&'static dyn log::Log>;
 
 /// What the consumer saw.
 #[derive(Debug, Default)]
-pub struct Consumed {
+pub(crate) struct Consumed {
     pub records: u64,
     pub chunks: u64,
     pub bad_entries: u64,
     pub threads: HashSet<(u32, u32)>,
 }
 
-pub struct Pipeline {
+pub(crate) struct Pipeline {
     stop: Arc<AtomicBool>,
     /// For sections that do not come from the ring buffer (binaries joining later).
     sections: SyncSender<Vec<u8>>,
@@ -70,7 +70,7 @@ pub struct Pipeline {
 impl Pipeline {
     /// Start consuming `ring` into `writer` (which already holds the file's head).
     /// `CHUNK_KIND_MAPPED` notices go to `mapped` as (pid, cause), not to the file.
-    pub fn start(
+    pub(crate) fn start(
         ring: RingBuf<MapData>,
         logger: Option<Logger>,
         writer: Writer,
@@ -98,7 +98,7 @@ impl Pipeline {
 
     /// Empty the ring buffer one last time, stop both threads and return the writer.
     /// Call when nothing more is produced (the traced processes are gone).
-    pub fn finish(self) -> Result<(Consumed, Writer)> {
+    pub(crate) fn finish(self) -> Result<(Consumed, Writer)> {
         drop(self.sections);
         self.stop.store(true, Ordering::SeqCst);
         let consumed = self
@@ -118,7 +118,7 @@ impl Pipeline {
 
 impl Pipeline {
     /// Queue complete sections for the file, in order with the chunks consumed so far.
-    pub fn write_sections(&self, bytes: Vec<u8>) -> Result<()> {
+    pub(crate) fn write_sections(&self, bytes: Vec<u8>) -> Result<()> {
         self.sections
             .send(bytes)
             .map_err(|_| anyhow!("the writer thread stopped"))
@@ -139,7 +139,7 @@ fn poll_readable(fds: &[RawFd], timeout_ms: i32) {
 }
 
 /// The cause of a notice sent for a process's first records (not a `CAUSE_*`).
-pub const FIRST_RECORDS: u32 = u32::MAX;
+pub(crate) const FIRST_RECORDS: u32 = u32::MAX;
 
 fn consume_loop(
     mut ring: RingBuf<MapData>,

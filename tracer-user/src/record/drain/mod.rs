@@ -6,8 +6,8 @@
 //! another process's memory and ptrace requests. Below the session: a drain uses
 //! `record::host` and `tracefile`, never a session module.
 
-pub mod consumer;
+pub(crate) mod consumer;
 mod remote;
-pub mod stop_drain;
+pub(crate) mod stop_drain;
 pub mod target_data;
-pub mod userdrain;
+pub(crate) mod userdrain;

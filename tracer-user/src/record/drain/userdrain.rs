@@ -181,7 +181,7 @@ struct State {
 }
 
 /// A binary the drain's file describes, as the drain needs it.
-pub struct Found {
+pub(crate) struct Found {
     /// What the file says of it (the drain sets its ordinal).
     pub info: BinaryInfo,
     /// The bytes of one of its buffers (its metadata's geometry).
@@ -190,10 +190,10 @@ pub struct Found {
 
 /// The instrumented binaries process `pid` maps, each with its load bias: the session's
 /// discovery, handed in so that the drain stays below the session.
-pub type FindMapped = Box<dyn FnMut(u32) -> Vec<(Found, u64)>>;
+pub(crate) type FindMapped = Box<dyn FnMut(u32) -> Vec<(Found, u64)>>;
 
 /// What the drain took out of the buffers, for the file's stats and the summary.
-pub struct Drained {
+pub(crate) struct Drained {
     pub writer: Writer,
     pub records: u64,
     pub chunks: u64,
@@ -204,14 +204,14 @@ pub struct Drained {
 }
 
 /// The user drain of one command, from before it runs until every task it made is gone.
-pub struct UserDrain {
+pub(crate) struct UserDrain {
     st: State,
 }
 
 impl UserDrain {
     /// A drain writing to `writer`, which describes `known` binaries already ((binary id,
     /// buffer bytes), in ordinal order).
-    pub fn new(writer: Writer, known: &[(u64, u64)], mapped_in: FindMapped) -> UserDrain {
+    pub(crate) fn new(writer: Writer, known: &[(u64, u64)], mapped_in: FindMapped) -> UserDrain {
         let st = State {
             writer,
             mapped_in,
@@ -232,12 +232,12 @@ impl UserDrain {
     }
 
     /// The command `pid`, [`seize`]d before it runs: held from the start.
-    pub fn hold(&mut self, pid: u32) {
+    pub(crate) fn hold(&mut self, pid: u32) {
         self.st.seized.add(pid);
     }
 
     /// Serve `sock` and the ptrace stops until every task of the command `main` is gone.
-    pub fn serve(self, sock: &OwnedFd, main: u32) -> Result<Drained> {
+    pub(crate) fn serve(self, sock: &OwnedFd, main: u32) -> Result<Drained> {
         let mut st = self.st;
         let exit_code = run(&mut st, sock, main)?;
         st.drain_socket(sock)?;
@@ -262,7 +262,7 @@ impl UserDrain {
 }
 
 /// Have the kernel attach the sender's credentials to every message read from `sock`.
-pub fn pass_credentials(sock: &OwnedFd) -> Result<()> {
+pub(crate) fn pass_credentials(sock: &OwnedFd) -> Result<()> {
     let on: libc::c_int = 1;
     // SAFETY: a valid int option value of the right size.
     let r = unsafe {
@@ -334,7 +334,7 @@ fn sender_of(msg: &libc::msghdr) -> Option<u32> {
 }
 
 /// Seize the command `pid` (before it runs), following what it starts.
-pub fn seize(pid: u32) -> Result<()> {
+pub(crate) fn seize(pid: u32) -> Result<()> {
     let opts = libc::PTRACE_O_TRACECLONE
         | libc::PTRACE_O_TRACEFORK
         | libc::PTRACE_O_TRACEVFORK

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
 
-pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+pub(crate) const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 const BTF_MAGIC: u16 = 0xeb9f;
 
@@ -31,7 +31,7 @@ const KIND_TYPE_TAG: u32 = 18;
 const KIND_ENUM64: u32 = 19;
 
 /// The member path of the thread pointer in `task_struct` for this machine.
-pub fn thread_pointer_path() -> &'static [&'static str] {
+pub(crate) fn thread_pointer_path() -> &'static [&'static str] {
     if cfg!(target_arch = "aarch64") {
         &["thread", "uw", "tp_value"]
     } else {
@@ -40,7 +40,7 @@ pub fn thread_pointer_path() -> &'static [&'static str] {
 }
 
 /// Byte offset of the thread pointer in `task_struct`, from the running kernel's BTF.
-pub fn thread_pointer_offset() -> Result<u64> {
+pub(crate) fn thread_pointer_offset() -> Result<u64> {
     let path = Path::new(VMLINUX_BTF);
     let data = std::fs::read(path).with_context(|| {
         format!(
@@ -57,7 +57,7 @@ pub fn thread_pointer_offset() -> Result<u64> {
 /// The parsed type section: for every type id the position of its record, plus what
 /// lookups need. Names stay in the string section (no per-type allocation: vmlinux
 /// has ~100k types).
-pub struct Btf {
+pub(crate) struct Btf {
     data: Vec<u8>,
     big_endian: bool,
     /// Byte range of the string section in `data`.
@@ -101,7 +101,7 @@ fn extra_len(kind: u32, vlen: usize) -> usize {
 }
 
 impl Btf {
-    pub fn parse(data: &[u8]) -> Result<Self> {
+    pub(crate) fn parse(data: &[u8]) -> Result<Self> {
         ensure!(data.len() >= 24, "BTF header truncated");
         let big_endian = match (data[0], data[1]) {
             (0x9f, 0xeb) => false,
@@ -224,7 +224,7 @@ impl Btf {
     }
 
     /// Byte offset of `root.path[0].path[1]...`.
-    pub fn member_offset(&self, root: &str, path: &[&str]) -> Result<u64> {
+    pub(crate) fn member_offset(&self, root: &str, path: &[&str]) -> Result<u64> {
         // Forward declarations have no members; take the first full definition.
         let mut id = (1..self.types.len() as u32)
             .find(|&id| {

@@ -9,10 +9,10 @@
 use std::time::Duration;
 
 use crate::tracefile::clock::hz_between;
-pub use crate::tracefile::clock::{Anchor, Calibration};
+pub(crate) use crate::tracefile::clock::{Anchor, Calibration};
 
 #[cfg(target_arch = "x86_64")]
-pub fn read_counter() -> u64 {
+pub(crate) fn read_counter() -> u64 {
     // SAFETY: rdtsc has no preconditions on x86-64.
     unsafe { core::arch::x86_64::_rdtsc() }
 }
@@ -25,7 +25,7 @@ pub fn read_counter() -> u64 {
     v
 }
 
-pub fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -36,7 +36,7 @@ pub fn monotonic_ns() -> u64 {
 }
 
 /// The tightest of a few (counter, clock, counter) brackets, counter at the midpoint.
-pub fn anchor() -> Anchor {
+pub(crate) fn anchor() -> Anchor {
     let mut best = (
         u64::MAX,
         Anchor {
@@ -63,7 +63,7 @@ pub fn anchor() -> Anchor {
 }
 
 /// Measure the counter frequency over `interval` (blocking).
-pub fn calibrate(interval: Duration) -> Calibration {
+pub(crate) fn calibrate(interval: Duration) -> Calibration {
     let a = anchor();
     std::thread::sleep(interval);
     let b = anchor();

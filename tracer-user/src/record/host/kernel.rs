@@ -4,11 +4,11 @@ use std::{ffi::CString, path::Path};
 
 use anyhow::{Context, Result, bail};
 
-pub const TRACEFS: &str = "/sys/kernel/tracing";
+pub(crate) const TRACEFS: &str = "/sys/kernel/tracing";
 
 /// Mount tracefs at /sys/kernel/tracing unless its events are already visible there
 /// (aya looks tracepoint ids up in it).
-pub fn ensure_tracefs() -> Result<()> {
+pub(crate) fn ensure_tracefs() -> Result<()> {
     if Path::new(TRACEFS).join("events").is_dir() {
         return Ok(());
     }
@@ -32,7 +32,7 @@ pub fn ensure_tracefs() -> Result<()> {
 }
 
 /// Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK; lift it (best effort).
-pub fn raise_memlock() {
+pub(crate) fn raise_memlock() {
     let lim = libc::rlimit {
         rlim_cur: libc::RLIM_INFINITY,
         rlim_max: libc::RLIM_INFINITY,
@@ -48,7 +48,11 @@ pub fn raise_memlock() {
 
 /// Offset of `field` in the records of tracepoint `category:name`, from its tracefs
 /// format file; None if the tracepoint has no such field.
-pub fn tracepoint_field_offset(category: &str, name: &str, field: &str) -> Result<Option<u32>> {
+pub(crate) fn tracepoint_field_offset(
+    category: &str,
+    name: &str,
+    field: &str,
+) -> Result<Option<u32>> {
     let path = Path::new(TRACEFS)
         .join("events")
         .join(category)
@@ -90,7 +94,7 @@ fn parse_field_offset(format: &str, field: &str) -> Result<Option<u32>> {
 /// Whether this kernel lets BPF programs call bpf_probe_write_user: kernels in lockdown
 /// (integrity or confidentiality) refuse it. Asked by loading a six-instruction
 /// kprobe program that calls it; cheaper than a failed load of the real programs.
-pub fn probe_write_user_allowed() -> bool {
+pub(crate) fn probe_write_user_allowed() -> bool {
     // struct bpf_insn: code, dst:4 | src:4, off, imm.
     const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> u64 {
         (code as u64)

@@ -59,9 +59,9 @@ const HOLD: Duration = Duration::from_secs(10);
 const MAX_DEPTH: usize = 64;
 /// Connections held at once from one user (`SO_PEERCRED` uid): a program holds one
 /// while it waits, and until it exits or `HOLD` passes.
-pub const MAX_HELD_PER_UID: usize = 64;
+pub(super) const MAX_HELD_PER_UID: usize = 64;
 /// Connections held at once in all: far below the descriptors the tracer may open.
-pub const MAX_HELD: usize = 256;
+pub(super) const MAX_HELD: usize = 256;
 /// Bytes one connection may send: one outcome per instrumented binary of the process
 /// (a program with more than this many is not one we have met).
 const MAX_OUTCOME_BYTES: usize = 64;
@@ -79,7 +79,7 @@ const MAX_MAPPINGS_LOOKED: usize = 256;
 
 /// How the programs' waits went, and what the caps turned away.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Waits {
+pub(super) struct Waits {
     /// Programs that waited in vain: their records never reached a drain.
     pub unattached: u64,
     /// Connections refused: over `MAX_HELD_PER_UID` or `MAX_HELD`, or accepted with no
@@ -91,7 +91,7 @@ pub struct Waits {
 
 /// Holds the listening socket and its connections while alive, and hears how the waits
 /// went (`tracer_common::ATTACH_DONE`, `ATTACH_GAVE_UP`).
-pub struct Announcement {
+pub(super) struct Announcement {
     stop: Arc<AtomicBool>,
     holder: Option<JoinHandle<Waits>>,
 }
@@ -99,7 +99,7 @@ pub struct Announcement {
 impl Announcement {
     /// A system-wide session: listen under the session name (an error if another
     /// session already does) and hold every program that connects.
-    pub fn system_wide() -> io::Result<Self> {
+    pub(super) fn system_wide() -> io::Result<Self> {
         Self::start(Some(listen()?), None, None)
     }
 
@@ -107,7 +107,7 @@ impl Announcement {
     /// end of their USER_DRAIN_FD), and, if the name is free, also hold the programs of
     /// the command's family (descendants of `root`) that lost that descriptor (a
     /// `close_fds` or `closefrom` on the way); anyone else is let go at once.
-    pub fn command(session: OwnedFd, root: u32) -> io::Result<Self> {
+    pub(super) fn command(session: OwnedFd, root: u32) -> io::Result<Self> {
         let listener = listen()
             .map_err(|e| {
                 log::info!("programs that close their descriptors are not waited for: {e}")
@@ -147,7 +147,7 @@ impl Announcement {
     /// End the waits (closing the session's ends) and say how many programs waited in
     /// vain (they gave up or were let go before the tracer had attached their binary, so
     /// their records never reached a drain) and how many connections were refused.
-    pub fn finish(mut self) -> Waits {
+    pub(super) fn finish(mut self) -> Waits {
         self.end()
     }
 
@@ -508,7 +508,7 @@ fn instrumented_file(at: &std::fs::File, files: &mut HashMap<FileId, bool>) -> b
 /// Who holds the session name: the credentials its listener had when it called
 /// `listen`, and its command.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NameHolder {
+pub(super) struct NameHolder {
     pub pid: u32,
     pub uid: u32,
     pub user: Option<String>,
@@ -530,7 +530,7 @@ impl fmt::Display for NameHolder {
 }
 
 /// Whoever listens under the session name, found by connecting to it (`SO_PEERCRED`).
-pub fn name_holder() -> Option<NameHolder> {
+pub(super) fn name_holder() -> Option<NameHolder> {
     let sock = session_socket().ok()?;
     let (addr, len) = session_addr();
     // SAFETY: addr is a valid sockaddr_un of at least `len` bytes.

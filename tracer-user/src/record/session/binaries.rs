@@ -31,13 +31,13 @@ use tracer_common::meta::{META_SECTION, Metadata};
 
 /// Largest file looked at as a binary: a huge (say, sparse) file is refused before
 /// more than its ELF header is read.
-pub const MAX_BINARY_BYTES: u64 = 4 << 30;
+pub(crate) const MAX_BINARY_BYTES: u64 = 4 << 30;
 /// Largest `.note.utrace` section read.
-pub const MAX_NOTE_BYTES: u64 = 256 << 20;
+pub(crate) const MAX_NOTE_BYTES: u64 = 256 << 20;
 /// Largest program or section header table, and section name table, read.
 const MAX_TABLE_BYTES: u64 = 16 << 20;
 /// Largest untouched binary (`--uprobe`, `--usdt`): the rewriter reads it whole.
-pub const MAX_UNTOUCHED_BYTES: u64 = 1 << 30;
+pub(crate) const MAX_UNTOUCHED_BYTES: u64 = 1 << 30;
 
 /// Why a file is not looked at as a binary.
 #[derive(Debug, thiserror::Error)]
@@ -186,7 +186,7 @@ impl Instrumented {
 
 /// The metadata of `path` if it is an instrumented binary. Files that are not ELF or
 /// have no note give None; a note that does not parse gives None and a warning.
-pub fn read_instrumented(path: &Path) -> Result<Option<Instrumented>> {
+pub(crate) fn read_instrumented(path: &Path) -> Result<Option<Instrumented>> {
     let f = HeldFile::open(path, MAX_BINARY_BYTES)?;
     read_instrumented_file(f, path)
 }
@@ -250,7 +250,7 @@ fn elf_parts(f: &HeldFile) -> Result<Option<ElfParts>, Refused> {
 /// Whether `f` is an ELF file with a `.note.utrace` section (of at most
 /// `MAX_NOTE_BYTES`): only its headers and section names are read, each bounded; the
 /// note itself is not.
-pub fn has_utrace_note(f: &HeldFile) -> bool {
+pub(crate) fn has_utrace_note(f: &HeldFile) -> bool {
     matches!(elf_layout(f), Ok(Some(ElfLayout { note: Some(_), .. })))
 }
 
@@ -398,7 +398,7 @@ fn first_load(
 
 /// An untouched binary traced by uprobes only: the sites the rewriter would place
 /// (function entries of `functions`, or its USDT probes with `usdt`), all as uprobes.
-pub fn untouched(path: &Path, functions: &[String], usdt: bool) -> Result<Instrumented> {
+pub(crate) fn untouched(path: &Path, functions: &[String], usdt: bool) -> Result<Instrumented> {
     let file = HeldFile::open(path, MAX_UNTOUCHED_BYTES)?;
     let data = file
         .read_all()
@@ -573,7 +573,7 @@ fn bounded_output(child: &mut std::process::Child) -> (Result<Vec<u8>>, Vec<u8>)
 
 /// The instrumented binaries among `exe` and the shared libraries it links (listed by
 /// its loader run as `run_as`).
-pub fn for_command(exe: &Path, run_as: Option<&RunAs>) -> Result<Vec<Instrumented>> {
+pub(crate) fn for_command(exe: &Path, run_as: Option<&RunAs>) -> Result<Vec<Instrumented>> {
     let mut candidates = vec![exe.to_path_buf()];
     candidates.extend(shared_libraries(exe, run_as)?);
     collect(candidates)
@@ -581,7 +581,7 @@ pub fn for_command(exe: &Path, run_as: Option<&RunAs>) -> Result<Vec<Instrumente
 
 /// Binaries named on the command line (`tracer record --binary PATH`): each must be an
 /// instrumented binary, since the user asked for it by name.
-pub fn named(paths: &[PathBuf]) -> Result<Vec<Instrumented>> {
+pub(crate) fn named(paths: &[PathBuf]) -> Result<Vec<Instrumented>> {
     let mut found = Vec::with_capacity(paths.len());
     for path in paths {
         match read_instrumented(path).with_context(|| format!("--binary {}", path.display()))? {
@@ -598,7 +598,7 @@ pub fn named(paths: &[PathBuf]) -> Result<Vec<Instrumented>> {
 /// `extra` appended to `found`, skipping files already there (the same file: same
 /// `(st_dev, st_ino)`). Two files with one binary_id are the session's to judge
 /// (`Live::add_binary`: a copy is traced under the same ordinal, other contents refused).
-pub fn merge(found: &mut Vec<Instrumented>, extra: Vec<Instrumented>) {
+pub(crate) fn merge(found: &mut Vec<Instrumented>, extra: Vec<Instrumented>) {
     for b in extra {
         if !found.iter().any(|o| o.file.id == b.file.id) {
             found.push(b);
@@ -622,7 +622,7 @@ fn collect(candidates: Vec<PathBuf>) -> Result<Vec<Instrumented>> {
 
 /// A file mapping of a process.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Mapping {
+pub(crate) struct Mapping {
     pub start: u64,
     pub offset: u64,
     pub path: PathBuf,
@@ -642,11 +642,6 @@ fn parse_dev(s: &str) -> Option<u64> {
         u32::from_str_radix(minor, 16).ok()?,
     );
     Some(libc::makedev(major, minor))
-}
-
-/// File-backed mappings from /proc/PID/maps.
-pub fn process_mappings(pid: u32) -> Result<Vec<Mapping>> {
-    mappings_of(&ProcDir::open(pid)?)
 }
 
 /// File-backed mappings from the `maps` of a held `/proc/PID`.
@@ -683,14 +678,14 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
 
 /// The instrumented binaries mapped into process `pid`, each with its load bias
 /// (run-time address − link-time address).
-pub fn for_process(pid: u32) -> Result<Vec<(Instrumented, u64)>> {
+pub(crate) fn for_process(pid: u32) -> Result<Vec<(Instrumented, u64)>> {
     for_process_in(&ProcDir::open(pid)?, &mut Default::default())
 }
 
 /// Files already looked at, instrumented or not, by identity (`(st_dev, st_ino)` of
 /// the mapped file, from `fstat` of its `map_files` descriptor) and path. An
 /// instrumented one is held open, so its inode number cannot be reused meanwhile.
-pub type SeenFiles = std::collections::HashMap<(FileId, PathBuf), Option<Instrumented>>;
+pub(crate) type SeenFiles = std::collections::HashMap<(FileId, PathBuf), Option<Instrumented>>;
 
 /// [`for_process`] of a held `/proc/PID` (its `maps` and `map_files` read through
 /// it), for sessions that look at many processes: what each file is (instrumented or
@@ -856,7 +851,7 @@ mod tests {
 
     #[test]
     fn own_mappings() {
-        let maps = process_mappings(std::process::id()).unwrap();
+        let maps = mappings_of(&ProcDir::open(std::process::id()).unwrap()).unwrap();
         assert!(!maps.is_empty());
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
         let held = HeldFile::open(&exe, MAX_BINARY_BYTES).unwrap();

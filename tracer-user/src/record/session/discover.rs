@@ -29,14 +29,16 @@ use super::{
 };
 
 /// An instrumented binary to trace and, when attaching, where it is loaded.
-pub struct Traced {
+pub(super) struct Traced {
     pub binary: Instrumented,
     /// Its load bias in the attached process (None: not attaching, or not known yet).
     pub load_bias: Option<u64>,
 }
 
 /// What the trace file says about each traced binary (ordinal = position).
-pub fn binary_infos<'a>(binaries: impl IntoIterator<Item = &'a Instrumented>) -> Vec<BinaryInfo> {
+pub(super) fn binary_infos<'a>(
+    binaries: impl IntoIterator<Item = &'a Instrumented>,
+) -> Vec<BinaryInfo> {
     binaries
         .into_iter()
         .enumerate()
@@ -56,7 +58,7 @@ pub(super) fn binary_info(ordinal: u32, b: &Instrumented) -> BinaryInfo {
 
 /// The instrumented binaries of a command (plus `extra`) and its resolved path; its
 /// loader is asked for its libraries as `run_as`.
-pub fn discover_command(
+pub(super) fn discover_command(
     argv: &[OsString],
     extra: &[PathBuf],
     run_as: Option<&RunAs>,

@@ -20,7 +20,7 @@ use anyhow::{Context, Result, bail};
 use crate::record::session::credentials::{ChildError, ChildStep, Launch, RunAs};
 
 /// Find `cmd` the way execvp does: as given if it contains a slash, else in $PATH.
-pub fn resolve_command(cmd: &OsStr) -> Result<PathBuf> {
+pub(crate) fn resolve_command(cmd: &OsStr) -> Result<PathBuf> {
     let is_exec = |p: &Path| {
         std::fs::metadata(p).is_ok_and(|m| {
             use std::os::unix::fs::PermissionsExt;
@@ -52,7 +52,7 @@ fn pipe_cloexec() -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// A connected pair of Unix sockets of type `kind`, close-on-exec.
-pub fn socket_pair(kind: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
+pub(crate) fn socket_pair(kind: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as RawFd; 2];
     // SAFETY: fds is a valid out-array of two descriptors.
     if unsafe {
@@ -75,7 +75,7 @@ pub fn socket_pair(kind: libc::c_int) -> io::Result<(OwnedFd, OwnedFd)> {
 /// command starts as it would have without the tracer (`credentials::Launch`: the
 /// inherited rlimits, signals and nice value, no other descriptor than the session's),
 /// as the `--run-as` user if one is given.
-pub struct GatedChild {
+pub(crate) struct GatedChild {
     pub pid: u32,
     go: Option<OwnedFd>,
     exec_error: OwnedFd,
@@ -88,7 +88,7 @@ pub struct GatedChild {
 impl GatedChild {
     /// Spawn `exe` for a session that drains through the kernel, as `run_as` (None:
     /// as the tracer).
-    pub fn spawn(exe: &Path, argv: &[OsString], run_as: Option<&RunAs>) -> Result<Self> {
+    pub(crate) fn spawn(exe: &Path, argv: &[OsString], run_as: Option<&RunAs>) -> Result<Self> {
         let (ours, theirs) = socket_pair(libc::SOCK_STREAM).context("socketpair")?;
         let mut c = Self::spawn_with_drain(exe, argv, Some(theirs.as_raw_fd()), run_as)?;
         c.session = Some(ours);
@@ -97,7 +97,7 @@ impl GatedChild {
 
     /// Like `spawn`; `drain_fd`, if given, becomes descriptor USER_DRAIN_FD of the
     /// command (the user-space drain's socket, or the session's: see `spawn`).
-    pub fn spawn_with_drain(
+    pub(crate) fn spawn_with_drain(
         exe: &Path,
         argv: &[OsString],
         drain_fd: Option<RawFd>,
@@ -149,12 +149,12 @@ impl GatedChild {
 
     /// The session's end of the command's USER_DRAIN_FD (`spawn`), to be read and,
     /// closed, to end the waits.
-    pub fn take_session(&mut self) -> Option<OwnedFd> {
+    pub(crate) fn take_session(&mut self) -> Option<OwnedFd> {
         self.session.take()
     }
 
     /// Open the gate; returns once the child has exec'd (or reports why it could not).
-    pub fn release(&mut self) -> Result<()> {
+    pub(crate) fn release(&mut self) -> Result<()> {
         let go = self.go.take().context("child already released")?;
         // SAFETY: writing one byte from a valid buffer to our pipe descriptor.
         if unsafe { libc::write(go.as_raw_fd(), b"g".as_ptr().cast(), 1) } != 1 {
@@ -252,7 +252,7 @@ unsafe fn fail(err: RawFd, e: ChildError) -> ! {
 }
 
 /// Wait for child `pid`; its exit code, 128+signal if it was killed.
-pub fn wait_child(pid: u32) -> Result<i32> {
+pub(crate) fn wait_child(pid: u32) -> Result<i32> {
     let mut status = 0;
     loop {
         // SAFETY: status is a valid int; pid is our child.
@@ -283,7 +283,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 /// While a command runs in the foreground, Ctrl-C and Ctrl-\ are for it: the tracer
 /// ignores them so it can still write the trace when the command dies of them. (The
 /// command starts with the dispositions the tracer inherited: `credentials::Launch`.)
-pub fn ignore_terminal_signals() {
+pub(crate) fn ignore_terminal_signals() {
     // SAFETY: SIG_IGN is a valid disposition for these signals.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
@@ -292,7 +292,7 @@ pub fn ignore_terminal_signals() {
 }
 
 /// Ctrl-C / SIGTERM end an attach session (checked by [`wait_process`]).
-pub fn catch_stop_signals() {
+pub(crate) fn catch_stop_signals() {
     for sig in [libc::SIGINT, libc::SIGTERM] {
         // SAFETY: a zeroed sigaction with a valid handler that only stores an atomic.
         unsafe {
@@ -306,7 +306,7 @@ pub fn catch_stop_signals() {
 
 /// Why [`wait_process`] returned.
 #[derive(Debug, PartialEq, Eq)]
-pub enum WaitEnd {
+pub(crate) enum WaitEnd {
     Exited,
     Interrupted,
     Timeout,
@@ -314,7 +314,7 @@ pub enum WaitEnd {
 
 /// Our child `pid`'s exit code (128+signal if killed) if it has exited, without
 /// blocking.
-pub fn try_wait_child(pid: u32) -> Result<Option<i32>> {
+pub(crate) fn try_wait_child(pid: u32) -> Result<Option<i32>> {
     let mut status = 0;
     // SAFETY: status is a valid int; pid is our child.
     let r = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
@@ -338,15 +338,15 @@ pub fn try_wait_child(pid: u32) -> Result<Option<i32>> {
 }
 
 /// Whether Ctrl-C / SIGTERM arrived (after [`catch_stop_signals`]).
-pub fn interrupted() -> bool {
+pub(crate) fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
 }
 
 /// Watches a process that is not our child (a pidfd).
-pub struct PidWatch(OwnedFd);
+pub(crate) struct PidWatch(OwnedFd);
 
 impl PidWatch {
-    pub fn open(pid: u32) -> Result<Self> {
+    pub(crate) fn open(pid: u32) -> Result<Self> {
         // SAFETY: pidfd_open takes a pid and flags, returns a new descriptor or -1.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
         if fd < 0 {
@@ -357,7 +357,7 @@ impl PidWatch {
     }
 
     /// Whether the process has exited (never blocks).
-    pub fn exited(&self) -> Result<bool> {
+    pub(crate) fn exited(&self) -> Result<bool> {
         let mut p = libc::pollfd {
             fd: self.0.as_raw_fd(),
             events: libc::POLLIN,
@@ -370,7 +370,7 @@ impl PidWatch {
 }
 
 /// A process's command line from /proc, for the session record.
-pub fn cmdline(pid: u32) -> Vec<String> {
+pub(crate) fn cmdline(pid: u32) -> Vec<String> {
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|b| {
             b.split(|&c| c == 0)

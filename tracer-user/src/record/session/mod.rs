@@ -55,22 +55,22 @@
 
 mod announce;
 mod attach;
-pub mod binaries;
+pub(crate) mod binaries;
 pub mod control;
 pub mod credentials;
 mod discover;
 pub mod filters;
-pub mod gate;
+pub(crate) mod gate;
 mod live;
 mod procdir;
 mod seed;
-pub mod semaphores;
+pub(crate) mod semaphores;
 mod shares;
 mod summary;
 mod target;
 mod teardown;
 mod test_hook;
-pub mod user;
+pub(super) mod user;
 
 use std::{
     collections::HashSet,

@@ -28,13 +28,13 @@ const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 
 /// Raised semaphores; dropping this lowers them.
 #[derive(Default)]
-pub struct Raised(Vec<OwnedFd>);
+pub(crate) struct Raised(Vec<OwnedFd>);
 
 impl Raised {
     /// Raise the semaphores of the held file `file` (the event names it by
     /// `/proc/self/fd/N`: the very file whose note gave the offsets, whatever its path
     /// names now).
-    pub fn raise(&mut self, file: &HeldFile, sems: &[Semaphore]) -> Result<()> {
+    pub(crate) fn raise(&mut self, file: &HeldFile, sems: &[Semaphore]) -> Result<()> {
         if sems.is_empty() {
             return Ok(());
         }

@@ -23,7 +23,7 @@ use crate::record::session::binaries::FileId;
 
 /// Why an instrumented binary is not traced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum BinaryRefusal {
+pub(super) enum BinaryRefusal {
     #[error("the session already traces {MAX_BINARIES} instrumented binaries")]
     SessionFull,
     #[error("the session already traces {MAX_BINARIES} copies of binaries")]
@@ -39,7 +39,7 @@ pub enum BinaryRefusal {
 
 impl BinaryRefusal {
     /// The kind of refusal, as the summary counts them.
-    pub fn kind(self) -> RefusalKind {
+    pub(super) fn kind(self) -> RefusalKind {
         match self {
             BinaryRefusal::SessionFull => RefusalKind::SessionFull,
             BinaryRefusal::TooManyCopies => RefusalKind::TooManyCopies,
@@ -51,7 +51,7 @@ impl BinaryRefusal {
 
 /// A kind of [`BinaryRefusal`] (the summary's order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum RefusalKind {
+pub(super) enum RefusalKind {
     SessionFull,
     TooManyCopies,
     UidShare,
@@ -70,14 +70,14 @@ impl std::fmt::Display for RefusalKind {
 }
 
 /// Binaries a uid may have traced in a system-wide session.
-pub const BINARIES_PER_UID: u32 = MAX_BINARIES / 2;
+pub(super) const BINARIES_PER_UID: u32 = MAX_BINARIES / 2;
 /// Processes of one uid that the tracer puts in `TABLES` in a system-wide session (the
 /// eBPF side's share, one definition for both).
-pub const TABLES_PER_UID: usize = tracer_common::ebpf::TABLES_PER_UID as usize;
+pub(super) const TABLES_PER_UID: usize = tracer_common::ebpf::TABLES_PER_UID as usize;
 
 /// What each uid has, and what was refused.
 #[derive(Default)]
-pub struct Shares {
+pub(super) struct Shares {
     /// Per-uid caps in force (system-wide sessions).
     capped: bool,
     binaries: HashMap<u32, u32>,
@@ -95,10 +95,10 @@ pub struct Shares {
 /// Refused files the session keeps open to release their programs (each is a
 /// descriptor; past this, a refused file is forgotten and its later programs wait out
 /// their time).
-pub const MAX_HELD_REFUSED: usize = 128;
+pub(super) const MAX_HELD_REFUSED: usize = 128;
 
 impl Shares {
-    pub fn new(capped: bool) -> Self {
+    pub(super) fn new(capped: bool) -> Self {
         Shares {
             capped,
             ..Default::default()
@@ -108,7 +108,7 @@ impl Shares {
     /// Whether a binary owned by `uid` may be traced (one more file). Root's files are
     /// not capped: no other user can make a file root's, and the system's own binaries
     /// should not be limited to half the session.
-    pub fn may_add_binary(&self, uid: u32) -> Result<(), BinaryRefusal> {
+    pub(super) fn may_add_binary(&self, uid: u32) -> Result<(), BinaryRefusal> {
         let have = self.binaries.get(&uid).copied().unwrap_or(0);
         if self.capped && uid != 0 && have >= BINARIES_PER_UID {
             return Err(BinaryRefusal::UidShare {
@@ -119,12 +119,12 @@ impl Shares {
         Ok(())
     }
 
-    pub fn charge_binary(&mut self, uid: u32) {
+    pub(super) fn charge_binary(&mut self, uid: u32) {
         *self.binaries.entry(uid).or_default() += 1;
     }
 
     /// Count a refusal of file `file` (binary `id`) once; true the first time.
-    pub fn refuse_binary(&mut self, file: FileId, id: u64, why: BinaryRefusal) -> bool {
+    pub(super) fn refuse_binary(&mut self, file: FileId, id: u64, why: BinaryRefusal) -> bool {
         if !self.refused_files.insert((file, id)) {
             return false;
         }
@@ -133,14 +133,14 @@ impl Shares {
     }
 
     /// Whether refused file `file` stays held (remembered) or is forgotten.
-    pub fn keep_refused(&mut self, file: FileId) -> bool {
+    pub(super) fn keep_refused(&mut self, file: FileId) -> bool {
         self.held_refused.contains(&file)
             || (self.held_refused.len() < MAX_HELD_REFUSED && self.held_refused.insert(file))
     }
 
     /// Whether process `pid` of `uid` may get a `TABLES` entry from the tracer; a
     /// refusal is counted once per process.
-    pub fn may_seed(&mut self, pid: u32, uid: u32) -> bool {
+    pub(super) fn may_seed(&mut self, pid: u32, uid: u32) -> bool {
         if !self.capped {
             return true;
         }
@@ -163,12 +163,12 @@ impl Shares {
     }
 
     /// Whether per-uid caps are in force (a system-wide session).
-    pub fn capped(&self) -> bool {
+    pub(super) fn capped(&self) -> bool {
         self.capped
     }
 
     /// The summary's lines about refusals (none when nothing was refused).
-    pub fn summary_lines(&self) -> Vec<String> {
+    pub(super) fn summary_lines(&self) -> Vec<String> {
         let mut lines = Vec::new();
         for (why, n) in &self.refused_binaries {
             lines.push(format!(
@@ -192,7 +192,7 @@ impl Shares {
 /// and learned entries share one count: false = the uid holds its share (capped
 /// sessions only). Not atomic with the eBPF side's updates: a race may leave the count
 /// off by one (it never wraps).
-pub fn charge_table(ebpf: &mut Ebpf, pid: u32, uid: u32, capped: bool) -> Result<bool> {
+pub(super) fn charge_table(ebpf: &mut Ebpf, pid: u32, uid: u32, capped: bool) -> Result<bool> {
     if table_owners(ebpf)?.get(&pid, 0).is_ok() {
         return Ok(true);
     }
@@ -209,7 +209,7 @@ pub fn charge_table(ebpf: &mut Ebpf, pid: u32, uid: u32, capped: bool) -> Result
 }
 
 /// Give back process `pid`'s charge (its seed was not added after all).
-pub fn uncharge_table(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
+pub(super) fn uncharge_table(ebpf: &mut Ebpf, pid: u32) -> Result<()> {
     let mut owners = table_owners(ebpf)?;
     let Ok(uid) = owners.get(&pid, 0) else {
         return Ok(());

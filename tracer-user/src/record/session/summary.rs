@@ -23,7 +23,7 @@ use crate::{
 
 /// Keep `b`'s debug information in the tracer's cache (by build-id), so the trace can
 /// be symbolized after the binary changes. Best effort.
-pub fn cache_debug_info(b: &Instrumented) {
+pub(super) fn cache_debug_info(b: &Instrumented) {
     let held = b.file.proc_path();
     if let Err(e) = crate::debuginfo::cache_debug_info(&b.path, &held, &b.meta.build_id, &[]) {
         log::warn!("{}: debug information not cached: {e:#}", b.path.display());
@@ -31,7 +31,7 @@ pub fn cache_debug_info(b: &Instrumented) {
 }
 
 /// The one-line summary on stderr, and warnings about lost records.
-pub fn print_summary(consumed: &Consumed, stats: &FinalStats, path: &Path) {
+pub(super) fn print_summary(consumed: &Consumed, stats: &FinalStats, path: &Path) {
     eprintln!(
         "utrace: {} records from {} threads, {} dropped -> {}",
         consumed.records,

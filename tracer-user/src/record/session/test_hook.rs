@@ -13,14 +13,14 @@ use std::{
 };
 
 /// Binaries were found and parsed, nothing is attached yet.
-pub const PARSED: &str = "parsed";
+pub(super) const PARSED: &str = "parsed";
 /// A process's RW area magic was checked, nothing is written yet.
-pub const SEED_CHECKED: &str = "seed-checked";
+pub(super) const SEED_CHECKED: &str = "seed-checked";
 
 static DONE: AtomicBool = AtomicBool::new(false);
 
 /// Wait at `point` if the test asked for it (once per session).
-pub fn pause(point: &str) {
+pub(super) fn pause(point: &str) {
     let Some(v) = std::env::var_os("UTRACE_TEST_PAUSE") else {
         return;
     };

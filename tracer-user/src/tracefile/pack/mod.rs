@@ -54,7 +54,7 @@ const SAME_PREV: u8 = 3;
 const KNOWN_TAG_BITS: u8 = 0x3f;
 
 #[derive(Debug, Error, PartialEq, Eq)]
-pub enum PackError {
+pub(super) enum PackError {
     #[error("packed records end inside record {0}")]
     Truncated(usize),
     #[error("packed record {0} has an overlong varint")]
@@ -165,14 +165,14 @@ fn unzigzag(z: u64) -> u64 {
 }
 
 /// Append `records`, packed on their own, to `out`.
-pub fn pack(records: impl ExactSizeIterator<Item = Record>, out: &mut Vec<u8>) {
+pub(super) fn pack(records: impl ExactSizeIterator<Item = Record>, out: &mut Vec<u8>) {
     Encoder::<TABLE>::new().pack(records, out)
 }
 
 /// Packs the records of several chunks as one stream (`SECTION_CHUNKS_PACKED`): the
 /// predictions carry over from chunk to chunk, where a chunk packed on its own starts
 /// cold (a sqlite trace: 6.2 bytes a record in chunks of 512, 3.8 in groups of 8).
-pub struct GroupPacker(Encoder<GROUP_TABLE>);
+pub(super) struct GroupPacker(Encoder<GROUP_TABLE>);
 
 impl Default for GroupPacker {
     fn default() -> Self {
@@ -182,12 +182,16 @@ impl Default for GroupPacker {
 
 impl GroupPacker {
     /// Forget everything: a new group starts.
-    pub fn start(&mut self) {
+    pub(super) fn start(&mut self) {
         self.0.reset();
     }
 
     /// Append `records`, packed after the group's earlier ones, to `out`.
-    pub fn pack(&mut self, records: impl ExactSizeIterator<Item = Record>, out: &mut Vec<u8>) {
+    pub(super) fn pack(
+        &mut self,
+        records: impl ExactSizeIterator<Item = Record>,
+        out: &mut Vec<u8>,
+    ) {
         self.0.pack(records, out)
     }
 }
@@ -244,7 +248,11 @@ fn unpack(bytes: &[u8], count: usize) -> Result<Vec<Record>, PackError> {
 
 /// Exactly `count` records from `bytes` (all of them, nothing after), packed as format
 /// `version` packs them (3: a 64-entry table).
-pub fn unpack_version(bytes: &[u8], count: usize, version: u32) -> Result<Vec<Record>, PackError> {
+pub(super) fn unpack_version(
+    bytes: &[u8],
+    count: usize,
+    version: u32,
+) -> Result<Vec<Record>, PackError> {
     if version <= 3 {
         unpack_with::<TABLE_V3>(bytes, count)
     } else {
@@ -258,7 +266,7 @@ fn unpack_with<const T: usize>(bytes: &[u8], count: usize) -> Result<Vec<Record>
 
 /// Unpacks chunk groups (`SECTION_CHUNKS_PACKED`): [`GroupPacker`]'s counterpart, its
 /// table reused from group to group.
-pub struct GroupUnpacker(Model<GROUP_TABLE>);
+pub(super) struct GroupUnpacker(Model<GROUP_TABLE>);
 
 impl Default for GroupUnpacker {
     fn default() -> Self {
@@ -268,7 +276,7 @@ impl Default for GroupUnpacker {
 
 impl GroupUnpacker {
     /// Exactly `count` records from `bytes`, a group's stream.
-    pub fn unpack(&mut self, bytes: &[u8], count: usize) -> Result<Vec<Record>, PackError> {
+    pub(super) fn unpack(&mut self, bytes: &[u8], count: usize) -> Result<Vec<Record>, PackError> {
         self.0.reset();
         unpack_into(&mut self.0, bytes, count)
     }

@@ -43,7 +43,7 @@ const BUFFER_RECORDS: u32 = 16384;
 const RING: &str = "256M";
 
 /// Options of this section (from `cargo xtask bench`).
-pub struct Options {
+pub(super) struct Options {
     /// Calls of `hot()` per session, shared by the producing threads (so every row
     /// moves the same number of records).
     pub records: u64,
@@ -85,7 +85,7 @@ const CASES: &[Case] = &[
 ];
 
 /// The drain section: the empty session, then the best of `opts.runs` sessions per case.
-pub fn drain_throughput(opts: &Options) -> Result<()> {
+pub(super) fn drain_throughput(opts: &Options) -> Result<()> {
     println!();
     println!("== drain throughput: flush -> eBPF (filter) -> ring buffer -> tracer -> trace file");
     if !util::is_root() {

@@ -8,7 +8,7 @@ use super::{BUFFER_RECORDS, Case, RING};
 type CaseRow<'a> = (&'a Case, std::result::Result<Session, String>);
 
 /// Print the section: `empty` is the empty session, `rows` a result per case.
-pub fn print_drain(empty: &Session, rows: &[CaseRow], n: u64, runs: u32, total_s: f64) {
+pub(super) fn print_drain(empty: &Session, rows: &[CaseRow], n: u64, runs: u32, total_s: f64) {
     println!();
     println!(
         "{n} calls of hot() per session (shared by the threads), {BUFFER_RECORDS} records per \

@@ -14,7 +14,7 @@ use super::RING;
 use crate::util::{self, cmd};
 
 /// What one session measured.
-pub struct Session {
+pub(super) struct Session {
     pub threads: u32,
     /// Records the fixture makes: threads × (iterations + 1 call of `rare()`).
     pub expected: u64,
@@ -31,24 +31,24 @@ pub struct Session {
 
 impl Session {
     /// Every CPU second of the session: producer and tracer, startup included.
-    pub fn cpu_s(&self) -> f64 {
+    pub(super) fn cpu_s(&self) -> f64 {
         self.prod_user_s + self.prod_sys_s + self.tracer_s
     }
     /// CPU seconds of the record path only: the producer (loop, stubs, flush, eBPF) and
     /// the tracer's consumer and writer threads.
-    pub fn pipe_s(&self) -> f64 {
+    pub(super) fn pipe_s(&self) -> f64 {
         self.prod_user_s + self.prod_sys_s + self.workers.iter().map(|w| w.1).sum::<f64>()
     }
-    pub fn stat(&self, k: &str) -> Option<u64> {
+    pub(super) fn stat(&self, k: &str) -> Option<u64> {
         self.stats.get(k).and_then(Value::as_u64)
     }
     /// Records that went through flush → eBPF: `records_produced` when the tracer
     /// counts it, else what the fixture makes.
-    pub fn produced(&self) -> u64 {
+    pub(super) fn produced(&self) -> u64 {
         self.stat("records_produced").unwrap_or(self.expected)
     }
     /// Every record accounted for? And the text: `ok` / what does not add up.
-    pub fn check(&self) -> (bool, String) {
+    pub(super) fn check(&self) -> (bool, String) {
         let g = |k| self.stat(k).unwrap_or(0);
         let (delivered, dropped, received) = (
             g("records_delivered"),
@@ -111,7 +111,7 @@ impl Session {
 }
 
 /// One `tracer record` session of `drain T N`.
-pub fn session(
+pub(super) fn session(
     traced: &Path,
     trace: &Path,
     threads: u32,

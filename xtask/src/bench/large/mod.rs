@@ -18,7 +18,7 @@ use crate::util::{self, cmd};
 ///
 /// `--large-trace` is slow: the tracer attaches one perf-event uprobe per uprobe site
 /// (hundreds here) and closing each costs the kernel ~0.1 s at the end of the session.
-pub fn large_binary(args: &Args) -> Result<()> {
+pub(super) fn large_binary(args: &Args) -> Result<()> {
     println!();
     println!("== large binary: the toolchain's librustc_driver, every function");
     let sysroot = PathBuf::from(

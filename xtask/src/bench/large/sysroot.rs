@@ -16,7 +16,7 @@ use crate::util::{self, cmd};
 const HELLO_RS: &str = include_str!("../../../bench/hello.rs");
 
 /// Where the original and the private sysroot are.
-pub struct Sysroots<'a> {
+pub(super) struct Sysroots<'a> {
     pub original: &'a Path,
     pub private: &'a Path,
     /// The file name of `librustc_driver-*.so`.
@@ -74,7 +74,7 @@ impl Problems {
 
 /// Build the private sysroot, check that it loads the rewritten driver, and compare the
 /// two compilers.
-pub fn check_private_sysroot(s: &Sysroots, trace: bool) -> Result<()> {
+pub(super) fn check_private_sysroot(s: &Sysroots, trace: bool) -> Result<()> {
     make_private(s)?;
     check_loads_rewritten(s)?;
     let mut problems = Problems::default();

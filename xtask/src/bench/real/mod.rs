@@ -71,7 +71,7 @@ impl Tools {
     }
 }
 
-pub fn real(rows: u64, rounds: usize, baseline: Option<&Path>, profile: bool) -> Result<()> {
+pub(super) fn real(rows: u64, rounds: usize, baseline: Option<&Path>, profile: bool) -> Result<()> {
     println!();
     println!("== real program: sqlite3 {rows} INSERTs + queries, every function traced");
     if !util::is_root() {
@@ -187,7 +187,7 @@ fn rounds_of(cases: &[Case], rounds: usize) -> Result<Vec<Row>> {
 }
 
 /// The python section (`python.rs`): fib.py's argument, about 0.6 M calls.
-pub fn python() -> Result<()> {
+pub(super) fn python() -> Result<()> {
     python::rows(27)
 }
 

@@ -25,7 +25,7 @@ struct Row {
 }
 
 /// The rows, printed; skipped (saying so) without python3.11 or root.
-pub fn rows(n: u32) -> Result<()> {
+pub(super) fn rows(n: u32) -> Result<()> {
     println!();
     println!("== python3.11 fib({n}): every Python call and line by name");
     if !Path::new(PYTHON).is_file() || !util::is_root() {

@@ -18,7 +18,7 @@ const ORIG_URL: &str =
 const ORIG_SHA256: &str = "aaa776260ab4dc976db34aa7891819484c8676b5b2783123ebc6301e2ca5d655";
 
 /// The builds of the CLI.
-pub struct Builds {
+pub(super) struct Builds {
     pub plain: PathBuf,
     pub pg: PathBuf,
     /// `-finstrument-functions`, for LTTng-UST's cyg-profile library.
@@ -37,7 +37,7 @@ pub struct Builds {
 const LIMIT_HOOKS: &str = include_str!("limit_hooks.c");
 
 /// Fetch, check and build (cached under `dir`: a second run reuses the binaries).
-pub fn build(dir: &Path) -> Result<Builds> {
+pub(super) fn build(dir: &Path) -> Result<Builds> {
     let b = Builds {
         plain: dir.join("sqlite3"),
         pg: dir.join("sqlite3-pg"),
@@ -144,7 +144,7 @@ fn amalgamation(dir: &Path) -> Result<PathBuf> {
 /// The workload: `rows` single-row INSERTs (each its own transaction), two indexes, a
 /// join, GROUP BY, UPDATE and DELETE on an in-memory database; it prints a few lines
 /// that every run must reproduce.
-pub fn script(rows: u64) -> String {
+pub(super) fn script(rows: u64) -> String {
     let mut s = String::from(
         "CREATE TABLE t(id INTEGER PRIMARY KEY, a INTEGER, b TEXT, c REAL);\n\
          CREATE TABLE u(id INTEGER PRIMARY KEY, t_id INTEGER, v TEXT);\n",

@@ -124,7 +124,7 @@ pub(super) struct Image {
 
 impl Image {
     /// `code` at [`TEXT`], int3 after it, zeros elsewhere.
-    pub fn new(code: &[u8]) -> Self {
+    pub(super) fn new(code: &[u8]) -> Self {
         let mut bytes = vec![0u8; (END - TEXT) as usize];
         bytes[..(RODATA - TEXT) as usize].fill(0xcc);
         bytes[..code.len()].copy_from_slice(code);
@@ -137,18 +137,18 @@ impl Image {
     }
 
     /// One function over `[TEXT, TEXT + len)`.
-    pub fn function(code: &[u8]) -> Self {
+    pub(super) fn function(code: &[u8]) -> Self {
         let mut img = Image::new(code);
         img.functions.push((TEXT, code.len() as u64, "f"));
         img
     }
 
-    pub fn put(&mut self, addr: u64, data: &[u8]) {
+    pub(super) fn put(&mut self, addr: u64, data: &[u8]) {
         let off = (addr - TEXT) as usize;
         self.bytes[off..off + data.len()].copy_from_slice(data);
     }
 
-    pub fn input(&self) -> Input<'_> {
+    pub(super) fn input(&self) -> Input<'_> {
         let section = |name: &str, addr: u64, size: u64, exec: bool| Section {
             name: name.into(),
             sh_type: elf::SHT_PROGBITS,
