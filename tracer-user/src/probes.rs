@@ -2,13 +2,8 @@
 //! (the drains read them while the process lives: `tracer-ebpf/src/strings.rs`), and
 //! which probes open and close a call of the interpreted program, so that readers
 //! show its functions (`read/lang.rs`). A layer below `record` (which tells the drains)
-//! and `read` (which names the calls).
-//!
-//! ```
-//! let p = tracer_user::probes::known("python:function__entry").unwrap();
-//! assert_eq!(p.strings, 0b11); // filename, funcname
-//! assert!(p.call.is_some());
-//! ```
+//! and `read` (which names the calls). E.g. `known("python:function__entry")` says its
+//! arguments 1 and 2 are strings (file name, function name) and that it begins a call.
 
 /// A USDT probe the tracer knows, by its site name (`provider:name`).
 pub(crate) struct KnownProbe {
