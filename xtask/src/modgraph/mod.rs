@@ -73,11 +73,12 @@ const LAYERS: &[(&str, &[&[&str]])] = &[
         "tracer-user",
         &[
             // Below both stages: `record` writes them, `read` reads them.
-            &["tracefile", "debuginfo", "probes"],
-            // Stage 1, a session: `drain` (ring, user drain, stop drain) under
-            // `session`; `record` is the name of both before the split.
-            &["drain"],
-            &["session", "record"],
+            &["tracefile", "debuginfo", "probes", "wording"],
+            // Stage 1: host facts, the drains (ring, user drain, stop drain) under
+            // the session that runs them.
+            &["record::host"],
+            &["record::drain"],
+            &["record::session", "record"],
             // Stage 2, a trace read back; stage 3, views.
             &["read"],
             &["views"],
@@ -227,11 +228,13 @@ mod tests {
     }
 
     #[test]
-    fn tracer_user_order_under_old_and_new_names() {
-        assert!(!breaks("tracer-user", "session::x", "drain::y"));
-        assert!(breaks("tracer-user", "drain::y", "session::x"));
-        assert!(breaks("tracer-user", "record::summary", "views::text"));
-        assert!(breaks("tracer-user", "session::summary", "views::text"));
+    fn tracer_user_order() {
+        assert!(!breaks("tracer-user", "record::session::x", "record::drain::y"));
+        assert!(breaks("tracer-user", "record::drain::y", "record::session::x"));
+        assert!(!breaks("tracer-user", "record::drain::y", "record::host::clock"));
+        assert!(breaks("tracer-user", "record::host::clock", "record::drain::y"));
+        assert!(breaks("tracer-user", "record::session::summary", "views::text"));
+        assert!(breaks("tracer-user", "record::drain::y", "read::calls"));
         assert!(!breaks("tracer-user", "views::top", "tracefile::write"));
         assert!(!breaks("tracer-user", "read::names", "debuginfo"));
     }
