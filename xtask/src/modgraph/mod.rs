@@ -229,11 +229,31 @@ mod tests {
 
     #[test]
     fn tracer_user_order() {
-        assert!(!breaks("tracer-user", "record::session::x", "record::drain::y"));
-        assert!(breaks("tracer-user", "record::drain::y", "record::session::x"));
-        assert!(!breaks("tracer-user", "record::drain::y", "record::host::clock"));
-        assert!(breaks("tracer-user", "record::host::clock", "record::drain::y"));
-        assert!(breaks("tracer-user", "record::session::summary", "views::text"));
+        assert!(!breaks(
+            "tracer-user",
+            "record::session::x",
+            "record::drain::y"
+        ));
+        assert!(breaks(
+            "tracer-user",
+            "record::drain::y",
+            "record::session::x"
+        ));
+        assert!(!breaks(
+            "tracer-user",
+            "record::drain::y",
+            "record::host::clock"
+        ));
+        assert!(breaks(
+            "tracer-user",
+            "record::host::clock",
+            "record::drain::y"
+        ));
+        assert!(breaks(
+            "tracer-user",
+            "record::session::summary",
+            "views::text"
+        ));
         assert!(breaks("tracer-user", "record::drain::y", "read::calls"));
         assert!(!breaks("tracer-user", "views::top", "tracefile::write"));
         assert!(!breaks("tracer-user", "read::names", "debuginfo"));
