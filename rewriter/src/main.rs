@@ -1,5 +1,5 @@
 //! `rewriter INPUT [-o OUT] [--spec FILE] [--functions GLOB]... [--sites KIND,...]
-//! [--time record|coarse] [--slots N] [--buffer-records N] [--force-uprobe] [-v]`
+//! [--time record|coarse] [--slots N] [--buffer-records N] [--force-uprobe] [--no-batch] [-v]`
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -52,6 +52,9 @@ struct Args {
     /// Trace every selected site with a plain uprobe instead of an inline stub.
     #[arg(long)]
     force_uprobe: bool,
+    /// One stub per memory instruction, each access its own record (no access runs).
+    #[arg(long)]
+    no_batch: bool,
     /// List every uprobe site with the reason it could not be patched inline.
     #[arg(short, long)]
     verbose: bool,
@@ -130,6 +133,7 @@ fn options(args: &Args) -> rewriter::Result<rewriter::Options> {
     opts.values.extend(args.values.iter().cloned());
     opts.buf_records = args.buffer_records.unwrap_or(opts.buf_records);
     opts.force_uprobe = args.force_uprobe;
+    opts.batch &= !args.no_batch;
     Ok(opts)
 }
 

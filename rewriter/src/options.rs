@@ -16,6 +16,9 @@ pub struct Options {
     pub buf_records: u32,
     /// Make every site a uprobe site (for comparisons and as an escape hatch).
     pub force_uprobe: bool,
+    /// Record the memory accesses of a run of adjacent memory instructions with one
+    /// stub (one reservation, two accesses a record); `false`: one stub per instruction.
+    pub batch: bool,
     /// Site kinds to instrument in the selected functions.
     pub kinds: Vec<SiteKind>,
     /// Whether stubs read the cycle counter (`Record`) or not (`Coarse`).
@@ -66,6 +69,7 @@ impl Default for Options {
             nslots: tracer_common::DEFAULT_SLOTS,
             buf_records: tracer_common::DEFAULT_BUF_RECORDS,
             force_uprobe: false,
+            batch: true,
             kinds: vec![SiteKind::FunctionEntry],
             time_mode: TimeMode::Record,
             buf_kind: tracer_common::BUF_TRACE,
