@@ -34,6 +34,8 @@ pub struct Report {
     /// Split-off parts (`.cold`) planned as their functions' (their exits are): the
     /// part's address and its function's name.
     pub parts: Vec<(u64, String)>,
+    /// Memory sites recorded together (access runs) and why runs ended.
+    pub runs: crate::RunStats,
 }
 
 /// The emitted RX segment contents and what goes into the metadata.
@@ -123,6 +125,7 @@ pub(crate) fn code(
     let total = sel.chosen.len() as u64;
     for (i, ((c, plan), reqs)) in sel.chosen.iter().zip(plans).zip(&sites.reqs_of).enumerate() {
         opts.progress.report("writing", i as u64, total);
+        out.report.runs.add(&plan.runs);
         out.function(input, isa, seg, &c.f, plan, reqs, sites, &taken)?;
     }
     Ok(out)
@@ -184,7 +187,7 @@ impl Emitted {
                     self.code.extend_from_slice(&tramp.code);
                     self.patches.extend(patches);
                     for s in &w.sites {
-                        self.modes[s.id as usize] = Some((SiteMode::Inline, s.at));
+                        self.modes[s.id as usize] = Some((SiteMode::Inline, s.insn));
                     }
                 }
                 Err(why) => uprobes.extend(

@@ -31,6 +31,7 @@ use std::path::Path;
 
 pub use emit::Report;
 pub use error::{Error, Result};
+pub use isa::runs::{RunEnd, RunStats};
 pub use options::{Options, Progress};
 pub use select::{spec, usdt};
 pub use tracer_common::meta::{FallbackReason, SiteKind, TimeMode};

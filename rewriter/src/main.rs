@@ -168,6 +168,7 @@ fn print_report(args: &Args, output: &Path, opts: &rewriter::Options, r: &rewrit
         r.slot_lookup.describe(),
         r.parts.len()
     );
+    print_runs(&r.runs);
     if args.verbose {
         for (at, f) in &r.parts {
             println!("  split-off part at {at:#x} of {f}");
@@ -178,6 +179,28 @@ fn print_report(args: &Args, output: &Path, opts: &rewriter::Options, r: &rewrit
         for (f, why) in &r.untraced_reasons {
             println!("  untraced site {f}: {why}");
         }
+    }
+}
+
+/// How many memory sites share a stub (access runs), and what ended runs early.
+fn print_runs(runs: &rewriter::RunStats) {
+    if runs.runs() == 0 {
+        return;
+    }
+    let lens: Vec<String> = runs
+        .by_len
+        .iter()
+        .map(|(l, n)| format!("{n}×{l}"))
+        .collect();
+    println!(
+        "  memory runs: {} sites in {} runs ({}), {} alone",
+        runs.batched(),
+        runs.runs(),
+        lens.join(" "),
+        runs.alone
+    );
+    for (why, n) in &runs.ends {
+        println!("    {n} runs stopped at {}", why.describe());
     }
 }
 

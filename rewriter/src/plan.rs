@@ -356,11 +356,30 @@ pub(crate) fn plan(
                 .map(|e| FallbackReason::ExceptionTables(e.to_string()))
                 .or_else(|| unresolved_jump(flow, c.f.addr, c.f.addr + c.f.size));
             let part = c.part_of.is_some();
-            let mut p = isa.plan_function(input, &c.f, reqs, targets, unsure.as_ref(), part);
+            let mut p = isa.plan_function(
+                input,
+                &c.f,
+                reqs,
+                targets,
+                unsure.as_ref(),
+                part,
+                run_cap(opts),
+            );
             untrace_landings(&mut p, reqs);
             p
         })
         .collect()
+}
+
+/// The most memory accesses one stub records (`isa::runs`): within the buffer's slack
+/// (`BUF_SLACK_RECORDS` records after its end, shared with nested signal handlers'
+/// stubs); a fast ring's stub writes one pair.
+fn run_cap(opts: &Options) -> usize {
+    match (opts.batch, opts.buf_kind) {
+        (false, _) => 0,
+        (true, tracer_common::BUF_FAST_CIRCULAR) => 2,
+        (true, _) => 4,
+    }
 }
 
 /// Landing sites left to uprobes are untraced instead (`LandingNotPatched`): Rust's

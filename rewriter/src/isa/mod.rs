@@ -45,6 +45,7 @@ pub(crate) mod arg;
 pub(crate) mod linux;
 pub(crate) mod machine;
 pub(crate) mod operands;
+pub(crate) mod runs;
 pub(crate) mod x86_64;
 
 use machine::Machine;
@@ -152,6 +153,9 @@ pub(crate) struct PlacedSite {
     pub id: u32,
     pub kind: SiteKind,
     pub at: u64,
+    /// The site's own instruction: `at`, except for a memory site recorded by the stub
+    /// of its access run's head (`runs.rs`), whose address is computed at `at`.
+    pub insn: u64,
     /// The return-address register holds a signed pointer there (AArch64: after
     /// `paciasp`/`pacibsp`, at `retaa`/`retab`); the stub strips it before recording.
     pub signed_lr: bool,
@@ -358,6 +362,8 @@ pub(crate) struct FunctionPlan {
     pub windows: Vec<Window>,
     pub uprobes: Vec<(u32, FallbackReason)>,
     pub untraced: Vec<(u32, FallbackReason)>,
+    /// What access runs were found (`runs.rs`).
+    pub runs: runs::RunStats,
 }
 
 impl FunctionPlan {
@@ -380,10 +386,13 @@ pub(crate) struct Span {
 }
 
 /// One site's own window, before windows that overlap are merged, or why it has none.
+#[derive(Clone)]
 pub(crate) struct Candidate {
     pub req: SiteReq,
     /// The instruction the stub runs before.
     pub at: u64,
+    /// See `PlacedSite::insn`.
+    pub insn: u64,
     pub signed_lr: bool,
     pub flags: u32,
     /// See `PlacedSite::keep_flags` / `keep_r11`.
@@ -399,6 +408,7 @@ impl Candidate {
             id: self.req.id,
             kind: self.req.kind,
             at: self.at,
+            insn: self.insn,
             signed_lr: self.signed_lr,
             flags: match self.req.frame {
                 Some(_) => self.flags | tracer_common::FLAG_FRAME,
@@ -415,6 +425,7 @@ impl Candidate {
         Candidate {
             req: req.clone(),
             at,
+            insn: at,
             signed_lr: false,
             flags: 0,
             keep_flags: false,
@@ -693,7 +704,9 @@ pub(crate) trait Isa: crate::flow::FlowArch + Sync {
     /// why the targets inside `f` may be incomplete (an indirect jump not explained as
     /// a jump table, unreadable exception tables); then only windows whose interior
     /// cannot be a branch target are allowed (a function's first instructions, a last
-    /// `ret` with the padding after it).
+    /// `ret` with the padding after it). `run_cap`: the most memory sites one stub may
+    /// record (`runs.rs`; below 2: one stub each).
+    #[allow(clippy::too_many_arguments)]
     fn plan_function(
         &self,
         input: &Input,
@@ -702,6 +715,7 @@ pub(crate) trait Isa: crate::flow::FlowArch + Sync {
         targets: &Targets,
         unsure: Option<&FallbackReason>,
         part: bool,
+        run_cap: usize,
     ) -> FunctionPlan;
     /// Where a uprobe goes for a site that is not patched inline: after a landing pad
     /// (`endbr64`, `bti c`, `paciasp`) for an entry, the instruction itself for an exit.

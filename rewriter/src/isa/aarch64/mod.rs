@@ -193,6 +193,7 @@ impl<'a> Body<'a> {
         Candidate {
             req: r.clone(),
             at,
+            insn: at,
             signed_lr: self.signed_lr(r.kind, w),
             flags,
             // The AArch64 stub never writes NZCV and saves what it uses.
@@ -406,6 +407,8 @@ impl Isa for Aarch64 {
         // Windows are single instructions: no interior that a branch could land in.
         _unsure: Option<&FallbackReason>,
         _part: bool,
+        // Access runs are x86-64 only for now.
+        _run_cap: usize,
     ) -> FunctionPlan {
         if f.size == 0 {
             return FunctionPlan::all_uprobes(reqs, FallbackReason::NoSize);

@@ -35,6 +35,7 @@
 //! own unwinder (a uretprobe on a throwing function aborts a C++ program).
 
 mod flow;
+mod runs;
 mod runtime;
 mod slot;
 mod spill;
@@ -137,6 +138,31 @@ fn mem_flags(ins: &Instruction) -> Option<u32> {
         flags |= tracer_common::FLAG_MEM_WRITE;
     }
     Some(flags)
+}
+
+/// The instructions of the access-run members placed in `w` that are not among its
+/// own `insns` (`isa::runs`: a member needs no window).
+fn run_members(
+    input: &Input,
+    w: &Window,
+    insns: &[Instruction],
+) -> Result<Vec<Instruction>, String> {
+    let mut out = Vec::new();
+    for s in w.sites.iter().filter(|s| s.insn != s.at) {
+        if insns.iter().any(|i| i.ip() == s.insn) {
+            continue;
+        }
+        let b = input
+            .bytes_at(s.insn)
+            .ok_or("memory site not in a file-backed segment")?;
+        let ins =
+            Decoder::with_ip(64, &b[..b.len().min(16)], s.insn, DecoderOptions::NONE).decode();
+        if ins.is_invalid() {
+            return Err(format!("undecodable memory site at {:#x}", s.insn));
+        }
+        out.push(ins);
+    }
+    Ok(out)
 }
 
 /// Where a call site's target comes from: None for a direct call (the stub takes its
@@ -673,6 +699,19 @@ impl PlanCx<'_> {
         }
     }
 
+    /// Merge the candidates' windows into a plan.
+    fn plan(&self, input: &Input, cands: Vec<Candidate>, part: bool) -> FunctionPlan {
+        let placed: Vec<PlacedSite> = cands.iter().map(Candidate::placed).collect();
+        let mut plan = merge_windows(cands, |w| self.finish(w));
+        if part {
+            self.enter_by_jumps(input, &mut plan, &placed);
+        }
+        for w in &mut plan.windows {
+            w.tails = self.tails(w, &placed);
+        }
+        plan
+    }
+
     /// The index of the instruction at `at` (the instructions are in address order).
     fn index_of(&self, at: u64) -> Option<usize> {
         self.insns.binary_search_by_key(&at, Instruction::ip).ok()
@@ -763,6 +802,7 @@ impl PlanCx<'_> {
                 Candidate {
                     req: r.clone(),
                     at,
+                    insn: at,
                     signed_lr: false,
                     flags,
                     keep_flags: self.keep_flags,
@@ -919,6 +959,7 @@ impl Isa for X86_64 {
         targets: &Targets,
         unsure: Option<&FallbackReason>,
         part: bool,
+        run_cap: usize,
     ) -> FunctionPlan {
         let insns = match decode_function(input, f) {
             Ok(i) if !i.is_empty() => i,
@@ -946,13 +987,20 @@ impl Isa for X86_64 {
             keep_r11,
         };
         let cands: Vec<Candidate> = reqs.iter().map(|r| cx.candidate(r)).collect();
-        let placed: Vec<PlacedSite> = cands.iter().map(Candidate::placed).collect();
-        let mut plan = merge_windows(cands, |w| cx.finish(w));
-        if part {
-            cx.enter_by_jumps(input, &mut plan, &placed);
+        if run_cap < 2 || unsure.is_some() {
+            return cx.plan(input, cands, part);
         }
-        for w in &mut plan.windows {
-            w.tails = cx.tails(w, &placed);
+        let mut batched = cands.clone();
+        let stats = runs::batch(&cx, &mut batched, run_cap);
+        let mut plan = cx.plan(input, batched, part);
+        plan.runs = stats;
+        // A run's window merged into one `finish` rejects takes every member with it:
+        // then the plan without runs, if it has fewer uprobes.
+        if plan.runs.runs() > 0 && !plan.uprobes.is_empty() {
+            let plain = cx.plan(input, cands, part);
+            if plain.uprobes.len() < plan.uprobes.len() {
+                return plain;
+            }
         }
         plan
     }
@@ -995,7 +1043,8 @@ impl Isa for X86_64 {
                 Decoder::with_ip(64, &b[..b.len().min(16)], t.at, DecoderOptions::NONE).decode();
             rets.push(ins);
         }
-        stub::emit_window(layout, rt, &insns, w, &rets, at)
+        let members = run_members(input, w, &insns)?;
+        stub::emit_window(layout, rt, &insns, w, (&rets, &members), at)
             .map_err(|e| format!("window at {:#x}: {e}", w.start))
     }
 

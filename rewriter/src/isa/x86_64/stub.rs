@@ -61,7 +61,7 @@ use tracer_common::meta::{SiteKind, TimeMode};
 use tracer_common::{
     BUF_CIRCULAR, BUF_FAST_CIRCULAR, BUF_TRACE, FLAG_RING, FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE,
     INDEX_OFF, RECORD_SIZE, SLOT_CUR, SLOT_END, SLOT_GENERATION, SLOT_INFLIGHT, SLOT_START,
-    SLOTS_OFF,
+    SLOTS_OFF, pair_flags,
 };
 
 pub(super) fn lea_rip(a: &mut CodeAssembler, reg: Register, addr: u64) -> Result<(), IcedError> {
@@ -212,8 +212,13 @@ struct Shape<'s> {
     tsc: bool,
     /// A live-site frame: flags and %rax saved, below the red zone.
     live: bool,
-    /// A memory site: its effective address is computed first.
-    mem: bool,
+    /// The instruction of each memory site (by site index): its effective address is
+    /// computed first, from the registers as they are at the stub (an access run's
+    /// members: the head's registers, which their addresses do not depend on).
+    mem: Vec<Option<&'s Instruction>>,
+    /// A memory site whose access goes into another's record (a pair): the index of
+    /// the site that takes it in its `aux`.
+    pair: Vec<Option<usize>>,
     /// Every site's values, in site order; site i's start at `arg_base[i]`.
     args: Vec<&'s Arg>,
     arg_base: Vec<usize>,
@@ -228,8 +233,8 @@ struct Shape<'s> {
 struct Frame {
     /// Bytes between the stub's %rsp and the original %rsp.
     depth: i32,
-    /// Depth of the memory site's effective address.
-    ea_depth: i32,
+    /// Depth of each memory site's effective address (by site index).
+    ea_depth: Vec<i32>,
     /// Depth of each value of `Shape::args`.
     arg_depth: Vec<i32>,
     /// Registers pushed last (popped first).
@@ -237,7 +242,12 @@ struct Frame {
 }
 
 impl<'s> Shape<'s> {
-    fn new(layout: &Layout, sites: &[&'s PlacedSite]) -> Self {
+    /// `insn`: the instruction of each memory site.
+    fn new(
+        layout: &Layout,
+        sites: &[&'s PlacedSite],
+        insn: impl Fn(u64) -> Option<&'s Instruction>,
+    ) -> Self {
         let tsc = match layout.time_mode {
             TimeMode::Record => true,
             TimeMode::Block => sites.iter().any(|s| s.kind == SiteKind::Block),
@@ -263,17 +273,24 @@ impl<'s> Shape<'s> {
                 Some(b)
             })
             .collect();
+        let pair = pairs(sites);
         let per: Vec<i32> = sites
             .iter()
-            .map(|s| match s.kind {
+            .enumerate()
+            .map(|(i, s)| match s.kind {
                 SiteKind::Usdt => s.args.len().div_ceil(2).max(1) as i32,
+                _ if pair.iter().any(|p| *p == Some(i)) => 0,
                 _ => 1,
             })
             .collect();
         Shape {
             tsc,
             live,
-            mem: sites.iter().any(|s| s.kind == SiteKind::Memory),
+            mem: sites
+                .iter()
+                .map(|s| (s.kind == SiteKind::Memory).then(|| insn(s.insn)).flatten())
+                .collect(),
+            pair,
             args: sites.iter().flat_map(|s| &s.args).collect(),
             arg_base,
             nrec: per.iter().sum(),
@@ -287,6 +304,28 @@ impl<'s> Shape<'s> {
     }
 }
 
+/// Pair each memory site with the next when their ids follow each other (the reader
+/// knows the second's from the first's) and both sizes fit (`pair_flags`): the index of
+/// the partner, by site index.
+fn pairs(sites: &[&PlacedSite]) -> Vec<Option<usize>> {
+    let mut pair = vec![None; sites.len()];
+    let mut i = 0;
+    while i + 1 < sites.len() {
+        let (a, b) = (sites[i], sites[i + 1]);
+        let ok = a.kind == SiteKind::Memory
+            && b.kind == SiteKind::Memory
+            && b.id == a.id.wrapping_add(1)
+            && pair_flags(a.flags, b.flags).is_some();
+        if ok {
+            pair[i] = Some(i + 1);
+            i += 2;
+        } else {
+            i += 1;
+        }
+    }
+    pair
+}
+
 /// The fast path of the stub for every site placed before `ins` (several stores, one
 /// pointer bump and one full-check: e.g. an entry, its first block and a memory access
 /// at the same instruction).
@@ -295,12 +334,20 @@ fn emit_stub(
     layout: &Layout,
     sites: &[&PlacedSite],
     ins: &Instruction,
+    members: &HashMap<u64, Instruction>,
 ) -> Result<SlowPaths, IcedError> {
     let mut retry = a.create_label();
     let miss = a.create_label();
     let mut out = a.create_label();
     let full = a.create_label();
-    let shape = Shape::new(layout, sites);
+    let insn = |at: u64| {
+        if at == ins.ip() {
+            Some(ins)
+        } else {
+            members.get(&at)
+        }
+    };
+    let shape = Shape::new(layout, sites, insn);
     let frame = emit_prologue(a, &shape, sites, ins)?;
     a.set_label(&mut retry)?;
     emit_reserve(a, layout, shape.nrec, miss)?;
@@ -310,13 +357,21 @@ fn emit_stub(
         0
     };
     let mut first = 0;
-    for ((site, &n), &base) in sites.iter().zip(&shape.per).zip(&shape.arg_base) {
+    for (k, ((site, &n), &base)) in sites
+        .iter()
+        .zip(&shape.per)
+        .zip(&shape.arg_base)
+        .enumerate()
+    {
+        if n == 0 {
+            continue;
+        }
         let site_args = &frame.arg_depth[base..base + site.args.len()];
         emit_site_store(
             a,
             &shape,
             &frame,
-            site,
+            (sites, k),
             ins,
             (first, n),
             site_args,
@@ -356,19 +411,24 @@ fn emit_prologue(
     if red_zone > 0 {
         a.lea(rsp, ptr(rsp - red_zone))?;
     }
-    let mut ea_depth = 0;
+    let mut ea_depth = vec![0; shape.mem.len()];
     if live {
         a.push(rax)?;
         a.lahf()?;
         a.seto(al)?;
         a.push(rax)?;
         depth += 16;
-        if shape.mem {
-            a.mov(rax, qword_ptr(rsp + 8))?;
-            emit_ea(a, ins, depth)?;
+        for (k, m) in shape.mem.iter().enumerate() {
+            let Some(m) = m else { continue };
+            // %rax holds the saved flags: an address through it takes the original,
+            // pushed first.
+            if uses_rax(m) {
+                a.mov(rax, qword_ptr(rsp + (depth - red_zone - 8)))?;
+            }
+            emit_ea(a, m, depth)?;
             a.push(rax)?;
             depth += 8;
-            ea_depth = depth;
+            ea_depth[k] = depth;
         }
     }
     // USDT arguments, computed from the original registers before any is clobbered;
@@ -404,6 +464,13 @@ fn emit_prologue(
         arg_depth,
         saved,
     })
+}
+
+/// Does `ins`'s memory operand's address use %rax?
+fn uses_rax(ins: &Instruction) -> bool {
+    [ins.memory_base(), ins.memory_index()]
+        .iter()
+        .any(|r| r.full_register() == Register::RAX)
 }
 
 /// Find the thread's slot (`miss` when the thread word or the index does not name
@@ -459,14 +526,21 @@ fn emit_site_store(
     a: &mut CodeAssembler,
     shape: &Shape,
     frame: &Frame,
-    site: &PlacedSite,
+    (sites, k): (&[&PlacedSite], usize),
     ins: &Instruction,
     (first, n): (i32, i32),
     site_args: &[i32],
     ring_flag: u32,
 ) -> Result<(), IcedError> {
     let at = |j: i32, field: i32| r11 + (RECORD_SIZE as i32 * (first + j) + field);
-    match site.flags | ring_flag {
+    let site = sites[k];
+    let partner = shape.pair[k];
+    let flags = match partner {
+        // `pairs` checked that the flags pair.
+        Some(p) => pair_flags(site.flags, sites[p].flags).unwrap_or(site.flags),
+        None => site.flags,
+    };
+    match flags | ring_flag {
         // site in the low dword, flags = 0 in the high one (sign extension of a
         // non-negative imm32).
         0 => a.mov(qword_ptr(at(0, 0)), site.id as i32)?,
@@ -499,7 +573,14 @@ fn emit_site_store(
         }
         SiteKind::Block | SiteKind::Landing | SiteKind::Resume => a.mov(qword_ptr(at(0, 24)), 0)?,
         SiteKind::Memory => {
-            lea_rip(a, Register::RCX, ins.ip())?;
+            // value: the address; aux: the partner's address, or the instruction's.
+            let ea = |k: usize| qword_ptr(rsp + (frame.depth - frame.ea_depth[k]));
+            a.mov(rcx, ea(k))?;
+            a.mov(qword_ptr(at(0, 16)), rcx)?;
+            match partner {
+                Some(p) => a.mov(rcx, ea(p))?,
+                None => lea_rip(a, Register::RCX, site.insn)?,
+            }
             a.mov(qword_ptr(at(0, 24)), rcx)?;
         }
         SiteKind::Usdt | SiteKind::Call => {}
@@ -540,10 +621,8 @@ fn emit_site_value(
             lea_rip(a, Register::RCX, ins.ip())?;
             a.mov(qword_ptr(at(0, 16)), rcx)?;
         }
-        SiteKind::Memory => {
-            a.mov(rcx, qword_ptr(rsp + (depth - frame.ea_depth)))?;
-            a.mov(qword_ptr(at(0, 16)), rcx)?;
-        }
+        // Its address and its partner's: `emit_site_store`.
+        SiteKind::Memory => {}
         SiteKind::Call => {
             match site_args.first() {
                 Some(&d) => a.mov(rcx, qword_ptr(rsp + (depth - d)))?,
@@ -609,7 +688,7 @@ fn emit_epilogue(a: &mut CodeAssembler, shape: &Shape, frame: &Frame) -> Result<
     for &r in frame.saved.iter().rev() {
         a.pop(r)?;
     }
-    let scratch = 8 * (i32::from(shape.mem) + shape.args.len() as i32);
+    let scratch = 8 * (shape.mem.iter().flatten().count() + shape.args.len()) as i32;
     if scratch > 0 {
         a.lea(rsp, ptr(rsp + scratch))?;
     }
@@ -781,7 +860,7 @@ fn emit_tails(
             a.zero_bytes()?;
         }
         let here: Vec<&PlacedSite> = t.sites.iter().collect();
-        slow.push(emit_stub(a, layout, &here, ret)?);
+        slow.push(emit_stub(a, layout, &here, ret, &HashMap::new())?);
         let mut ret = *ret;
         ret.set_ip(0);
         a.add_instruction(ret)?;
@@ -789,14 +868,18 @@ fn emit_tails(
     Ok(())
 }
 
+/// The trampoline of window `w` (its instructions `insns`, the `ret`s of its tails
+/// `rets`) at `at`. `members`: the instructions of access-run members outside `insns`.
 pub(super) fn emit_window(
     layout: &Layout,
     rt: &Runtime,
     insns: &[Instruction],
     w: &Window,
-    rets: &[Instruction],
+    (rets, members): (&[Instruction], &[Instruction]),
     at: u64,
 ) -> Result<Trampoline, IcedError> {
+    let members: HashMap<u64, Instruction> =
+        insns.iter().chain(members).map(|i| (i.ip(), *i)).collect();
     let mut a = CodeAssembler::new(64)?;
     let mut leaves = false;
     let mut slow = Vec::new();
@@ -811,7 +894,7 @@ pub(super) fn emit_window(
         }
         let here: Vec<&PlacedSite> = sites.iter().filter(|s| s.at == ins.ip()).collect();
         if !here.is_empty() {
-            slow.push(emit_stub(&mut a, layout, &here, ins)?);
+            slow.push(emit_stub(&mut a, layout, &here, ins, &members)?);
         }
         let internal = (ins.op0_kind() == OpKind::NearBranch64).then(|| {
             Some((

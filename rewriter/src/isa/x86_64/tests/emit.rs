@@ -227,6 +227,7 @@ fn site(id: u32, kind: SiteKind, at: u64, flags: u32) -> PlacedSite {
         id,
         kind,
         at,
+        insn: at,
         signed_lr: false,
         flags,
         args: Vec::new(),
@@ -270,9 +271,9 @@ fn memory_site_stub_computes_the_address_from_the_original_registers() {
             "lahf",
             "seto %al",
             "push %rax",
-            "mov 0x8(%rsp),%rax",
             "lea 0x98(%rsp),%rax",
             "push %rax",
+            "push %rcx",
         ]
     );
     assert_eq!(run(&lines, "lea 0x10(%rdi,%rcx,8),%rax", 2)[1], "push %rax");
@@ -284,7 +285,7 @@ fn memory_site_stub_computes_the_address_from_the_original_registers() {
             "movl $0x40004,0x4(%r11)",
             "mov 0x18(%rsp),%rcx",
             "mov %rcx,0x10(%r11)",
-            "lea -0xff07b(%rip),%rcx # 0x401000",
+            "lea -0xff076(%rip),%rcx # 0x401000",
             "mov %rcx,0x18(%r11)",
         ]
     );
@@ -666,17 +667,18 @@ fn memory_sites_through_fs_and_rip_and_an_indirect_call_site() {
     // The thread pointer's base plus the offset: %fs:0 holds the TCB's address.
     let l = reach(&lines);
     let k = l.iter().position(|l| l == "lea 0x28,%rax").unwrap();
+    // (No reload of the original %rax: the address does not use it.)
     assert_eq!(
         l[k - 1..k + 3],
         [
-            "mov 0x8(%rsp),%rax",
+            "push %rax",
             "lea 0x28,%rax",
             "add %fs:0x0,%rax",
             "push %rax"
         ]
     );
     assert!(l.contains(&"lea (%rip),%rcx # 0x401000".to_string()));
-    assert_eq!(l.last().unwrap(), "jmp 0x500099");
+    assert_eq!(l.last().unwrap(), "jmp 0x500094");
     let (_, lines) = or_skip!(tramp(&img, &layout(), &p.windows[1]));
     let l = reach(&lines);
     // The rip-relative operand's address, as the original reaches it.
@@ -722,6 +724,92 @@ fn memory_sites_through_fs_and_rip_and_an_indirect_call_site() {
             "pop %rax"
         ]
     );
+}
+
+#[test]
+fn an_access_run_is_recorded_by_its_heads_stub_two_accesses_a_record() {
+    let code = [
+        0x48, 0x8b, 0x0f, // mov (%rdi),%rcx
+        0x4c, 0x8b, 0x40, 0x10, // mov 0x10(%rax),%r8
+        0x49, 0x01, 0xc8, // add %rcx,%r8
+        0x44, 0x89, 0x04, 0x96, // mov %r8d,(%rsi,%rdx,4)
+        0x48, 0x8b, 0x51, 0x08, // mov 0x8(%rcx),%rdx
+        0xc3,
+    ];
+    let img = Image::function(&code);
+    let reqs: Vec<_> = [0, 3, 10, 14]
+        .iter()
+        .zip(1..)
+        .map(|(&off, id)| req(id, SiteKind::Memory, TEXT + off))
+        .collect();
+    let input = img.input();
+    let targets = X86_64.branch_targets(&input, &crate::flow::Flow::default());
+    let p = X86_64.plan_function(&input, super::func(&input), &reqs, &targets, None, false, 4);
+    assert!(p.uprobes.is_empty());
+    // Sites 2 and 3 ride on site 1's stub; site 4's address uses %rcx, which the head
+    // writes: a window of its own.
+    let at: Vec<(u32, u64, u64)> = p
+        .windows
+        .iter()
+        .flat_map(|w| &w.sites)
+        .map(|s| (s.id, s.at, s.insn))
+        .collect();
+    assert_eq!(
+        at,
+        [
+            (1, TEXT, TEXT),
+            (2, TEXT, TEXT + 3),
+            (3, TEXT, TEXT + 10),
+            (4, TEXT + 14, TEXT + 14)
+        ]
+    );
+    assert_eq!(p.runs.by_len.get(&3), Some(&1));
+    assert_eq!(
+        p.runs.ends.get(&crate::isa::runs::RunEnd::AddressWritten),
+        Some(&1)
+    );
+    let (_, lines) = or_skip!(tramp(&img, &layout(), &p.windows[0]));
+    let l = reach(&lines);
+    let k = l.iter().position(|l| l == "seto %al").unwrap();
+    // Every address from the registers at the head; %rax's original reloaded (the
+    // flags are in %rax): it is 0x10 above after one address was pushed.
+    assert_eq!(
+        l[k + 2..k + 9],
+        [
+            "lea 0x0(%rdi),%rax",
+            "push %rax",
+            "mov 0x10(%rsp),%rax",
+            "lea 0x10(%rax),%rax",
+            "push %rax",
+            "lea 0x0(%rsi,%rdx,4),%rax",
+            "push %rax",
+        ]
+    );
+    // One reservation of two records.
+    assert_eq!(l.iter().filter(|l| l.starts_with("xadd")).count(), 1);
+    assert!(l.contains(&"mov $0x40,%r11d".to_string()), "{l:?}");
+    // A pair (sites 1 and 2: both addresses) and a single (site 3: its instruction).
+    let pair = FLAG_MEM_PAIR | FLAG_MEM_READ | FLAG_MEM2_READ | 8 << 16 | 8 << 24;
+    let k = l.iter().position(|l| l == "movl $0x1,(%r11)").unwrap();
+    assert_eq!(
+        l[k..k + 6],
+        [
+            "movl $0x1,(%r11)".to_string(),
+            format!("movl ${pair:#x},0x4(%r11)"),
+            "mov 0x28(%rsp),%rcx".into(),
+            "mov %rcx,0x10(%r11)".into(),
+            "mov 0x20(%rsp),%rcx".into(),
+            "mov %rcx,0x18(%r11)".into(),
+        ]
+    );
+    let k = l.iter().position(|l| l == "movl $0x3,0x20(%r11)").unwrap();
+    assert_eq!(l[k + 1], "movl $0x40008,0x24(%r11)");
+    assert_eq!(l[k + 4], "lea (%rip),%rcx # 0x40100a");
+    // The scratch is 3 words; the window's instructions follow unchanged, and site
+    // 3's instruction runs where it is (a member needs no window).
+    assert!(l.contains(&"lea 0x18(%rsp),%rsp".to_string()));
+    assert!(l.contains(&"mov 0x10(%rax),%r8".to_string()));
+    assert!(l.contains(&format!("jmp {:#x}", TEXT + 7)));
 }
 
 #[test]

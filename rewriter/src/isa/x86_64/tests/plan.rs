@@ -22,7 +22,7 @@ pub(super) fn req(id: u32, kind: SiteKind, addr: u64) -> SiteReq {
 pub(super) fn plan(img: &Image, reqs: &[SiteReq]) -> FunctionPlan {
     let input = img.input();
     let targets = X86_64.branch_targets(&input, &Flow::default());
-    X86_64.plan_function(&input, func(&input), reqs, &targets, None, false)
+    X86_64.plan_function(&input, func(&input), reqs, &targets, None, false, 0)
 }
 
 /// `(start, len, code_len)` of each window.
@@ -292,12 +292,12 @@ fn with_unsure_targets_only_the_entry_and_a_last_ret_get_windows() {
         req(2, SiteKind::Block, TEXT + 6),
         req(3, SiteKind::FunctionExit, TEXT + 10),
     ];
-    let p = X86_64.plan_function(&input, func(&input), &reqs, &targets, Some(&why), false);
+    let p = X86_64.plan_function(&input, func(&input), &reqs, &targets, Some(&why), false, 0);
     // The ret's window is forward, over the padding: nothing inside can be entered.
     assert_eq!(spans(&p), vec![(TEXT, 6, 6), (TEXT + 10, 5, 1)]);
     assert_eq!(p.uprobes, vec![(2, why.clone())]);
     // Sure of the targets, the block gets its window too.
-    let p = X86_64.plan_function(&input, func(&input), &reqs, &targets, None, false);
+    let p = X86_64.plan_function(&input, func(&input), &reqs, &targets, None, false, 0);
     assert!(p.uprobes.is_empty());
     assert!(p.windows.iter().any(|w| w.sites.iter().any(|s| s.id == 2)));
 }
@@ -315,11 +315,11 @@ fn a_short_split_off_part_is_entered_by_its_rel32_jumps() {
     let targets = X86_64.branch_targets(&input, &Flow::default());
     let reqs = [req(1, SiteKind::Block, TEXT)];
     let f = func(&input);
-    let p = X86_64.plan_function(&input, f, &reqs, &targets, None, false);
+    let p = X86_64.plan_function(&input, f, &reqs, &targets, None, false, 0);
     assert_eq!(p.windows.len(), 0);
     // As a part: a window over the run that nothing is written at, its jumps
     // re-pointed.
-    let p = X86_64.plan_function(&input, f, &reqs, &targets, None, true);
+    let p = X86_64.plan_function(&input, f, &reqs, &targets, None, true, 0);
     assert_eq!(spans(&p), vec![(TEXT, 0, 3)]);
     let w = &p.windows[0];
     assert_eq!(
@@ -337,7 +337,7 @@ fn a_short_split_off_part_is_entered_by_its_rel32_jumps() {
     img.functions.push((TEXT + 3, 2, "g"));
     let input = img.input();
     let targets = X86_64.branch_targets(&input, &Flow::default());
-    let p = X86_64.plan_function(&input, func(&input), &reqs, &targets, None, true);
+    let p = X86_64.plan_function(&input, func(&input), &reqs, &targets, None, true, 0);
     assert!(p.windows.is_empty());
     assert_eq!(p.uprobes.len(), 1);
 }

@@ -1,0 +1,244 @@
+//! Access runs: the memory sites that one stub can record together.
+//!
+//! A run is a memory site (its head, which has a window of its own) and the memory sites
+//! after it in the same basic block whose effective addresses are already known at the
+//! head: no instruction from the head up to the member writes a register the member's
+//! address uses, nothing branches in between (no known branch target after the head)
+//! and nothing before the member leaves the straight line (a call, a jump, a system
+//! call: only the run's last member may transfer control). The head's stub then
+//! computes every member's address from the registers as they are at the head, reserves
+//! all their records with one pointer bump and stores two accesses a record
+//! (`FLAG_MEM_PAIR`); the members keep their own instructions where they are (inside the
+//! window or not) and need no window of their own.
+//!
+//! What this costs in fidelity: the accesses of a run are recorded before its first
+//! instruction runs, so a run left early (a fault or a signal that does not return inside
+//! it) has records of accesses that never happened; a signal handler's records come after
+//! the whole run's. The ISA backends decide what the register sets are (`RegSet`).
+//!
+//! ```text
+//!   mov (%rdi),%rax      head: stub records (%rdi), 8(%rdi), (%rsi,%rdx,4)
+//!   mov 8(%rdi),%rcx     member
+//!   add %rcx,%rax
+//!   mov %eax,(%rsi,%rdx,4)  member
+//!   mov 8(%rax),%rdx     not a member: %rax was written after the head; a run starts here
+//! ```
+
+use std::collections::BTreeMap;
+
+/// Registers (an ISA's numbering, one bit each; a thread-pointer base has its own bit).
+pub(crate) type RegSet = u64;
+
+/// What the run finder needs of one instruction of a function, in address order.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RunInsn {
+    /// A known branch target: control may arrive here without passing the head.
+    pub target: bool,
+    /// Control may not fall through to the next instruction (or may leave first: calls,
+    /// system calls, traps).
+    pub leaves: bool,
+    /// A memory site that a stub before it may record: its address registers (empty when
+    /// it is no such site).
+    pub member: Option<RegSet>,
+    /// It may head a run (a memory site with its own window).
+    pub head: bool,
+    /// Registers it writes (explicitly or not; a partial write counts).
+    pub writes: RegSet,
+}
+
+/// Why a run ended (counted for `rewriter -v`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RunEnd {
+    /// The next memory site's address uses a register written since the head.
+    AddressWritten,
+    /// A branch target: the next memory site may be reached without the head.
+    BranchTarget,
+    /// The run has as many accesses as a stub records at once.
+    Cap,
+}
+
+impl RunEnd {
+    pub fn describe(self) -> &'static str {
+        match self {
+            RunEnd::AddressWritten => "an address register written inside",
+            RunEnd::BranchTarget => "a branch target",
+            RunEnd::Cap => "the cap of accesses a stub records",
+        }
+    }
+}
+
+/// What batching did in one function, or a whole binary.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunStats {
+    /// Runs by their number of accesses (2 and more).
+    pub by_len: BTreeMap<usize, usize>,
+    /// Memory sites recorded alone (a run of one), by why the next access did not join.
+    pub alone: usize,
+    /// Runs (of any length, one included) that stopped before a later memory site of
+    /// their block (a run ends with its block anyway), by why.
+    pub ends: BTreeMap<RunEnd, usize>,
+}
+
+impl RunStats {
+    pub fn add(&mut self, o: &RunStats) {
+        for (k, v) in &o.by_len {
+            *self.by_len.entry(*k).or_default() += v;
+        }
+        self.alone += o.alone;
+        for (k, v) in &o.ends {
+            *self.ends.entry(*k).or_default() += v;
+        }
+    }
+
+    /// Memory sites recorded by a run of two or more.
+    pub fn batched(&self) -> usize {
+        self.by_len.iter().map(|(l, n)| l * n).sum()
+    }
+
+    pub fn runs(&self) -> usize {
+        self.by_len.values().sum()
+    }
+}
+
+/// The runs of two or more accesses among `insns` (each run the indices of its memory
+/// sites, head first), at most `cap` accesses each, and what was found.
+pub(crate) fn find(insns: &[RunInsn], cap: usize) -> (Vec<Vec<usize>>, RunStats) {
+    let mut runs = Vec::new();
+    let mut stats = RunStats::default();
+    let mut open: Vec<usize> = Vec::new();
+    let mut written: RegSet = 0;
+    let mut close = |open: &mut Vec<usize>, why: Option<RunEnd>, stats: &mut RunStats| {
+        if let Some(why) = why.filter(|_| !open.is_empty()) {
+            *stats.ends.entry(why).or_default() += 1;
+        }
+        match open.len() {
+            0 => {}
+            1 => stats.alone += 1,
+            n => {
+                *stats.by_len.entry(n).or_default() += 1;
+                runs.push(std::mem::take(open));
+            }
+        }
+        open.clear();
+    };
+    // The last instruction left the straight line: its run is complete.
+    let mut ended = false;
+    for (i, x) in insns.iter().enumerate() {
+        if ended {
+            close(&mut open, None, &mut stats);
+            written = 0;
+        }
+        let stop = if x.target {
+            Some(RunEnd::BranchTarget)
+        } else {
+            match x.member {
+                Some(_) if open.len() >= cap => Some(RunEnd::Cap),
+                Some(reads) if reads & written != 0 => Some(RunEnd::AddressWritten),
+                _ => None,
+            }
+        };
+        if let Some(why) = stop {
+            close(&mut open, x.member.map(|_| why), &mut stats);
+        }
+        if stop.is_some() {
+            written = 0;
+        }
+        if x.member.is_some() && (!open.is_empty() || x.head) {
+            open.push(i);
+        } else if x.member.is_some() {
+            stats.alone += 1;
+        }
+        written |= x.writes;
+        ended = x.leaves;
+    }
+    close(&mut open, None, &mut stats);
+    (runs, stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mem(reads: RegSet, writes: RegSet) -> RunInsn {
+        RunInsn {
+            member: Some(reads),
+            head: true,
+            writes,
+            ..RunInsn::default()
+        }
+    }
+
+    fn other(writes: RegSet) -> RunInsn {
+        RunInsn {
+            writes,
+            ..RunInsn::default()
+        }
+    }
+
+    const RAX: RegSet = 1;
+    const RCX: RegSet = 2;
+    const RDI: RegSet = 4;
+
+    #[test]
+    fn an_address_register_written_after_the_head_splits_the_run() {
+        // mov (%rdi),%rax; mov 8(%rdi),%rcx; add %rcx,%rax; mov 8(%rax),%rcx; mov (%rdi),%rcx
+        let insns = [
+            mem(RDI, RAX),
+            mem(RDI, RCX),
+            other(RAX),
+            mem(RAX, RCX),
+            mem(RDI, RCX),
+        ];
+        let (runs, stats) = find(&insns, 8);
+        assert_eq!(runs, vec![vec![0, 1], vec![3, 4]]);
+        assert_eq!(stats.ends[&RunEnd::AddressWritten], 1);
+        assert_eq!(stats.batched(), 4);
+    }
+
+    #[test]
+    fn the_head_writing_a_members_register_splits_too() {
+        // mov (%rdi),%rax; mov 8(%rax),%rcx
+        let (runs, stats) = find(&[mem(RDI, RAX), mem(RAX, RCX)], 8);
+        assert!(runs.is_empty());
+        assert_eq!(stats.alone, 2);
+    }
+
+    #[test]
+    fn branch_targets_and_transfers_end_runs_and_the_cap_holds() {
+        let target = RunInsn {
+            target: true,
+            ..mem(RDI, 0)
+        };
+        let call = RunInsn {
+            leaves: true,
+            ..mem(RDI, 0)
+        };
+        let insns = [
+            mem(RDI, 0),
+            mem(RDI, 0),
+            target,
+            mem(RDI, 0),
+            call,
+            mem(RDI, 0),
+            mem(RDI, 0),
+            mem(RDI, 0),
+        ];
+        let (runs, stats) = find(&insns, 2);
+        // The call would be a run's last member, but the cap closed [2, 3] first; the
+        // cap splits the last three.
+        assert_eq!(runs, vec![vec![0, 1], vec![2, 3], vec![5, 6]]);
+        assert_eq!(stats.ends[&RunEnd::BranchTarget], 1);
+        assert_eq!(stats.ends[&RunEnd::Cap], 2);
+        assert_eq!(stats.alone, 2);
+    }
+
+    #[test]
+    fn a_site_without_a_window_joins_but_never_heads() {
+        let no_window = RunInsn {
+            head: false,
+            ..mem(RDI, 0)
+        };
+        let (runs, _) = find(&[no_window, mem(RDI, 0), no_window], 8);
+        assert_eq!(runs, vec![vec![1, 2]]);
+    }
+}
