@@ -78,6 +78,7 @@ mod pack;
 mod read;
 mod write;
 
+pub use pack::GroupPacker;
 pub use read::*;
 pub use write::*;
 

@@ -48,34 +48,34 @@ fn chunk_records(entry: &[u8]) -> Option<(ChunkHeader, impl ExactSizeIterator<It
     Some((h, records))
 }
 
-/// Consecutive chunks of records, packed as one stream into one
-/// `SECTION_CHUNKS_PACKED` (up to `GROUP_CHUNKS`).
+/// Consecutive chunks of records copied out of the ring buffer, to be packed as one
+/// stream into one `SECTION_CHUNKS_PACKED` (up to `GROUP_CHUNKS`), by whichever thread
+/// ([`RawGroup::pack`]): groups are independent streams, so packer threads can pack
+/// several at once while the consumer keeps emptying the ring.
 #[derive(Default)]
-pub struct ChunkGroup {
+pub struct RawGroup {
     headers: Vec<u8>,
-    packed: Vec<u8>,
+    records: Vec<u8>,
     n: u32,
-    packer: GroupPacker,
     /// When the first chunk of the pending group came.
     since: Option<std::time::Instant>,
 }
 
-impl ChunkGroup {
-    /// Add a ring-buffer entry of `CHUNK_KIND_RECORDS`; its header, or None if the
-    /// entry is not one or is malformed (nothing added). Full groups go to `out`.
-    pub fn add(&mut self, entry: &[u8], out: &mut Vec<u8>) -> Option<ChunkHeader> {
-        let (h, records) = chunk_records(entry).filter(|(h, _)| h.kind == CHUNK_KIND_RECORDS)?;
+impl RawGroup {
+    /// Add a ring-buffer entry of `CHUNK_KIND_RECORDS`: its header and whether the
+    /// group is now full, or None if the entry is not one or is malformed (nothing
+    /// added).
+    pub fn add(&mut self, entry: &[u8]) -> Option<(ChunkHeader, bool)> {
+        let (h, _) = chunk_records(entry).filter(|(h, _)| h.kind == CHUNK_KIND_RECORDS)?;
         if self.n == 0 {
-            self.packer.start();
             self.since = Some(std::time::Instant::now());
         }
+        let len = h.count as usize * RECORD_SIZE;
         self.headers.extend_from_slice(&entry[..CHUNK_HEADER_BYTES]);
-        self.packer.pack(records, &mut self.packed);
+        self.records
+            .extend_from_slice(&entry[CHUNK_HEADER_BYTES..CHUNK_HEADER_BYTES + len]);
         self.n += 1;
-        if self.n as usize == GROUP_CHUNKS {
-            self.flush(out);
-        }
-        Some(h)
+        Some((h, self.n as usize == GROUP_CHUNKS))
     }
 
     /// How long the pending chunks have waited (None: no chunk pending).
@@ -83,21 +83,55 @@ impl ChunkGroup {
         self.since.map(|t| t.elapsed())
     }
 
-    /// The chunks added so far as one section, appended to `out` (none: nothing).
-    pub fn flush(&mut self, out: &mut Vec<u8>) {
+    /// The pending chunks (None: none), leaving the group empty.
+    pub fn take(&mut self) -> Option<RawGroup> {
+        (self.n > 0).then(|| std::mem::take(self))
+    }
+
+    /// The chunks as one section, packed with `packer`, appended to `out`.
+    pub fn pack(&self, packer: &mut GroupPacker, out: &mut Vec<u8>) {
         if self.n == 0 {
             return;
         }
-        let len = 8 + self.headers.len() + self.packed.len();
-        push_section_header(out, SECTION_CHUNKS_PACKED, len as u64);
+        let at = out.len();
+        push_section_header(out, SECTION_CHUNKS_PACKED, 0);
         out.extend_from_slice(&self.n.to_le_bytes());
         out.extend_from_slice(&0u32.to_le_bytes());
         out.extend_from_slice(&self.headers);
-        out.extend_from_slice(&self.packed);
-        self.headers.clear();
-        self.packed.clear();
-        self.n = 0;
-        self.since = None;
+        packer.start();
+        let records = self
+            .records
+            .chunks_exact(RECORD_SIZE)
+            .map(|r| Record::from_bytes(r.try_into().expect("RECORD_SIZE bytes")));
+        packer.pack(records, out);
+        let payload = (out.len() - at - SECTION_HEADER_LEN) as u64;
+        out[at + 8..at + 16].copy_from_slice(&payload.to_le_bytes());
+    }
+}
+
+/// A [`RawGroup`] packed on the spot: `add` appends full groups to `out`.
+#[derive(Default)]
+pub struct ChunkGroup {
+    raw: RawGroup,
+    packer: GroupPacker,
+}
+
+impl ChunkGroup {
+    /// Add a ring-buffer entry of `CHUNK_KIND_RECORDS`; its header, or None if the
+    /// entry is not one or is malformed (nothing added). Full groups go to `out`.
+    pub fn add(&mut self, entry: &[u8], out: &mut Vec<u8>) -> Option<ChunkHeader> {
+        let (h, full) = self.raw.add(entry)?;
+        if full {
+            self.flush(out);
+        }
+        Some(h)
+    }
+
+    /// The chunks added so far as one section, appended to `out` (none: nothing).
+    pub fn flush(&mut self, out: &mut Vec<u8>) {
+        if let Some(g) = self.raw.take() {
+            g.pack(&mut self.packer, out);
+        }
     }
 }
 

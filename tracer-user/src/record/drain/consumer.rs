@@ -6,10 +6,12 @@
 //! emptied quickly even when the disk is slow, until the channel fills up. Both threads
 //! run at real-time priority when allowed (see `raise_priority`).
 //!
-//! The consumer packs the records of up to 8 consecutive chunks as one stream (`ChunkGroup`,
-//! `tracefile/pack/`: about 4 of their 32 bytes on sqlite); any other section first writes
-//! the pending group out, so the file keeps the ring's order, and a group waits at most
-//! 200 ms for more chunks. Besides record chunks it turns thread names, strings and
+//! The consumer copies up to `GROUP_CHUNKS` consecutive chunks out of the ring (`RawGroup`)
+//! and hands them to the packer threads (`packers.rs`), which pack each group as one stream
+//! (`tracefile/pack/`: about 4 of their 32 bytes on sqlite) while the consumer goes on: the
+//! writer gets, in ring order, batches of sections and the receiving ends of packed groups,
+//! and waits for each group in turn. Any other section first sends the pending group, so
+//! the file keeps the ring's order, and a group waits at most 200 ms for more chunks. Besides record chunks it turns thread names, strings and
 //! `CHUNK_KIND_MAPPED` notices (handed to the session loop) into their sections. The file
 //! starts with the session header and the metadata of every traced binary, so it is
 //! self-contained; where the session sees a traced binary loaded in a process (its scan of
@@ -33,7 +35,8 @@ use aya_log::EbpfLogger;
 
 use tracer_common::{CHUNK_KIND_COMM, CHUNK_KIND_MAPPED, CHUNK_KIND_RECORDS, CHUNK_KIND_STRING};
 
-use crate::tracefile::{ChunkGroup, Writer, encode_chunk, encode_comm, encode_string};
+use super::packers::{Batch, Packers};
+use crate::tracefile::{RawGroup, Writer, encode_chunk, encode_comm, encode_string};
 
 /// Batches handed to the writer at once (bytes, soft limit).
 const BATCH_BYTES: usize = 1 << 20;
@@ -62,7 +65,7 @@ pub(crate) struct Consumed {
 pub(crate) struct Pipeline {
     stop: Arc<AtomicBool>,
     /// For sections that do not come from the ring buffer (binaries joining later).
-    sections: SyncSender<Vec<u8>>,
+    sections: SyncSender<Batch>,
     consumer: JoinHandle<Result<Consumed>>,
     writer: JoinHandle<Result<Writer>>,
 }
@@ -76,7 +79,7 @@ impl Pipeline {
         writer: Writer,
         mapped: Option<Sender<(u32, u32)>>,
     ) -> Result<Self> {
-        let (tx, rx) = sync_channel::<Vec<u8>>(CHANNEL_BATCHES);
+        let (tx, rx) = sync_channel::<Batch>(CHANNEL_BATCHES);
         let stop = Arc::new(AtomicBool::new(false));
         let writer = std::thread::Builder::new()
             .name("utrace-writer".into())
@@ -120,7 +123,7 @@ impl Pipeline {
     /// Queue complete sections for the file, in order with the chunks consumed so far.
     pub(crate) fn write_sections(&self, bytes: Vec<u8>) -> Result<()> {
         self.sections
-            .send(bytes)
+            .send(Batch::Sections(bytes))
             .map_err(|_| anyhow!("the writer thread stopped"))
     }
 }
@@ -144,11 +147,12 @@ pub(crate) const FIRST_RECORDS: u32 = u32::MAX;
 fn consume_loop(
     mut ring: RingBuf<MapData>,
     mut logger: Option<Logger>,
-    tx: SyncSender<Vec<u8>>,
+    tx: SyncSender<Batch>,
     mapped: Option<Sender<(u32, u32)>>,
     stop: &AtomicBool,
 ) -> Result<Consumed> {
     raise_priority();
+    let packers = Packers::start()?;
     let mut fds = vec![ring.as_raw_fd()];
     fds.extend(logger.as_ref().map(|l| l.as_raw_fd()));
     let mut c = Consuming {
@@ -156,7 +160,8 @@ fn consume_loop(
         batch: Vec::with_capacity(BATCH_CAPACITY),
         pids: HashSet::new(),
         last_pid: 0,
-        group: ChunkGroup::default(),
+        group: RawGroup::default(),
+        packers,
         tx,
         mapped,
     };
@@ -168,14 +173,14 @@ fn consume_loop(
             poll_readable(&fds, POLL_MS);
         }
         while let Some(item) = ring.next() {
-            let counted = c.entry(&item);
+            let counted = c.entry(&item)?;
             drop(item);
             if counted && c.batch.len() >= BATCH_BYTES {
                 c.send()?;
             }
         }
         if stopping || c.group.age().is_some_and(|a| a >= GROUP_WAIT) {
-            c.group.flush(&mut c.batch);
+            c.send_group()?;
         }
         if !c.batch.is_empty() {
             c.send()?;
@@ -199,18 +204,19 @@ struct Consuming {
     /// return addresses of forked children and static programs become readable).
     pids: HashSet<u32>,
     last_pid: u32,
-    /// Chunks of records packed together; any other section first writes them out, so
+    /// Chunks of records to be packed together; any other section first sends them, so
     /// the file keeps the ring buffer's order. A group waits for more chunks across
     /// polls, at most GROUP_WAIT.
-    group: ChunkGroup,
-    tx: SyncSender<Vec<u8>>,
+    group: RawGroup,
+    packers: Packers,
+    tx: SyncSender<Batch>,
     mapped: Option<Sender<(u32, u32)>>,
 }
 
 impl Consuming {
     /// Take one ring buffer entry; returns whether it was a chunk (counted, good or bad),
     /// after which a full batch is sent.
-    fn entry(&mut self, item: &[u8]) -> bool {
+    fn entry(&mut self, item: &[u8]) -> Result<bool> {
         let kind = item
             .get(..4)
             .map(|k| u32::from_le_bytes([k[0], k[1], k[2], k[3]]));
@@ -218,15 +224,16 @@ impl Consuming {
             if let (Some(tx), Some(h)) = (&self.mapped, crate::tracefile::chunk_header(item)) {
                 let _ = tx.send((h.pid, h.cause));
             }
-            return false;
+            return Ok(false);
         }
         let grouped = match kind {
-            Some(CHUNK_KIND_RECORDS) => self.group.add(item, &mut self.batch),
+            Some(CHUNK_KIND_RECORDS) => self.group.add(item),
             _ => None,
         };
-        if grouped.is_none() {
-            self.group.flush(&mut self.batch);
+        if grouped.is_none_or(|(_, full)| full) {
+            self.send_group()?;
         }
+        let grouped = grouped.map(|(h, _)| h);
         // Announcements: a section each, no records.
         let announced = match kind {
             Some(CHUNK_KIND_COMM) => Some(encode_comm(item, &mut self.batch)),
@@ -235,13 +242,27 @@ impl Consuming {
         };
         if let Some(ok) = announced {
             self.seen.bad_entries += u64::from(!ok);
-            return false;
+            return Ok(false);
         }
         match grouped.or_else(|| encode_chunk(item, &mut self.batch)) {
             Some(h) => self.chunk(h.pid, h.tid, h.count),
             None => self.seen.bad_entries += 1,
         }
-        true
+        Ok(true)
+    }
+
+    /// Hand the pending group to the packers, after the sections before it.
+    fn send_group(&mut self) -> Result<()> {
+        let Some(g) = self.group.take() else {
+            return Ok(());
+        };
+        if !self.batch.is_empty() {
+            self.send()?;
+        }
+        let packed = self.packers.pack(g)?;
+        self.tx
+            .send(Batch::Packed(packed))
+            .map_err(|_| anyhow!("the writer thread stopped"))
     }
 
     /// A chunk of `count` records of thread (pid, tid) went into the batch.
@@ -263,7 +284,7 @@ impl Consuming {
     fn send(&mut self) -> Result<()> {
         let full = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH_CAPACITY));
         self.tx
-            .send(full)
+            .send(Batch::Sections(full))
             .map_err(|_| anyhow!("the writer thread stopped"))
     }
 }
@@ -289,10 +310,10 @@ fn raise_priority() {
     }
 }
 
-fn write_loop(mut writer: Writer, rx: Receiver<Vec<u8>>) -> Result<Writer> {
+fn write_loop(mut writer: Writer, rx: Receiver<Batch>) -> Result<Writer> {
     raise_priority();
     for batch in rx {
-        writer.write_raw(&batch)?;
+        writer.write_raw(&batch.bytes()?)?;
     }
     Ok(writer)
 }

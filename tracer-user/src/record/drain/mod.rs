@@ -7,6 +7,7 @@
 //! `record::host` and `tracefile`, never a session module.
 
 pub(crate) mod consumer;
+mod packers;
 mod remote;
 pub(crate) mod stop_drain;
 pub mod target_data;

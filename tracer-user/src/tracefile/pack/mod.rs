@@ -172,7 +172,8 @@ pub(super) fn pack(records: impl ExactSizeIterator<Item = Record>, out: &mut Vec
 /// Packs the records of several chunks as one stream (`SECTION_CHUNKS_PACKED`): the
 /// predictions carry over from chunk to chunk, where a chunk packed on its own starts
 /// cold (a sqlite trace: 6.2 bytes a record in chunks of 512, 3.8 in groups of 8).
-pub(super) struct GroupPacker(Encoder<GROUP_TABLE>);
+/// Packs chunk groups (`SECTION_CHUNKS_PACKED`); one per packing thread.
+pub struct GroupPacker(Encoder<GROUP_TABLE>);
 
 impl Default for GroupPacker {
     fn default() -> Self {
@@ -182,12 +183,12 @@ impl Default for GroupPacker {
 
 impl GroupPacker {
     /// Forget everything: a new group starts.
-    pub(super) fn start(&mut self) {
+    pub(crate) fn start(&mut self) {
         self.0.reset();
     }
 
     /// Append `records`, packed after the group's earlier ones, to `out`.
-    pub(super) fn pack(
+    pub(crate) fn pack(
         &mut self,
         records: impl ExactSizeIterator<Item = Record>,
         out: &mut Vec<u8>,
