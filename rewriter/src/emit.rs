@@ -169,7 +169,12 @@ impl Emitted {
             // The branch to the trampoline is encoded before the trampoline is kept:
             // when it is out of the backend's branch range the window's sites become
             // uprobe sites (the original code stays as it was).
-            while !self.code.len().is_multiple_of(16) {
+            // Function entries start on 16 bytes (the hot way in); other trampolines
+            // only on an instruction boundary of both ISAs: a memory trace has tens of
+            // thousands, and their padding was 4 % of the binary.
+            let entry = w.sites.iter().any(|s| s.kind == SiteKind::FunctionEntry);
+            let align = if entry { 16 } else { 4 };
+            while !self.code.len().is_multiple_of(align) {
                 self.code.push(isa.code_fill());
             }
             let at = seg.code_at + self.code.len() as u64;

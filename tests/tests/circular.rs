@@ -3,12 +3,15 @@
 //! first, and the trace holds exactly its last records (the ring's size: 1024 records
 //! here, 2048 for the 64 KiB fast ring). A SIGSEGV shows the calls leading up to it
 //! (`tracer report --last N`, newest first). x86-64 through the kernel; AArch64 under
-//! qemu-user with the user-space drain.
+//! qemu-user with the user-space drain. The bbbuf case: blocks and memory accesses
+//! (access runs, pairs) in a circular buffer, the last of them checked against the
+//! addresses the program prints, down to the faulting store.
 
 use std::path::Path;
 use std::process::Command;
 
 use tests::*;
+use tracer_common::{FLAG_MEM_READ, FLAG_MEM_WRITE};
 
 const N: u64 = 5000;
 
@@ -128,6 +131,90 @@ fn fast_circular_exit() {
 #[test]
 fn fast_circular_segv() {
     x86_case("fast-circular", true);
+}
+
+/// DynamoRIO's bbbuf sample, with memory accesses: `bbbuf.c`'s walk() over its items,
+/// then the crash; the ring ends with the last item's three loads (one run: a pair and
+/// a single, the last two addresses shifted by the `add $0x20,%rdi` between), the load
+/// of its `next` and the store through it (address 0).
+#[test]
+fn bbbuf_last_blocks_and_accesses_before_a_crash() {
+    let tmp = TempDir::new("bbbuf");
+    let (orig, traced, trace) = (
+        tmp.join("bbbuf"),
+        tmp.join("bbbuf.traced"),
+        tmp.join("t.utrace"),
+    );
+    compile("gcc", &[fixture("bbbuf.c")], &["-O2"], &orig);
+    let out = rewriter(&[
+        orig.as_os_str(),
+        "-o".as_ref(),
+        traced.as_os_str(),
+        "--sites".as_ref(),
+        "block,memory".as_ref(),
+        "--buffer-kind".as_ref(),
+        "circular".as_ref(),
+        "--buffer-records".as_ref(),
+        "1024".as_ref(),
+        "--functions".as_ref(),
+        "walk".as_ref(),
+        "crash_at".as_ref(),
+    ]);
+    let text = out.ok().stdout_str();
+    assert!(text.contains("memory runs: 3 sites in 1 runs"), "{text}");
+    let args = ["5000", "segv"];
+    let want = run(Command::new(&orig).args(args), RUN_TIMEOUT);
+    assert!(
+        want.signal.is_some() || want.status() > 128,
+        "{}",
+        want.describe()
+    );
+    let got = tracer_record(&trace, &traced, &args, &[]);
+    // The items' address differs from run to run (ASLR): the sum must not.
+    let sum = |o: &str| {
+        o.lines()
+            .find(|l| l.starts_with("sum="))
+            .map(str::to_string)
+    };
+    assert_eq!(
+        sum(&got.stdout_str()),
+        sum(&want.stdout_str()),
+        "bbbuf: output"
+    );
+    assert!(sum(&want.stdout_str()).is_some());
+    // "items=0x... size=32 n=5000": where the loads and the stores go.
+    let line = got.stdout_str();
+    let items = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("items="))
+        .and_then(|h| u64::from_str_radix(h.trim_start_matches("0x"), 16).ok())
+        .expect("the program prints its items");
+    let recs = dump(&trace);
+    let mem: Vec<(String, u64, u32)> = recs
+        .iter()
+        .filter(|r| r.flags & (FLAG_MEM_READ | FLAG_MEM_WRITE) != 0)
+        .map(|r| {
+            (
+                r.symbol.to_string(),
+                r.value,
+                r.flags & (FLAG_MEM_READ | FLAG_MEM_WRITE),
+            )
+        })
+        .collect();
+    let item = |i: u64, field: u64| items + 32 * i + 8 * field;
+    let mut tail: Vec<(String, u64, u32)> = (4990..5000)
+        .flat_map(|i| (0..3).map(move |f| ("walk".to_string(), item(i, f), FLAG_MEM_READ)))
+        .collect();
+    tail.push(("crash_at".into(), item(4999, 3), FLAG_MEM_READ));
+    tail.push(("crash_at".into(), 0, FLAG_MEM_WRITE));
+    assert!(mem.len() > tail.len(), "bbbuf: {} accesses", mem.len());
+    assert_seq_eq(
+        &mem[mem.len() - tail.len()..],
+        &tail,
+        "bbbuf: the last accesses",
+    );
+    // Every block and access fits the ring: 1024 records.
+    assert!(recs.len() >= 1024, "bbbuf: {} records", recs.len());
 }
 
 fn a64_case(kind: &str, crash: bool) {

@@ -156,6 +156,9 @@ pub(crate) struct PlacedSite {
     /// The site's own instruction: `at`, except for a memory site recorded by the stub
     /// of its access run's head (`runs.rs`), whose address is computed at `at`.
     pub insn: u64,
+    /// Such a member's address at `insn` less what its operand gives at `at` (a
+    /// register moved in between: `add $0x20,%rdi`), added to the displacement.
+    pub ea_shift: i64,
     /// The return-address register holds a signed pointer there (AArch64: after
     /// `paciasp`/`pacibsp`, at `retaa`/`retab`); the stub strips it before recording.
     pub signed_lr: bool,
@@ -168,6 +171,9 @@ pub(crate) struct PlacedSite {
     /// a value there across the call: the stub saves it.
     pub keep_flags: bool,
     pub keep_r11: bool,
+    /// x86-64: no status flag is read before all are written again after `at` (in the
+    /// straight line from there): a stub there need not save them.
+    pub flags_dead: bool,
     /// See `SiteReq::frame`; `flags` has `FLAG_FRAME` then.
     pub frame: Option<crate::flow::FrameRule>,
 }
@@ -391,13 +397,15 @@ pub(crate) struct Candidate {
     pub req: SiteReq,
     /// The instruction the stub runs before.
     pub at: u64,
-    /// See `PlacedSite::insn`.
+    /// See `PlacedSite::insn`, `ea_shift`.
     pub insn: u64,
+    pub ea_shift: i64,
     pub signed_lr: bool,
     pub flags: u32,
-    /// See `PlacedSite::keep_flags` / `keep_r11`.
+    /// See `PlacedSite::keep_flags` / `keep_r11` / `flags_dead`.
     pub keep_flags: bool,
     pub keep_r11: bool,
+    pub flags_dead: bool,
     pub window: Result<Span, FallbackReason>,
 }
 
@@ -409,6 +417,7 @@ impl Candidate {
             kind: self.req.kind,
             at: self.at,
             insn: self.insn,
+            ea_shift: self.ea_shift,
             signed_lr: self.signed_lr,
             flags: match self.req.frame {
                 Some(_) => self.flags | tracer_common::FLAG_FRAME,
@@ -417,6 +426,7 @@ impl Candidate {
             args: self.req.args.clone(),
             keep_flags: self.keep_flags,
             keep_r11: self.keep_r11,
+            flags_dead: self.flags_dead,
             frame: self.req.frame,
         }
     }
@@ -426,10 +436,12 @@ impl Candidate {
             req: req.clone(),
             at,
             insn: at,
+            ea_shift: 0,
             signed_lr: false,
             flags: 0,
             keep_flags: false,
             keep_r11: false,
+            flags_dead: false,
             window: Err(why),
         }
     }

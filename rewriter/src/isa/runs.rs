@@ -42,8 +42,12 @@ pub(crate) struct RunInsn {
     pub member: Option<RegSet>,
     /// It may head a run (a memory site with its own window).
     pub head: bool,
-    /// Registers it writes (explicitly or not; a partial write counts).
+    /// Registers it writes (explicitly or not; a partial write counts), but for `shift`.
     pub writes: RegSet,
+    /// A register it moves by a known number of bytes and writes no other way (`add $8,
+    /// %rdi`, a `push`'s %rsp): a later member's address through it still is known at
+    /// the head, by that much (`Member::shifts`).
+    pub shift: Option<(u32, i64)>,
 }
 
 /// Why a run ended (counted for `rewriter -v`).
@@ -100,58 +104,105 @@ impl RunStats {
     }
 }
 
-/// The runs of two or more accesses among `insns` (each run the indices of its memory
-/// sites, head first), at most `cap` accesses each, and what was found.
-pub(crate) fn find(insns: &[RunInsn], cap: usize) -> (Vec<Vec<usize>>, RunStats) {
-    let mut runs = Vec::new();
-    let mut stats = RunStats::default();
-    let mut open: Vec<usize> = Vec::new();
-    let mut written: RegSet = 0;
-    let mut close = |open: &mut Vec<usize>, why: Option<RunEnd>, stats: &mut RunStats| {
-        if let Some(why) = why.filter(|_| !open.is_empty()) {
+/// A run's memory site: its instruction's index, and how far each register its address
+/// uses has moved since the head (`RunInsn::shift`), as (register bit, bytes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Member {
+    pub at: usize,
+    pub shifts: Vec<(u32, i64)>,
+}
+
+/// The run being built and what its instructions did to the registers.
+#[derive(Default)]
+struct Open {
+    members: Vec<Member>,
+    /// Registers written (other than by a known shift) since the head.
+    written: RegSet,
+    /// Each register's known shift since the head.
+    shift: BTreeMap<u32, i64>,
+}
+
+impl Open {
+    /// The shifts of the registers in `reads`, or None if one was written.
+    fn shifts(&self, reads: RegSet) -> Option<Vec<(u32, i64)>> {
+        if reads & self.written != 0 {
+            return None;
+        }
+        Some(
+            self.shift
+                .iter()
+                .filter(|(bit, d)| reads >> **bit & 1 == 1 && **d != 0)
+                .map(|(&bit, &d)| (bit, d))
+                .collect(),
+        )
+    }
+
+    fn apply(&mut self, x: &RunInsn) {
+        self.written |= x.writes;
+        if let Some((bit, d)) = x.shift {
+            if self.written >> bit & 1 == 0 {
+                let s = self.shift.entry(bit).or_default();
+                *s = s.wrapping_add(d);
+            }
+        }
+    }
+
+    /// End the run (`why`: a later access of its block could not join).
+    fn close(&mut self, why: Option<RunEnd>, runs: &mut Vec<Vec<Member>>, stats: &mut RunStats) {
+        if let Some(why) = why.filter(|_| !self.members.is_empty()) {
             *stats.ends.entry(why).or_default() += 1;
         }
-        match open.len() {
+        match self.members.len() {
             0 => {}
             1 => stats.alone += 1,
             n => {
                 *stats.by_len.entry(n).or_default() += 1;
-                runs.push(std::mem::take(open));
+                runs.push(std::mem::take(&mut self.members));
             }
         }
-        open.clear();
-    };
+        *self = Open::default();
+    }
+}
+
+/// The runs of two or more accesses among `insns` (head first), at most `cap` accesses
+/// each, and what was found.
+pub(crate) fn find(insns: &[RunInsn], cap: usize) -> (Vec<Vec<Member>>, RunStats) {
+    let mut runs = Vec::new();
+    let mut stats = RunStats::default();
+    let mut open = Open::default();
     // The last instruction left the straight line: its run is complete.
     let mut ended = false;
     for (i, x) in insns.iter().enumerate() {
         if ended {
-            close(&mut open, None, &mut stats);
-            written = 0;
+            open.close(None, &mut runs, &mut stats);
         }
-        let stop = if x.target {
-            Some(RunEnd::BranchTarget)
-        } else {
-            match x.member {
-                Some(_) if open.len() >= cap => Some(RunEnd::Cap),
-                Some(reads) if reads & written != 0 => Some(RunEnd::AddressWritten),
-                _ => None,
-            }
+        let joins = match x.member {
+            _ if x.target => Err(RunEnd::BranchTarget),
+            Some(_) if open.members.len() >= cap => Err(RunEnd::Cap),
+            Some(reads) => open.shifts(reads).ok_or(RunEnd::AddressWritten),
+            None => Ok(Vec::new()),
         };
-        if let Some(why) = stop {
-            close(&mut open, x.member.map(|_| why), &mut stats);
+        match joins {
+            Err(why) => open.close(x.member.map(|_| why), &mut runs, &mut stats),
+            Ok(shifts) if x.member.is_some() && !open.members.is_empty() => {
+                open.members.push(Member { at: i, shifts })
+            }
+            Ok(_) => {}
         }
-        if stop.is_some() {
-            written = 0;
+        if x.member.is_some() && open.members.is_empty() {
+            if x.head {
+                open.members.push(Member {
+                    at: i,
+                    shifts: Vec::new(),
+                });
+            } else {
+                stats.alone += 1;
+            }
         }
-        if x.member.is_some() && (!open.is_empty() || x.head) {
-            open.push(i);
-        } else if x.member.is_some() {
-            stats.alone += 1;
-        }
-        written |= x.writes;
+        open.apply(x);
         ended = x.leaves;
     }
-    close(&mut open, None, &mut stats);
+    open.close(None, &mut runs, &mut stats);
     (runs, stats)
 }
 
@@ -175,6 +226,12 @@ mod tests {
         }
     }
 
+    fn at(runs: &[Vec<Member>]) -> Vec<Vec<usize>> {
+        runs.iter()
+            .map(|r| r.iter().map(|m| m.at).collect())
+            .collect()
+    }
+
     const RAX: RegSet = 1;
     const RCX: RegSet = 2;
     const RDI: RegSet = 4;
@@ -190,7 +247,7 @@ mod tests {
             mem(RDI, RCX),
         ];
         let (runs, stats) = find(&insns, 8);
-        assert_eq!(runs, vec![vec![0, 1], vec![3, 4]]);
+        assert_eq!(at(&runs), vec![vec![0, 1], vec![3, 4]]);
         assert_eq!(stats.ends[&RunEnd::AddressWritten], 1);
         assert_eq!(stats.batched(), 4);
     }
@@ -224,6 +281,7 @@ mod tests {
             mem(RDI, 0),
         ];
         let (runs, stats) = find(&insns, 2);
+        let runs = at(&runs);
         // The call would be a run's last member, but the cap closed [2, 3] first; the
         // cap splits the last three.
         assert_eq!(runs, vec![vec![0, 1], vec![2, 3], vec![5, 6]]);
@@ -239,6 +297,32 @@ mod tests {
             ..mem(RDI, 0)
         };
         let (runs, _) = find(&[no_window, mem(RDI, 0), no_window], 8);
-        assert_eq!(runs, vec![vec![1, 2]]);
+        assert_eq!(at(&runs), vec![vec![1, 2]]);
+    }
+
+    #[test]
+    fn a_register_moved_by_a_known_amount_shifts_the_later_addresses() {
+        // mov (%rdi),%rax; add $0x20,%rdi; mov -0x18(%rdi),%rcx; add $8,%rdi;
+        // mov (%rdi),%rdx; mov (%rcx),%rax
+        let add = |d| RunInsn {
+            shift: Some((2, d)),
+            ..other(0)
+        };
+        let insns = [
+            mem(RDI, RAX),
+            add(0x20),
+            mem(RDI, RCX),
+            add(8),
+            mem(RDI, 0),
+            mem(RCX, RAX),
+        ];
+        let (runs, stats) = find(&insns, 8);
+        assert_eq!(at(&runs), vec![vec![0, 2, 4]]);
+        let shifts: Vec<_> = runs[0].iter().map(|m| m.shifts.clone()).collect();
+        assert_eq!(shifts, [vec![], vec![(2, 0x20)], vec![(2, 0x28)]]);
+        assert_eq!(stats.ends[&RunEnd::AddressWritten], 1);
+        // A shift after a write of the register is no shift: the register is unknown.
+        let insns = [mem(RDI, RDI), add(8), mem(RDI, 0)];
+        assert!(find(&insns, 8).0.is_empty());
     }
 }

@@ -194,11 +194,13 @@ impl<'a> Body<'a> {
             req: r.clone(),
             at,
             insn: at,
+            ea_shift: 0,
             signed_lr: self.signed_lr(r.kind, w),
             flags,
             // The AArch64 stub never writes NZCV and saves what it uses.
             keep_flags: false,
             keep_r11: false,
+            flags_dead: false,
             window: Ok(Span {
                 start: at,
                 len: INSN,

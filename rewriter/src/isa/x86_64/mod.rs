@@ -700,7 +700,10 @@ impl PlanCx<'_> {
     }
 
     /// Merge the candidates' windows into a plan.
-    fn plan(&self, input: &Input, cands: Vec<Candidate>, part: bool) -> FunctionPlan {
+    fn plan(&self, input: &Input, mut cands: Vec<Candidate>, part: bool) -> FunctionPlan {
+        for c in &mut cands {
+            c.flags_dead = self.flags_dead_at(c.at);
+        }
         let placed: Vec<PlacedSite> = cands.iter().map(Candidate::placed).collect();
         let mut plan = merge_windows(cands, |w| self.finish(w));
         if part {
@@ -710,6 +713,34 @@ impl PlanCx<'_> {
             w.tails = self.tails(w, &placed);
         }
         plan
+    }
+
+    /// Are the status flags dead at `at`: written whole by an instruction of the
+    /// straight line from there before any reads one? (A branch, call or return on the
+    /// way: unknown, so live; gcc's -fipa-ra may keep flags across a call.)
+    fn flags_dead_at(&self, at: u64) -> bool {
+        use iced_x86::RflagsBits;
+        const STATUS: u32 = RflagsBits::OF
+            | RflagsBits::SF
+            | RflagsBits::ZF
+            | RflagsBits::AF
+            | RflagsBits::CF
+            | RflagsBits::PF;
+        let Some(i) = self.index_of(at) else {
+            return false;
+        };
+        for ins in self.insns[i..].iter().take(32) {
+            if ins.rflags_read() & STATUS != 0 {
+                return false;
+            }
+            if ins.rflags_modified() & STATUS == STATUS {
+                return true;
+            }
+            if ins.flow_control() != FlowControl::Next {
+                return false;
+            }
+        }
+        false
     }
 
     /// The index of the instruction at `at` (the instructions are in address order).
@@ -803,10 +834,12 @@ impl PlanCx<'_> {
                     req: r.clone(),
                     at,
                     insn: at,
+                    ea_shift: 0,
                     signed_lr: false,
                     flags,
                     keep_flags: self.keep_flags,
                     keep_r11: self.keep_r11,
+                    flags_dead: false,
                     // Shorter than a jmp only when the padding after the function
                     // makes up the rest.
                     window: Ok(Span {

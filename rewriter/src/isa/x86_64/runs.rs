@@ -2,7 +2,9 @@
 //! writes (iced's register use, implicit ones included: `push` writes %rsp, `cmpxchg`
 //! %rax, `wrfsbase` the thread pointer a `%fs:` operand adds).
 
-use iced_x86::{FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, Register};
+use iced_x86::{
+    Code, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register,
+};
 
 use super::super::runs::{self, RegSet, RunInsn, RunStats};
 use super::PlanCx;
@@ -11,6 +13,11 @@ use tracer_common::meta::{FallbackReason, SiteKind};
 
 /// The bit of `%fs`'s base (the thread pointer a `%fs:` operand adds).
 const FS_BASE: RegSet = 1 << 16;
+
+/// The bit number of a 64-bit general-purpose register.
+fn bit_no(r: Register) -> Option<u32> {
+    r.is_gpr64().then(|| r as u32 - Register::RAX as u32)
+}
 
 /// The bit of a general-purpose register (any width), 0 for the others.
 fn bit(r: Register) -> RegSet {
@@ -46,6 +53,45 @@ fn writes(factory: &mut InstructionInfoFactory, ins: &Instruction) -> RegSet {
     set
 }
 
+/// The 64-bit register `ins` moves by a known number of bytes, writing nothing else
+/// (flags apart): `add`/`sub` of an immediate, `inc`/`dec`, `lea d(%r),%r`, and %rsp by
+/// `push`/`pop` (a `pop`'s destination is written: `writes` has it).
+fn shift(ins: &Instruction) -> Option<(u32, i64)> {
+    let reg0 = (ins.op_count() > 0 && ins.op0_kind() == OpKind::Register)
+        .then(|| ins.op0_register())
+        .filter(|r| r.is_gpr64());
+    let imm = || ins.immediate(1) as i64;
+    let (r, d) = match ins.code() {
+        Code::Add_rm64_imm8 | Code::Add_rm64_imm32 => (reg0?, imm()),
+        Code::Sub_rm64_imm8 | Code::Sub_rm64_imm32 => (reg0?, imm().wrapping_neg()),
+        Code::Inc_rm64 => (reg0?, 1),
+        Code::Dec_rm64 => (reg0?, -1),
+        Code::Lea_r64_m
+            if ins.memory_base() == ins.op0_register()
+                && ins.memory_index() == Register::None
+                && ins.memory_segment() == Register::DS =>
+        {
+            (ins.op0_register(), ins.memory_displacement64() as i64)
+        }
+        Code::Push_r64 | Code::Pushq_imm8 | Code::Pushq_imm32 => (Register::RSP, -8),
+        Code::Pop_r64 if ins.op0_register() != Register::RSP => (Register::RSP, 8),
+        _ => return None,
+    };
+    // Small moves only: the displacements they add up to stay far from i32's edge.
+    (d.unsigned_abs() < 1 << 20).then_some((bit_no(r)?, d))
+}
+
+/// The bytes `m`'s operand moves by under `shifts` (register bit, bytes).
+fn ea_shift(m: &Instruction, shifts: &[(u32, i64)]) -> i64 {
+    let of = |r: Register| {
+        bit_no(r)
+            .and_then(|b| shifts.iter().find(|s| s.0 == b))
+            .map_or(0, |s| s.1)
+    };
+    of(m.memory_base())
+        .wrapping_add(of(m.memory_index()).wrapping_mul(i64::from(m.memory_index_scale())))
+}
+
 /// Group `cands`' memory sites into runs of at most `cap` accesses: each member gets
 /// its stub placed at the head's instruction (`Candidate::at`; `insn` stays its own) and
 /// needs no window of its own.
@@ -64,20 +110,29 @@ pub(super) fn batch(cx: &PlanCx, cands: &mut [Candidate], cap: usize) -> RunStat
         .insns
         .iter()
         .zip(&site_of)
-        .map(|(ins, site)| RunInsn {
-            target: super::is_target(&cx.targets.all, ins.ip()),
-            leaves: ins.flow_control() != FlowControl::Next,
-            member: site.map(|_| address_regs(ins)),
-            head: site.is_some_and(|k| cands[k].window.is_ok()),
-            writes: writes(&mut factory, ins),
+        .map(|(ins, site)| {
+            let shift = shift(ins);
+            let mut writes = writes(&mut factory, ins);
+            if let Some((b, _)) = shift {
+                writes &= !(1 << b);
+            }
+            RunInsn {
+                target: super::is_target(&cx.targets.all, ins.ip()),
+                leaves: ins.flow_control() != FlowControl::Next,
+                member: site.map(|_| address_regs(ins)),
+                head: site.is_some_and(|k| cands[k].window.is_ok()),
+                writes,
+                shift,
+            }
         })
         .collect();
     let (found, stats) = runs::find(&facts, cap);
     for run in found {
-        let head = site_of[run[0]].map(|k| cands[k].at);
-        for &i in &run[1..] {
-            if let (Some(k), Some(at)) = (site_of[i], head) {
+        let head = site_of[run[0].at].map(|k| cands[k].at);
+        for m in &run[1..] {
+            if let (Some(k), Some(at)) = (site_of[m.at], head) {
                 cands[k].at = at;
+                cands[k].ea_shift = ea_shift(&cx.insns[m.at], &m.shifts);
                 cands[k].window = Err(FallbackReason::NoWindow);
             }
         }

@@ -85,11 +85,17 @@ struct SlowPaths {
     circular: bool,
 }
 
-/// Put the effective address of `ins`'s memory operand into %rax, the registers being
-/// as the original code had them except %rsp, which is `depth` bytes lower.
-fn emit_ea(a: &mut CodeAssembler, ins: &Instruction, depth: i32) -> Result<(), IcedError> {
+/// Put the effective address of `ins`'s memory operand, plus `shift` (an access run's
+/// member: what its registers move by before it), into %rax, the registers being as
+/// the original code had them except %rsp, which is `depth` bytes lower.
+fn emit_ea(
+    a: &mut CodeAssembler,
+    ins: &Instruction,
+    shift: i64,
+    depth: i32,
+) -> Result<(), IcedError> {
     let base = ins.memory_base();
-    let mut disp = ins.memory_displacement64() as i64;
+    let mut disp = (ins.memory_displacement64() as i64).wrapping_add(shift);
     if base == Register::RSP {
         disp += i64::from(depth);
     }
@@ -212,6 +218,8 @@ struct Shape<'s> {
     tsc: bool,
     /// A live-site frame: flags and %rax saved, below the red zone.
     live: bool,
+    /// The frame saves the status flags (`lahf`/`seto`): not where they are dead.
+    save_flags: bool,
     /// The instruction of each memory site (by site index): its effective address is
     /// computed first, from the registers as they are at the stub (an access run's
     /// members: the head's registers, which their addresses do not depend on).
@@ -286,6 +294,7 @@ impl<'s> Shape<'s> {
         Shape {
             tsc,
             live,
+            save_flags: live && sites.iter().any(|s| s.keep_flags || !s.flags_dead),
             mem: sites
                 .iter()
                 .map(|s| (s.kind == SiteKind::Memory).then(|| insn(s.insn)).flatten())
@@ -414,8 +423,10 @@ fn emit_prologue(
     let mut ea_depth = vec![0; shape.mem.len()];
     if live {
         a.push(rax)?;
-        a.lahf()?;
-        a.seto(al)?;
+        if shape.save_flags {
+            a.lahf()?;
+            a.seto(al)?;
+        }
         a.push(rax)?;
         depth += 16;
         for (k, m) in shape.mem.iter().enumerate() {
@@ -425,7 +436,7 @@ fn emit_prologue(
             if uses_rax(m) {
                 a.mov(rax, qword_ptr(rsp + (depth - red_zone - 8)))?;
             }
-            emit_ea(a, m, depth)?;
+            emit_ea(a, m, sites[k].ea_shift, depth)?;
             a.push(rax)?;
             depth += 8;
             ea_depth[k] = depth;
@@ -694,8 +705,10 @@ fn emit_epilogue(a: &mut CodeAssembler, shape: &Shape, frame: &Frame) -> Result<
     }
     if shape.live {
         a.pop(rax)?;
-        a.add(al, 0x7f)?; // OF again from seto's 0/1
-        a.sahf()?;
+        if shape.save_flags {
+            a.add(al, 0x7f)?; // OF again from seto's 0/1
+            a.sahf()?;
+        }
         a.pop(rax)?;
     }
     if shape.red_zone > 0 {
