@@ -330,7 +330,24 @@ fn sqlite_accesses_match_lackey() {
     );
     let (sites, executed) = check_counts(&meta, &got, &lackey, what);
 
-    // Globals: EA - bias per RIP-relative site, as multisets.
+    let compared = check_rip_addresses(&rip_sites, &eas, ubias, &lackey, what);
+    eprintln!(
+        "{what}: {line}\n  {sites} memory sites ({executed} executed) equal to lackey; \
+         {} accesses in {records} records; {} RIP-relative sites executed, their {} \
+         addresses equal to lackey's; lackey {lackey_s:.1} s, {} instructions, {} data lines",
+        got.total, compared.0, compared.1, lackey.instructions, lackey.data_lines
+    );
+}
+
+/// Per RIP-relative site (globals), the multiset of effective addresses minus the load
+/// bias equals lackey's. Returns (sites compared, addresses compared).
+fn check_rip_addresses(
+    rip_sites: &HashMap<u32, u64>,
+    eas: &HashMap<u64, HashMap<u64, u64>>,
+    ubias: u64,
+    lackey: &LackeyTrace,
+    what: &str,
+) -> (usize, u64) {
     let mut bad = Vec::new();
     let mut compared = (0usize, 0u64);
     for &vaddr in rip_sites.values() {
@@ -358,12 +375,7 @@ fn sqlite_accesses_match_lackey() {
             .collect::<Vec<_>>()
             .join("\n  ")
     );
-    eprintln!(
-        "{what}: {line}\n  {sites} memory sites ({executed} executed) equal to lackey; \
-         {} accesses in {records} records; {} RIP-relative sites executed, their {} \
-         addresses equal to lackey's; lackey {lackey_s:.1} s, {} instructions, {} data lines",
-        got.total, compared.0, compared.1, lackey.instructions, lackey.data_lines
-    );
+    compared
 }
 
 /// One access as the differential compares it: site, address (heap addresses from the
