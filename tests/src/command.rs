@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 pub const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What a finished command did.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Out {
     pub cmdline: String,
     /// Exit code, or None when killed by a signal.

@@ -94,9 +94,16 @@ pub fn parse_dump_line(line: &str, intern: &mut HashMap<String, Arc<str>>) -> Re
 
 /// All records of a trace file, in delivery order (`tracer dump FILE`).
 pub fn dump(trace: &Path) -> Vec<Rec> {
+    let mut recs = Vec::new();
+    dump_each(trace, |r| recs.push(r));
+    recs
+}
+
+/// Every record of a trace file, in delivery order, handed to `f` as `tracer dump`
+/// prints it (for traces too big to hold as [`Rec`]s).
+pub fn dump_each(trace: &Path, mut f: impl FnMut(Rec) + Send) {
     let mut c = Command::new(tracer_bin());
     c.arg("dump").arg(trace);
-    let mut recs = Vec::new();
     let mut intern = HashMap::new();
     let mut errors: Vec<String> = Vec::new();
     let out = run_streaming(&mut c, TRACE_TIMEOUT, |line| {
@@ -105,7 +112,7 @@ pub fn dump(trace: &Path) -> Vec<Rec> {
             return;
         }
         match parse_dump_line(&line, &mut intern) {
-            Ok(r) => recs.push(r),
+            Ok(r) => f(r),
             Err(e) => {
                 if errors.len() < 5 {
                     errors.push(e)
@@ -119,7 +126,6 @@ pub fn dump(trace: &Path) -> Vec<Rec> {
         "unparsable `tracer dump` output: {errors:#?}\n{}",
         out.describe()
     );
-    recs
 }
 
 #[cfg(test)]

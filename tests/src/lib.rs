@@ -16,7 +16,8 @@
 //! --system`, `setpriv --reuid --regid --clear-groups`; each trust test's doc comment says
 //! what its attack did before), `skip` (a missing tool fails a test unless `cargo xtask test
 //! --allow-skip TOOL`), `derived` (site-count floors binutils derive from the binary under
-//! test).
+//! test), `lackey` (valgrind's lackey: executions of memory sites on the original),
+//! `bench_sqlite` (the bench's sqlite3 and a workload for it).
 //!
 //! The integration tests stay one binary per file, run one after another: system-wide
 //! sessions, the tracer-kill, stress and signal tests would otherwise run at the same time
@@ -24,7 +25,9 @@
 //! bpftrace. The AArch64 signal and relocation tests read buffers in-process
 //! (`tests/fixtures/inspect.c`).
 
+pub mod bench_sqlite;
 pub mod fixture_oracle;
+pub mod lackey;
 pub mod oracle;
 pub mod own_slot;
 pub mod site_checks;

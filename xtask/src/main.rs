@@ -1,5 +1,5 @@
-//! `cargo xtask <task>`: setup, build, rewrite, demo, test, test-arm64-vm, bench, fuzz,
-//! difftest, modgraph.
+//! `cargo xtask <task>`: setup, build, rewrite, demo, test, test-arm64-vm, bench, sqlite3,
+//! fuzz, difftest, modgraph.
 //!
 //! Every external command is printed (`$ ...`) before it runs.
 
@@ -73,6 +73,9 @@ enum Task {
     /// Compare ns/event: untraced, inline stub, under the tracer, hand-written store, uprobe;
     /// drain throughput (records/s through eBPF, ring buffer, tracer); the large binary.
     Bench(bench::Args),
+    /// Build the bench's sqlite3 CLI (Debian's sqlite 3.40.1 source, gcc -O2 -g; cached
+    /// in target/xtask/bench-real) and print its path: the memtrace tests' real program.
+    Sqlite3,
     /// Run the libFuzzer targets of fuzz/ (cargo-fuzz, nightly).
     Fuzz(fuzz::Args),
     /// build, then differential testing of the rewriter on random C programs (csmith):
@@ -102,6 +105,7 @@ fn main() {
         } => test(&args, !no_arm64_vm, &allow_skip),
         Task::TestArm64Vm(args) => build().and_then(|()| arm64_vm::test_arm64_vm(&args)),
         Task::Bench(args) => bench::bench(&args),
+        Task::Sqlite3 => bench::sqlite3().map(|p| println!("{}", p.display())),
         Task::Fuzz(args) => setup::setup().and_then(|()| fuzz::fuzz(&args)),
         Task::Difftest(args) => build().and_then(|()| difftest::difftest(&args)),
         Task::Modgraph => modgraph::modgraph(),
@@ -226,6 +230,12 @@ fn test(args: &[String], arm64_vm: bool, allow_skip: &[String]) -> Result<()> {
     // The portability test reads traces with the aarch64 tracer too.
     let a64_tracer = arm64_vm::cross_build_tracer()?;
     println!("== cargo xtask test");
+    // tests/tests/memtrace.rs traces the bench's sqlite3; without it (no network, say)
+    // those tests fail unless `--allow-skip bench-sqlite3`.
+    let sqlite3 = bench::sqlite3().unwrap_or_else(|e| {
+        println!("== the bench's sqlite3 is missing: {e:#}");
+        PathBuf::new()
+    });
     let skip_log = util::target_dir().join("xtask/skipped.tsv");
     if skip_log.exists() {
         std::fs::remove_file(&skip_log).context("old skip log")?;
@@ -236,6 +246,7 @@ fn test(args: &[String], arm64_vm: bool, allow_skip: &[String]) -> Result<()> {
             .args(["test", "--release", "--no-fail-fast"])
             .args(args)
             .env("UTRACE_AARCH64_TRACER", &a64_tracer)
+            .env("UTRACE_BENCH_SQLITE3", &sqlite3)
             // A test that lacks a tool fails unless it is allowed here (tests::skip).
             .env("UTRACE_ALLOW_SKIP", allow_skip.join(","))
             .env("UTRACE_SKIP_LOG", &skip_log)

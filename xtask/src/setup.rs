@@ -50,6 +50,8 @@ pub(crate) const APT_PACKAGES: &[&str] = &[
     "lttng-tools",
     "liblttng-ust-dev",
     "babeltrace2",
+    // tests/tests/memtrace.rs and `bench --only memtrace`: lackey counts every access.
+    "valgrind",
     // `--real-profile`: where a traced record's nanoseconds go (perf record).
     "linux-perf",
     // tests/tests/python.rs: the oracle of Python's USDT probes, on the untouched

@@ -36,7 +36,12 @@
 //! (USDT strings read by the drains) beside bpftrace, ns per probe event (`--no-real`
 //! skips it too).
 //!
-//! `--only events|drain|readers|real|python|large` runs one section alone.
+//! Then memtrace (`real/memtrace.rs`): the same sqlite3 with every memory access traced,
+//! one stub an access (`--no-batch`) and access runs, alone and under `tracer record`,
+//! beside valgrind's lackey (`--memtrace-rows`, `--memtrace-lackey-rows`; `--no-real`
+//! skips it too).
+//!
+//! `--only events|drain|readers|real|python|memtrace|large` runs one section alone.
 
 mod aarch64_smoke;
 mod drain;
@@ -51,6 +56,8 @@ mod usdt;
 mod workload;
 
 use anyhow::Result;
+
+pub(crate) use real::sqlite3;
 
 #[derive(clap::Args)]
 pub(crate) struct Args {
@@ -108,6 +115,15 @@ pub(crate) struct Args {
     /// Skip the real-program section.
     #[arg(long)]
     no_real: bool,
+    /// Single-row INSERTs of the memtrace section's utrace rows.
+    #[arg(long, default_value_t = 20_000)]
+    memtrace_rows: u64,
+    /// Single-row INSERTs of the memtrace section's lackey row (and its untraced run).
+    #[arg(long, default_value_t = 1_000)]
+    memtrace_lackey_rows: u64,
+    /// Runs of every memtrace row, interleaved; the table shows each row's median.
+    #[arg(long, default_value_t = 3)]
+    memtrace_rounds: usize,
     /// Records of the trace the readers section reads.
     #[arg(long, default_value_t = 30_000_000)]
     readers_records: u64,
@@ -132,6 +148,8 @@ enum Section {
     Real,
     /// Python's own functions by name (USDT strings), side by side with bpftrace.
     Python,
+    /// sqlite3 with every memory access traced, side by side with valgrind's lackey.
+    Memtrace,
 }
 
 /// `cargo xtask bench`: build, then the sections `args` selects, in order.
@@ -145,7 +163,9 @@ pub(crate) fn bench(args: &Args) -> Result<()> {
             Section::Drain => !args.large_only && !args.no_drain,
             Section::Readers => !args.large_only && !args.no_readers,
             Section::Large => !args.no_large,
-            Section::Real | Section::Python => !args.large_only && !args.no_real,
+            Section::Real | Section::Python | Section::Memtrace => {
+                !args.large_only && !args.no_real
+            }
         },
     };
     if run(Section::Events) {
@@ -170,6 +190,13 @@ pub(crate) fn bench(args: &Args) -> Result<()> {
     }
     if run(Section::Python) {
         real::python()?;
+    }
+    if run(Section::Memtrace) {
+        real::memtrace(&real::MemtraceOptions {
+            rows: args.memtrace_rows,
+            lackey_rows: args.memtrace_lackey_rows,
+            rounds: args.memtrace_rounds,
+        })?;
     }
     if run(Section::Large) {
         large::large_binary(args)?;

@@ -18,10 +18,13 @@
 //! `--real-profile` then profiles one more session of each mode (`breakdown.rs`): ns a
 //! record per stage of the record's path.
 //! The python section (`python.rs`): python3.11's own functions by name, beside
-//! bpftrace.
+//! bpftrace. The memtrace section (`memtrace.rs`, `lackey.rs`): every memory access of
+//! the same sqlite3 traced, beside valgrind's lackey.
 
 mod breakdown;
+mod lackey;
 mod lttng;
+mod memtrace;
 mod python;
 mod ratios;
 mod sqlite;
@@ -34,6 +37,15 @@ use anyhow::{Context, Result, bail};
 
 use super::process::{Run, measured};
 use crate::util::{self, cmd};
+
+pub(crate) use memtrace::{Options as MemtraceOptions, memtrace};
+
+/// The bench's plain sqlite3 (built and cached in `target/xtask/bench-real`).
+pub(crate) fn sqlite3() -> Result<PathBuf> {
+    let dir = util::target_dir().join("xtask/bench-real");
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    sqlite::plain(&dir)
+}
 
 /// One row of the table.
 pub(super) struct Row {
@@ -113,7 +125,18 @@ pub(super) fn real(rows: u64, rounds: usize, baseline: Option<&Path>, profile: b
 }
 
 /// A row's name and how to run it once.
-type Case<'a> = (String, Box<dyn Fn() -> Result<Option<Row>> + 'a>);
+type Case<'a, T = Row> = (String, Box<dyn Fn() -> Result<Option<T>> + 'a>);
+
+/// A row's wall time (the rounds keep each row's median).
+trait Timed {
+    fn wall_s(&self) -> f64;
+}
+
+impl Timed for Row {
+    fn wall_s(&self) -> f64 {
+        self.run.wall_s
+    }
+}
 
 /// A mode's binary rewritten by one build's rewriter.
 type Rewritten<'a> = (&'static str, &'a Tools, PathBuf);
@@ -168,8 +191,8 @@ fn cases<'a>(
 
 /// Run every case `rounds` times, interleaved (round by round, so a slow phase of the
 /// machine touches every row alike); each row is its run of median wall time.
-fn rounds_of(cases: &[Case], rounds: usize) -> Result<Vec<Row>> {
-    let mut runs: Vec<Vec<Row>> = cases.iter().map(|_| Vec::new()).collect();
+fn rounds_of<T: Timed>(cases: &[Case<T>], rounds: usize) -> Result<Vec<T>> {
+    let mut runs: Vec<Vec<T>> = cases.iter().map(|_| Vec::new()).collect();
     for round in 0..rounds.max(1) {
         println!("round {} of {}", round + 1, rounds.max(1));
         for ((_, run), got) in cases.iter().zip(&mut runs) {
@@ -179,7 +202,7 @@ fn rounds_of(cases: &[Case], rounds: usize) -> Result<Vec<Row>> {
     Ok(runs
         .into_iter()
         .filter_map(|mut got| {
-            got.sort_by(|a, b| a.run.wall_s.total_cmp(&b.run.wall_s));
+            got.sort_by(|a, b| a.wall_s().total_cmp(&b.wall_s()));
             let mid = got.len() / 2;
             (!got.is_empty()).then(|| got.swap_remove(mid))
         })

@@ -65,21 +65,37 @@ pub(super) fn build(dir: &Path) -> Result<Builds> {
         (&b.pg, Some("-pg")),
         (&b.fi, Some("-finstrument-functions")),
     ] {
-        util::run(
-            cmd("gcc")
-                .args(["-O2", "-g", "-DSQLITE_OMIT_LOAD_EXTENSION"])
-                .args(extra)
-                .arg(src.join("sqlite3.c"))
-                .arg(src.join("shell.c"))
-                .arg("-I")
-                .arg(&src)
-                .arg("-o")
-                .arg(out)
-                .args(["-lm", "-lpthread"]),
-        )?;
+        build_gcc(&src, out, extra)?;
     }
     build_clang(dir, &src, &b)?;
     Ok(b)
+}
+
+/// The plain gcc build alone (cached under `dir`): the memtrace section and the
+/// tests' oracle (`cargo xtask sqlite3`) need no other.
+pub(crate) fn plain(dir: &Path) -> Result<PathBuf> {
+    let out = dir.join("sqlite3");
+    if !out.exists() {
+        let src = amalgamation(dir)?;
+        build_gcc(&src, &out, None)?;
+    }
+    Ok(out)
+}
+
+/// gcc `-O2 -g` of the amalgamation and shell in `src`, with `extra` flags.
+fn build_gcc(src: &Path, out: &Path, extra: Option<&str>) -> Result<()> {
+    util::run(
+        cmd("gcc")
+            .args(["-O2", "-g", "-DSQLITE_OMIT_LOAD_EXTENSION"])
+            .args(extra)
+            .arg(src.join("sqlite3.c"))
+            .arg(src.join("shell.c"))
+            .arg("-I")
+            .arg(src)
+            .arg("-o")
+            .arg(out)
+            .args(["-lm", "-lpthread"]),
+    )
 }
 
 /// A clang build: output, compiler flags, and the hooks' flags if it links them.
