@@ -3,10 +3,15 @@
 //! first, and the trace holds exactly its last records (the ring's size: 1024 records
 //! here, 2048 for the 64 KiB fast ring). A SIGSEGV shows the calls leading up to it
 //! (`tracer report --last N`, newest first). x86-64 through the kernel; AArch64 under
-//! qemu-user with the user-space drain.
+//! qemu-user with the user-space drain. A stub that reserves several records at once
+//! (an entry and a block at one instruction) keeps them in its own fast ring when the
+//! reservation meets the ring's end (`ring_threads.c`).
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
+
+use tracer_common::meta::SiteKind;
 
 use tests::*;
 
@@ -172,4 +177,122 @@ fn aarch64_circular_exit() {
 #[test]
 fn aarch64_fast_circular_segv() {
     a64_case("fast-circular", true);
+}
+
+/// Calls of ring_a by thread A and of ring_b by thread B (`ring_threads.c`): A's 3 records
+/// a call (entry and block in one 2-record reservation, then exit) meet its ring's end
+/// inside a reservation at calls 1365 + 2048k; B fills its ring first.
+const RING_A_CALLS: u64 = 5000;
+const RING_B_CALLS: u64 = 1000;
+
+/// (function, kind, value) of every record a thread makes calling `f(i)` for `i` in
+/// `0..calls`; a block's value (its run-time address) is left out as 0.
+fn ring_stream(f: &str, calls: u64, ret: fn(u64) -> u64) -> Vec<(String, SiteKind, u64)> {
+    (0..calls)
+        .flat_map(|i| {
+            [
+                (f.to_string(), SiteKind::FunctionEntry, i),
+                (f.to_string(), SiteKind::Block, 0),
+                (f.to_string(), SiteKind::FunctionExit, ret(i)),
+            ]
+        })
+        .collect()
+}
+
+/// Each thread's records are the last ones of its own calls, in order, with at most
+/// the 2 records a reservation abandoned at its ring's end missing from the ring's
+/// 2048; the thread ids come from the program itself.
+fn check_ring_threads(recs: &[Rec], meta: &Metadata, stdout: &str, what: &str) {
+    let tid = |name: &str| -> u32 {
+        let key = format!("{name}=");
+        stdout
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(&key)?.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: no {name} in {stdout:?}"))
+    };
+    let kinds: HashMap<u32, SiteKind> = meta.sites.iter().map(|s| (s.id, s.kind)).collect();
+    let size = meta.buf_records as usize;
+    let threads = [
+        ("tid_a", ring_stream("ring_a", RING_A_CALLS, |i| i * 7 % 13)),
+        ("tid_b", ring_stream("ring_b", RING_B_CALLS, |i| i * 5 % 11)),
+    ];
+    for (name, want) in threads {
+        let t = tid(name);
+        let got: Vec<(String, SiteKind, u64)> = recs
+            .iter()
+            .filter(|r| r.tid == t)
+            .map(|r| {
+                let kind = kinds[&r.site];
+                let value = if kind == SiteKind::Block { 0 } else { r.value };
+                (r.symbol.to_string(), kind, value)
+            })
+            .collect();
+        let what = format!("{what}: thread {name} ({t})");
+        assert!(
+            (size - 2..=size).contains(&got.len()),
+            "{what}: {} records in a ring of {size}",
+            got.len()
+        );
+        assert_seq_eq(&got, &want[want.len() - got.len()..], &what);
+    }
+}
+
+fn rewrite_ring_threads(orig: &Path, traced: &Path) -> Metadata {
+    rewriter(&[
+        orig.as_os_str(),
+        "-o".as_ref(),
+        traced.as_os_str(),
+        "--buffer-kind".as_ref(),
+        "fast-circular".as_ref(),
+        "--sites".as_ref(),
+        "entry,exit,block".as_ref(),
+        "--functions".as_ref(),
+        "ring_a".as_ref(),
+        "--functions".as_ref(),
+        "ring_b".as_ref(),
+    ])
+    .ok();
+    metadata(traced)
+}
+
+/// Before the fix, the second record of A's reservation at ring offset 0xffe0 went to
+/// offset 0x10000: B's ring, which then held a ring_a record.
+#[test]
+fn fast_ring_reservations_of_two_records_stay_in_their_ring() {
+    let what = "fast ring, two-record stubs, x86-64";
+    let tmp = TempDir::new("ring-threads");
+    let (orig, traced, trace) = (
+        tmp.join("ring_threads"),
+        tmp.join("ring_threads.traced"),
+        tmp.join("t.utrace"),
+    );
+    compile("gcc", &[fixture("ring_threads.c")], &["-O2", "-pthread"], &orig);
+    let meta = rewrite_ring_threads(&orig, &traced);
+    let (na, nb) = (RING_A_CALLS.to_string(), RING_B_CALLS.to_string());
+    let out = tracer_record(&trace, &traced, &[&na, &nb], &[]);
+    check_ring_threads(&dump(&trace), &meta, &out.stdout_str(), what);
+}
+
+#[test]
+fn aarch64_fast_ring_reservations_of_two_records_stay_in_their_ring() {
+    let what = "fast ring, two-record stubs, AArch64";
+    if !have_qemu_aarch64(what) {
+        return;
+    }
+    let tmp = TempDir::new("ring-threads-a64");
+    let (orig, traced, trace) = (
+        tmp.join("ring_threads"),
+        tmp.join("ring_threads.traced"),
+        tmp.join("t.utrace"),
+    );
+    compile(
+        "aarch64-linux-gnu-gcc",
+        &[fixture("ring_threads.c")],
+        &["-O2", "-pthread"],
+        &orig,
+    );
+    let meta = rewrite_ring_threads(&orig, &traced);
+    let (na, nb) = (RING_A_CALLS.to_string(), RING_B_CALLS.to_string());
+    let out = tracer_record_qemu(&trace, &traced, &[&na, &nb]);
+    check_ring_threads(&dump(&trace), &meta, &out.stdout_str(), what);
 }
