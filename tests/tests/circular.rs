@@ -211,6 +211,23 @@ fn check_ring_threads(recs: &[Rec], meta: &Metadata, stdout: &str, what: &str) {
             .unwrap_or_else(|| panic!("{what}: no {name} in {stdout:?}"))
     };
     let kinds: HashMap<u32, SiteKind> = meta.sites.iter().map(|s| (s.id, s.kind)).collect();
+    // What makes the reservations of two records: ring_a's entry and first block share
+    // an instruction, so a stub.
+    let at = |kind| {
+        meta.sites
+            .iter()
+            .find(|s| s.name == "ring_a" && s.kind == kind)
+            .map(|s| s.vaddr)
+    };
+    assert_eq!(
+        at(SiteKind::FunctionEntry),
+        at(SiteKind::Block),
+        "{what}: {meta:?}"
+    );
+    assert!(
+        at(SiteKind::Block).is_some(),
+        "{what}: no block site in ring_a"
+    );
     let size = meta.buf_records as usize;
     let threads = [
         ("tid_a", ring_stream("ring_a", RING_A_CALLS, |i| i * 7 % 13)),
@@ -266,7 +283,12 @@ fn fast_ring_reservations_of_two_records_stay_in_their_ring() {
         tmp.join("ring_threads.traced"),
         tmp.join("t.utrace"),
     );
-    compile("gcc", &[fixture("ring_threads.c")], &["-O2", "-pthread"], &orig);
+    compile(
+        "gcc",
+        &[fixture("ring_threads.c")],
+        &["-O2", "-pthread"],
+        &orig,
+    );
     let meta = rewrite_ring_threads(&orig, &traced);
     let (na, nb) = (RING_A_CALLS.to_string(), RING_B_CALLS.to_string());
     let out = tracer_record(&trace, &traced, &[&na, &nb], &[]);
