@@ -67,9 +67,9 @@
 //! once: a reservation that would cross the ring's end (into the next thread's ring)
 //! takes a cold path that clears its records' flags (never written) and reserves again
 //! from the ring's start; a ring then holds up to that many records fewer. Ring records
-//! carry `FLAG_RING`; rings skip the `inflight` bracket and are never flushed: the eBPF exit programs and
-//! `killed` (crash signals and SIGKILL, cause `CAUSE_CRASH`) deliver a ring whole, oldest
-//! first (`[cur, end)` then `[start, cur)`), once per state (`DRAINED` remembers `cur` and
+//! carry `FLAG_RING`; rings skip the `inflight` bracket and are never flushed: the eBPF
+//! exit programs and `killed` (crash signals and SIGKILL, cause `CAUSE_CRASH`) deliver a
+//! ring whole, oldest first (`[cur, end)` then `[start, cur)`), once per state (`DRAINED` remembers `cur` and
 //! the record before it); the user-space drain reads and rotates it at the exit stop.
 //! Readers skip never-written ring records (flags 0); `tracer report --last N` lists each
 //! thread's last N records, newest first: after a crash, what ran last.
