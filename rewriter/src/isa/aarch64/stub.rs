@@ -527,3 +527,96 @@ fn emit_site_value(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::enc::tests::objdump;
+    use super::*;
+    use crate::isa::IndexWhy;
+
+    const AT: u64 = 0x50_0000;
+    const PC: u64 = 0x40_1000;
+
+    fn site(id: u32, kind: SiteKind) -> PlacedSite {
+        PlacedSite {
+            id,
+            kind,
+            at: PC,
+            signed_lr: false,
+            flags: 0,
+            args: Vec::new(),
+            keep_flags: false,
+            keep_r11: false,
+            frame: None,
+        }
+    }
+
+    /// The trampoline of `sites` at a `nop`, in a fast ring, disassembled.
+    fn fast_ring_window(sites: &[PlacedSite]) -> Option<Vec<String>> {
+        let layout = Layout {
+            rw_vaddr: 0x60_0000,
+            nslots: 64,
+            buf_bytes: tracer_common::FAST_RING_BYTES,
+            binary_id: 0x1234,
+            pre_tls: false,
+            time_mode: TimeMode::Coarse,
+            buf_kind: BUF_FAST_CIRCULAR,
+            slot_lookup: SlotLookup::Index(IndexWhy::SharedLibrary),
+        };
+        let rt = Runtime {
+            flush: 0x70_0000,
+            flush_probe: 0x70_0010,
+            register: 0x70_0100,
+            entry_shim: None,
+        };
+        let code = emit_window(&layout, &rt, NOP, PC, sites, AT).unwrap();
+        let words: Vec<u32> = code
+            .chunks(4)
+            .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
+            .collect();
+        objdump(&words, AT)
+    }
+
+    /// Two records in one fast-ring reservation: `add` + `tbnz` send a reservation that
+    /// would cross the ring's end to a cold path that clears both records' flags
+    /// (wherever the ring wraps between them) and reserves again; one record: no test.
+    #[test]
+    fn a_fast_ring_reservation_of_two_records_never_crosses_the_ring_end() {
+        let two = [site(1, SiteKind::FunctionEntry), site(2, SiteKind::Block)];
+        let Some(lines) = fast_ring_window(&two) else {
+            return;
+        };
+        let k = lines.iter().position(|l| l.starts_with("stxrh")).unwrap();
+        assert_eq!(lines[k - 1], "add w12, w11, #0x40");
+        assert_eq!(lines[k + 2], "add x10, x11, #0x20");
+        let (tbnz, cold) = lines[k + 3].split_once(", 0x").unwrap();
+        assert_eq!(tbnz, "tbnz w10, #16");
+        assert_eq!(
+            lines[k + 4..k + 6],
+            ["ldr x10, [x9, #24]", "add x11, x10, x11"]
+        );
+        let cold = ((u64::from_str_radix(cold, 16).unwrap() - AT) / 4) as usize;
+        assert_eq!(
+            lines[cold..cold + 9],
+            [
+                "ldr x10, [x9, #24]",
+                "add x12, x11, #0x0",
+                "ubfx x12, x12, #0, #16",
+                "add x12, x10, x12",
+                "str wzr, [x12, #4]",
+                "add x12, x11, #0x20",
+                "ubfx x12, x12, #0, #16",
+                "add x12, x10, x12",
+                "str wzr, [x12, #4]",
+            ]
+        );
+        // Back to the slot lookup.
+        let back = lines[cold + 9].strip_prefix("b 0x").unwrap();
+        let back = ((u64::from_str_radix(back, 16).unwrap() - AT) / 4) as usize;
+        assert_eq!(lines[back], "mrs x10, tpidr_el0");
+
+        let one = [site(1, SiteKind::FunctionEntry)];
+        let lines = fast_ring_window(&one).unwrap();
+        assert!(!lines.iter().any(|l| l.starts_with("tbnz")), "{lines:?}");
+    }
+}
