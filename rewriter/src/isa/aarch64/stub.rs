@@ -354,6 +354,10 @@ fn emit_reserve(
         a.put(add_imm(12, 12, 1, false));
         a.put(str_x(12, 9, SLOT_INFLIGHT as u32));
     }
+    // `32 * nrec` is an add's 12-bit immediate (a USDT probe of up to 252 arguments).
+    if RECORD_SIZE as u32 * nrec > 0xfff {
+        return Err(format!("{nrec} records in one stub: at most 127"));
+    }
     a.put(add_imm(13, 9, SLOT_CUR as u32, false));
     a.bind(reserve);
     if layout.buf_kind == BUF_FAST_CIRCULAR {
@@ -371,7 +375,6 @@ fn emit_reserve(
             nrec,
         });
         if let Some(s) = &straddle {
-            debug_assert!(RECORD_SIZE as u32 * (nrec - 1) < 0x1000);
             a.put(add_imm(10, 11, RECORD_SIZE as u32 * (nrec - 1), false));
             a.tbz_l(true, 10, 16, s.label);
         }
