@@ -36,3 +36,19 @@ pub fn can_link(cc: &str, flags: &[&str], dir: &Path) -> bool {
         .map(|s| s.success())
         .unwrap_or(false)
 }
+
+/// `-IDIR` for the AArch64 cross compiler to find `<sys/sdt.h>`: the header is
+/// architecture-independent, but Debian installs it under the host's triplet, so it is
+/// copied into `dir/inc`.
+pub fn a64_sdt_include(dir: &Path) -> String {
+    let inc = dir.join("inc");
+    std::fs::create_dir_all(inc.join("sys")).unwrap();
+    for h in ["sdt.h", "sdt-config.h"] {
+        std::fs::copy(
+            Path::new("/usr/include/x86_64-linux-gnu/sys").join(h),
+            inc.join("sys").join(h),
+        )
+        .unwrap();
+    }
+    format!("-I{}", inc.display())
+}

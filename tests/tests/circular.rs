@@ -3,12 +3,17 @@
 //! first, and the trace holds exactly its last records (the ring's size: 1024 records
 //! here, 2048 for the 64 KiB fast ring). A SIGSEGV shows the calls leading up to it
 //! (`tracer report --last N`, newest first). x86-64 through the kernel; AArch64 under
-//! qemu-user with the user-space drain. The bbbuf case: blocks and memory accesses
-//! (access runs, pairs) in a circular buffer, the last of them checked against the
-//! addresses the program prints, down to the faulting store.
+//! qemu-user with the user-space drain. A stub that reserves several records at once
+//! (an entry and a block at one instruction) keeps them in its own fast ring when the
+//! reservation meets the ring's end (`ring_threads.c`). The bbbuf case: blocks and
+//! memory accesses (access runs, pairs) in a circular buffer, the last of them checked
+//! against the addresses the program prints, down to the faulting store.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
+
+use tracer_common::meta::SiteKind;
 
 use tests::*;
 use tracer_common::{FLAG_MEM_READ, FLAG_MEM_WRITE};
@@ -259,4 +264,181 @@ fn aarch64_circular_exit() {
 #[test]
 fn aarch64_fast_circular_segv() {
     a64_case("fast-circular", true);
+}
+
+/// Calls of ring_a by thread A and of ring_b by thread B (`ring_threads.c`): A's 3 records
+/// a call (2 in one reservation, then its exit's) meet its ring's end inside a
+/// reservation at calls 1365 + 2048k; B fills its ring first.
+const RING_A_CALLS: u64 = 5000;
+const RING_B_CALLS: u64 = 1000;
+
+/// What makes a reservation of two records in ring_a and ring_b.
+#[derive(Clone, Copy, Debug)]
+enum TwoRecords {
+    /// `--sites entry,exit,block`: the entry and the first block share a stub.
+    EntryAndBlock,
+    /// `--sites usdt,exit`: a probe of 3 arguments (i, i + 1, i + 2).
+    Usdt3,
+}
+
+impl TwoRecords {
+    fn sites(self) -> &'static str {
+        match self {
+            TwoRecords::EntryAndBlock => "entry,exit,block",
+            TwoRecords::Usdt3 => "usdt,exit",
+        }
+    }
+
+    /// (symbol, kind, value) of the records of one call `f(i)` that returned `ret`; a
+    /// block's value (its run-time address) is left out as 0.
+    fn call(self, f: &str, i: u64, ret: u64) -> [(String, SiteKind, u64); 3] {
+        let exit = (f.to_string(), SiteKind::FunctionExit, ret);
+        match self {
+            TwoRecords::EntryAndBlock => [
+                (f.to_string(), SiteKind::FunctionEntry, i),
+                (f.to_string(), SiteKind::Block, 0),
+                exit,
+            ],
+            TwoRecords::Usdt3 => {
+                // Arguments 1-2 in the first record, 3 in the second.
+                let probe = f.replacen('_', ":", 1);
+                [
+                    (probe.clone(), SiteKind::Usdt, i),
+                    (probe, SiteKind::Usdt, i + 2),
+                    exit,
+                ]
+            }
+        }
+    }
+
+    /// That ring_a's two records come from one stub.
+    fn check_sites(self, meta: &Metadata, what: &str) {
+        let site = |name: &str, kind| meta.sites.iter().find(|s| s.name == name && s.kind == kind);
+        match self {
+            TwoRecords::EntryAndBlock => {
+                let entry = site("ring_a", SiteKind::FunctionEntry).map(|s| s.vaddr);
+                let block = site("ring_a", SiteKind::Block).map(|s| s.vaddr);
+                assert!(entry.is_some() && entry == block, "{what}: {meta:?}");
+            }
+            TwoRecords::Usdt3 => {
+                let probe = site("ring:a", SiteKind::Usdt).map(|s| s.nargs);
+                assert_eq!(probe, Some(3), "{what}: {meta:?}");
+            }
+        }
+    }
+}
+
+/// Each thread's records are the last ones of its own calls, in order, with at most
+/// the 2 records a reservation abandoned at its ring's end missing from the ring's
+/// 2048; the thread ids come from the program itself.
+fn check_ring_threads(case: TwoRecords, recs: &[Rec], meta: &Metadata, stdout: &str, what: &str) {
+    let tid = |name: &str| -> u32 {
+        let key = format!("{name}=");
+        stdout
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(&key)?.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: no {name} in {stdout:?}"))
+    };
+    case.check_sites(meta, what);
+    let kinds: HashMap<u32, SiteKind> = meta.sites.iter().map(|s| (s.id, s.kind)).collect();
+    let size = meta.buf_records as usize;
+    let stream = |f: &str, calls: u64, ret: fn(u64) -> u64| -> Vec<(String, SiteKind, u64)> {
+        (0..calls).flat_map(|i| case.call(f, i, ret(i))).collect()
+    };
+    let threads = [
+        ("tid_a", stream("ring_a", RING_A_CALLS, |i| i * 7 % 13)),
+        ("tid_b", stream("ring_b", RING_B_CALLS, |i| i * 5 % 11)),
+    ];
+    for (name, want) in threads {
+        let t = tid(name);
+        let got: Vec<(String, SiteKind, u64)> = recs
+            .iter()
+            .filter(|r| r.tid == t)
+            .map(|r| {
+                let kind = kinds[&r.site];
+                let value = if kind == SiteKind::Block { 0 } else { r.value };
+                (r.symbol.to_string(), kind, value)
+            })
+            .collect();
+        let what = format!("{what}: thread {name} ({t})");
+        assert!(
+            (size - 2..=size).contains(&got.len()),
+            "{what}: {} records in a ring of {size}",
+            got.len()
+        );
+        assert_seq_eq(&got, &want[want.len() - got.len()..], &what);
+    }
+}
+
+fn rewrite_ring_threads(orig: &Path, traced: &Path, case: TwoRecords) -> Metadata {
+    rewriter(&[
+        orig.as_os_str(),
+        "-o".as_ref(),
+        traced.as_os_str(),
+        "--buffer-kind".as_ref(),
+        "fast-circular".as_ref(),
+        "--sites".as_ref(),
+        case.sites().as_ref(),
+        "--functions".as_ref(),
+        "ring_a".as_ref(),
+        "--functions".as_ref(),
+        "ring_b".as_ref(),
+    ])
+    .ok();
+    metadata(traced)
+}
+
+const RING_CASES: [TwoRecords; 2] = [TwoRecords::EntryAndBlock, TwoRecords::Usdt3];
+
+/// Before the fix, the second record of A's reservation at ring offset 0xffe0 went to
+/// offset 0x10000: B's ring, which then held a ring_a record (and a probe of more than
+/// 2 arguments was refused in fast rings for that reason).
+#[test]
+fn fast_ring_reservations_of_two_records_stay_in_their_ring() {
+    let tmp = TempDir::new("ring-threads");
+    let orig = tmp.join("ring_threads");
+    compile(
+        "gcc",
+        &[fixture("ring_threads.c")],
+        &["-O2", "-pthread"],
+        &orig,
+    );
+    for case in RING_CASES {
+        let what = format!("fast ring, two-record stubs ({case:?}), x86-64");
+        let (traced, trace) = (
+            tmp.join(format!("{case:?}.traced")),
+            tmp.join(format!("{case:?}.utrace")),
+        );
+        let meta = rewrite_ring_threads(&orig, &traced, case);
+        let (na, nb) = (RING_A_CALLS.to_string(), RING_B_CALLS.to_string());
+        let out = tracer_record(&trace, &traced, &[&na, &nb], &[]);
+        check_ring_threads(case, &dump(&trace), &meta, &out.stdout_str(), &what);
+    }
+}
+
+#[test]
+fn aarch64_fast_ring_reservations_of_two_records_stay_in_their_ring() {
+    if !have_qemu_aarch64("fast ring, two-record stubs, AArch64") {
+        return;
+    }
+    let tmp = TempDir::new("ring-threads-a64");
+    let orig = tmp.join("ring_threads");
+    let incf = a64_sdt_include(tmp.path());
+    compile(
+        "aarch64-linux-gnu-gcc",
+        &[fixture("ring_threads.c")],
+        &["-O2", "-pthread", &incf],
+        &orig,
+    );
+    for case in RING_CASES {
+        let what = format!("fast ring, two-record stubs ({case:?}), AArch64");
+        let (traced, trace) = (
+            tmp.join(format!("{case:?}.traced")),
+            tmp.join(format!("{case:?}.utrace")),
+        );
+        let meta = rewrite_ring_threads(&orig, &traced, case);
+        let (na, nb) = (RING_A_CALLS.to_string(), RING_B_CALLS.to_string());
+        let out = tracer_record_qemu(&trace, &traced, &[&na, &nb]);
+        check_ring_threads(case, &dump(&trace), &meta, &out.stdout_str(), &what);
+    }
 }

@@ -106,17 +106,7 @@ fn a64_case(opt: &str) {
         tmp.join("usdt.traced"),
         tmp.join("t.utrace"),
     );
-    // sdt.h is architecture-independent; Debian installs it under the host's triplet.
-    let inc = tmp.join("inc");
-    std::fs::create_dir_all(inc.join("sys")).unwrap();
-    for h in ["sdt.h", "sdt-config.h"] {
-        std::fs::copy(
-            Path::new("/usr/include/x86_64-linux-gnu/sys").join(h),
-            inc.join("sys").join(h),
-        )
-        .unwrap();
-    }
-    let incf = format!("-I{}", inc.display());
+    let incf = a64_sdt_include(tmp.path());
     compile(
         "aarch64-linux-gnu-gcc",
         &[fixture("usdt.c")],

@@ -61,11 +61,15 @@
 //! itself when the buffer is full (and bumps the epoch), so the buffer holds the newest
 //! records. `fast-circular`: 64 KiB rings, 64 KiB aligned (the RW segment's `p_align` makes
 //! the loader keep that), reserved with an `xadd` on the low 16 bits of `cur` (AArch64
-//! `ldxrh`/`stxrh`) and `start + offset`, so the ring wraps with no check at all (USDT
-//! probes of more than two arguments are refused there). Ring records carry `FLAG_RING`;
-//! rings skip the `inflight` bracket and are never flushed: the eBPF exit programs and
-//! `killed` (crash signals and SIGKILL, cause `CAUSE_CRASH`) deliver a ring whole, oldest
-//! first (`[cur, end)` then `[start, cur)`), once per state (`DRAINED` remembers `cur` and
+//! `ldxrh`/`stxrh`) and `start + offset`, so the ring wraps with no check at all. A stub
+//! that reserves several records (an entry and a block at one instruction, a USDT probe
+//! of more than two arguments) stores them at `start + offset + 32j`, so it compares
+//! once: a reservation that would cross the ring's end (into the next thread's ring)
+//! takes a cold path that clears its records' flags (never written) and reserves again
+//! from the ring's start; a ring then holds up to that many records fewer. Ring records
+//! carry `FLAG_RING`; rings skip the `inflight` bracket and are never flushed: the eBPF
+//! exit programs and `killed` (crash signals and SIGKILL, cause `CAUSE_CRASH`) deliver a
+//! ring whole, oldest first (`[cur, end)` then `[start, cur)`), once per state (`DRAINED` remembers `cur` and
 //! the record before it); the user-space drain reads and rotates it at the exit stop.
 //! Readers skip never-written ring records (flags 0); `tracer report --last N` lists each
 //! thread's last N records, newest first: after a crash, what ran last.

@@ -47,10 +47,13 @@ pub struct Record {
 
 const _: () = assert!(core::mem::size_of::<Record>() == RECORD_SIZE);
 
+/// Offset of [`Record::flags`] (a fast ring's abandoned reservation clears it: flags 0
+/// is a never-written ring record).
+pub const RECORD_FLAGS_OFF: u64 = core::mem::offset_of!(Record, flags) as u64;
 /// Offset of [`Record::time`] (the eBPF drain reads a record's stamp in user memory).
 pub const RECORD_TIME_OFF: u64 = core::mem::offset_of!(Record, time) as u64;
 // The table above, which the stubs of both ISAs write by.
-const _: () = assert!(core::mem::offset_of!(Record, flags) == 4);
+const _: () = assert!(RECORD_FLAGS_OFF == 4);
 const _: () = assert!(RECORD_TIME_OFF == 8);
 const _: () = assert!(core::mem::offset_of!(Record, value) == 16);
 const _: () = assert!(core::mem::offset_of!(Record, aux) == 24);

@@ -14,7 +14,6 @@ use crate::elf::read::{Function, Input};
 use crate::error::{Error, Result};
 use crate::flow::Flow;
 use crate::isa::{Isa, Targets};
-use tracer_common::BUF_FAST_CIRCULAR;
 use tracer_common::meta::SiteKind;
 
 /// A function to plan, with the name its sites report.
@@ -126,23 +125,10 @@ fn probes(input: &Input, opts: &Options) -> Result<Vec<usdt::Probe>> {
     if !opts.kinds.contains(&SiteKind::Usdt) {
         return Ok(Vec::new());
     }
-    let probes = usdt::probes(input.data, input.machine)
-        .map_err(|e| Error::Layout(input.name.clone(), format!("USDT probes: {e}")))?;
-    if opts.buf_kind == BUF_FAST_CIRCULAR
-        && let Some(p) = probes.iter().find(|p| p.args.len() > 2)
-    {
-        // Its records would be reserved together and could run past the ring's end.
-        return Err(Error::Layout(
-            input.name.clone(),
-            format!(
-                "USDT probe {}:{} has {} arguments: fast circular buffers take probes of at most 2",
-                p.provider,
-                p.name,
-                p.args.len()
-            ),
-        ));
-    }
-    Ok(probes)
+    // A probe of more than 2 arguments reserves several records at once; in a fast
+    // ring the stub keeps them from crossing the ring's end (`isa/*/stub.rs`).
+    usdt::probes(input.data, input.machine)
+        .map_err(|e| Error::Layout(input.name.clone(), format!("USDT probes: {e}")))
 }
 
 fn unplaced(input: &Input, p: &usdt::Probe) -> Error {

@@ -37,7 +37,10 @@
 //!   str x30, [sp, #40] ; bl flush ; ldr x30, [sp, #40] ; b out
 //! ```
 //! No instruction on any path writes NZCV (comparisons are `sub` + `cbnz`/`tbz`);
-//! `register` saves NZCV itself.
+//! `register` saves NZCV itself. Fast rings reserve with `ldxrh`/`stxrh` and add the
+//! ring's start; a stub of several records also tests bit 16 of `old + 32(nrec - 1)`
+//! (`add` + `tbnz`) and, set, takes a cold path that clears those records' flags and
+//! reserves again, so none lands in the next thread's ring.
 //!
 //! 35 instructions on the fast path; 45 in all plus the relocated instruction and the
 //! branch back: 188 bytes per site for a plain instruction, 192 with the 16-byte
@@ -52,8 +55,8 @@ use crate::isa::{Layout, PlacedSite, Runtime, SlotLookup, slot_mask};
 use tracer_common::meta::{SiteKind, TimeMode};
 use tracer_common::{
     BUF_CIRCULAR, BUF_FAST_CIRCULAR, BUF_TRACE, FLAG_RING, FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE,
-    INDEX_OFF, RECORD_SIZE, SLOT_CUR, SLOT_END, SLOT_GENERATION, SLOT_INFLIGHT, SLOT_START,
-    SLOTS_OFF,
+    INDEX_OFF, RECORD_FLAGS_OFF, RECORD_SIZE, SLOT_CUR, SLOT_END, SLOT_GENERATION, SLOT_INFLIGHT,
+    SLOT_START, SLOTS_OFF,
 };
 
 /// Stack bytes the stub uses below the caller's sp (16-byte multiple).
@@ -83,7 +86,10 @@ pub(super) fn emit_window(
     if !reloc::leaves(displaced) {
         a.b_to(false, pc + 4)?;
     }
-    for (retry, out, miss, full) in slow {
+    for (retry, out, miss, full, straddle) in slow {
+        if let Some(s) = straddle {
+            emit_straddle(&mut a, s, retry);
+        }
         a.bind(miss);
         a.put(str_x(LR, SP, LR_SAVE));
         a.b_to(true, rt.register)?;
@@ -224,22 +230,26 @@ impl<'s> Shape<'s> {
     }
 }
 
+/// The labels of a stub's slow paths, emitted after the window: (retry, out, miss,
+/// full, a fast ring's crossing reservation).
+type SlowLabels = (Label, Label, Label, Label, Option<Straddle>);
+
 /// The fast path of the stub for every site placed before the instruction `word` at
-/// `pc` (several stores, one reservation, one full-check); returns its (retry, out,
-/// miss, full) labels for the slow paths emitted after the window.
+/// `pc` (several stores, one reservation, one full-check); returns its slow paths'
+/// labels.
 fn emit_stub(
     a: &mut Asm,
     layout: &Layout,
     sites: &[&PlacedSite],
     word: u32,
     pc: u64,
-) -> Result<(Label, Label, Label, Label), String> {
+) -> Result<SlowLabels, String> {
     let (retry, out, miss, full) = (a.label(), a.label(), a.label(), a.label());
     let shape = Shape::new(sites);
     let frame = shape.frame;
     emit_prologue(a, &shape, sites, word, pc)?;
     a.bind(retry);
-    emit_reserve(a, layout, shape.nrec, out, miss)?;
+    let straddle = emit_reserve(a, layout, shape.nrec, out, miss)?;
     emit_heads(a, layout, &shape, sites);
     // value, aux: x0 is the first argument at an entry and the return value at an
     // exit; a block records its own address.
@@ -272,7 +282,7 @@ fn emit_stub(
     a.put(ldp(11, 12, SP, 16));
     a.put(ldr_x(13, SP, 32));
     a.put(ldp_post(9, 10, SP, frame));
-    Ok((retry, out, miss, full))
+    Ok((retry, out, miss, full, straddle))
 }
 
 /// Save x9..x13 and compute the values needed from the original registers.
@@ -300,14 +310,16 @@ fn emit_prologue(
 }
 
 /// Find the thread's slot (x9; `out` before TLS, `miss` when the index does not name
-/// this thread) and reserve `nrec` records (x11 = the first, x12 = the end).
+/// this thread) and reserve `nrec` records (x11 = the first, x12 = the end). A fast
+/// ring's reservation of several records that would cross the ring's end goes to the
+/// returned cold path instead.
 fn emit_reserve(
     a: &mut Asm,
     layout: &Layout,
     nrec: u32,
     out: Label,
     miss: Label,
-) -> Result<(), String> {
+) -> Result<Option<Straddle>, String> {
     let reserve = a.label();
     a.put(mrs(10, TPIDR_EL0));
     a.cbz_l(true, false, 10, out);
@@ -342,6 +354,10 @@ fn emit_reserve(
         a.put(add_imm(12, 12, 1, false));
         a.put(str_x(12, 9, SLOT_INFLIGHT as u32));
     }
+    // `32 * nrec` is an add's 12-bit immediate (a USDT probe of up to 252 arguments).
+    if RECORD_SIZE as u32 * nrec > 0xfff {
+        return Err(format!("{nrec} records in one stub: at most 127"));
+    }
     a.put(add_imm(13, 9, SLOT_CUR as u32, false));
     a.bind(reserve);
     if layout.buf_kind == BUF_FAST_CIRCULAR {
@@ -351,15 +367,48 @@ fn emit_reserve(
         a.put(add_w_imm(12, 11, RECORD_SIZE as u32 * nrec));
         a.put(stxrh(10, 12, 13));
         a.cbz_l(false, true, 10, reserve);
+        // Records are stored at x11 + 32j: several must not run past the ring's end
+        // into the next thread's ring. The old offset w11 is a multiple of 32 below
+        // 64 KiB: the last record passes the end iff w11 + 32(nrec - 1) reaches bit 16.
+        let straddle = (nrec > 1).then(|| Straddle {
+            label: a.label(),
+            nrec,
+        });
+        if let Some(s) = &straddle {
+            a.put(add_imm(10, 11, RECORD_SIZE as u32 * (nrec - 1), false));
+            a.tbz_l(true, 10, 16, s.label);
+        }
         a.put(ldr_x(10, 9, SLOT_START as u32));
         a.put(add_reg(11, 10, 11));
-    } else {
-        a.put(ldxr(11, 13));
-        a.put(add_imm(12, 11, RECORD_SIZE as u32 * nrec, false));
-        a.put(stxr(10, 12, 13));
-        a.cbz_l(false, true, 10, reserve);
+        return Ok(straddle);
     }
-    Ok(())
+    a.put(ldxr(11, 13));
+    a.put(add_imm(12, 11, RECORD_SIZE as u32 * nrec, false));
+    a.put(stxr(10, 12, 13));
+    a.cbz_l(false, true, 10, reserve);
+    Ok(None)
+}
+
+/// The cold path of a fast-ring reservation of `nrec` records that crossed the ring's
+/// end (`emit_reserve`): w11 = its old offset, x9 = the slot.
+struct Straddle {
+    label: Label,
+    nrec: u32,
+}
+
+/// A fast-ring reservation that crossed the ring's end: its records (at the ring's
+/// end and start) are marked never written (flags 0, which readers skip) and the stub
+/// reserves again, from the ring's start.
+fn emit_straddle(a: &mut Asm, s: Straddle, retry: Label) {
+    a.bind(s.label);
+    a.put(ldr_x(10, 9, SLOT_START as u32));
+    for j in 0..s.nrec {
+        a.put(add_imm(12, 11, RECORD_SIZE as u32 * j, false));
+        a.put(ubfx(12, 12, 0, 16));
+        a.put(add_reg(12, 10, 12));
+        a.put(str_w(XZR, 12, RECORD_FLAGS_OFF as u32));
+    }
+    a.b_l(retry);
 }
 
 /// Every record's first half: site and flags, then the time (x13 is free afterwards).
@@ -480,4 +529,97 @@ fn emit_site_value(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::enc::tests::objdump;
+    use super::*;
+    use crate::isa::IndexWhy;
+
+    const AT: u64 = 0x50_0000;
+    const PC: u64 = 0x40_1000;
+
+    fn site(id: u32, kind: SiteKind) -> PlacedSite {
+        PlacedSite {
+            id,
+            kind,
+            at: PC,
+            signed_lr: false,
+            flags: 0,
+            args: Vec::new(),
+            keep_flags: false,
+            keep_r11: false,
+            frame: None,
+        }
+    }
+
+    /// The trampoline of `sites` at a `nop`, in a fast ring, disassembled.
+    fn fast_ring_window(sites: &[PlacedSite]) -> Option<Vec<String>> {
+        let layout = Layout {
+            rw_vaddr: 0x60_0000,
+            nslots: 64,
+            buf_bytes: tracer_common::FAST_RING_BYTES,
+            binary_id: 0x1234,
+            pre_tls: false,
+            time_mode: TimeMode::Coarse,
+            buf_kind: BUF_FAST_CIRCULAR,
+            slot_lookup: SlotLookup::Index(IndexWhy::SharedLibrary),
+        };
+        let rt = Runtime {
+            flush: 0x70_0000,
+            flush_probe: 0x70_0010,
+            register: 0x70_0100,
+            entry_shim: None,
+        };
+        let code = emit_window(&layout, &rt, NOP, PC, sites, AT).unwrap();
+        let words: Vec<u32> = code
+            .chunks(4)
+            .map(|w| u32::from_le_bytes(w.try_into().unwrap()))
+            .collect();
+        objdump(&words, AT)
+    }
+
+    /// Two records in one fast-ring reservation: `add` + `tbnz` send a reservation that
+    /// would cross the ring's end to a cold path that clears both records' flags
+    /// (wherever the ring wraps between them) and reserves again; one record: no test.
+    #[test]
+    fn a_fast_ring_reservation_of_two_records_never_crosses_the_ring_end() {
+        let two = [site(1, SiteKind::FunctionEntry), site(2, SiteKind::Block)];
+        let Some(lines) = fast_ring_window(&two) else {
+            return;
+        };
+        let k = lines.iter().position(|l| l.starts_with("stxrh")).unwrap();
+        assert_eq!(lines[k - 1], "add w12, w11, #0x40");
+        assert_eq!(lines[k + 2], "add x10, x11, #0x20");
+        let (tbnz, cold) = lines[k + 3].split_once(", 0x").unwrap();
+        assert_eq!(tbnz, "tbnz w10, #16");
+        assert_eq!(
+            lines[k + 4..k + 6],
+            ["ldr x10, [x9, #24]", "add x11, x10, x11"]
+        );
+        let cold = ((u64::from_str_radix(cold, 16).unwrap() - AT) / 4) as usize;
+        assert_eq!(
+            lines[cold..cold + 9],
+            [
+                "ldr x10, [x9, #24]",
+                "add x12, x11, #0x0",
+                "ubfx x12, x12, #0, #16",
+                "add x12, x10, x12",
+                "str wzr, [x12, #4]",
+                "add x12, x11, #0x20",
+                "ubfx x12, x12, #0, #16",
+                "add x12, x10, x12",
+                "str wzr, [x12, #4]",
+            ]
+        );
+        // Back to the slot lookup.
+        let back = lines[cold + 9].strip_prefix("b 0x").unwrap();
+        let back = ((u64::from_str_radix(back, 16).unwrap() - AT) / 4) as usize;
+        assert_eq!(lines[back], "mrs x10, tpidr_el0");
+
+        let one = [site(1, SiteKind::FunctionEntry)];
+        let lines = fast_ring_window(&one).unwrap();
+        assert!(!lines.iter().any(|l| l.starts_with("tbnz")), "{lines:?}");
+    }
 }

@@ -35,6 +35,12 @@
 //! `PlacedSite::keep_flags`/`keep_r11`), or an indirect tail call jumps through %r11. That is what makes it cheap: no flag save, no
 //! `%r11` save; with coarse timestamps only two registers are saved.
 //!
+//! Fast rings (`BUF_FAST_CIRCULAR`) reserve with `xadd %r11w` on the low 16 bits of
+//! `cur` and address the records from the ring's start, with no full check; a stub of
+//! several records also compares the old offset with `0x10000 - 32 * nrec` and, past
+//! it, takes a cold path that clears those records' flags and reserves again, so none
+//! lands in the next thread's ring (`tracer-common/src/layout.rs`).
+//!
 //! The entry/exit stub is 29 instructions with coarse timestamps, 34 with `rdtsc`. The
 //! `-fipa-ra` case was found on Debian's libbz2 and static glibc. Blocks, memory
 //! accesses and USDT probes sit anywhere, so their stubs also save RFLAGS
@@ -59,9 +65,9 @@ use super::super::{Layout, PlacedSite, Runtime, SlotLookup, Trampoline, Window, 
 use crate::isa::arg::{Arg, ArgLoc, Reg as UsdtReg};
 use tracer_common::meta::{SiteKind, TimeMode};
 use tracer_common::{
-    BUF_CIRCULAR, BUF_FAST_CIRCULAR, BUF_TRACE, FLAG_RING, FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE,
-    INDEX_OFF, RECORD_SIZE, SLOT_CUR, SLOT_END, SLOT_GENERATION, SLOT_INFLIGHT, SLOT_START,
-    SLOTS_OFF, pair_flags,
+    BUF_CIRCULAR, BUF_FAST_CIRCULAR, BUF_TRACE, FAST_RING_BYTES, FLAG_RING, FLAG_USDT_INDEX_SHIFT,
+    FLAG_USDT_MORE, INDEX_OFF, RECORD_FLAGS_OFF, RECORD_SIZE, SLOT_CUR, SLOT_END, SLOT_GENERATION,
+    SLOT_INFLIGHT, SLOT_START, SLOTS_OFF, pair_flags,
 };
 
 pub(super) fn lea_rip(a: &mut CodeAssembler, reg: Register, addr: u64) -> Result<(), IcedError> {
@@ -83,6 +89,15 @@ struct SlowPaths {
     wrap: Vec<AsmRegister64>,
     /// A full circular buffer wraps (no flush).
     circular: bool,
+    /// A fast ring's reservation of several records that crossed the ring's end.
+    straddle: Option<Straddle>,
+}
+
+/// The cold path of a fast-ring reservation of `nrec` records that crossed the ring's
+/// end (`emit_reserve`): %r11d = its old offset, %rsi = the slot.
+struct Straddle {
+    label: CodeLabel,
+    nrec: i32,
 }
 
 /// Put the effective address of `ins`'s memory operand, plus `shift` (an access run's
@@ -359,7 +374,7 @@ fn emit_stub(
     let shape = Shape::new(layout, sites, insn);
     let frame = emit_prologue(a, &shape, sites, ins)?;
     a.set_label(&mut retry)?;
-    emit_reserve(a, layout, shape.nrec, miss)?;
+    let straddle = emit_reserve(a, layout, shape.nrec, miss)?;
     let ring_flag = if layout.buf_kind != BUF_TRACE {
         FLAG_RING
     } else {
@@ -404,6 +419,7 @@ fn emit_stub(
         full,
         wrap,
         circular: layout.buf_kind == BUF_CIRCULAR,
+        straddle,
     })
 }
 
@@ -485,13 +501,15 @@ fn uses_rax(ins: &Instruction) -> bool {
 }
 
 /// Find the thread's slot (`miss` when the thread word or the index does not name
-/// this thread) and reserve `nrec` records: %r11 = the first, %rsi = the slot.
+/// this thread) and reserve `nrec` records: %r11 = the first, %rsi = the slot. A fast
+/// ring's reservation of several records that would cross the ring's end goes to the
+/// returned cold path instead.
 fn emit_reserve(
     a: &mut CodeAssembler,
     layout: &Layout,
     nrec: i32,
     miss: CodeLabel,
-) -> Result<(), IcedError> {
+) -> Result<Option<Straddle>, IcedError> {
     a.mov(r11, qword_ptr(0u64).fs())?;
     match layout.slot_lookup {
         SlotLookup::ThreadWord(off) => {
@@ -523,11 +541,39 @@ fn emit_reserve(
         // address is the ring's (64 KiB aligned) start plus the old offset.
         a.xadd(word_ptr(rsi + SLOT_CUR as i32), r11w)?;
         a.movzx(r11d, r11w)?;
+        // Records are stored at %r11 + 32j: several must not run past the ring's end
+        // into the next thread's ring (one compare, only in stubs of several records).
+        let straddle = (nrec > 1).then(|| Straddle {
+            label: a.create_label(),
+            nrec,
+        });
+        if let Some(s) = &straddle {
+            a.cmp(
+                r11d,
+                (FAST_RING_BYTES as i64 - i64::from(RECORD_SIZE as i32 * nrec)) as i32,
+            )?;
+            a.ja(s.label)?;
+        }
         a.add(r11, qword_ptr(rsi + SLOT_START as i32))?;
-    } else {
-        a.xadd(qword_ptr(rsi + SLOT_CUR as i32), r11)?;
+        return Ok(straddle);
     }
-    Ok(())
+    a.xadd(qword_ptr(rsi + SLOT_CUR as i32), r11)?;
+    Ok(None)
+}
+
+/// A fast-ring reservation that crossed the ring's end: its records (at the ring's
+/// end and start) are marked never written (flags 0, which readers skip) and the stub
+/// reserves again, from the ring's start.
+fn emit_straddle(a: &mut CodeAssembler, s: Straddle, retry: CodeLabel) -> Result<(), IcedError> {
+    let Straddle { mut label, nrec } = s;
+    a.set_label(&mut label)?;
+    for j in 0..nrec {
+        a.lea(ecx, ptr(r11 + RECORD_SIZE as i32 * j))?;
+        a.movzx(ecx, cx)?;
+        a.add(rcx, qword_ptr(rsi + SLOT_START as i32))?;
+        a.mov(dword_ptr(rcx + RECORD_FLAGS_OFF as i32), 0)?;
+    }
+    a.jmp(retry)
 }
 
 /// Store one site's records (`first`, `n`: its records among the reserved ones) but
@@ -725,6 +771,7 @@ fn emit_slow_paths(a: &mut CodeAssembler, rt: &Runtime, p: SlowPaths) -> Result<
         mut full,
         wrap,
         circular,
+        straddle,
     } = p;
     let call_saving = |a: &mut CodeAssembler, target: u64| -> Result<(), IcedError> {
         for &r in &wrap {
@@ -736,6 +783,9 @@ fn emit_slow_paths(a: &mut CodeAssembler, rt: &Runtime, p: SlowPaths) -> Result<
         }
         Ok(())
     };
+    if let Some(s) = straddle {
+        emit_straddle(a, s, retry)?;
+    }
     a.set_label(&mut miss)?;
     call_saving(a, rt.register)?;
     a.test(rcx, rcx)?;

@@ -551,6 +551,74 @@ fn thread_word_fast_ring_and_cycle_counter_stub_at_a_tail_call() {
     assert_eq!((FLAG_RING, SLOT_START), (0x20, 0x18));
 }
 
+/// Two records in one fast-ring reservation: one compare sends a reservation that
+/// would run past the ring's end to a cold path, which marks both records never
+/// written (flags 0), wherever the ring wraps between them, and reserves again.
+#[test]
+fn a_fast_ring_reservation_of_two_records_never_crosses_the_ring_end() {
+    let img = Image::function(&[0x90, 0x90, 0x90, 0x41, 0xff, 0xe3]);
+    let w = window(
+        TEXT,
+        6,
+        vec![
+            site(5, SiteKind::FunctionExit, TEXT + 3, 0),
+            site(6, SiteKind::Block, TEXT + 3, 0),
+        ],
+    );
+    let l = Layout {
+        buf_kind: BUF_FAST_CIRCULAR,
+        ..layout()
+    };
+    let (_, lines) = or_skip!(tramp(&img, &l, &w));
+    let reserve = run(&lines, "xadd", 5);
+    assert_eq!(
+        reserve[..3],
+        [
+            "xadd %r11w,0x8(%rsi)",
+            "movzwl %r11w,%r11d",
+            "cmp $0xffc0,%r11d"
+        ]
+    );
+    assert_eq!(reserve[4], "add 0x18(%rsi),%r11");
+    let cold = lines
+        .iter()
+        .find(|l| l.0 == jump_target(reserve[3], "ja"))
+        .map(|l| l.1.as_str());
+    assert_eq!(cold, Some("lea (%r11),%ecx"));
+    let cold = run(&lines, "lea (%r11),%ecx", 9);
+    assert_eq!(
+        cold[..8],
+        [
+            "lea (%r11),%ecx",
+            "movzwl %cx,%ecx",
+            "add 0x18(%rsi),%rcx",
+            "movl $0x0,0x4(%rcx)",
+            "lea 0x20(%r11),%ecx",
+            "movzwl %cx,%ecx",
+            "add 0x18(%rsi),%rcx",
+            "movl $0x0,0x4(%rcx)",
+        ]
+    );
+    // Back to the slot lookup.
+    let back = jump_target(cold[8], "jmp");
+    let at = lines.iter().find(|l| l.0 == back).map(|l| l.1.as_str());
+    assert_eq!(at, Some("mov %fs:0x0,%r11"));
+    // One record: no compare (the 16-bit offset wraps between records, never inside one).
+    let one = Layout {
+        buf_kind: BUF_FAST_CIRCULAR,
+        ..layout()
+    };
+    let (img, w) = tail_call_window();
+    let (_, lines) = or_skip!(tramp(&img, &one, &w));
+    assert_eq!(run(&lines, "movzwl %r11w", 2)[1], "add 0x18(%rsi),%r11");
+}
+
+/// The address of a `mnemonic ADDR` line.
+fn jump_target(line: &str, mnemonic: &str) -> u64 {
+    let hex = line.strip_prefix(mnemonic).unwrap().trim();
+    u64::from_str_radix(hex.trim_start_matches("0x"), 16).unwrap()
+}
+
 #[test]
 fn a_full_circular_buffer_wraps_in_the_stub() {
     let (img, w) = tail_call_window();
