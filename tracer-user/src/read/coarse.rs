@@ -12,7 +12,10 @@ use std::path::Path;
 use anyhow::Result;
 use tracer_common::{FLAG_INTERPOLATED, FLAG_KTIME, meta::TimeMode};
 
-use crate::tracefile::{Chunk, Reader, Section};
+use crate::{
+    read::accesses::expanded_len,
+    tracefile::{Chunk, Reader, Section},
+};
 
 type Key = (u32, u32, u64);
 
@@ -59,9 +62,11 @@ impl Timeline {
                         continue;
                     }
                     let list = drains.entry((h.pid, h.tid, h.binary_id)).or_default();
+                    // Counted as accesses: `apply` sees the chunk with its pairs expanded.
+                    let n = expanded_len(&c.records);
                     match list.last_mut() {
-                        Some((t, n)) if *t == h.time => *n += c.records.len() as u64,
-                        _ => list.push((h.time, c.records.len() as u64)),
+                        Some((t, m)) if *t == h.time => *m += n,
+                        _ => list.push((h.time, n)),
                     }
                 }
                 _ => {}
@@ -76,8 +81,8 @@ impl Timeline {
         })
     }
 
-    /// Give the records of `c` (the next chunk in file order) their times, if they
-    /// come from a coarse binary.
+    /// Give the records of `c` (the next chunk in file order, its pairs expanded) their
+    /// times, if they come from a coarse binary.
     pub(crate) fn apply(&mut self, c: &mut Chunk) {
         let h = c.header;
         if let Some(is_block) = self.block_mode.get(&h.binary_id) {

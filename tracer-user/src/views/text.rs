@@ -48,6 +48,13 @@ fn write_header(out: &mut impl Write, path: &Path, r: &Report) -> Result<()> {
         "records: {} ({} inline, {} uprobe), dropped: {}, read errors: {}",
         s.records, s.inline, s.uprobe, s.dropped, s.read_errors
     )?;
+    if s.accesses > 0 {
+        writeln!(
+            out,
+            "memory accesses: {} (a pair record holds two)",
+            s.accesses
+        )?;
+    }
     if s.chunks_lost > 0 {
         writeln!(out, "chunks lost: {}", s.chunks_lost)?;
     }
