@@ -200,7 +200,10 @@ mod tests {
 
     #[test]
     fn a_pair_splits_into_the_two_records_it_was_made_of() {
-        let (f1, f2) = (mem(FLAG_MEM_READ, 8), mem(FLAG_MEM_READ | FLAG_MEM_WRITE, 4));
+        let (f1, f2) = (
+            mem(FLAG_MEM_READ, 8),
+            mem(FLAG_MEM_READ | FLAG_MEM_WRITE, 4),
+        );
         let flags = pair_flags(f1, f2).unwrap() | FLAG_RING;
         assert_eq!(mem_size(flags), 8);
         let pair = Record {
@@ -211,14 +214,26 @@ mod tests {
             aux: 0x2004,
         };
         let [a, b] = pair.split_pair().unwrap();
-        assert_eq!((a.site, a.flags, a.time, a.value, a.aux), (41, f1 | FLAG_RING, 7, 0x1000, 0));
-        assert_eq!((b.site, b.flags, b.time, b.value, b.aux), (42, f2 | FLAG_RING, 7, 0x2004, 0));
+        assert_eq!(
+            (a.site, a.flags, a.time, a.value, a.aux),
+            (41, f1 | FLAG_RING, 7, 0x1000, 0)
+        );
+        assert_eq!(
+            (b.site, b.flags, b.time, b.value, b.aux),
+            (42, f2 | FLAG_RING, 7, 0x2004, 0)
+        );
     }
 
     #[test]
     fn sizes_over_255_are_never_paired() {
-        assert_eq!(pair_flags(mem(FLAG_MEM_WRITE, 512), mem(FLAG_MEM_READ, 8)), None);
-        assert_eq!(pair_flags(mem(FLAG_MEM_READ, 8), mem(FLAG_MEM_READ, 256)), None);
+        assert_eq!(
+            pair_flags(mem(FLAG_MEM_WRITE, 512), mem(FLAG_MEM_READ, 8)),
+            None
+        );
+        assert_eq!(
+            pair_flags(mem(FLAG_MEM_READ, 8), mem(FLAG_MEM_READ, 256)),
+            None
+        );
         assert!(pair_flags(mem(FLAG_MEM_READ, 255), mem(FLAG_MEM_READ, 1)).is_some());
     }
 
