@@ -25,6 +25,7 @@ use crate::{
         symbols::{Frame, describe},
     },
     tracefile::{BinaryInfo, FinalStats, Reader, Section, SessionInfo},
+    views::memory::{Memory, MemoryCounts},
 };
 
 #[derive(Serialize)]
@@ -162,6 +163,9 @@ pub(crate) struct Summary {
     pub untraced_sites: Vec<UprobeSite>,
     pub books: Books,
     pub time_modes: Vec<BinaryTime>,
+    /// What the memory sites' accesses touched (only with memory accesses).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Memory>,
     /// `--last N`: each thread's last records, newest first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub last: Vec<LastRecords>,
@@ -321,6 +325,7 @@ struct Counts {
     records: u64,
     /// Memory accesses (a pair holds two).
     accesses: u64,
+    memory: MemoryCounts,
     inline: u64,
     uprobe: u64,
     chunks: u64,
@@ -380,6 +385,7 @@ impl Counts {
             n += 1;
             if names.is_memory(h.binary_id, rec.site) {
                 self.accesses += 1;
+                self.memory.access(h.pid, h.binary_id, rec);
             }
             if last > 0 {
                 let q = self.recent.entry((h.pid, h.tid)).or_default();
@@ -603,7 +609,9 @@ fn summarize(
         b.debug = names.debug_source(b.binary_id);
     }
     let st = c.stats.unwrap_or_default();
+    let memory = std::mem::take(&mut c.memory).finish(names);
     let summary = Summary {
+        memory,
         records: c.records,
         accesses: c.accesses,
         dropped: st.records_dropped,
