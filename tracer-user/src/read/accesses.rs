@@ -13,15 +13,16 @@ use tracer_common::{FLAG_MEM_PAIR, Record};
 
 use crate::{read::names::Names, tracefile::Chunk};
 
-/// Whether a record holds two memory accesses.
-pub(crate) fn is_pair(rec: &Record) -> bool {
-    rec.flags & FLAG_MEM_PAIR != 0
+/// Whether a record holds two memory accesses: flagged so, at a memory site (the flag
+/// on any other record, e.g. one a program forged with random bits, is left as it is).
+pub(crate) fn is_pair(rec: &Record, is_memory: impl Fn(u32) -> bool) -> bool {
+    rec.flags & FLAG_MEM_PAIR != 0 && is_memory(rec.site)
 }
 
 /// Records a chunk turns into once its pairs are expanded (coarse times spread a
 /// drain's time over these, as over an unbatched trace's records).
-pub(crate) fn expanded_len(records: &[Record]) -> u64 {
-    records.len() as u64 + records.iter().filter(|r| is_pair(r)).count() as u64
+pub(crate) fn expanded_len(records: &[Record], is_memory: impl Fn(u32) -> bool) -> u64 {
+    records.len() as u64 + records.iter().filter(|r| is_pair(r, &is_memory)).count() as u64
 }
 
 /// Learn the load bias chunk `c`'s records give away (never from a pair: its `aux` is
@@ -30,14 +31,15 @@ pub(crate) fn expanded_len(records: &[Record]) -> u64 {
 pub(crate) fn expand(c: &mut Chunk, names: &Names) -> u64 {
     let h = c.header;
     names.learn_from(h.pid, h.binary_id, &c.records);
-    let pairs = c.records.iter().filter(|r| is_pair(r)).count();
+    let is_memory = |site| names.is_memory(h.binary_id, site);
+    let pairs = c.records.iter().filter(|r| is_pair(r, is_memory)).count();
     if pairs == 0 {
         return 0;
     }
     let bias = names.bias(h.pid, h.binary_id);
     let mut out = Vec::with_capacity(c.records.len() + pairs);
     for rec in &c.records {
-        match rec.split_pair() {
+        match rec.split_pair().filter(|_| is_pair(rec, is_memory)) {
             Some(accesses) => out.extend(accesses.map(|mut a| {
                 a.aux = names.run_time_address(h.binary_id, a.site, bias);
                 a
@@ -138,7 +140,7 @@ mod tests {
             mem(2, FLAG_MEM_WRITE, 0x9000),
         ];
         let mut c = chunk(vec![pair(&singles[0], &singles[1]), singles[2]]);
-        assert_eq!(expanded_len(&c.records), 3);
+        assert_eq!(expanded_len(&c.records, |s| s < 3), 3);
         assert_eq!(expand(&mut c, &n), 1);
         assert_eq!(c.records, singles);
     }
@@ -175,5 +177,23 @@ mod tests {
         expand(&mut c, &n);
         assert_eq!(c.records, [Record::default(), a, b, Record::default()]);
         assert!(c.records.iter().filter(|r| n.is_record(9, r)).eq([&a, &b]));
+    }
+
+    /// The pair flag on a record of another site (a block) or of no site is not a
+    /// pair: such records stay as they came (a program may forge any bits).
+    #[test]
+    fn only_memory_sites_have_pairs() {
+        let n = names(false);
+        let flags = pair_flags(FLAG_MEM_READ, FLAG_MEM_READ).unwrap();
+        let odd = |site| Record {
+            site,
+            flags,
+            value: 1,
+            aux: 2,
+            ..Record::default()
+        };
+        let mut c = chunk(vec![odd(3), odd(99)]);
+        assert_eq!(expand(&mut c, &n), 0);
+        assert_eq!(c.records, [odd(3), odd(99)]);
     }
 }
