@@ -1,7 +1,7 @@
 //! `export --format parquet -o DIR`: the trace as two Parquet tables for SQL engines
 //! (DuckDB, Spark, Trino, BigQuery), `DIR/records.parquet` (a row per record; a memory
-//! pair is a row per access) and `DIR/calls.parquet` (a row per completed call, from entry/exit pairs as `report`
-//! pairs them). Both are written in one pass, a row group every [`ROWS_PER_GROUP`]
+//! pair is a row per access) and `DIR/calls.parquet` (a row per completed call, from
+//! entry/exit pairs as `report` pairs them). Both are written in one pass, a row group every [`ROWS_PER_GROUP`]
 //! rows, so memory stays flat however long the trace; strings are dictionary-encoded,
 //! pages snappy-compressed. Unsigned columns are Parquet `INTEGER(n, false)`.
 //!
