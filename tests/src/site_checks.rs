@@ -97,6 +97,106 @@ pub fn check_memtrace(recs: &[&Rec], addr: &HashMap<String, u64>, n: u64, what: 
     check_array(recs, "tls_sum", a("tls", 8), |_| (8, 8), what);
 }
 
+/// The report's memory section (`report --json`'s `memory`) against a count of the
+/// dump's memory records (`recs`: every record of the trace, all of memory sites):
+/// totals, reads/writes/modifies, accesses and bytes of the listed sites and
+/// functions, the hottest lines and pages (their counts: ties may order differently).
+/// With `n` elements at -O2, memtrace's known loops too.
+pub fn check_memory_section(memory: &serde_json::Value, recs: &[&Rec], n: Option<u64>, what: &str) {
+    let num = |v: &serde_json::Value, k: &str| {
+        v[k].as_u64()
+            .unwrap_or_else(|| panic!("{what}: no {k} in {v}"))
+    };
+    let mut sites: HashMap<u32, (u64, u64)> = HashMap::new();
+    let mut functions: HashMap<&str, u64> = HashMap::new();
+    let (mut lines, mut pages) = (HashMap::new(), HashMap::new());
+    let mut kinds = [0u64; 3];
+    for r in recs {
+        let size = u64::from(mem_size(r.flags));
+        let s = sites.entry(r.site).or_default();
+        s.0 += 1;
+        s.1 += size;
+        *functions.entry(&*r.symbol).or_default() += size;
+        *lines.entry((r.pid, r.value >> 6)).or_insert(0u64) += 1;
+        *pages.entry((r.pid, r.value >> 12)).or_insert(0u64) += 1;
+        let (rd, wr) = (r.flags & FLAG_MEM_READ != 0, r.flags & FLAG_MEM_WRITE != 0);
+        kinds[if rd && wr {
+            2
+        } else if wr {
+            1
+        } else {
+            0
+        }] += 1;
+    }
+    let total: u64 = sites.values().map(|s| s.1).sum();
+    assert_eq!(
+        num(memory, "accesses"),
+        recs.len() as u64,
+        "{what}: accesses"
+    );
+    assert_eq!(num(memory, "bytes"), total, "{what}: bytes");
+    let got = [
+        num(memory, "reads"),
+        num(memory, "writes"),
+        num(memory, "modifies"),
+    ];
+    assert_eq!(got, kinds, "{what}: reads, writes, modifies");
+    let listed = memory["sites"].as_array().expect("memory.sites");
+    assert_eq!(listed.len(), sites.len().min(20), "{what}: sites listed");
+    for s in listed {
+        let site = num(s, "site") as u32;
+        assert_eq!(
+            (num(s, "accesses"), num(s, "bytes")),
+            sites[&site],
+            "{what}: site {s}"
+        );
+    }
+    let mut hot: Vec<u64> = sites.values().map(|s| s.0).collect();
+    hot.sort_unstable_by(|a, b| b.cmp(a));
+    let got: Vec<u64> = listed.iter().map(|s| num(s, "accesses")).collect();
+    assert_eq!(got, hot[..listed.len()], "{what}: the hottest sites");
+    for f in memory["functions"].as_array().expect("memory.functions") {
+        let name = f["function"].as_str().unwrap_or_default();
+        assert_eq!(num(f, "bytes"), functions[name], "{what}: function {f}");
+    }
+    for (key, counts) in [("lines", &lines), ("pages", &pages)] {
+        let mut hot: Vec<u64> = counts.values().copied().collect();
+        hot.sort_unstable_by(|a, b| b.cmp(a));
+        let spots = memory[key].as_array().expect("memory lines/pages");
+        for h in spots {
+            let k = (
+                num(h, "pid") as u32,
+                num(h, "address") >> if key == "lines" { 6 } else { 12 },
+            );
+            assert_eq!(num(h, "accesses"), counts[&k], "{what}: {key} {h}");
+        }
+        let got: Vec<u64> = spots.iter().map(|h| num(h, "accesses")).collect();
+        assert_eq!(got, hot[..spots.len().min(10)], "{what}: the hottest {key}");
+    }
+    if let Some(n) = n {
+        // One instruction per element: bytes are element sizes times n (copy128 moves
+        // n - 1 elements of 16 twice; tls_sum is left out: it also reads its thread
+        // pointer, `mov %fs:0`).
+        let want = [
+            ("store8", n),
+            ("store16", 2 * n),
+            ("store32", 4 * n),
+            ("store64", 8 * n),
+            ("load64", 8 * n),
+            ("rmw32", 4 * n),
+            ("copy128", 32 * (n - 1)),
+        ];
+        for (f, bytes) in want {
+            assert_eq!(functions.get(f).copied(), Some(bytes), "{what}: {f} bytes");
+        }
+        assert_eq!(
+            num(memory, "modifies"),
+            n,
+            "{what}: rmw32's adds are the modifies"
+        );
+    }
+}
+
 /// The functions of memtrace.c whose accesses [`check_memtrace`] checks.
 pub const MEMTRACE_FUNCTIONS: [&str; 8] = [
     "store8", "store16", "store32", "store64", "load64", "rmw32", "copy128", "tls_sum",

@@ -5,14 +5,17 @@
 //! sequence of an independent oracle (kernel uprobes via tracefs at the same block
 //! addresses of the ORIGINAL binary). Memory: tests/fixtures/memtrace.c's loads and
 //! stores of known arrays (sizes 1..16, read / write / read-modify-write, `%fs`
-//! thread-local) are recorded with their exact effective addresses, sizes and flags.
+//! thread-local) are recorded with their exact effective addresses, sizes and flags,
+//! and the report's memory section counts them as the dump shows them.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::Path;
 use std::process::Command;
 
-use tests::site_checks::{MEMTRACE_FUNCTIONS, check_memtrace, printed_addresses};
+use tests::site_checks::{
+    MEMTRACE_FUNCTIONS, check_memory_section, check_memtrace, printed_addresses,
+};
 use tests::*;
 use tracer_common::meta::{Metadata, SiteKind};
 
@@ -203,6 +206,9 @@ fn memory_case(cc: &str, opt: &str) {
         );
     }
     check_memtrace(&recs, &addr, n, &what);
+    // The report's memory section counts what the dump shows.
+    let known = (opt == "-O2").then_some(n);
+    check_memory_section(&report_json(&trace)["memory"], &recs, known, &what);
     eprintln!("{what}: {} memory sites, {} records", mem.len(), recs.len());
 }
 

@@ -205,8 +205,8 @@ fn hostile_process() {
 
 /// (offset, kind, payload length) of each section of a trace file.
 /// The section kind of record chunks (packed, format versions 3 and 4).
-/// A packed chunk, and a group of them (format 5: `u32 n`, `u32` 0, `n` headers, the
-/// records of all).
+/// A packed chunk, and a group of them (formats 5 and 6: `u32 n`, `u32` 0, `n` headers,
+/// the records of all).
 const CHUNK: u32 = 7;
 const GROUP: u32 = 9;
 
@@ -505,8 +505,8 @@ fn damaged_trace_files() {
     b.extend_from_slice(&random);
     check(&b, "header then random bytes");
     let mut b = full.clone();
-    b[8] = 6;
-    assert_eq!(check(&b, "format version 6").codes, [1, 1, 1]);
+    b[8] = 7;
+    assert_eq!(check(&b, "format version 7").codes, [1, 1, 1]);
     let mut b = full.clone();
     b[8] = 1;
     assert_eq!(check(&b, "format version 1").codes, [1, 1, 1]);

@@ -167,6 +167,87 @@ fn filters_in_the_kernel() {
     }
 }
 
+/// A memory pair (two accesses, sites `s` and `s + 1`, one record) is kept or dropped
+/// whole by the in-kernel filters: kept when either site is selected or either address
+/// is in the value range. The pairs are written by the fixture itself into its buffer
+/// (`fixtures/pairs.c`), where an access run's stub will write them.
+#[test]
+fn memory_pairs_are_filtered_whole() {
+    use tracer_common::{FLAG_MEM_READ, FLAG_MEM_SIZE_SHIFT, FLAG_MEM_WRITE, pair_flags};
+    let tmp = TempDir::new("pairfilter");
+    tests::own_slot::check_layout_header();
+    let (orig, traced) = (tmp.join("pairs"), tmp.join("pairs.traced"));
+    compile("gcc", &[fixture("pairs.c")], &["-O2"], &orig);
+    let mut args: Vec<&std::ffi::OsStr> = vec![orig.as_os_str(), "-o".as_ref()];
+    args.push(traced.as_os_str());
+    for a in [
+        "--sites",
+        "memory",
+        "--functions",
+        "rec",
+        "--functions",
+        "other",
+    ] {
+        args.push(a.as_ref());
+    }
+    rewriter(&args).ok();
+    let meta = metadata(&traced);
+    // Two neighbouring memory sites of the two functions.
+    let s = meta
+        .sites
+        .windows(2)
+        .find(|w| w[0].name != w[1].name && w[1].id == w[0].id + 1)
+        .map(|w| w[0].clone())
+        .expect("memory sites of rec and other, one after the other");
+    let (first, second) = (&*s.name, &*meta.sites[s.id as usize + 1].name);
+    let mem = |rw: u32| rw | 8 << FLAG_MEM_SIZE_SHIFT;
+    let flags = pair_flags(mem(FLAG_MEM_READ), mem(FLAG_MEM_WRITE)).unwrap();
+    let (flush, site, flags) = (
+        format!("{:x}", meta.flush_vaddr),
+        s.id.to_string(),
+        flags.to_string(),
+    );
+    let (a, b) = (0xa000_0000u64, 0xb000_0000u64);
+    // (filter, pairs kept, single records kept): 10 pairs, one single per function.
+    let cases: [(&[&str], u64, u64); 5] = [
+        (&[], 10, 2),
+        (&["--functions", second], 10, 1),
+        (&["--functions", first], 10, 1),
+        (&["--filter-value", "0xb0000000..0xb0000004"], 5, 0),
+        (&["--filter-value", "0xa0000000..0xa0000002"], 3, 0),
+    ];
+    for (i, (filter, pairs, singles)) in cases.into_iter().enumerate() {
+        let trace = tmp.join(format!("p{i}.utrace"));
+        let out = record(&trace, filter, &traced, &[&flush, &site, &flags, "10"]);
+        assert_eq!(out.status(), 0, "{filter:?}: {}", out.describe());
+        let recs = dump(&trace);
+        let b_ = books(&trace);
+        assert_eq!(n(&b_, "produced"), 12, "{filter:?}: {b_}");
+        assert_eq!(n(&b_, "delivered"), pairs + singles, "{filter:?}: {b_}");
+        assert_eq!(n(&b_, "filtered"), 12 - pairs - singles, "{filter:?}: {b_}");
+        // Each pair reads as its two accesses, in order, whole.
+        let got: Vec<(u32, u64)> = recs
+            .iter()
+            .filter(|r| (a..a + 10).contains(&r.value) || (b..b + 10).contains(&r.value))
+            .map(|r| (r.site, r.value))
+            .collect();
+        let kept: Vec<u64> = match filter.last() {
+            Some(&"0xb0000000..0xb0000004") => (0..5).collect(),
+            Some(&"0xa0000000..0xa0000002") => (0..3).collect(),
+            _ => (0..10).collect(),
+        };
+        let want: Vec<(u32, u64)> = kept
+            .iter()
+            .flat_map(|&k| [(s.id, a + k), (s.id + 1, b + k)])
+            .collect();
+        assert_eq!(got, want, "{filter:?}");
+        assert_eq!(recs.len() as u64, 2 * pairs + singles, "{filter:?}");
+        let j = report_json(&trace);
+        assert_eq!(j["records"], pairs + singles, "{filter:?}");
+        assert_eq!(j["accesses"], 2 * pairs + singles, "{filter:?}");
+    }
+}
+
 #[test]
 fn filter_changed_while_the_session_runs() {
     let tmp = TempDir::new("livefilter");

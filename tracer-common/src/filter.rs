@@ -16,6 +16,12 @@
 //! filter on a memory or USDT uprobe site sees the value before its operands are evaluated
 //! (0). The filter ids (pids, tids) are not double-buffered like the configuration: for the
 //! instant of a change a drain may see the new ids with the old configuration.
+//!
+//! A memory pair (`FLAG_MEM_PAIR`: the accesses of sites `s` and `s + 1` in one record) is
+//! kept or dropped whole, and counted as one record: it passes the site test if `s` or
+//! `s + 1` is selected and the value test if either effective address (`value`, `aux`)
+//! is in range, so a filtered trace may hold an access of an unselected site beside its
+//! selected partner; sampling takes or leaves both.
 
 /// Keep only the pids (tgids) in `FILTER_IDS` (key `id_key(ID_PID, pid)`).
 pub const F_PID: u32 = 1 << 0;
@@ -27,9 +33,10 @@ pub const F_UID: u32 = 1 << 2;
 pub const F_CGROUP: u32 = 1 << 3;
 /// Keep only threads whose name (`comm`) matches one of `comm`.
 pub const F_COMM: u32 = 1 << 4;
-/// Keep only records of the sites set in `FILTER_SITES`.
+/// Keep only records of the sites set in `FILTER_SITES` (a memory pair: either site).
 pub const F_SITES: u32 = 1 << 5;
-/// Keep only records with `value_min <= value <= value_max`.
+/// Keep only records with `value_min <= value <= value_max` (a memory pair: `value`
+/// or `aux`).
 pub const F_VALUE: u32 = 1 << 6;
 /// Keep one record in `sample` (per CPU).
 pub const F_SAMPLE: u32 = 1 << 7;

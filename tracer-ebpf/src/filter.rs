@@ -8,7 +8,7 @@ use aya_ebpf::helpers::{
     bpf_get_current_comm, bpf_get_current_uid_gid, generated::bpf_get_current_cgroup_id,
 };
 use tracer_common::{
-    CHUNK_KIND_COMM, ChunkHeader, FLAG_USDT_MORE, Record,
+    CHUNK_KIND_COMM, ChunkHeader, FLAG_MEM_PAIR, FLAG_USDT_MORE, Record,
     filter::{
         COMM_LEN, F_CGROUP, F_COMM, F_PER_RECORD, F_PER_THREAD, F_PID, F_SAMPLE, F_SITES, F_TID,
         F_UID, F_VALUE, FilterConfig, ID_PID, ID_TID, id_key, site_key,
@@ -70,29 +70,39 @@ pub(crate) fn thread_passes(cfg: &FilterConfig, pid_tid: u64) -> bool {
     true
 }
 
-/// Whether record `r` passes the per-record tests.
+/// Whether site `site` is selected (`FILTER_SITES`), through the one-word cache.
+#[inline(always)]
+fn site_selected(f: &mut RecordFilter, site: u32) -> bool {
+    let word = (site / 64) as u64 + 1;
+    if f.word != word {
+        let key = site_key(f.binary_id, f.generation as u32, site);
+        f.bits = match FILTER_SITES.get_ptr(key) {
+            // SAFETY: a live map value, read at once.
+            Some(p) => unsafe { *p },
+            None => 0,
+        };
+        f.word = word;
+    }
+    f.bits & (1u64 << (site % 64)) != 0
+}
+
+/// Whether record `r` passes the per-record tests. A memory pair (`FLAG_MEM_PAIR`,
+/// sites `s` and `s + 1`) is kept whole when either access passes the site and value
+/// tests; the second site costs a map lookup only when it starts the next word.
 #[inline(always)]
 pub(crate) fn record_passes(f: &mut RecordFilter, r: &Record) -> bool {
     if r.flags & FLAG_USDT_MORE != 0 {
         return f.last_keep != 0;
     }
+    let pair = r.flags & FLAG_MEM_PAIR != 0;
     let flags = f.cfg.flags & F_PER_RECORD;
     let mut keep = true;
     if flags & F_SITES != 0 {
-        let word = (r.site / 64) as u64 + 1;
-        if f.word != word {
-            let key = site_key(f.binary_id, f.generation as u32, r.site);
-            f.bits = match FILTER_SITES.get_ptr(key) {
-                // SAFETY: a live map value, read at once.
-                Some(p) => unsafe { *p },
-                None => 0,
-            };
-            f.word = word;
-        }
-        keep = f.bits & (1u64 << (r.site % 64)) != 0;
+        keep = site_selected(f, r.site) || (pair && site_selected(f, r.site.wrapping_add(1)));
     }
     if keep && flags & F_VALUE != 0 {
-        keep = r.value >= f.cfg.value_min && r.value <= f.cfg.value_max;
+        let (lo, hi) = (f.cfg.value_min, f.cfg.value_max);
+        keep = (r.value >= lo && r.value <= hi) || (pair && r.aux >= lo && r.aux <= hi);
     }
     if keep && flags & F_SAMPLE != 0 && f.cfg.sample > 1 {
         f.sampled += 1;

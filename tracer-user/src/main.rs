@@ -56,8 +56,8 @@ enum Cmd {
     /// for ui.perfetto.dev, any size) or `chrome` (trace event JSON for chrome://tracing,
     /// small traces): a slice per function call, instants for other records, a track
     /// per thread with its name, drops as counters; `parquet` (for SQL engines: a
-    /// directory of records.parquet, a row per record, and calls.parquet, a row per
-    /// completed call).
+    /// directory of records.parquet, a row per record (a memory pair: a row per
+    /// access), and calls.parquet, a row per completed call).
     Export {
         file: PathBuf,
         #[arg(long, default_value = "perfetto")]

@@ -12,7 +12,10 @@ use std::path::Path;
 use anyhow::Result;
 use tracer_common::{FLAG_INTERPOLATED, FLAG_KTIME, meta::TimeMode};
 
-use crate::tracefile::{Chunk, Reader, Section};
+use crate::{
+    read::accesses::expanded_len,
+    tracefile::{Chunk, Reader, Section},
+};
 
 type Key = (u32, u32, u64);
 
@@ -33,6 +36,8 @@ impl Timeline {
         let mut r = Reader::open(path)?;
         let mut coarse = Vec::new();
         let mut block_mode = HashMap::new();
+        // Coarse binaries: which of their site ids are memory accesses (pairs).
+        let mut memory: HashMap<u64, Vec<bool>> = HashMap::new();
         let mut drains: HashMap<Key, Vec<(u64, u64)>> = HashMap::new();
         while let Some(section) = r.next_section()? {
             match section {
@@ -51,6 +56,14 @@ impl Timeline {
                 Section::Binary(b)
                     if b.metadata().is_ok_and(|m| m.time_mode == TimeMode::Coarse) =>
                 {
+                    let m = b.metadata()?;
+                    let mut is_memory = vec![false; m.sites.len()];
+                    for s in &m.sites {
+                        if let Some(v) = is_memory.get_mut(s.id as usize) {
+                            *v = s.kind == tracer_common::meta::SiteKind::Memory;
+                        }
+                    }
+                    memory.insert(b.binary_id, is_memory);
                     coarse.push(b.binary_id);
                 }
                 Section::Chunk(c) if coarse.contains(&c.header.binary_id) => {
@@ -59,9 +72,13 @@ impl Timeline {
                         continue;
                     }
                     let list = drains.entry((h.pid, h.tid, h.binary_id)).or_default();
+                    // Counted as accesses: `apply` sees the chunk with its pairs expanded.
+                    let mem = memory.get(&h.binary_id);
+                    let is_memory = |s: u32| mem.and_then(|m| m.get(s as usize)) == Some(&true);
+                    let n = expanded_len(&c.records, is_memory);
                     match list.last_mut() {
-                        Some((t, n)) if *t == h.time => *n += c.records.len() as u64,
-                        _ => list.push((h.time, c.records.len() as u64)),
+                        Some((t, m)) if *t == h.time => *m += n,
+                        _ => list.push((h.time, n)),
                     }
                 }
                 _ => {}
@@ -76,8 +93,8 @@ impl Timeline {
         })
     }
 
-    /// Give the records of `c` (the next chunk in file order) their times, if they
-    /// come from a coarse binary.
+    /// Give the records of `c` (the next chunk in file order, its pairs expanded) their
+    /// times, if they come from a coarse binary.
     pub(crate) fn apply(&mut self, c: &mut Chunk) {
         let h = c.header;
         if let Some(is_block) = self.block_mode.get(&h.binary_id) {

@@ -6,15 +6,17 @@
 //! `Calls` the calls it opens or closes; source lines come from `Symbolizer` once per site;
 //! run-time code addresses (return addresses, call targets) are mapped to file addresses
 //! with the process's load bias (load sections, else block/memory records, which hold their
-//! own site's address). `Threads` is what a reader keeps between sections.
+//! own site's address). Memory pairs become two records first (`accesses`), so an event
+//! is one access. `Threads` is what a reader keeps between sections.
 
 use std::{collections::HashMap, path::Path};
 
 use anyhow::Result;
-use tracer_common::{FLAG_KTIME, FLAG_USDT_MORE, Record, meta::SiteKind};
+use tracer_common::{FLAG_KTIME, FLAG_USDT_MORE, Record};
 
 use crate::{
     read::{
+        accesses,
         coarse::Timeline,
         lang::{Lang, LangCall},
         names::Names,
@@ -111,6 +113,7 @@ pub(crate) fn each_record(
             Section::Load(pid, id, bias) => names.loaded_at(pid, id, bias),
             Section::Chunk(mut c) => {
                 bar.set_position(r.offset());
+                accesses::expand(&mut c, names);
                 timeline.apply(&mut c);
                 chunk_events(&c, &mut threads, names, clock.as_ref(), &mut f);
             }
@@ -123,7 +126,8 @@ pub(crate) fn each_record(
     Ok(stats)
 }
 
-/// Every real record of chunk `c` as an [`Event`], in order.
+/// Every real record of chunk `c` (its pairs expanded: [`accesses::expand`]) as an
+/// [`Event`], in order.
 pub(crate) fn chunk_events(
     c: &Chunk,
     threads: &mut Threads,
@@ -143,11 +147,6 @@ pub(crate) fn chunk_events(
         let site = bin
             .and_then(|(_, s)| s.get(rec.site as usize))
             .and_then(Option::as_ref);
-        if let Some(s) = site
-            && matches!(s.kind, SiteKind::Memory | SiteKind::Block)
-        {
-            names.learn_at(h.pid, h.binary_id, s, rec);
-        }
         let time_ns = time_ns(rec, clock);
         let call = site.and_then(|s| s.call);
         let lang = if call.is_some() || rec.flags & FLAG_USDT_MORE != 0 {

@@ -9,7 +9,7 @@ use std::{
 };
 
 use tracer_common::{
-    FLAG_RING, FLAG_UPROBE, Record,
+    FLAG_MEM_PAIR, FLAG_RING, FLAG_UPROBE, Record,
     meta::{SiteKind, TimeMode},
 };
 
@@ -140,6 +140,12 @@ impl Names {
             .and_then(Option::as_ref)
     }
 
+    /// Whether a site is a memory access.
+    pub(crate) fn is_memory(&self, id: u64, site: u32) -> bool {
+        self.site(id, site)
+            .is_some_and(|s| s.kind == SiteKind::Memory)
+    }
+
     /// The site's symbol as the binary spells it (mangled).
     pub(crate) fn raw_symbol(&self, id: u64, site: u32) -> &str {
         self.site(id, site).map_or("?", |s| s.raw.as_str())
@@ -167,20 +173,57 @@ impl Names {
         self.biases.borrow_mut().insert((pid, id), bias);
     }
 
-    /// Learn load biases from a record that holds its own site's run-time address.
-    pub(crate) fn learn_at(&self, pid: u32, id: u64, s: &SiteName, rec: &Record) {
+    /// The load bias of binary `id` in process `pid`, if known.
+    pub(crate) fn bias(&self, pid: u32, id: u64) -> Option<u64> {
+        self.biases.borrow().get(&(pid, id)).copied()
+    }
+
+    /// Run-time address of a site's instruction: its file address plus `bias`; 0 when
+    /// either is unknown.
+    pub(crate) fn run_time_address(&self, id: u64, site: u32, bias: Option<u64>) -> u64 {
+        match (self.site(id, site), bias) {
+            (Some(s), Some(b)) => s.vaddr.wrapping_add(b),
+            _ => 0,
+        }
+    }
+
+    /// Learn the load bias of binary `id` in process `pid` from the first of `records`
+    /// (one chunk, before its pairs are expanded) that holds its own site's run-time
+    /// address, unless it is known already.
+    pub(crate) fn learn_from(&self, pid: u32, id: u64, records: &[Record]) {
+        if self.biases.borrow().contains_key(&(pid, id)) {
+            return;
+        }
+        let Some((_, sites)) = self.binaries.get(&id) else {
+            return;
+        };
+        for rec in records.iter().filter(|r| self.is_record(id, r)) {
+            if let Some(s) = sites.get(rec.site as usize).and_then(Option::as_ref)
+                && self.learn_at(pid, id, s, rec)
+            {
+                return;
+            }
+        }
+    }
+
+    /// Learn a load bias from a record that holds its own site's run-time address
+    /// (a block, a lone inline memory access; never a memory pair, whose `aux` is a
+    /// data address). Whether it did.
+    fn learn_at(&self, pid: u32, id: u64, s: &SiteName, rec: &Record) -> bool {
         let at = match s.kind {
-            SiteKind::Memory if rec.flags & FLAG_UPROBE == 0 => rec.aux,
+            SiteKind::Memory if rec.flags & (FLAG_UPROBE | FLAG_MEM_PAIR) == 0 => rec.aux,
             SiteKind::Block => rec.value,
-            _ => return,
+            _ => return false,
         };
         // A bias is a whole number of pages (modulo 2^64: a library may load below its
         // link address); anything else is not an address (a damaged record, or a block
         // record carrying a chosen value).
         let bias = at.wrapping_sub(s.vaddr);
-        if bias & 0xfff == 0 {
-            self.biases.borrow_mut().entry((pid, id)).or_insert(bias);
+        if bias & 0xfff != 0 {
+            return false;
         }
+        self.biases.borrow_mut().entry((pid, id)).or_insert(bias);
+        true
     }
 
     /// Frames of a run-time code address of process `pid` (e.g. a return address), in

@@ -74,7 +74,8 @@ pub struct Reader<R = BufReader<File>> {
     version: u32,
     /// Chunks of a `SECTION_CHUNKS_PACKED` not handed out yet, in order.
     pending: std::collections::VecDeque<Chunk>,
-    groups: GroupUnpacker,
+    /// Made at the first chunk group (its table is large).
+    groups: Option<GroupUnpacker>,
 }
 
 /// Read exactly `buf.len()` bytes; Ok(false) on a clean or partial end of file.
@@ -142,7 +143,7 @@ impl<R: Read> Reader<R> {
             truncated: None,
             version,
             pending: Default::default(),
-            groups: Default::default(),
+            groups: None,
         })
     }
 
@@ -226,7 +227,11 @@ impl<R: Read> Reader<R> {
                     .with_context(|| format!("{at}: bad chunk section"))?,
             ),
             SECTION_CHUNKS_PACKED if self.version >= 5 => {
-                self.pending = chunk_group(payload, &mut self.groups)
+                let version = self.version;
+                let groups = self
+                    .groups
+                    .get_or_insert_with(|| GroupUnpacker::for_version(version));
+                self.pending = chunk_group(payload, groups)
                     .with_context(|| format!("{at}: bad chunk group section"))?
                     .into();
                 match self.pending.pop_front() {

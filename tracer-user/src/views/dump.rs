@@ -1,4 +1,5 @@
-//! `tracer dump`: one tab-separated line per record, in delivery order.
+//! `tracer dump`: one tab-separated line per record, in delivery order; a memory pair is
+//! two lines, one per access, as a stub per instruction would have written them.
 
 use std::{io::Write, path::Path};
 
@@ -6,6 +7,7 @@ use anyhow::Result;
 
 use crate::{
     read::{
+        accesses,
         coarse::Timeline,
         events::{time_ns, truncation_warning},
         names::Names,
@@ -27,7 +29,9 @@ pub fn dump(path: &Path, out: &mut impl Write) -> Result<()> {
         match section {
             Section::Session(s) => clock = Some(s.clock.refined(end)),
             Section::Binary(b) => names.add(&b),
+            Section::Load(pid, id, bias) => names.loaded_at(pid, id, bias),
             Section::Chunk(mut c) => {
+                accesses::expand(&mut c, &names);
                 timeline.apply(&mut c);
                 let h = c.header;
                 let bin = names.binary(h.binary_id);
@@ -48,7 +52,7 @@ pub fn dump(path: &Path, out: &mut impl Write) -> Result<()> {
                 }
             }
             Section::Stats(s) => stats = Some(s),
-            Section::Comm(..) | Section::Load(..) | Section::String(_) => {}
+            Section::Comm(..) | Section::String(_) => {}
             Section::Unknown(kind) => log::debug!("skipping section of unknown kind {kind}"),
         }
     }

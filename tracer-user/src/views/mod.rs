@@ -1,5 +1,5 @@
-//! What a trace shows to a person or another tool: the report (a model, then text or
-//! JSON), the dump, exports (Chrome, Perfetto, Parquet), flame graphs and the live view of a session. May use `read`,
+//! What a trace shows to a person or another tool: the report (a model with its memory
+//! section, then text or JSON), the dump, exports (Chrome, Perfetto, Parquet), flame graphs and the live view of a session. May use `read`,
 //! `tracefile` and `debuginfo`; nothing else uses it but `main`.
 
 pub(crate) mod chrome;
@@ -7,6 +7,7 @@ pub mod dump;
 pub mod export;
 pub mod flamegraph;
 pub(crate) mod json;
+pub(crate) mod memory;
 pub(crate) mod model;
 pub(crate) mod parquet;
 pub(crate) mod perfetto;

@@ -17,6 +17,7 @@ use tracer_common::{
 use crate::{
     debuginfo::DebugSource,
     read::{
+        accesses,
         calls::{Calls, FunctionTime},
         events::{each_record, truncation_warning},
         lang::StringStats,
@@ -24,6 +25,7 @@ use crate::{
         symbols::{Frame, describe},
     },
     tracefile::{BinaryInfo, FinalStats, Reader, Section, SessionInfo},
+    views::memory::{Memory, MemoryCounts},
 };
 
 #[derive(Serialize)]
@@ -137,7 +139,11 @@ pub(crate) struct Books {
 
 #[derive(Serialize)]
 pub(crate) struct Summary {
+    /// Records as the drains moved them (the books' unit; a memory pair is one).
     pub records: u64,
+    /// Memory accesses (a pair holds two); only when there are any.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub accesses: u64,
     pub dropped: u64,
     pub inline: u64,
     pub uprobe: u64,
@@ -157,6 +163,9 @@ pub(crate) struct Summary {
     pub untraced_sites: Vec<UprobeSite>,
     pub books: Books,
     pub time_modes: Vec<BinaryTime>,
+    /// What the memory sites' accesses touched (only with memory accesses).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Memory>,
     /// `--last N`: each thread's last records, newest first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub last: Vec<LastRecords>,
@@ -314,6 +323,9 @@ struct Counts {
     /// The same of every untraced site.
     untraced_sites: Vec<(u64, u32, FallbackReason)>,
     records: u64,
+    /// Memory accesses (a pair holds two).
+    accesses: u64,
+    memory: MemoryCounts,
     inline: u64,
     uprobe: u64,
     chunks: u64,
@@ -351,7 +363,10 @@ impl Counts {
                 Section::Load(pid, id, bias) => names.loaded_at(pid, id, bias),
                 // Named in the call pass (`each_record`).
                 Section::String(_) => {}
-                Section::Chunk(chunk) => c.chunk(&chunk, last, names),
+                Section::Chunk(mut chunk) => {
+                    let pairs = accesses::expand(&mut chunk, names);
+                    c.chunk(&chunk, pairs, last, names);
+                }
                 Section::Stats(s) => c.stats = Some(s),
                 Section::Unknown(kind) => log::debug!("skipping section of unknown kind {kind}"),
             }
@@ -361,12 +376,17 @@ impl Counts {
         Ok(c)
     }
 
-    fn chunk(&mut self, c: &crate::tracefile::Chunk, last: usize, names: &Names) {
+    /// Count chunk `c`, whose `pairs` memory pairs are expanded already.
+    fn chunk(&mut self, c: &crate::tracefile::Chunk, pairs: u64, last: usize, names: &Names) {
         self.chunks += 1;
         let h = c.header;
         let mut n = 0;
         for rec in c.records.iter().filter(|r| names.is_record(h.binary_id, r)) {
             n += 1;
+            if names.is_memory(h.binary_id, rec.site) {
+                self.accesses += 1;
+                self.memory.access(h.pid, h.binary_id, rec);
+            }
             if last > 0 {
                 let q = self.recent.entry((h.pid, h.tid)).or_default();
                 if q.len() == last {
@@ -392,6 +412,9 @@ impl Counts {
                 *self.functions.entry((h.binary_id, rec.site)).or_default() += 1;
             }
         }
+        // The drains moved records: a pair is one (and inline).
+        self.records = self.records.saturating_sub(pairs);
+        self.inline = self.inline.saturating_sub(pairs);
         *self.threads.entry((h.pid, h.tid)).or_default() += n;
     }
 }
@@ -586,8 +609,11 @@ fn summarize(
         b.debug = names.debug_source(b.binary_id);
     }
     let st = c.stats.unwrap_or_default();
+    let memory = std::mem::take(&mut c.memory).finish(names);
     let summary = Summary {
+        memory,
         records: c.records,
+        accesses: c.accesses,
         dropped: st.records_dropped,
         inline: c.inline,
         uprobe: c.uprobe,
@@ -612,4 +638,8 @@ fn summarize(
             .collect(),
     };
     Ok((summary, c.session))
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

@@ -1,7 +1,7 @@
 //! `export --format parquet -o DIR`: the trace as two Parquet tables for SQL engines
-//! (DuckDB, Spark, Trino, BigQuery), `DIR/records.parquet` (a row per record) and
-//! `DIR/calls.parquet` (a row per completed call, from entry/exit pairs as `report`
-//! pairs them). Both are written in one pass, a row group every [`ROWS_PER_GROUP`]
+//! (DuckDB, Spark, Trino, BigQuery), `DIR/records.parquet` (a row per record; a memory
+//! pair is a row per access) and `DIR/calls.parquet` (a row per completed call, from
+//! entry/exit pairs as `report` pairs them). Both are written in one pass, a row group every [`ROWS_PER_GROUP`]
 //! rows, so memory stays flat however long the trace; strings are dictionary-encoded,
 //! pages snappy-compressed. Unsigned columns are Parquet `INTEGER(n, false)`.
 //!
@@ -44,7 +44,7 @@ pub(crate) enum Type {
     Bool,
 }
 
-/// `records.parquet`: a row per record, in delivery order.
+/// `records.parquet`: a row per record (a memory pair: a row per access), in delivery order.
 pub(crate) const RECORDS: &[(&str, Type)] = &[
     ("pid", Type::U32),
     ("tid", Type::U32),

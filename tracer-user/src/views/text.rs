@@ -1,5 +1,5 @@
 //! `tracer report` as text: the model of [`crate::views::model`] laid out for a
-//! terminal (header, functions, calls, threads, `--last` records).
+//! terminal (header, functions, memory, calls, threads, `--last` records).
 
 use std::{io::Write, path::Path};
 
@@ -7,9 +7,12 @@ use anyhow::Result;
 
 use crate::{
     read::{calls::FunctionTime, names::kind_is_call_edge, symbols::describe},
-    views::model::{
-        BinarySummary, Books, CallTimes, FunctionCount, LastRecords, Report, ThreadCount,
-        UprobeSite,
+    views::{
+        memory::{Memory, site_place},
+        model::{
+            BinarySummary, Books, CallTimes, FunctionCount, LastRecords, Report, ThreadCount,
+            UprobeSite,
+        },
     },
     wording::programs,
 };
@@ -18,6 +21,9 @@ use crate::{
 pub(crate) fn write(out: &mut impl Write, path: &Path, r: &Report) -> Result<()> {
     write_header(out, path, r)?;
     write_functions(out, &r.summary.functions)?;
+    if let Some(m) = &r.summary.memory {
+        write_memory(out, m)?;
+    }
     if !r.summary.calls.functions.is_empty() {
         write_calls(out, &r.summary.calls)?;
     }
@@ -48,6 +54,13 @@ fn write_header(out: &mut impl Write, path: &Path, r: &Report) -> Result<()> {
         "records: {} ({} inline, {} uprobe), dropped: {}, read errors: {}",
         s.records, s.inline, s.uprobe, s.dropped, s.read_errors
     )?;
+    if s.accesses > 0 {
+        writeln!(
+            out,
+            "memory accesses: {} (a pair record holds two)",
+            s.accesses
+        )?;
+    }
     if s.chunks_lost > 0 {
         writeln!(out, "chunks lost: {}", s.chunks_lost)?;
     }
@@ -357,6 +370,56 @@ fn write_calls(out: &mut impl Write, c: &CallTimes) -> Result<()> {
              named another function than their entry (the entry's name is kept)",
             st.sent, st.changed, st.stale, st.unreadable, c.renamed_returns
         )?;
+    }
+    Ok(())
+}
+
+/// The memory section: totals, hottest sites, bytes per function, hottest lines and pages.
+fn write_memory(out: &mut impl Write, m: &Memory) -> Result<()> {
+    writeln!(
+        out,
+        "\nmemory: {} accesses, {} bytes ({} reads, {} writes, {} modifies)",
+        m.accesses, m.bytes, m.kinds.reads, m.kinds.writes, m.kinds.modifies
+    )?;
+    writeln!(
+        out,
+        "{:>12} {:>12} {:>5}  site  where",
+        "accesses", "bytes", "r/w/m"
+    )?;
+    for s in &m.sites {
+        let rwm = match (s.kinds.reads, s.kinds.writes, s.kinds.modifies) {
+            (_, 0, 0) => "r",
+            (0, _, 0) => "w",
+            (0, 0, _) => "m",
+            _ => "mixed",
+        };
+        writeln!(
+            out,
+            "{:>12} {:>12} {rwm:>5}  {:>4}  {} [{}]",
+            s.accesses,
+            s.bytes,
+            s.site,
+            site_place(s),
+            s.binary
+        )?;
+    }
+    writeln!(
+        out,
+        "{:>12} {:>12}  function (bytes moved)",
+        "bytes", "accesses"
+    )?;
+    for f in &m.functions {
+        writeln!(
+            out,
+            "{:>12} {:>12}  {} [{}]",
+            f.bytes, f.accesses, f.function, f.binary
+        )?;
+    }
+    for (what, spots) in [("64-byte line", &m.lines), ("4 KiB page", &m.pages)] {
+        writeln!(out, "{:>12} {:>8}  hottest {what}s", "accesses", "pid")?;
+        for h in spots {
+            writeln!(out, "{:>12} {:>8}  {:#x}", h.accesses, h.pid, h.address)?;
+        }
     }
     Ok(())
 }

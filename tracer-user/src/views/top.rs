@@ -28,6 +28,7 @@ use std::{
 
 use crate::{
     read::{
+        accesses,
         calls::Calls,
         events::{Threads, chunk_events},
         names::Names,
@@ -124,7 +125,8 @@ fn read_loop(rx: Receiver<Vec<u8>>, tally: &Mutex<Tally>) {
                 Section::Binary(b) => names.add(&b),
                 s @ (Section::Comm(..) | Section::String(_)) => threads.section(s),
                 Section::Load(pid, id, bias) => names.loaded_at(pid, id, bias),
-                Section::Chunk(c) => {
+                Section::Chunk(mut c) => {
+                    accesses::expand(&mut c, &names);
                     let Ok(mut t) = tally.lock() else { return };
                     chunk_events(&c, &mut threads, &names, clock.as_ref(), &mut |ev, _| {
                         t.records += 1;
