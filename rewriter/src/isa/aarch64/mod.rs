@@ -44,6 +44,7 @@ mod enc;
 mod flow;
 mod mem;
 mod reloc;
+mod runs;
 mod runtime;
 mod slot;
 mod stub;
@@ -404,11 +405,11 @@ impl Isa for Aarch64 {
         f: &Function,
         reqs: &[SiteReq],
         targets: &Targets,
-        // Windows are single instructions: no interior that a branch could land in.
-        _unsure: Option<&FallbackReason>,
+        // Windows are single instructions: no interior that a branch could land in;
+        // access runs need every branch target known.
+        unsure: Option<&FallbackReason>,
         _part: bool,
-        // Access runs are x86-64 only for now.
-        _run_cap: usize,
+        run_cap: usize,
     ) -> FunctionPlan {
         if f.size == 0 {
             return FunctionPlan::all_uprobes(reqs, FallbackReason::NoSize);
@@ -425,12 +426,18 @@ impl Isa for Aarch64 {
                 && (body.exclusive.closed.iter()).any(|x| *x.start() < r.addr && r.addr <= *x.end())
         });
         let untraced = inside.iter().map(|r| body.untraced(r)).collect();
-        let cands = reqs
+        let mut cands: Vec<Candidate> = reqs
             .into_iter()
             .map(|r| body.candidate(r, targets))
             .collect();
+        // A member needs no window: nothing can fail that the plain plan would not.
+        let runs = match (run_cap, unsure) {
+            (2.., None) => runs::batch(&body, targets, &mut cands, run_cap),
+            _ => Default::default(),
+        };
         FunctionPlan {
             untraced,
+            runs,
             ..merge_windows(cands, |_| None)
         }
     }
@@ -466,7 +473,17 @@ impl Isa for Aarch64 {
             .bytes_at(w.start)
             .and_then(|b| word_at(b, 0))
             .ok_or("site not in a file-backed segment")?;
-        let code = stub::emit_window(layout, rt, word, w.start, &w.sites, at)
+        // Access-run members: their own words, outside the one-word window.
+        let members = (w.sites.iter().filter(|s| s.insn != w.start))
+            .map(|s| {
+                let word = input.bytes_at(s.insn).and_then(|b| word_at(b, 0));
+                Ok((
+                    s.insn,
+                    word.ok_or("memory site not in a file-backed segment")?,
+                ))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let code = stub::emit_window(layout, rt, (word, w.start), &w.sites, &members, at)
             .map_err(|e| format!("site {:#x}: {e}", w.start))?;
         Ok(Trampoline {
             code,
