@@ -225,3 +225,304 @@ pub(super) fn batch(
     }
     stats
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::enc::tests::objdump;
+    use super::super::mem::tests::assemble;
+    use super::super::stub;
+    use super::*;
+    use crate::isa::{IndexWhy, Layout, PlacedSite, Runtime, SiteReq, SlotLookup, merge_windows};
+    use tracer_common::meta::TimeMode;
+    use tracer_common::{BUF_TRACE, FLAG_MEM_PAIR, FLAG_MEM_READ, FLAG_MEM_WRITE, FLAG_MEM2_READ};
+
+    const PC: u64 = 0x40_1000;
+
+    fn x(regs: &[u32]) -> RegSet {
+        regs.iter().fold(0, |s, r| s | 1 << r)
+    }
+
+    macro_rules! words_or_skip {
+        ($lines:expr) => {
+            match assemble($lines) {
+                Some(w) => w,
+                None => {
+                    eprintln!("aarch64-linux-gnu-as not installed; skipped");
+                    return;
+                }
+            }
+        };
+    }
+
+    #[test]
+    fn what_a_word_writes() {
+        const SP: u32 = 31;
+        let rows: &[(&str, RegSet)] = &[
+            ("add x1, x2, #8", x(&[1])),
+            ("add sp, sp, #16", x(&[SP])),
+            ("mov x4, sp", x(&[4])),
+            ("mov sp, x4", x(&[SP])),
+            ("cmp x1, #3", 0),
+            ("subs x3, x1, x2", x(&[3])),
+            ("tst w1, #0xff", 0),
+            ("and sp, x1, #0xff", x(&[SP])),
+            ("mov x4, x5", x(&[4])),
+            ("movz w4, #1, lsl #16", x(&[4])),
+            ("adrp x6, .", x(&[6])),
+            ("adr x6, .", x(&[6])),
+            ("lsl x7, x8, #3", x(&[7])),
+            ("madd x7, x1, x2, x3", x(&[7])),
+            ("udiv w8, w1, w2", x(&[8])),
+            ("rev x9, x9", x(&[9])),
+            ("csel w8, w1, w2, eq", x(&[8])),
+            ("ccmp x1, x2, #0, ne", 0),
+            ("adc x3, x3, xzr", x(&[3])),
+            ("fadd d0, d1, d2", 0),
+            ("fcmp d0, d1", 0),
+            ("fmov d0, x10", 0),
+            ("fmov x10, d0", x(&[10])),
+            ("fcvtzs w11, s0", x(&[11])),
+            ("umov w9, v0.s[1]", x(&[9])),
+            ("add v0.4s, v1.4s, v2.4s", 0),
+            ("irg sp, x1", x(&[SP])),
+            // Loads: the loaded registers and a written-back base; stores: the base.
+            ("ldr x1, [x2, #8]", x(&[1])),
+            ("ldr x1, [x2], #8", x(&[1, 2])),
+            ("ldr x1, [x2, #8]!", x(&[1, 2])),
+            ("ldrsw x1, [x2, x3, lsl #2]", x(&[1])),
+            ("ldp x1, x3, [sp, #16]", x(&[1, 3])),
+            ("ldp x29, x30, [sp], #16", x(&[29, 30, SP])),
+            ("stp x29, x30, [sp, #-16]!", x(&[SP])),
+            ("str x1, [x2, x3, lsl #3]", 0),
+            ("ldr d0, [x1, #8]", 0),
+            ("ldp q0, q1, [x1]", 0),
+            ("ldr q0, [x1], #16", x(&[1])),
+            ("ld1 {v0.16b}, [x1], #16", x(&[1])),
+            ("ldraa x0, [x1, #8]!", x(&[0, 1])),
+            ("ldraa x0, [x1, #8]", x(&[0])),
+            ("ldr x0, . + 8", x(&[0])),
+            ("ldr wzr, [x1]", 0),
+            // Not understood: everything.
+            ("nop", ALL),
+            ("mrs x0, tpidr_el0", ALL),
+            ("ldxr x0, [x1]", ALL),
+            ("ldadd x0, x1, [x2]", ALL),
+            ("bl .", ALL),
+            ("svc #0", ALL),
+        ];
+        let lines: Vec<&str> = rows.iter().map(|r| r.0).collect();
+        let words = words_or_skip!(&lines);
+        for ((line, want), w) in rows.iter().zip(words) {
+            assert_eq!(writes(w, PC), *want, "{line}: {:#x}", writes(w, PC));
+        }
+    }
+
+    #[test]
+    fn branches_calls_traps_and_exclusive_or_atomic_accesses_end_runs() {
+        let rows: &[(&str, bool)] = &[
+            ("b .", true),
+            ("bl .", true),
+            ("ret", true),
+            ("br x1", true),
+            ("blr x1", true),
+            ("cbz x0, .", true),
+            ("tbnz w0, #3, .", true),
+            ("b.ne .", true),
+            ("svc #0", true),
+            ("brk #1", true),
+            ("udf #0", true),
+            ("ldxr x0, [x1]", true),
+            ("stlxr w2, x0, [x1]", true),
+            ("ldar x0, [x1]", true),
+            ("ldadd x0, x1, [x2]", true),
+            ("cas x0, x1, [x2]", true),
+            ("ldr q0, . + 8", true),
+            ("ldr x0, [x1]", false),
+            ("add x0, x0, #1", false),
+            ("nop", false),
+        ];
+        let lines: Vec<&str> = rows.iter().map(|r| r.0).collect();
+        let words = words_or_skip!(&lines);
+        for ((line, want), w) in rows.iter().zip(words) {
+            assert_eq!(leaves(w, PC), *want, "{line}");
+        }
+    }
+
+    fn req(id: u32, addr: u64) -> SiteReq {
+        SiteReq {
+            id,
+            kind: SiteKind::Memory,
+            addr,
+            args: Vec::new(),
+            frame: None,
+        }
+    }
+
+    /// `lines` as a function at PC with a memory site at each word of `at` (ids from
+    /// 1), batched with `cap`: the candidates and what was found.
+    fn batched(
+        words: &[u32],
+        at: &[usize],
+        targets: &Targets,
+        cap: usize,
+    ) -> (Vec<Candidate>, RunStats) {
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let body = Body::new(PC, &bytes, bytes.len() as u64);
+        let mut cands: Vec<Candidate> = (at.iter().zip(1..))
+            .map(|(&i, id)| body.candidate(&req(id, PC + 4 * i as u64), targets))
+            .collect();
+        let stats = batch(&body, targets, &mut cands, cap);
+        (cands, stats)
+    }
+
+    const LOOP: &[&str] = &[
+        "ldr w1, [x0]",             // 0: head (site 1)
+        "ldr w2, [x0, #4]",         // 1: member (site 2)
+        "add w1, w1, w2",           // 2
+        "str w1, [x3, x4, lsl #2]", // 3: member (site 3)
+        "add x0, x0, #8",           // 4: writes x0
+        "ldr w5, [x0]",             // 5: a run starts (site 4)
+        "ldr x6, [sp, #8]",         // 6: member (site 5)
+        "ret",                      // 7
+    ];
+
+    #[test]
+    fn members_are_recorded_at_the_head_until_an_address_register_is_written() {
+        let words = words_or_skip!(LOOP);
+        let (cands, stats) = batched(&words, &[0, 1, 3, 5, 6], &Targets::default(), 4);
+        let at: Vec<(u32, u64, u64, bool)> = (cands.iter())
+            .map(|c| (c.req.id, c.at, c.insn, c.window.is_ok()))
+            .collect();
+        assert_eq!(
+            at,
+            [
+                (1, PC, PC, true),
+                (2, PC, PC + 4, false),
+                (3, PC, PC + 12, false),
+                (4, PC + 20, PC + 20, true),
+                (5, PC + 20, PC + 24, false),
+            ]
+        );
+        assert_eq!(stats.by_len.get(&3), Some(&1));
+        assert_eq!(stats.by_len.get(&2), Some(&1));
+        assert_eq!(stats.ends.get(&runs::RunEnd::AddressWritten), Some(&1));
+        // A branch target at site 2's word: it starts a run of its own; the cap.
+        let t = Targets {
+            all: vec![PC + 4],
+            ..Targets::default()
+        };
+        let (cands, stats) = batched(&words, &[0, 1, 3, 5, 6], &t, 4);
+        let heads: Vec<u64> = cands.iter().map(|c| c.at).collect();
+        assert_eq!(heads, [PC, PC + 4, PC + 4, PC + 20, PC + 20]);
+        assert_eq!(stats.ends.get(&runs::RunEnd::BranchTarget), Some(&1));
+        let (_, stats) = batched(&words, &[0, 1, 3, 5, 6], &Targets::default(), 2);
+        assert_eq!(stats.ends.get(&runs::RunEnd::Cap), Some(&1));
+    }
+
+    #[test]
+    fn a_run_stops_at_a_call_and_skips_exclusive_accesses() {
+        let words = words_or_skip!(&[
+            "ldr x1, [x0]",
+            "bl .",
+            "ldr x2, [x0, #8]",
+            "ldar x3, [x0]",
+            "ldr x4, [x0, #16]",
+        ]);
+        let (cands, stats) = batched(&words, &[0, 2, 3, 4], &Targets::default(), 4);
+        assert!(cands.iter().all(|c| c.at == c.insn), "no run");
+        assert_eq!(stats.runs(), 0);
+    }
+
+    fn layout() -> Layout {
+        Layout {
+            rw_vaddr: 0x80_0000,
+            nslots: 64,
+            buf_bytes: 0x1_0000,
+            binary_id: 0x1234,
+            pre_tls: false,
+            time_mode: TimeMode::Coarse,
+            buf_kind: BUF_TRACE,
+            slot_lookup: SlotLookup::Index(IndexWhy::SharedLibrary),
+        }
+    }
+
+    const RT: Runtime = Runtime {
+        flush: 0x70_0000,
+        flush_probe: 0x70_0010,
+        register: 0x70_0100,
+        entry_shim: None,
+    };
+
+    #[test]
+    fn the_heads_stub_records_the_run_two_accesses_a_record() {
+        let words = words_or_skip!(LOOP);
+        let (cands, _) = batched(&words, &[0, 1, 3, 5, 6], &Targets::default(), 4);
+        let plan = merge_windows(cands, |_| None);
+        assert!(plan.uprobes.is_empty());
+        assert_eq!(plan.windows.len(), 2, "members need no window");
+        let w = &plan.windows[0];
+        let sites: Vec<&PlacedSite> = w.sites.iter().collect();
+        assert_eq!(sites.len(), 3);
+        let members: Vec<(u64, u32)> = (sites.iter().skip(1))
+            .map(|s| (s.insn, words[((s.insn - PC) / 4) as usize]))
+            .collect();
+        const AT: u64 = 0x60_0000;
+        let code =
+            stub::emit_window(&layout(), &RT, (words[0], PC), &w.sites, &members, AT).unwrap();
+        let ws: Vec<u32> = code
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let Some(l) = objdump(&ws, AT) else { return };
+        // A frame with one more slot; every address from the registers at the head.
+        assert_eq!(
+            l[..9],
+            [
+                "stp x9, x10, [sp, #-80]!",
+                "stp x11, x12, [sp, #16]",
+                "str x13, [sp, #32]",
+                "mov x10, x0",
+                "str x10, [sp, #48]",
+                "add x10, x0, #0x4",
+                "str x10, [sp, #64]",
+                "add x10, x3, x4, uxtx #2",
+                "str x10, [sp, #72]",
+            ]
+        );
+        // One reservation of two records.
+        assert_eq!(l.iter().filter(|l| l.starts_with("ldxr")).count(), 1);
+        assert!(l.iter().any(|l| l == "add x12, x11, #0x40"), "{l:#?}");
+        // A pair (sites 1 and 2: both addresses), then site 3 alone (its address, its
+        // instruction's).
+        let pair = FLAG_MEM_PAIR | FLAG_MEM_READ | FLAG_MEM2_READ | 4 << 16 | 4 << 24;
+        let single = FLAG_MEM_WRITE | 4 << 16;
+        let k = l.iter().position(|l| l == "ldr x10, [sp, #48]").unwrap();
+        assert_eq!(
+            l[k..k + 6],
+            [
+                "ldr x10, [sp, #48]",
+                "ldr x13, [sp, #64]",
+                "stp x10, x13, [x11, #16]",
+                "ldr x10, [sp, #72]",
+                "adrp x13, 0x401000",
+                "add x13, x13, #0xc",
+            ]
+        );
+        assert_eq!(l[k + 6], "stp x10, x13, [x11, #48]");
+        // Site and flags (a pair's: both accesses' sizes and directions), then time.
+        let k = l.iter().position(|l| l == "ldr w13, [x9, #52]").unwrap();
+        let head = |site: u32, flags: u32, rec: &str| {
+            [
+                format!("mov x10, #{site:#x}"),
+                format!("movk x10, #{:#x}, lsl #32", flags & 0xffff),
+                format!("movk x10, #{:#x}, lsl #48", flags >> 16),
+                format!("stp x10, x13, [x11{rec}]"),
+            ]
+        };
+        assert_eq!(l[k + 1..k + 5], head(1, pair, ""));
+        assert_eq!(l[k + 5..k + 9], head(3, single, ", #32"));
+        // The frame is released and the head's own word runs, then back.
+        assert!(l.contains(&"ldp x9, x10, [sp], #80".to_string()));
+        assert!(l.contains(&"ldr w1, [x0]".to_string()));
+    }
+}
