@@ -190,12 +190,9 @@ pub(super) fn batch(
     let n = body.size / INSN;
     let mut site_of = vec![None; n];
     for (k, c) in cands.iter().enumerate() {
-        if c.req.kind == SiteKind::Memory && c.flags != 0 {
-            if let Some(i) = c.insn.checked_sub(body.addr).map(|d| d as usize / INSN) {
-                if i < n {
-                    site_of[i] = Some(k);
-                }
-            }
+        let i = c.insn.checked_sub(body.addr).map(|d| d as usize / INSN);
+        if let Some(i) = i.filter(|&i| c.req.kind == SiteKind::Memory && c.flags != 0 && i < n) {
+            site_of[i] = Some(k);
         }
     }
     let facts: Vec<RunInsn> = (0..n)
