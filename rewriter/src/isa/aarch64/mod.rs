@@ -34,6 +34,11 @@
 //! build are the original's, against objdump) and `cargo xtask test-arm64-vm` (4
 //! threads end with the right sums under the kernel drain).
 //!
+//! **Access runs** (`runs.rs`, `isa::runs`): a memory site's stub also records the memory
+//! sites after it in its basic block whose address registers nothing writes from it up
+//! to them (two accesses a record); their words stay where they are, with no window of
+//! their own. Not with unsure branch targets; exclusive and atomic accesses never join.
+//!
 //! **Uprobe instead** when the trampoline is out of `B`'s range, or the displaced
 //! instruction is a known branch target (direct branches from a linear sweep, function
 //! symbols) other than the function start, an indirect call (`blr*`), a trap (`svc`, `brk`,

@@ -5,7 +5,8 @@
 //!   stp   x9, x10, [sp, #-64]!      ; no red zone on Linux arm64: store below sp,
 //!   stp   x11, x12, [sp, #16]       ; sp stays 16-byte aligned
 //!   str   x13, [sp, #32]            ; [sp, #40] holds x30 around calls, [sp, #48]
-//!   [memory site: EA of the access → x10 → [sp, #48]] (mem.rs)
+//!   [memory sites: EA of each access → x10 → [sp, #48], more after the values: an
+//!    access run's members' too, from the registers here (mem.rs, isa::runs)]
 //! retry:
 //!   mrs   x10, tpidr_el0 ; cbz x10, out          ; no thread pointer yet: skip
 //!   ldr   w11, [x10, #16] ; and w11, w11, #MASK   ; thread word: byte offset of the slot
@@ -25,7 +26,9 @@
 //!   stp   x10, x13, [x11]           ; site | flags 0, time (cntvct_el0; coarse
 //!                                   ; timestamps: `ldr w13, [x9, #52]`, the epoch)
 //!   stp   x0, x30, [x11, #16]       ; value, aux (after paciasp/pacibsp: x30 saved,
-//!                                   ; `xpaclri`, stored, reloaded: aux is unsigned)
+//!                                   ; `xpaclri`, stored, reloaded: aux is unsigned;
+//!                                   ; a memory site: its address and its instruction's,
+//!                                   ; a pair `FLAG_MEM_PAIR`: both addresses)
 //!   ldr   x10, [x9, #56] ; sub x10, x10, #1 ; str x10, [x9, #56]   ; inflight -= 1
 //!   ldr   x10, [x9, #16] ; sub x10, x12, x10 ; tbz x10, #63, full   ; cur >= end
 //! out:
