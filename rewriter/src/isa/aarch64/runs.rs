@@ -104,6 +104,9 @@ pub(super) fn writes(w: u32, pc: u64) -> RegSet {
     if let Some(m) = mem::classify(w, pc) {
         return mem_writes(w, &m, class);
     }
+    if let Some(set) = system_writes(w, def.mnemonic) {
+        return set;
+    }
     if !RD_CLASSES.contains(&class) {
         return ALL;
     }
@@ -112,6 +115,25 @@ pub(super) fn writes(w: u32, pc: u64) -> RegSet {
         Some("Rd") => zr_bit(w),
         Some("Rd_SP") => base_bit(w),
         _ => 0,
+    }
+}
+
+/// What the hints, `mrs` and prefetches write (None: not one of them). Hints: only
+/// the pointer-authentication ones write a register (x17 or x30); unknown hints all.
+fn system_writes(w: u32, mnemonic: &str) -> Option<RegSet> {
+    if w & 0xffff_f01f == 0xd503_201f {
+        return Some(match (w >> 5) & 0x7f {
+            // nop, yield, wfe, wfi, sev, sevl, dgh; esb, psb, tsb, csdb; bti.
+            0..=6 | 16..=18 | 20 | 32 | 34 | 36 | 38 => 0,
+            // xpaclri, [pac|aut][ia|ib]1716, [pac|aut][ia|ib][z|sp].
+            7 | 8 | 10 | 12 | 14 | 24..=31 => 1 << 17 | 1 << 30,
+            _ => ALL,
+        });
+    }
+    match mnemonic {
+        "mrs" => Some(zr_bit(w)),
+        "prfm" | "prfum" => Some(0),
+        _ => None,
     }
 }
 
@@ -300,8 +322,15 @@ mod tests {
             ("ldr x0, . + 8", x(&[0])),
             ("ldr wzr, [x1]", 0),
             // Not understood: everything.
-            ("nop", ALL),
-            ("mrs x0, tpidr_el0", ALL),
+            ("nop", 0),
+            ("bti c", 0),
+            ("paciasp", x(&[17, 30])),
+            ("autia1716", x(&[17, 30])),
+            ("mrs x0, tpidr_el0", x(&[0])),
+            ("prfm pldl1keep, [x1, #64]", 0),
+            ("prfm pldl1keep, [x1, x2]", 0),
+            ("hint #40", ALL),
+            ("msr tpidr_el0, x0", ALL),
             ("ldxr x0, [x1]", ALL),
             ("ldadd x0, x1, [x2]", ALL),
             ("bl .", ALL),
