@@ -728,3 +728,153 @@ fn binary_option_refuses_uninstrumented() {
         out.describe()
     );
 }
+
+// ---- access runs (runs.c)
+
+/// Every access of a trace as (site, address), in order: a memory pair
+/// (`FLAG_MEM_PAIR`, `Record::split_pair`) is two, sites `site` and `site + 1`. The
+/// memory sites' by site, and how many times each other site was recorded.
+fn accesses(
+    recs: &[Rec],
+    meta: &tracer_common::meta::Metadata,
+) -> (HashMap<u32, Vec<u64>>, HashMap<u32, usize>) {
+    use tracer_common::meta::SiteKind;
+    let (mut mem, mut other): (HashMap<u32, Vec<u64>>, HashMap<u32, usize>) = Default::default();
+    for r in recs {
+        let rec = tracer_common::Record {
+            site: r.site,
+            flags: r.flags,
+            time: 0,
+            value: r.value,
+            aux: r.aux,
+        };
+        match rec.split_pair() {
+            Some(two) => two
+                .iter()
+                .for_each(|a| mem.entry(a.site).or_default().push(a.value)),
+            None if meta.sites[r.site as usize].kind == SiteKind::Memory => {
+                mem.entry(r.site).or_default().push(r.value)
+            }
+            None => *other.entry(r.site).or_default() += 1,
+        }
+    }
+    (mem, other)
+}
+
+/// Access runs on AArch64 (one stub records a run of memory sites, two accesses a
+/// record) under qemu, against two oracles independent of the batching: each memory
+/// site is recorded as often as the block site that holds it (blocks have stubs of
+/// their own), and the same binary rewritten with `--no-batch` records the same
+/// addresses per site. The program's output is unchanged.
+fn a64_runs_case(opt: &str) {
+    use tracer_common::meta::SiteKind;
+    let what = format!("access runs AArch64 gcc {opt}");
+    let tmp = TempDir::new(&format!("runs-a64{opt}"));
+    let orig = tmp.join("runs");
+    let Some(flags) = toolchain(GCC, tmp.path(), &[opt, "-fno-tree-vectorize"]) else {
+        return;
+    };
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    compile(GCC, &[fixture("runs.c")], &flags, &orig);
+    let want = qemu_args(&orig, &["50"], &[]).ok();
+    // Each variant in a directory of its own under the same file name.
+    let mut traced = Vec::new();
+    for (dir, extra) in [("batch", None), ("plain", Some("--no-batch"))] {
+        std::fs::create_dir_all(tmp.join(dir)).unwrap();
+        let prog = tmp.join(dir).join("runs");
+        let mut args: Vec<&OsStr> = vec![orig.as_os_str(), "-o".as_ref(), prog.as_os_str()];
+        args.extend(
+            [
+                "-v",
+                "--sites",
+                "block,memory",
+                "--functions",
+                "fill",
+                "walk",
+                "check",
+            ]
+            .map(OsStr::new),
+        );
+        args.extend(extra.map(OsStr::new));
+        let line = rewriter(&args).ok().stdout_str();
+        let meta = metadata(&prog);
+        assert!(
+            meta.sites
+                .iter()
+                .all(|s| s.mode == tracer_common::meta::SiteMode::Inline),
+            "{what}: sites left to uprobes:\n{line}"
+        );
+        let batched = line.contains("memory runs:");
+        assert_eq!(batched, extra.is_none(), "{what} {dir}: {line}");
+        let (out, recs) = trace_qemu(
+            &tmp.join(dir).join("t.utrace"),
+            &[&prog],
+            &prog,
+            &["50"],
+            &[],
+        );
+        assert_same_behaviour(&format!("{what} {dir}"), &without_tracer_lines(&out), &want);
+        traced.push((meta, recs, line));
+    }
+    let (meta, recs, line) = &traced[0];
+    let (mem, blocks) = accesses(recs, meta);
+    let pairs = recs
+        .iter()
+        .filter(|r| r.flags & tracer_common::FLAG_MEM_PAIR != 0)
+        .count();
+    assert!(pairs > 0, "{what}: no pair records\n{line}");
+    // The block that holds each memory site: the last block site at or before it.
+    let block_of = |m: &tracer_common::meta::Site| {
+        (meta.sites.iter())
+            .filter(|b| b.kind == SiteKind::Block && b.name == m.name && b.vaddr <= m.vaddr)
+            .max_by_key(|b| b.vaddr)
+            .map(|b| b.id)
+    };
+    let mut n = 0;
+    for m in meta.sites.iter().filter(|s| s.kind == SiteKind::Memory) {
+        let b = block_of(m).unwrap_or_else(|| panic!("{what}: no block before {m:?}"));
+        let got = mem.get(&m.id).map_or(0, Vec::len);
+        assert_eq!(
+            got,
+            blocks.get(&b).copied().unwrap_or(0),
+            "{what}: accesses of {m:?}"
+        );
+        n += got;
+    }
+    // The same addresses per site as without runs (the stack may sit elsewhere: the
+    // code segment's size differs; one offset per site).
+    let (plain, _) = accesses(&traced[1].1, &traced[1].0);
+    assert_eq!(mem.len(), plain.len(), "{what}: sites recorded");
+    let mut exact = 0;
+    for (site, addrs) in &mem {
+        let p = &plain[site];
+        assert_eq!(addrs.len(), p.len(), "{what}: accesses of site {site}");
+        let d: std::collections::BTreeSet<u64> = addrs
+            .iter()
+            .zip(p)
+            .map(|(a, b)| a.wrapping_sub(*b))
+            .collect();
+        assert_eq!(d.len(), 1, "{what}: addresses of site {site}");
+        exact += usize::from(d.contains(&0));
+    }
+    assert!(exact > 0, "{what}: no site with the same addresses");
+    eprintln!(
+        "{what}: {n} accesses, {} records ({pairs} pairs) vs {} without runs; {}",
+        recs.len(),
+        traced[1].1.len(),
+        line.lines()
+            .find(|l| l.contains("memory runs:"))
+            .unwrap_or_default()
+            .trim()
+    );
+}
+
+#[test]
+fn access_runs_o0() {
+    a64_runs_case("-O0");
+}
+
+#[test]
+fn access_runs_o2() {
+    a64_runs_case("-O2");
+}

@@ -26,6 +26,10 @@
 
 use std::collections::BTreeMap;
 
+use super::PlacedSite;
+use tracer_common::meta::SiteKind;
+use tracer_common::pair_flags;
+
 /// Registers (an ISA's numbering, one bit each; a thread-pointer base has its own bit).
 pub(crate) type RegSet = u64;
 
@@ -204,6 +208,28 @@ pub(crate) fn find(insns: &[RunInsn], cap: usize) -> (Vec<Vec<Member>>, RunStats
     }
     open.close(None, &mut runs, &mut stats);
     (runs, stats)
+}
+
+/// Pair each memory site with the next when their ids follow each other (the reader
+/// knows the second's from the first's) and both sizes fit (`pair_flags`): the index of
+/// the partner, by site index.
+pub(crate) fn pairs(sites: &[&PlacedSite]) -> Vec<Option<usize>> {
+    let mut pair = vec![None; sites.len()];
+    let mut i = 0;
+    while i + 1 < sites.len() {
+        let (a, b) = (sites[i], sites[i + 1]);
+        let ok = a.kind == SiteKind::Memory
+            && b.kind == SiteKind::Memory
+            && b.id == a.id.wrapping_add(1)
+            && pair_flags(a.flags, b.flags).is_some();
+        if ok {
+            pair[i] = Some(i + 1);
+            i += 2;
+        } else {
+            i += 1;
+        }
+    }
+    pair
 }
 
 #[cfg(test)]

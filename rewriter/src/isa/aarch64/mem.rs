@@ -446,7 +446,7 @@ pub(super) fn emit_ea(a: &mut Asm, m: &MemAccess, dst: u8, sp_adjust: u32) -> Re
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::path::PathBuf;
     use std::process::Command;
@@ -463,7 +463,7 @@ mod tests {
 
     /// Assemble one instruction per line with aarch64-linux-gnu-as (ARMv8.5 + MTE);
     /// the words in order. `None` when binutils for AArch64 are not installed.
-    fn assemble(lines: &[&str]) -> Option<Vec<u32>> {
+    pub(in super::super) fn assemble(lines: &[&str]) -> Option<Vec<u32>> {
         Command::new("aarch64-linux-gnu-as")
             .arg("--version")
             .output()

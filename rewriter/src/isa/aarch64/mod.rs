@@ -34,6 +34,11 @@
 //! build are the original's, against objdump) and `cargo xtask test-arm64-vm` (4
 //! threads end with the right sums under the kernel drain).
 //!
+//! **Access runs** (`runs.rs`, `isa::runs`): a memory site's stub also records the memory
+//! sites after it in its basic block whose address registers nothing writes from it up
+//! to them (two accesses a record); their words stay where they are, with no window of
+//! their own. Not with unsure branch targets; exclusive and atomic accesses never join.
+//!
 //! **Uprobe instead** when the trampoline is out of `B`'s range, or the displaced
 //! instruction is a known branch target (direct branches from a linear sweep, function
 //! symbols) other than the function start, an indirect call (`blr*`), a trap (`svc`, `brk`,
@@ -44,6 +49,7 @@ mod enc;
 mod flow;
 mod mem;
 mod reloc;
+mod runs;
 mod runtime;
 mod slot;
 mod stub;
@@ -406,11 +412,11 @@ impl Isa for Aarch64 {
         f: &Function,
         reqs: &[SiteReq],
         targets: &Targets,
-        // Windows are single instructions: no interior that a branch could land in.
-        _unsure: Option<&FallbackReason>,
+        // Windows are single instructions: no interior that a branch could land in;
+        // access runs need every branch target known.
+        unsure: Option<&FallbackReason>,
         _part: bool,
-        // Access runs are x86-64 only for now.
-        _run_cap: usize,
+        run_cap: usize,
     ) -> FunctionPlan {
         if f.size == 0 {
             return FunctionPlan::all_uprobes(reqs, FallbackReason::NoSize);
@@ -427,12 +433,18 @@ impl Isa for Aarch64 {
                 && (body.exclusive.closed.iter()).any(|x| *x.start() < r.addr && r.addr <= *x.end())
         });
         let untraced = inside.iter().map(|r| body.untraced(r)).collect();
-        let cands = reqs
+        let mut cands: Vec<Candidate> = reqs
             .into_iter()
             .map(|r| body.candidate(r, targets))
             .collect();
+        // A member needs no window: nothing can fail that the plain plan would not.
+        let runs = match (run_cap, unsure) {
+            (2.., None) => runs::batch(&body, targets, &mut cands, run_cap),
+            _ => Default::default(),
+        };
         FunctionPlan {
             untraced,
+            runs,
             ..merge_windows(cands, |_| None)
         }
     }
@@ -468,7 +480,17 @@ impl Isa for Aarch64 {
             .bytes_at(w.start)
             .and_then(|b| word_at(b, 0))
             .ok_or("site not in a file-backed segment")?;
-        let code = stub::emit_window(layout, rt, word, w.start, &w.sites, at)
+        // Access-run members: their own words, outside the one-word window.
+        let members = (w.sites.iter().filter(|s| s.insn != w.start))
+            .map(|s| {
+                let word = input.bytes_at(s.insn).and_then(|b| word_at(b, 0));
+                Ok((
+                    s.insn,
+                    word.ok_or("memory site not in a file-backed segment")?,
+                ))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let code = stub::emit_window(layout, rt, (word, w.start), &w.sites, &members, at)
             .map_err(|e| format!("site {:#x}: {e}", w.start))?;
         Ok(Trampoline {
             code,

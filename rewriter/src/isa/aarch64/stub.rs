@@ -5,7 +5,8 @@
 //!   stp   x9, x10, [sp, #-64]!      ; no red zone on Linux arm64: store below sp,
 //!   stp   x11, x12, [sp, #16]       ; sp stays 16-byte aligned
 //!   str   x13, [sp, #32]            ; [sp, #40] holds x30 around calls, [sp, #48]
-//!   [memory site: EA of the access → x10 → [sp, #48]] (mem.rs)
+//!   [memory sites: EA of each access → x10 → [sp, #48], more after the values: an
+//!    access run's members' too, from the registers here (mem.rs, isa::runs)]
 //! retry:
 //!   mrs   x10, tpidr_el0 ; cbz x10, out          ; no thread pointer yet: skip
 //!   ldr   w11, [x10, #16] ; and w11, w11, #MASK   ; thread word: byte offset of the slot
@@ -25,7 +26,9 @@
 //!   stp   x10, x13, [x11]           ; site | flags 0, time (cntvct_el0; coarse
 //!                                   ; timestamps: `ldr w13, [x9, #52]`, the epoch)
 //!   stp   x0, x30, [x11, #16]       ; value, aux (after paciasp/pacibsp: x30 saved,
-//!                                   ; `xpaclri`, stored, reloaded: aux is unsigned)
+//!                                   ; `xpaclri`, stored, reloaded: aux is unsigned;
+//!                                   ; a memory site: its address and its instruction's,
+//!                                   ; a pair `FLAG_MEM_PAIR`: both addresses)
 //!   ldr   x10, [x9, #56] ; sub x10, x10, #1 ; str x10, [x9, #56]   ; inflight -= 1
 //!   ldr   x10, [x9, #16] ; sub x10, x12, x10 ; tbz x10, #63, full   ; cur >= end
 //! out:
@@ -56,31 +59,38 @@ use tracer_common::meta::{SiteKind, TimeMode};
 use tracer_common::{
     BUF_CIRCULAR, BUF_FAST_CIRCULAR, BUF_TRACE, FLAG_RING, FLAG_USDT_INDEX_SHIFT, FLAG_USDT_MORE,
     INDEX_OFF, RECORD_FLAGS_OFF, RECORD_SIZE, SLOT_CUR, SLOT_END, SLOT_GENERATION, SLOT_INFLIGHT,
-    SLOT_START, SLOTS_OFF,
+    SLOT_START, SLOTS_OFF, pair_flags,
 };
 
 /// Stack bytes the stub uses below the caller's sp (16-byte multiple).
 const FRAME: i32 = 64;
 const LR_SAVE: u32 = 40;
-/// A memory site's effective address, computed before anything is clobbered.
+/// The first memory site's effective address, computed before anything is clobbered
+/// (an access run's others: after the values, `Shape::ea_slot`).
 const EA_SAVE: u32 = 48;
 
 /// The trampoline of a one-instruction window: the stubs of its sites (an entry, an
-/// exit, or both when a function is a single `ret`), the instruction relocated, and a
-/// branch back unless the instruction leaves anyway.
+/// exit, or both when a function is a single `ret`; a memory site and the members of
+/// its access run, whose words `members` has by address), the instruction relocated,
+/// and a branch back unless the instruction leaves anyway.
 pub(super) fn emit_window(
     layout: &Layout,
     rt: &Runtime,
-    displaced: u32,
-    pc: u64,
+    (displaced, pc): (u32, u64),
     sites: &[PlacedSite],
+    members: &[(u64, u32)],
     at: u64,
 ) -> Result<Vec<u8>, String> {
     let mut a = Asm::new(at);
     let mut slow = Vec::new();
     if !sites.is_empty() {
         let all: Vec<&PlacedSite> = sites.iter().collect();
-        slow.push(emit_stub(&mut a, layout, &all, displaced, pc)?);
+        let word_of = |at: u64| match at == pc {
+            true => Some(displaced),
+            false => members.iter().find(|m| m.0 == at).map(|m| m.1),
+        };
+        let shape = Shape::new(&all, word_of)?;
+        slow.push(emit_stub(&mut a, layout, &shape, &all, displaced, pc)?);
     }
     reloc::relocate(&mut a, displaced, pc)?;
     if !reloc::leaves(displaced) {
@@ -189,6 +199,14 @@ struct Shape<'s> {
     /// site's in order at [sp, #FRAME + 8i]; site i's start at index `arg_base[i]`.
     args: Vec<&'s Arg>,
     arg_base: Vec<u32>,
+    /// Each memory site's access (by site index), its address computed up front from
+    /// the registers as they are at the stub (an access run's members: the head's,
+    /// which their addresses do not depend on), and where that address is saved.
+    mem: Vec<Option<mem::MemAccess>>,
+    ea_slot: Vec<u32>,
+    /// A memory site whose access goes into another's record (a pair): the index of
+    /// the site that takes it in its `aux` (`isa::runs::pairs`).
+    pair: Vec<Option<usize>>,
     /// The stub's stack frame.
     frame: i32,
     /// Records per site (a USDT probe: its arguments two per record) and in all.
@@ -197,7 +215,8 @@ struct Shape<'s> {
 }
 
 impl<'s> Shape<'s> {
-    fn new(sites: &[&'s PlacedSite]) -> Self {
+    /// `word_of`: the word of each memory site's instruction.
+    fn new(sites: &[&'s PlacedSite], word_of: impl Fn(u64) -> Option<u32>) -> Result<Self, String> {
         let args: Vec<&Arg> = sites.iter().flat_map(|s| &s.args).collect();
         let arg_base: Vec<u32> = sites
             .iter()
@@ -207,21 +226,54 @@ impl<'s> Shape<'s> {
                 Some(b)
             })
             .collect();
-        let frame = FRAME + (8 * args.len() as u32).div_ceil(16) as i32 * 16;
-        let per: Vec<u32> = sites
+        let mem = sites
             .iter()
             .map(|s| match s.kind {
+                SiteKind::Memory => word_of(s.insn)
+                    .and_then(|w| mem::classify(w, s.insn))
+                    .map(Some)
+                    .ok_or_else(|| format!("no memory access at {:#x}", s.insn)),
+                _ => Ok(None),
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        // The first address at EA_SAVE (a lone memory site's stub as before runs), the
+        // others after the values.
+        let mut extra = 0;
+        let ea_slot = (mem.iter())
+            .map(|m| match (m, extra) {
+                (None, _) => 0,
+                (Some(_), 0) => {
+                    extra += 1;
+                    EA_SAVE
+                }
+                (Some(_), _) => {
+                    extra += 1;
+                    FRAME as u32 + 8 * (args.len() as u32 + extra - 2)
+                }
+            })
+            .collect();
+        let slots = args.len() as u32 + extra.saturating_sub(1);
+        let frame = FRAME + (8 * slots).div_ceil(16) as i32 * 16;
+        let pair = crate::isa::runs::pairs(sites);
+        let per: Vec<u32> = sites
+            .iter()
+            .enumerate()
+            .map(|(i, s)| match s.kind {
                 SiteKind::Usdt => (s.args.len() as u32).div_ceil(2).max(1),
+                _ if pair.contains(&Some(i)) => 0,
                 _ => 1,
             })
             .collect();
-        Shape {
+        Ok(Shape {
             args,
             arg_base,
+            mem,
+            ea_slot,
+            pair,
             frame,
             nrec: per.iter().sum(),
             per,
-        }
+        })
     }
 
     /// Where value `i` of `args` is saved.
@@ -240,29 +292,28 @@ type SlowLabels = (Label, Label, Label, Label, Option<Straddle>);
 fn emit_stub(
     a: &mut Asm,
     layout: &Layout,
+    shape: &Shape,
     sites: &[&PlacedSite],
     word: u32,
     pc: u64,
 ) -> Result<SlowLabels, String> {
     let (retry, out, miss, full) = (a.label(), a.label(), a.label(), a.label());
-    let shape = Shape::new(sites);
     let frame = shape.frame;
-    emit_prologue(a, &shape, sites, word, pc)?;
+    emit_prologue(a, shape)?;
     a.bind(retry);
     let straddle = emit_reserve(a, layout, shape.nrec, out, miss)?;
-    emit_heads(a, layout, &shape, sites);
+    emit_heads(a, layout, shape, sites);
     // value, aux: x0 is the first argument at an entry and the return value at an
     // exit; a block records its own address.
     let mut first = 0;
-    for ((site, &n), &base) in sites.iter().zip(&shape.per).zip(&shape.arg_base) {
+    for (k, &n) in shape.per.iter().enumerate().filter(|(_, n)| **n > 0) {
         emit_site_value(
             a,
-            &shape,
-            site,
+            shape,
+            (sites, k),
             word,
             pc,
             (RECORD_SIZE as u32 * first, n),
-            base,
         )?;
         first += n;
     }
@@ -286,21 +337,16 @@ fn emit_stub(
 }
 
 /// Save x9..x13 and compute the values needed from the original registers.
-fn emit_prologue(
-    a: &mut Asm,
-    shape: &Shape,
-    sites: &[&PlacedSite],
-    word: u32,
-    pc: u64,
-) -> Result<(), String> {
+fn emit_prologue(a: &mut Asm, shape: &Shape) -> Result<(), String> {
     let frame = shape.frame;
     a.put(stp_pre(9, 10, SP, -frame));
     a.put(stp(11, 12, SP, 16));
     a.put(str_x(13, SP, 32));
-    if sites.iter().any(|s| s.kind == SiteKind::Memory) {
-        let m = mem::classify(word, pc).ok_or("not a memory access")?;
-        mem::emit_ea(a, &m, 10, frame as u32)?;
-        a.put(str_x(10, SP, EA_SAVE));
+    for (m, &slot) in shape.mem.iter().zip(&shape.ea_slot) {
+        if let Some(m) = m {
+            mem::emit_ea(a, m, 10, frame as u32)?;
+            a.put(str_x(10, SP, slot));
+        }
     }
     for (i, &arg) in shape.args.iter().enumerate() {
         emit_usdt_arg(a, arg, frame as u32)?;
@@ -433,10 +479,15 @@ fn emit_heads(a: &mut Asm, layout: &Layout, shape: &Shape, sites: &[&PlacedSite]
     // Site in the low word and flags in the high word, then the time: one pair store
     // per record, for every record first (x13 is free afterwards).
     let mut first = 0;
-    for (site, &n) in sites.iter().zip(&shape.per) {
+    for (k, (site, &n)) in sites.iter().zip(&shape.per).enumerate() {
+        // A pair's flags (`pairs` checked that they pair).
+        let own = match shape.pair[k] {
+            Some(p) => pair_flags(site.flags, sites[p].flags).unwrap_or(site.flags),
+            None => site.flags,
+        };
         for j in 0..n {
             let flags = match j {
-                0 => site.flags | ring_flag,
+                0 => own | ring_flag,
                 _ => FLAG_USDT_MORE | (j - 1) << FLAG_USDT_INDEX_SHIFT | ring_flag,
             };
             a.put_all(&mov_imm64(10, u64::from(site.id) | u64::from(flags) << 32));
@@ -457,17 +508,16 @@ fn emit_heads(a: &mut Asm, layout: &Layout, shape: &Shape, sites: &[&PlacedSite]
     }
 }
 
-/// The `value` and `aux` fields of one site's records (at `rec`, `n` of them); its
-/// values start at `base` of `shape.args`.
+/// The `value` and `aux` fields of site `k`'s records (at `rec`, `n` of them).
 fn emit_site_value(
     a: &mut Asm,
     shape: &Shape,
-    site: &PlacedSite,
+    (sites, k): (&[&PlacedSite], usize),
     word: u32,
     pc: u64,
     (rec, n): (u32, u32),
-    base: u32,
 ) -> Result<(), String> {
+    let (site, base) = (sites[k], shape.arg_base[k]);
     let nargs = site.args.len() as u32;
     match site.kind {
         SiteKind::Usdt => {
@@ -513,8 +563,12 @@ fn emit_site_value(
             a.put(stp(10, 13, 11, rec as i32 + 16));
         }
         SiteKind::Memory => {
-            a.put(ldr_x(10, SP, EA_SAVE));
-            a.addr(13, pc)?;
+            // value: the address; aux: the partner's address, or the instruction's.
+            a.put(ldr_x(10, SP, shape.ea_slot[k]));
+            match shape.pair[k] {
+                Some(p) => a.put(ldr_x(13, SP, shape.ea_slot[p])),
+                None => a.addr(13, site.insn)?,
+            }
             a.put(stp(10, 13, 11, rec as i32 + 16));
         }
         SiteKind::FunctionEntry | SiteKind::FunctionExit if site.signed_lr => {
@@ -545,11 +599,14 @@ mod tests {
             id,
             kind,
             at: PC,
+            insn: PC,
+            ea_shift: 0,
             signed_lr: false,
             flags: 0,
             args: Vec::new(),
             keep_flags: false,
             keep_r11: false,
+            flags_dead: false,
             frame: None,
         }
     }
@@ -572,7 +629,7 @@ mod tests {
             register: 0x70_0100,
             entry_shim: None,
         };
-        let code = emit_window(&layout, &rt, NOP, PC, sites, AT).unwrap();
+        let code = emit_window(&layout, &rt, (NOP, PC), sites, &[], AT).unwrap();
         let words: Vec<u32> = code
             .chunks(4)
             .map(|w| u32::from_le_bytes(w.try_into().unwrap()))

@@ -296,7 +296,7 @@ impl<'s> Shape<'s> {
                 Some(b)
             })
             .collect();
-        let pair = pairs(sites);
+        let pair = crate::isa::runs::pairs(sites);
         let per: Vec<i32> = sites
             .iter()
             .enumerate()
@@ -326,28 +326,6 @@ impl<'s> Shape<'s> {
             red_zone: if live { 128 } else { 0 },
         }
     }
-}
-
-/// Pair each memory site with the next when their ids follow each other (the reader
-/// knows the second's from the first's) and both sizes fit (`pair_flags`): the index of
-/// the partner, by site index.
-fn pairs(sites: &[&PlacedSite]) -> Vec<Option<usize>> {
-    let mut pair = vec![None; sites.len()];
-    let mut i = 0;
-    while i + 1 < sites.len() {
-        let (a, b) = (sites[i], sites[i + 1]);
-        let ok = a.kind == SiteKind::Memory
-            && b.kind == SiteKind::Memory
-            && b.id == a.id.wrapping_add(1)
-            && pair_flags(a.flags, b.flags).is_some();
-        if ok {
-            pair[i] = Some(i + 1);
-            i += 2;
-        } else {
-            i += 1;
-        }
-    }
-    pair
 }
 
 /// The fast path of the stub for every site placed before `ins` (several stores, one
