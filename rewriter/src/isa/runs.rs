@@ -195,6 +195,8 @@ pub(crate) fn find(insns: &[RunInsn], cap: usize) -> (Vec<Vec<Member>>, RunStats
         }
         if x.member.is_some() && open.members.is_empty() {
             if x.head {
+                // What came before the head does not matter: addresses are taken here.
+                open = Open::default();
                 open.members.push(Member {
                     at: i,
                     shifts: Vec::new(),
@@ -347,6 +349,11 @@ mod tests {
         let shifts: Vec<_> = runs[0].iter().map(|m| m.shifts.clone()).collect();
         assert_eq!(shifts, [vec![], vec![(2, 0x20)], vec![(2, 0x28)]]);
         assert_eq!(stats.ends[&RunEnd::AddressWritten], 1);
+        // Moves before the head do not count: the addresses are computed there.
+        let insns = [add(8), other(RAX), mem(RDI, 0), mem(RDI | RAX, 0)];
+        let (runs, _) = find(&insns, 8);
+        assert_eq!(at(&runs), vec![vec![2, 3]]);
+        assert!(runs[0].iter().all(|m| m.shifts.is_empty()));
         // A shift after a write of the register is no shift: the register is unknown.
         let insns = [mem(RDI, RDI), add(8), mem(RDI, 0)];
         assert!(find(&insns, 8).0.is_empty());
