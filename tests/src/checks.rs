@@ -13,9 +13,9 @@ use crate::report::Report;
 /// The report agrees with the dump: total, per-thread and per-function counts.
 pub fn check_report_matches_dump(rep: &Report, recs: &[Rec]) {
     assert_eq!(
-        rep.records,
+        rep.records + rep.pairs,
         recs.len() as u64,
-        "report.records vs dump lines"
+        "report.records + pairs vs dump lines"
     );
     let mut per_tid: HashMap<(u32, u32), u64> = HashMap::new();
     let mut per_sym_arc: HashMap<(Arc<str>, u32), u64> = HashMap::new();
@@ -207,6 +207,7 @@ mod unit {
         .unwrap();
         let rep = Report {
             records: 3,
+            pairs: 0,
             dropped: 0,
             functions: vec![
                 ("b".into(), "main".into(), 0, 1),

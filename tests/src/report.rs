@@ -11,6 +11,8 @@ use crate::tracer::TRACE_TIMEOUT;
 #[derive(Debug, Clone)]
 pub struct Report {
     pub records: u64,
+    /// Of `records`, memory pairs (each two accesses, two `dump` lines).
+    pub pairs: u64,
     pub dropped: u64,
     /// (binary, symbol, site, count)
     pub functions: Vec<(String, String, u32, u64)>,
@@ -75,6 +77,7 @@ pub fn report(trace: &Path) -> Report {
         .collect();
     Report {
         records: num(&v, "records"),
+        pairs: v.get("pairs").and_then(|x| x.as_u64()).unwrap_or(0),
         dropped: num(&v, "dropped"),
         functions,
         threads,

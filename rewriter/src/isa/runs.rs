@@ -143,11 +143,11 @@ impl Open {
 
     fn apply(&mut self, x: &RunInsn) {
         self.written |= x.writes;
-        if let Some((bit, d)) = x.shift {
-            if self.written >> bit & 1 == 0 {
-                let s = self.shift.entry(bit).or_default();
-                *s = s.wrapping_add(d);
-            }
+        if let Some((bit, d)) = x.shift
+            && self.written >> bit & 1 == 0
+        {
+            let s = self.shift.entry(bit).or_default();
+            *s = s.wrapping_add(d);
         }
     }
 

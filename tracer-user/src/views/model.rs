@@ -144,6 +144,9 @@ pub(crate) struct Summary {
     /// Memory accesses (a pair holds two); only when there are any.
     #[serde(skip_serializing_if = "is_zero")]
     pub accesses: u64,
+    /// Of `records`, memory pairs: `records + pairs` events, as `dump` lists them.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub pairs: u64,
     pub dropped: u64,
     pub inline: u64,
     pub uprobe: u64,
@@ -325,6 +328,8 @@ struct Counts {
     records: u64,
     /// Memory accesses (a pair holds two).
     accesses: u64,
+    /// Records that held two accesses.
+    pairs: u64,
     memory: MemoryCounts,
     inline: u64,
     uprobe: u64,
@@ -415,6 +420,7 @@ impl Counts {
         // The drains moved records: a pair is one (and inline).
         self.records = self.records.saturating_sub(pairs);
         self.inline = self.inline.saturating_sub(pairs);
+        self.pairs += pairs;
         *self.threads.entry((h.pid, h.tid)).or_default() += n;
     }
 }
@@ -614,6 +620,7 @@ fn summarize(
         memory,
         records: c.records,
         accesses: c.accesses,
+        pairs: c.pairs,
         dropped: st.records_dropped,
         inline: c.inline,
         uprobe: c.uprobe,

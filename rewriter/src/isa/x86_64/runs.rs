@@ -100,10 +100,11 @@ pub(super) fn batch(cx: &PlanCx, cands: &mut [Candidate], cap: usize) -> RunStat
     // Memory candidates by instruction index.
     let mut site_of = vec![None; cx.insns.len()];
     for (k, c) in cands.iter().enumerate() {
-        if c.req.kind == SiteKind::Memory && c.flags != 0 {
-            if let Some(i) = cx.index_of(c.insn) {
-                site_of[i] = Some(k);
-            }
+        if c.req.kind == SiteKind::Memory
+            && c.flags != 0
+            && let Some(i) = cx.index_of(c.insn)
+        {
+            site_of[i] = Some(k);
         }
     }
     let facts: Vec<RunInsn> = cx

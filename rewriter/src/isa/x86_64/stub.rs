@@ -302,7 +302,7 @@ impl<'s> Shape<'s> {
             .enumerate()
             .map(|(i, s)| match s.kind {
                 SiteKind::Usdt => s.args.len().div_ceil(2).max(1) as i32,
-                _ if pair.iter().any(|p| *p == Some(i)) => 0,
+                _ if pair.contains(&Some(i)) => 0,
                 _ => 1,
             })
             .collect();
