@@ -2,10 +2,11 @@
 //! instructions.
 //!
 //! Register and flag discipline of the inline stub: it moves below the red zone
-//! (`lea -128(%rsp)`), saves the five registers it uses with push/pop, and only uses
-//! instructions that leave RFLAGS alone (`mov`, `lea`, `not`, `movzx`, `push`, `pop`,
-//! `rdtsc`, `jrcxz`, `jmp`, `call`): comparisons are `not` + `lea` + `jrcxz`. The
-//! out-of-line register routine saves RFLAGS itself.
+//! (`lea -128(%rsp)`) and saves the registers it uses with push/pop; where the status
+//! flags may be live it saves them (`lahf`/`seto`, `stub.rs`), elsewhere (entries and
+//! exits, where the psABI makes them dead, and sites whose flags are written before
+//! they are read) it clobbers them. The out-of-line register routine saves RFLAGS
+//! itself. Memory sites in one block may share a stub (`runs.rs`: access runs).
 //!
 //! Windows. An entry window runs forward from the site (a direct `call` may only end
 //! it: it becomes `push <original return address>; jmp callee`, so the callee returns

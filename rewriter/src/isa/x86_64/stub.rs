@@ -44,7 +44,11 @@
 //! The entry/exit stub is 29 instructions with coarse timestamps, 34 with `rdtsc`. The
 //! `-fipa-ra` case was found on Debian's libbz2 and static glibc. Blocks, memory
 //! accesses and USDT probes sit anywhere, so their stubs also save RFLAGS
-//! (`lahf`/`seto`, restored with `add $0x7f,%al; sahf`) and `%r11`. A memory stub first
+//! (`lahf`/`seto`, restored with `add $0x7f,%al; sahf`; not where every status flag is
+//! written before it is read in straight-line code after the site) and `%r11`. A
+//! memory stub placed at the head of an access run (`runs.rs`) records every access of
+//! the run, two to a record (`FLAG_MEM_PAIR`), each address computed from the head's
+//! registers plus the moves between. A memory stub first
 //! computes the operand's effective address from the original registers (`lea` with
 //! `%rsp`-relative displacements corrected, RIP-relative ones re-based, `%fs:` adding
 //! the thread pointer from `%fs:0`) and records it with the size, the read/write flags
