@@ -294,10 +294,13 @@ fn pairs_read_as_the_single_records_they_hold() {
             (&n_pairs.into(), &840.into())
         );
         assert_eq!(jp["inline"], n_pairs);
+        // The pairs' records hold two accesses each: records + pairs = accesses + others.
+        assert_eq!(jp["pairs"], n_singles - n_pairs, "{mode:?}");
         for j in [&mut js, &mut jp] {
             let o = j.as_object_mut().unwrap();
             o.remove("records");
             o.remove("inline");
+            o.remove("pairs");
         }
         assert_eq!(jp, js, "{mode:?}: report --json");
         let text = report(&pairs, false);
