@@ -89,7 +89,6 @@ fn trace_qemu(
     let books = &rep.raw["books"];
     // (Records as the drains moved them: a memory pair is one, two dump lines.)
     assert_eq!(books["produced"], rep.records, "{books}");
-    assert_eq!(rep.records + rep.pairs, recs.len() as u64, "{books}");
     assert_eq!(books["balanced"], true, "{books}");
     (out, recs)
 }
