@@ -41,6 +41,17 @@ pub fn trace_stats(trace: &Path) -> Option<serde_json::Value> {
     }
 }
 
+/// The file header's flags word (bytes 12..16; bit 0: the session writing the file had
+/// not finished), read from the bytes.
+pub fn trace_header_flags(trace: &Path) -> u32 {
+    let mut header = [0u8; 16];
+    std::fs::File::open(trace)
+        .and_then(|mut f| f.read_exact(&mut header))
+        .unwrap_or_else(|e| panic!("{}: no file header: {e}", trace.display()));
+    assert_eq!(&header[..8], b"UTRCTRAC", "{}: magic", trace.display());
+    u32::from_le_bytes(header[12..].try_into().unwrap())
+}
+
 /// `bpftool ... --json` (from /usr/sbin when it is not on PATH).
 pub fn bpftool_json(args: &[&str]) -> serde_json::Value {
     let prog = if Path::new("/usr/sbin/bpftool").is_file() {

@@ -2,8 +2,10 @@
 //! work(t<<32 | i) for i = 0,1,2,... and the program prints a checksum).
 //! - The tracer killed: the target runs on untraced and prints the untraced checksum
 //!   with status 0; every BPF program, link and map the tracer held is gone from the
-//!   kernel (bpftool); the output directory holds at most the unrenamed temporary file
-//!   (0600); a new session on the same binary records exact counts and values.
+//!   kernel (bpftool); the output directory holds the trace under its name (0600),
+//!   flagged incomplete in its header, a consistent prefix of the calls up to about a
+//!   second before the kill, which `report` says did not finish (books unknown, never
+//!   "balanced"); a new session on the same binary records exact counts and values.
 //! - The target killed while 64-record buffers flush all the time: the tracer exits with
 //!   128+9, the trace file is complete (stats section; `report --json` not truncated, no
 //!   chunk lost), every record is a site of the binary, each thread's work() values are
@@ -43,6 +45,9 @@ const ROUNDS: &str = "8000";
 /// How long the session runs before the kill (the untraced run takes several seconds
 /// here; the test also checks the target had not finished at the kill).
 const BEFORE_KILL: Duration = Duration::from_millis(500);
+/// The tracer's kill comes later: its writer has put what it holds into the file once
+/// (`tracefile::CHECKPOINT_EVERY`, 1 s).
+const TRACER_KILLED_AFTER: Duration = Duration::from_millis(1500);
 /// Tracer start-up (the verifier takes seconds on a busy 2-core machine).
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -430,7 +435,7 @@ fn tracer_killed_target_runs_on_and_nothing_stays_attached() {
     let untraced = t0.elapsed();
     eprintln!("untraced run: {untraced:?}");
     assert!(
-        untraced > BEFORE_KILL * 2,
+        untraced > TRACER_KILLED_AFTER * 2,
         "the untraced run ({untraced:?}) is too short to kill the tracer in its middle"
     );
 
@@ -444,7 +449,7 @@ fn tracer_killed_target_runs_on_and_nothing_stays_attached() {
         let tracer = s.child.id();
         let target = s.wait_started();
         let ids = tracer_bpf_objects(tracer);
-        std::thread::sleep(BEFORE_KILL);
+        std::thread::sleep(TRACER_KILLED_AFTER);
         assert!(alive(target), "target {target} gone before the kill");
         assert!(
             s.stdout_now().is_empty(),
@@ -487,32 +492,68 @@ fn tracer_killed_target_runs_on_and_nothing_stays_attached() {
         ids.maps.len()
     );
 
-    // Documented leftover: the unrenamed temporary `.<name>.<tracer pid>.tmp`, 0600.
-    let tmp_name = format!(".t.utrace.{tracer}.tmp");
+    // The trace under its name, flagged incomplete: what reached the file (put there
+    // at least every second) is a readable, consistent prefix.
     let left = dir_entries(&outdir);
-    assert!(
-        left.is_empty() || left == [(tmp_name.clone(), 0o600)],
-        "left in the output directory: {left:?}"
+    assert_eq!(
+        left,
+        [("t.utrace".to_string(), 0o600)],
+        "left in the output directory"
     );
-    eprintln!("left in the output directory: {left:?}");
-    let partial = left.first().map(|(name, _)| outdir.join(name));
-    // The writer buffers 1 MiB, so the temporary file may still be empty; what reached
-    // it is a readable, consistent prefix.
-    if let Some(partial) = partial.filter(|p| std::fs::metadata(p).unwrap().len() >= 16) {
-        let name = partial.file_name().unwrap().to_string_lossy().into_owned();
-        assert!(trace_stats(&partial).is_none(), "stats in a killed session");
-        let recs = dump(&partial);
-        check_sites_valid(&recs, &[&b.meta]);
-        eprintln!("left: {name}, {} records", recs.len());
-        if let Some(pid) = recs.first().map(|r| r.pid) {
-            let runs = check_prefixes(&recs, pid, "partial trace");
-            let n: u64 = runs.iter().map(|r| r.1).sum();
-            assert!(
-                n < THREADS * CALLS,
-                "partial trace has every call: {runs:?}"
-            );
-        }
-    }
+    assert_eq!(
+        trace_header_flags(&trace) & 1,
+        1,
+        "header of a killed session"
+    );
+    assert!(trace_stats(&trace).is_none(), "stats in a killed session");
+    let recs = dump(&trace);
+    check_sites_valid(&recs, &[&b.meta]);
+    let pid = recs
+        .first()
+        .map(|r| r.pid)
+        .expect("no record in the killed session's trace");
+    let runs = check_prefixes(&recs, pid, "partial trace");
+    let n: u64 = runs.iter().map(|r| r.1).sum();
+    eprintln!(
+        "killed session's trace: {} records, work() calls {runs:?}",
+        recs.len()
+    );
+    assert!(
+        n > 0 && n < THREADS * CALLS,
+        "partial trace: work() calls {runs:?}"
+    );
+    let rep = report(&trace);
+    check_report_matches_dump(&rep, &recs);
+    assert_eq!(
+        (
+            &rep.raw["end"]["state"],
+            &rep.raw["books"]["known"],
+            &rep.raw["books"]["balanced"]
+        ),
+        (
+            &serde_json::json!("did_not_finish"),
+            &serde_json::json!(false),
+            &serde_json::json!(false)
+        ),
+        "report of a killed session: {}",
+        rep.raw["end"]
+    );
+    let text = run(
+        Command::new(tracer_bin()).arg("report").arg(&trace),
+        TRACE_TIMEOUT,
+    )
+    .ok();
+    let (out, err) = (text.stdout_str(), text.stderr_str());
+    assert!(
+        out.contains("session: did not finish")
+            && out.contains("books: unknown")
+            && !out.contains("balanced"),
+        "report of a killed session:\n{out}"
+    );
+    assert!(
+        err.contains("did not finish"),
+        "no warning on stderr: {err}"
+    );
 
     // A new session on the same binary and output path: exact counts and values.
     let (t, n) = (3u64, 20_000u64);
@@ -553,8 +594,11 @@ fn tracer_killed_target_runs_on_and_nothing_stays_attached() {
         recs.len() as u64,
         "new session: records in the file"
     );
-    // The new session writing the same file removed the dead tracer's temporary.
-    let _ = left;
+    assert_eq!(
+        trace_header_flags(&trace),
+        0,
+        "header of a finished session"
+    );
     let want_left = vec![("t.utrace".to_string(), 0o600)];
     assert_eq!(dir_entries(&outdir), want_left, "after the new session");
 }

@@ -86,7 +86,15 @@ enum Cmd {
     /// summaries, the books (delivered, filtered, dropped), binaries and their debug
     /// information.
     Report {
+        /// The trace (with --diff: the old run's).
         file: PathBuf,
+        /// With --diff: the new run's trace.
+        #[arg(requires = "diff")]
+        new: Option<PathBuf>,
+        /// Compare two runs, `report --diff OLD NEW`: per function, calls, total and self
+        /// time in each and their change, by the change of total time.
+        #[arg(long, requires = "new", conflicts_with = "last")]
+        diff: bool,
         /// One JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -307,9 +315,26 @@ fn run(cli: Cli) -> Result<i32> {
         }
         Cmd::Report {
             file,
+            new: Some(new),
+            json,
+            debug,
+            ..
+        } => {
+            views::diff::report_diff(
+                &file,
+                &new,
+                json,
+                &debug.dirs,
+                &mut BufWriter::new(std::io::stdout().lock()),
+            )?;
+            Ok(0)
+        }
+        Cmd::Report {
+            file,
             json,
             last,
             debug,
+            ..
         } => {
             views::report(
                 &file,

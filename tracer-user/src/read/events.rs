@@ -21,20 +21,32 @@ use crate::{
         lang::{Lang, LangCall},
         names::Names,
     },
-    tracefile::{self, Chunk, FinalStats, Reader, Section, Truncation, clock::Calibration},
+    tracefile::{self, Chunk, FinalStats, Reader, Section, clock::Calibration},
 };
 
-pub(crate) fn truncation_warning(path: &Path, t: Option<&Truncation>, stats: Option<&FinalStats>) {
-    if let Some(t) = t {
+/// Say on stderr what a trace without its end is: the file of a session that did not
+/// finish (killed, or still running), or a truncated copy; its books are unknown.
+pub(crate) fn truncation_warning<R: std::io::Read>(
+    path: &Path,
+    r: &Reader<R>,
+    stats: Option<&FinalStats>,
+) {
+    let unfinished = r.incomplete() && stats.is_none();
+    let what = if unfinished {
+        "the session writing it did not finish (the tracer was killed, or is still running)"
+    } else {
+        "it has no end (a truncated copy)"
+    };
+    if let Some(t) = r.truncated() {
         eprintln!(
-            "utrace: warning: {} is truncated: incomplete {} at byte {}; reading what precedes it",
+            "utrace: warning: {}: {what}: incomplete {} at byte {}; reading what precedes it",
             path.display(),
             t.what,
             t.offset
         );
     } else if stats.is_none() {
         eprintln!(
-            "utrace: warning: {} has no stats section (the recording did not finish)",
+            "utrace: warning: {}: {what}; reading all it holds",
             path.display()
         );
     }
@@ -122,7 +134,7 @@ pub(crate) fn each_record(
         }
     }
     bar.finish();
-    truncation_warning(path, r.truncated(), stats.as_ref());
+    truncation_warning(path, &r, stats.as_ref());
     Ok(stats)
 }
 

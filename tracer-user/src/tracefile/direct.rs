@@ -7,11 +7,16 @@
 //! 2 MiB blocks 1 s of waiting at 1.6 GB/s. The tail that does not fill a block is
 //! written with `O_DIRECT` turned off. Where the file system refuses `O_DIRECT`
 //! (tmpfs), everything is written the ordinary way.
+//!
+//! [`DirectWriter::checkpoint`] puts the bytes of the unfinished block into the file
+//! without moving on (buffered `pwrite` at the block's offset; the block is written
+//! again over them when it fills): a tracer killed a second later has lost at most that
+//! second, not up to a block.
 
 use std::{
     fs::File,
-    io::{self, Write},
-    os::fd::AsRawFd,
+    io::{self, Seek, Write},
+    os::{fd::AsRawFd, unix::fs::FileExt},
 };
 
 /// Alignment of direct I/O (address, length and file offset): the largest logical
@@ -65,6 +70,31 @@ impl DirectWriter {
         set_flags(&self.file, |f| f & !libc::O_DIRECT)?;
         self.direct = false;
         Ok(())
+    }
+
+    /// Put the unfinished block's bytes into the file at its offset, the position left
+    /// where it is (the block is written whole over them when it fills).
+    pub(super) fn checkpoint(&mut self) -> io::Result<()> {
+        if self.len == 0 {
+            return Ok(());
+        }
+        let at = self.file.stream_position()?;
+        let was_direct = self.direct;
+        self.buffered()?;
+        let r = self
+            .file
+            .write_all_at(&self.buf[self.off..self.off + self.len], at);
+        if was_direct && set_flags(&self.file, |f| f | libc::O_DIRECT).is_ok() {
+            self.direct = true;
+        }
+        r
+    }
+
+    /// Overwrite `bytes` at `at` of what is written (after [`DirectWriter::finish`]),
+    /// durably.
+    pub(super) fn patch(&mut self, at: u64, bytes: &[u8]) -> io::Result<()> {
+        self.file.write_all_at(bytes, at)?;
+        self.file.sync_data()
     }
 
     /// Write what is left and make it durable (the last call).
@@ -136,6 +166,36 @@ mod tests {
             for piece in data.chunks(777_777) {
                 w.write_all(piece).unwrap();
             }
+            w.finish().unwrap();
+            assert_eq!(std::fs::read(&path).unwrap(), data, "direct={direct}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_checkpoint_puts_the_unfinished_block_in_the_file() {
+        let dir = std::env::temp_dir().join(format!("utrace-ckpt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("out");
+        let data: Vec<u8> = (0..BLOCK + 5000).map(|i| (i * 13 % 241) as u8).collect();
+        for direct in [true, false] {
+            let _ = std::fs::remove_file(&path);
+            let mut w = DirectWriter::new(std::fs::File::create_new(&path).unwrap());
+            if !direct {
+                w.buffered().unwrap();
+            }
+            w.write_all(&data[..3000]).unwrap();
+            w.checkpoint().unwrap();
+            assert_eq!(
+                std::fs::read(&path).unwrap(),
+                &data[..3000],
+                "direct={direct}"
+            );
+            // The block fills over the checkpointed bytes; another checkpoint in the next.
+            w.write_all(&data[3000..BLOCK + 100]).unwrap();
+            w.checkpoint().unwrap();
+            assert_eq!(std::fs::read(&path).unwrap(), &data[..BLOCK + 100]);
+            w.write_all(&data[BLOCK + 100..]).unwrap();
             w.finish().unwrap();
             assert_eq!(std::fs::read(&path).unwrap(), data, "direct={direct}");
         }

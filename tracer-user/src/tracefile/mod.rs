@@ -9,7 +9,7 @@
 //! file header (16 bytes)
 //!   0   [u8; 8]  magic "UTRCTRAC"
 //!   8   u32      format version (FORMAT_VERSION = 6; readers take 2 to 6)
-//!   12  u32      reserved, 0
+//!   12  u32      flags: FILE_INCOMPLETE (1) until the session's end is written
 //! section (16-byte header + payload), repeated
 //!   0   u32      kind (SECTION_*)
 //!   4   u32      reserved, 0
@@ -62,9 +62,14 @@
 //!   and the traced command's exit status.
 //!
 //! Unknown section kinds are skipped by readers (forward compatibility within a
-//! version). The tracer writes to a temporary file in the destination directory and
-//! renames it when complete; a file without a stats section, or that ends inside a
-//! section, is reported as truncated and read up to its last complete section.
+//! version). The tracer creates the file as a temporary in the destination directory
+//! and renames it into place as the session starts (`Writer::publish`), with
+//! `FILE_INCOMPLETE` set; it clears the flag after the stats section, at the end. A
+//! tracer killed mid-session leaves its trace under the name asked for, flagged: readers
+//! say the session did not finish and read up to its last complete section (the writer
+//! puts what it holds into the file every second). A file without the flag but without
+//! a stats section, or that ends inside a section, is a truncated copy, read the same
+//! way.
 //!
 //! Portable: a file is little-endian throughout and carries its session header
 //! (architecture, clock calibration) and the metadata of every traced binary, so any host
@@ -105,6 +110,10 @@ pub const FORMAT_VERSION: u32 = 6;
 /// The oldest version readers accept (older ones are refused, naming both).
 pub const OLDEST_READABLE: u32 = 2;
 const FILE_HEADER_LEN: usize = 16;
+/// Where the file header's flags are.
+const FILE_FLAGS_AT: usize = 12;
+/// File header flag: the session writing the file has not finished (yet, or ever).
+pub const FILE_INCOMPLETE: u32 = 1;
 const SECTION_HEADER_LEN: usize = 16;
 
 pub const SECTION_SESSION: u32 = 1;

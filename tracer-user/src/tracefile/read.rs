@@ -15,10 +15,11 @@ use tracer_common::{
 };
 
 use super::{
-    BinaryInfo, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, GROUP_CHUNKS_MAX, MAGIC, MAX_SECTION,
-    OLDEST_READABLE, SECTION_BINARY, SECTION_CHUNK, SECTION_CHUNK_PACKED, SECTION_CHUNKS_PACKED,
-    SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SESSION, SECTION_STATS, SECTION_STRING,
-    STRING_SECTION_FIXED, SessionInfo, chunk_header,
+    BinaryInfo, FILE_FLAGS_AT, FILE_HEADER_LEN, FILE_INCOMPLETE, FORMAT_VERSION, FinalStats,
+    GROUP_CHUNKS_MAX, MAGIC, MAX_SECTION, OLDEST_READABLE, SECTION_BINARY, SECTION_CHUNK,
+    SECTION_CHUNK_PACKED, SECTION_CHUNKS_PACKED, SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD,
+    SECTION_SESSION, SECTION_STATS, SECTION_STRING, STRING_SECTION_FIXED, SessionInfo,
+    chunk_header,
     pack::{GroupUnpacker, unpack_version},
     u32_at, u64_at,
 };
@@ -72,6 +73,8 @@ pub struct Reader<R = BufReader<File>> {
     truncated: Option<Truncation>,
     /// The file's format version (packed chunks differ between 3 and 4).
     version: u32,
+    /// The header's flags (`FILE_INCOMPLETE`).
+    flags: u32,
     /// Chunks of a `SECTION_CHUNKS_PACKED` not handed out yet, in order.
     pending: std::collections::VecDeque<Chunk>,
     /// Made at the first chunk group (its table is large).
@@ -142,6 +145,7 @@ impl<R: Read> Reader<R> {
             offset: FILE_HEADER_LEN as u64,
             truncated: None,
             version,
+            flags: u32_at(&h, FILE_FLAGS_AT),
             pending: Default::default(),
             groups: None,
         })
@@ -151,6 +155,12 @@ impl<R: Read> Reader<R> {
     /// Bytes of the file read so far.
     pub fn offset(&self) -> u64 {
         self.offset
+    }
+
+    /// Whether the header says the session writing the file did not finish (it was
+    /// killed, or is still running).
+    pub fn incomplete(&self) -> bool {
+        self.flags & FILE_INCOMPLETE != 0
     }
 
     pub fn truncated(&self) -> Option<&Truncation> {

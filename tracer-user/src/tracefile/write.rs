@@ -1,11 +1,15 @@
-//! Writing a trace file: sections appended as the session runs, published by an
-//! atomic rename at the end (a crash leaves no half file under the final name).
+//! Writing a trace file: sections appended as the session runs, under the name asked
+//! for from the session's start, flagged `FILE_INCOMPLETE` until its end is written (a
+//! tracer killed mid-session leaves a readable trace that says so).
 //!
-//! The file is created 0600 with `O_EXCL` in the destination directory. `record` refuses a
-//! directory at the trace's name before the session starts, and a rename that fails at the
-//! end keeps the finished trace in its temporary file and says where
-//! (`trust_limits::a_directory_at_the_trace_name_loses_nothing`). Writes go through
-//! `direct.rs`; a `Tee` copies every section to a live view (`views/top.rs`).
+//! The file is created 0600 with `O_EXCL` as a temporary in the destination directory
+//! (never written through a planted file or link) and renamed into place by
+//! [`Writer::publish`] once the session's first sections are in it: a session that fails
+//! before that leaves nothing, and an older trace at the name is replaced only by a
+//! session that started. `record` refuses a directory at the trace's name before the
+//! session starts (`trust_limits::a_directory_at_the_trace_name_loses_nothing`). Writes
+//! go through `direct.rs`, put into the file at least every [`CHECKPOINT_EVERY`]; a
+//! `Tee` copies every section to a live view (`views/top.rs`).
 
 use std::{
     io::Write,
@@ -21,10 +25,10 @@ use tracer_common::{
 
 use super::direct::DirectWriter;
 use super::{
-    BinaryInfo, FILE_HEADER_LEN, FORMAT_VERSION, FinalStats, GROUP_CHUNKS, MAGIC, SECTION_BINARY,
-    SECTION_CHUNK_PACKED, SECTION_CHUNKS_PACKED, SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD,
-    SECTION_SESSION, SECTION_STATS, SECTION_STRING, STRING_SECTION_FIXED, SessionInfo,
-    chunk_header,
+    BinaryInfo, FILE_FLAGS_AT, FILE_HEADER_LEN, FILE_INCOMPLETE, FORMAT_VERSION, FinalStats,
+    GROUP_CHUNKS, MAGIC, SECTION_BINARY, SECTION_CHUNK_PACKED, SECTION_CHUNKS_PACKED, SECTION_COMM,
+    SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SESSION, SECTION_STATS, SECTION_STRING,
+    STRING_SECTION_FIXED, SessionInfo, chunk_header,
     pack::{GroupPacker, pack},
     u32_at, u64_at,
 };
@@ -263,22 +267,30 @@ fn remove_stale_temporaries(dest: &Path, name: &std::ffi::OsStr) {
     }
 }
 
-/// The file header: magic, format version, reserved word.
-fn file_header() -> Vec<u8> {
+/// The file header: magic, format version, flags.
+fn file_header(flags: u32) -> Vec<u8> {
     let mut header = Vec::with_capacity(FILE_HEADER_LEN);
     header.extend_from_slice(&MAGIC);
     header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    header.extend_from_slice(&0u32.to_le_bytes());
+    header.extend_from_slice(&flags.to_le_bytes());
     header
 }
 
-/// Writes a trace to `<dir>/.<name>.<pid>.tmp` and renames it to the destination in
-/// [`Writer::finish`]; dropped unfinished, it removes the temporary file.
+/// How long written sections may wait in the writer before they are put into the file.
+pub const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Writes a trace to `<dir>/.<name>.<pid>.tmp`, renamed to the destination by
+/// [`Writer::publish`]; [`Writer::finish`] ends it. Dropped before it was published, it
+/// removes the temporary file; after, the trace stays, flagged incomplete.
 pub struct Writer {
     out: DirectWriter,
     tmp: PathBuf,
     dest: PathBuf,
+    /// Renamed into place.
+    published: bool,
     done: bool,
+    /// When the bytes held back were last put into the file.
+    checkpointed: std::time::Instant,
     /// A copy of the file's bytes for a live view, whole sections at a time.
     tee: Option<Tee>,
 }
@@ -320,18 +332,55 @@ impl Writer {
             out: DirectWriter::new(file),
             tmp,
             dest: dest.to_path_buf(),
+            published: false,
             done: false,
+            checkpointed: std::time::Instant::now(),
             tee: None,
         };
-        w.put(&file_header())?;
+        w.put(&file_header(FILE_INCOMPLETE))?;
         Ok(w)
     }
 
     /// Copy everything from here on to `tee` (a live view), starting with the file
     /// header; call before any section is written.
     pub fn tee_to(&mut self, mut tee: Tee) {
-        tee.send(&file_header());
+        tee.send(&file_header(FILE_INCOMPLETE));
         self.tee = Some(tee);
+    }
+
+    /// Put the trace under its name (the sections so far into the file first): from
+    /// here on a session that dies leaves it there, flagged incomplete. A rename over
+    /// a link replaces the link.
+    pub fn publish(&mut self) -> Result<()> {
+        self.checkpoint()?;
+        std::fs::rename(&self.tmp, &self.dest)
+            .with_context(|| format!("cannot put the trace at {}", self.dest.display()))?;
+        self.published = true;
+        Ok(())
+    }
+
+    /// Put what the writer holds into the file if it has waited [`CHECKPOINT_EVERY`].
+    pub fn checkpoint_if_due(&mut self) -> Result<()> {
+        if self.checkpointed.elapsed() >= CHECKPOINT_EVERY {
+            self.checkpoint()?;
+        }
+        Ok(())
+    }
+
+    fn checkpoint(&mut self) -> Result<()> {
+        self.checkpointed = std::time::Instant::now();
+        self.out
+            .checkpoint()
+            .with_context(|| format!("cannot write {}", self.path().display()))
+    }
+
+    /// Where the file is now.
+    fn path(&self) -> &Path {
+        if self.published {
+            &self.dest
+        } else {
+            &self.tmp
+        }
     }
 
     fn section(&mut self, kind: u32, payload: &[u8]) -> Result<()> {
@@ -361,29 +410,35 @@ impl Writer {
     }
 
     fn put(&mut self, bytes: &[u8]) -> Result<()> {
-        self.out
-            .write_all(bytes)
-            .with_context(|| format!("cannot write {}", self.tmp.display()))
+        if let Err(e) = self.out.write_all(bytes) {
+            return Err(e).with_context(|| format!("cannot write {}", self.path().display()));
+        }
+        Ok(())
     }
 
-    /// Append the stats section and move the file into place.
+    /// Append the stats section, clear the incomplete flag, and put the file in place
+    /// if it is not yet.
     pub fn finish(mut self, stats: &FinalStats) -> Result<PathBuf> {
         self.section(SECTION_STATS, &serde_json::to_vec(stats)?)?;
         // The view's copy ends with the file.
         self.tee = None;
-        self.out
-            .finish()
-            .with_context(|| format!("cannot write {}", self.tmp.display()))?;
-        // Whatever happens now, the finished trace is not removed: a rename that
-        // fails (a directory planted at the name meanwhile) leaves it where it is.
+        let at = self.path().to_path_buf();
+        let complete = |w: &mut Self| -> std::io::Result<()> {
+            w.out.finish()?;
+            w.out.patch(FILE_FLAGS_AT as u64, &0u32.to_le_bytes())
+        };
+        complete(&mut self).with_context(|| format!("cannot write {}", at.display()))?;
+        // Whatever happens now, the finished trace is not removed.
         self.done = true;
-        std::fs::rename(&self.tmp, &self.dest).with_context(|| {
-            format!(
-                "cannot rename the trace to {}; it is kept in {}",
-                self.dest.display(),
-                self.tmp.display()
-            )
-        })?;
+        if !self.published {
+            std::fs::rename(&self.tmp, &self.dest).with_context(|| {
+                format!(
+                    "cannot rename the trace to {}; it is kept in {}",
+                    self.dest.display(),
+                    self.tmp.display()
+                )
+            })?;
+        }
         Ok(self.dest.clone())
     }
 }
@@ -402,7 +457,10 @@ fn refuse_directory(dest: &Path) -> Result<()> {
 
 impl Drop for Writer {
     fn drop(&mut self) {
-        if !self.done {
+        if self.published {
+            // The trace so far, flagged incomplete: what a session that failed got.
+            let _ = self.out.checkpoint();
+        } else if !self.done {
             let _ = std::fs::remove_file(&self.tmp);
         }
     }

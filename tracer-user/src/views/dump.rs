@@ -57,6 +57,6 @@ pub fn dump(path: &Path, out: &mut impl Write) -> Result<()> {
         }
     }
     out.flush()?;
-    truncation_warning(path, r.truncated(), stats.as_ref());
+    truncation_warning(path, &r, stats.as_ref());
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! `tracefile` and `debuginfo`; nothing else uses it but `main`.
 
 pub(crate) mod chrome;
+pub mod diff;
 pub mod dump;
 pub mod export;
 pub mod flamegraph;

@@ -116,6 +116,9 @@ pub(crate) struct CallTimes {
 /// site) was delivered, filtered or dropped.
 #[derive(Serialize, Default)]
 pub(crate) struct Books {
+    /// The session's end was written (its counters are in the file); false: every
+    /// number below is unknown (0) and `balanced` false.
+    pub known: bool,
     pub produced: u64,
     pub delivered: u64,
     pub filtered: u64,
@@ -135,6 +138,20 @@ pub(crate) struct Books {
     /// Lost before attach: programs that waited in vain for the tracer to attach their
     /// binary (their records are in none of the counters above).
     pub unattached: u64,
+}
+
+/// How a trace's session ended, as far as its file says.
+#[derive(Serialize, Clone, Copy, PartialEq, Eq, Debug)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub(crate) enum SessionEnd {
+    /// The end was written; the traced command's exit code (128 + signal if it was
+    /// killed), None when the session attached to running processes.
+    Finished { exit_code: Option<i32> },
+    /// The file says its session did not finish: the tracer was killed or crashed (or
+    /// is still running).
+    DidNotFinish,
+    /// No end and no such flag: a truncated copy.
+    Truncated,
 }
 
 #[derive(Serialize)]
@@ -165,6 +182,8 @@ pub(crate) struct Summary {
     /// program); their `records` are 0.
     pub untraced_sites: Vec<UprobeSite>,
     pub books: Books,
+    /// How the session ended.
+    pub end: SessionEnd,
     pub time_modes: Vec<BinaryTime>,
     /// What the memory sites' accesses touched (only with memory accesses).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -335,6 +354,8 @@ struct Counts {
     uprobe: u64,
     chunks: u64,
     truncated: bool,
+    /// The header says the session did not finish.
+    unfinished: bool,
 }
 
 impl Counts {
@@ -376,8 +397,9 @@ impl Counts {
                 Section::Unknown(kind) => log::debug!("skipping section of unknown kind {kind}"),
             }
         }
-        truncation_warning(path, r.truncated(), c.stats.as_ref());
+        truncation_warning(path, &r, c.stats.as_ref());
         c.truncated = r.truncated().is_some();
+        c.unfinished = r.incomplete();
         Ok(c)
     }
 
@@ -575,8 +597,13 @@ fn last_records(
     last
 }
 
-fn books(st: &FinalStats) -> Books {
+fn books(st: Option<&FinalStats>) -> Books {
+    let Some(st) = st else {
+        // The session's end was never written: what the kernel counted is unknown.
+        return Books::default();
+    };
     Books {
+        known: true,
         produced: st.records_produced,
         delivered: st.records_delivered,
         filtered: st.records_filtered,
@@ -599,6 +626,17 @@ fn books(st: &FinalStats) -> Books {
     }
 }
 
+/// How the session ended, as far as the file says.
+fn session_end(c: &Counts) -> SessionEnd {
+    match &c.stats {
+        Some(st) => SessionEnd::Finished {
+            exit_code: st.exit_code,
+        },
+        None if c.unfinished => SessionEnd::DidNotFinish,
+        None => SessionEnd::Truncated,
+    }
+}
+
 /// The second pass: counts per site and thread, `--last` records, books, binaries.
 fn summarize(
     path: &Path,
@@ -614,6 +652,8 @@ fn summarize(
     for b in &mut c.binaries {
         b.debug = names.debug_source(b.binary_id);
     }
+    let books = books(c.stats.as_ref());
+    let end = session_end(&c);
     let st = c.stats.unwrap_or_default();
     let memory = std::mem::take(&mut c.memory).finish(names);
     let summary = Summary {
@@ -633,7 +673,8 @@ fn summarize(
         binaries: c.binaries,
         uprobe_sites,
         untraced_sites,
-        books: books(&st),
+        books,
+        end,
         last,
         time_modes: names
             .time_modes()

@@ -10,8 +10,8 @@ use crate::{
     views::{
         memory::{Memory, site_place},
         model::{
-            BinarySummary, Books, CallTimes, FunctionCount, LastRecords, Report, ThreadCount,
-            UprobeSite,
+            BinarySummary, Books, CallTimes, FunctionCount, LastRecords, Report, SessionEnd,
+            Summary, ThreadCount, UprobeSite,
         },
     },
     wording::programs,
@@ -64,6 +64,7 @@ fn write_header(out: &mut impl Write, path: &Path, r: &Report) -> Result<()> {
     if s.chunks_lost > 0 {
         writeln!(out, "chunks lost: {}", s.chunks_lost)?;
     }
+    write_end(out, s.end, s)?;
     write_books(out, &s.books)?;
     write_binaries(out, &s.binaries)?;
     write_uprobe_sites(out, &s.uprobe_sites)?;
@@ -79,7 +80,38 @@ fn write_header(out: &mut impl Write, path: &Path, r: &Report) -> Result<()> {
     Ok(())
 }
 
+/// How the session ended; where it did not, its books are unknown.
+fn write_end(out: &mut impl Write, end: SessionEnd, s: &Summary) -> Result<()> {
+    let how = match end {
+        SessionEnd::Finished {
+            exit_code: Some(c @ 129..=192),
+        } => format!("finished; the command was killed by signal {}", c - 128),
+        SessionEnd::Finished { exit_code: Some(c) } => {
+            format!("finished; the command exited with status {c}")
+        }
+        SessionEnd::Finished { exit_code: None } => "finished".into(),
+        SessionEnd::DidNotFinish => format!(
+            "did not finish (the tracer was killed or crashed, or is still running); \
+             the file holds {} records",
+            s.records
+        ),
+        SessionEnd::Truncated => format!(
+            "unknown: the file has no end (a truncated copy); it holds {} records",
+            s.records
+        ),
+    };
+    writeln!(out, "session: {how}")?;
+    Ok(())
+}
+
 fn write_books(out: &mut impl Write, b: &Books) -> Result<()> {
+    if !b.known {
+        writeln!(
+            out,
+            "books: unknown: the session did not finish (its counters were never written)"
+        )?;
+        return Ok(());
+    }
     writeln!(
         out,
         "books: produced {} = delivered {} + filtered {} + dropped {} ({})",
@@ -294,7 +326,7 @@ fn nonzero(counts: &[u64], label: impl Fn(usize, u64) -> String) -> Vec<String> 
 }
 
 /// Human-readable nanoseconds.
-fn ns(v: u64) -> String {
+pub(crate) fn ns(v: u64) -> String {
     match v {
         0..1_000 => format!("{v}ns"),
         1_000..1_000_000 => format!("{:.1}us", v as f64 / 1e3),

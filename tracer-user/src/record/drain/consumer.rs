@@ -23,7 +23,7 @@ use std::{
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
-        mpsc::{Receiver, Sender, SyncSender, sync_channel},
+        mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender, sync_channel},
     },
     thread::JoinHandle,
     time::Duration,
@@ -36,7 +36,9 @@ use aya_log::EbpfLogger;
 use tracer_common::{CHUNK_KIND_COMM, CHUNK_KIND_MAPPED, CHUNK_KIND_RECORDS, CHUNK_KIND_STRING};
 
 use super::packers::{Batch, Packers};
-use crate::tracefile::{RawGroup, Writer, encode_chunk, encode_comm, encode_string};
+use crate::tracefile::{
+    CHECKPOINT_EVERY, RawGroup, Writer, encode_chunk, encode_comm, encode_string,
+};
 
 /// Batches handed to the writer at once (bytes, soft limit).
 const BATCH_BYTES: usize = 1 << 20;
@@ -310,10 +312,16 @@ fn raise_priority() {
     }
 }
 
+/// Writes batches in order; what the writer holds goes into the file at least every
+/// `CHECKPOINT_EVERY`, so that a tracer killed mid-session leaves all but that.
 fn write_loop(mut writer: Writer, rx: Receiver<Batch>) -> Result<Writer> {
     raise_priority();
-    for batch in rx {
-        writer.write_raw(&batch.bytes()?)?;
+    loop {
+        match rx.recv_timeout(CHECKPOINT_EVERY) {
+            Ok(batch) => writer.write_raw(&batch.bytes()?)?,
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return Ok(writer),
+        }
+        writer.checkpoint_if_due()?;
     }
-    Ok(writer)
 }

@@ -358,6 +358,7 @@ fn run(st: &mut State, sock: &OwnedFd, main: u32) -> Result<i32> {
         // SAFETY: one valid pollfd. A timeout or EINTR just means "look again".
         unsafe { libc::poll(&mut p, 1, 5) };
         st.drain_socket(sock)?;
+        st.writer.checkpoint_if_due()?;
         loop {
             let mut status = 0;
             // SAFETY: status is a valid out-pointer.

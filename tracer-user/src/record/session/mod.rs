@@ -225,6 +225,7 @@ impl Outputs {
         for b in &self.infos {
             w.write_binary(b)?;
         }
+        w.publish()?;
         Pipeline::start(self.ring, self.logger, w, self.mapped)
     }
 }

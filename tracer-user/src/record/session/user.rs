@@ -44,6 +44,7 @@ pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
     for b in binary_infos(binaries.iter().map(|t| &t.binary)) {
         writer.write_binary(&b)?;
     }
+    writer.publish()?;
     let known: Vec<(u64, u64)> = binaries.iter().map(|t| geometry(&t.binary)).collect();
     let mut drain = UserDrain::new(writer, &known, Box::new(mapped_in));
 

@@ -11,7 +11,9 @@
 //! counted once per binary; lackey: its data lines in sqlite's own code), records and
 //! records lost (the tracer's summary line), bytes an access on disk, the binary's size
 //! and growth, ns an access over untraced, and the output checked against the untraced
-//! run's. Then issue 32's targets for the default stubs under the tracer.
+//! run's. Then issue 32's targets for the default stubs under the tracer, and the ns an
+//! access once the cost of an empty session (`select 1` under `tracer record`: loading and
+//! verifying the eBPF programs) is taken away too.
 
 use std::cell::Cell;
 use std::io::Read;
@@ -128,7 +130,37 @@ pub(crate) fn memtrace(o: &Options) -> Result<()> {
         }
     }
     print(&table, std::fs::metadata(&plain)?.len());
+    marginal(&table, session_cost(&env, &bins[1], o.rounds)?);
     check_outputs(&table)
+}
+
+/// The wall time of `tracer record` around the access-runs binary running `select 1`
+/// (median of `rounds`): what a session costs whatever the workload (loading and
+/// verifying the eBPF programs, attaching, the end), not a cost per access.
+fn session_cost(env: &Env, bin: &Path, rounds: usize) -> Result<f64> {
+    let trace = env.dir.join("memtrace-empty.utrace");
+    let mut walls = Vec::new();
+    for _ in 0..rounds.max(1) {
+        let mut c = cmd(env.tracer);
+        record_args(&mut c, env.dir, &trace, bin);
+        c.args([":memory:", "select 1;"]);
+        walls.push(measured(&mut c)?.wall_s);
+        let _ = std::fs::remove_file(&trace);
+    }
+    walls.sort_by(f64::total_cmp);
+    Ok(walls[walls.len() / 2])
+}
+
+/// ns an access of the rows under `tracer record` over the untraced run once the
+/// session's fixed cost is taken away too: what the stubs and the drain cost an access.
+fn marginal(table: &[Row], session_s: f64) {
+    println!("an empty session (tracer record, `select 1`): {session_s:.2} s");
+    for r in table.iter().filter(|r| r.name.starts_with("tracer record")) {
+        if let Some(n) = r.accesses.filter(|&n| n > 0) {
+            let ns = (r.wall_s - session_s - base_of(table, r).wall_s) * 1e9 / n as f64;
+            println!("{}: {ns:.2} ns/access over an empty session", r.name);
+        }
+    }
 }
 
 /// Where the utrace rows run.
