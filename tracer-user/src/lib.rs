@@ -8,6 +8,8 @@
 pub(crate) mod debuginfo;
 pub(crate) mod probes;
 pub(crate) mod read;
+/// `--since/--until` of the readers.
+pub use read::range::{TimePoint, TimeRange};
 pub mod record;
 pub mod tracefile;
 pub mod views;

@@ -16,7 +16,7 @@ use clap::{Parser, Subcommand};
 use tracer_common::ebpf::DEFAULT_RING_BYTES;
 
 use tracer_user::{
-    record,
+    TimePoint, TimeRange, record,
     record::filters::FilterSpec,
     record::{OnFull, RecordOptions, Target},
     views,
@@ -66,6 +66,8 @@ enum Cmd {
         #[arg(short, long)]
         output: PathBuf,
         #[command(flatten)]
+        range: RangeArgs,
+        #[command(flatten)]
         debug: DebugDirs,
     },
     /// Draw a flame graph (SVG) of the self time of each call stack, from the entry and
@@ -78,6 +80,8 @@ enum Cmd {
         /// The graph's title.
         #[arg(long)]
         title: Option<String>,
+        #[command(flatten)]
+        range: RangeArgs,
         #[command(flatten)]
         debug: DebugDirs,
     },
@@ -103,11 +107,17 @@ enum Cmd {
         #[arg(long, value_name = "N")]
         last: Option<usize>,
         #[command(flatten)]
+        range: RangeArgs,
+        #[command(flatten)]
         debug: DebugDirs,
     },
     /// One tab-separated line per record, in delivery order:
     /// pid tid binary site symbol value aux time_ns flags.
-    Dump { file: PathBuf },
+    Dump {
+        file: PathBuf,
+        #[command(flatten)]
+        range: RangeArgs,
+    },
 }
 
 /// `tracer record`'s options.
@@ -169,6 +179,27 @@ struct RecordArgs {
     /// The command and its arguments (after `--`).
     #[arg(last = true)]
     command: Vec<OsString>,
+}
+
+/// `--since/--until`: only the records of a time range.
+#[derive(clap::Args)]
+struct RangeArgs {
+    /// Only records at or after this time: seconds from the session's start (1.5, 1.5s,
+    /// 250ms, 40us, 100ns) or @ and CLOCK_MONOTONIC ns (as `dump` prints times).
+    #[arg(long, value_name = "TIME")]
+    since: Option<TimePoint>,
+    /// Only records before this time (the same forms as --since).
+    #[arg(long, value_name = "TIME")]
+    until: Option<TimePoint>,
+}
+
+impl RangeArgs {
+    fn range(&self) -> TimeRange {
+        TimeRange {
+            since: self.since,
+            until: self.until,
+        }
+    }
 }
 
 /// Where to look for debug information besides the binary, the tracer's cache and
@@ -317,12 +348,14 @@ fn run(cli: Cli) -> Result<i32> {
             file,
             new: Some(new),
             json,
+            range,
             debug,
             ..
         } => {
             views::diff::report_diff(
                 &file,
                 &new,
+                &range.range(),
                 json,
                 &debug.dirs,
                 &mut BufWriter::new(std::io::stdout().lock()),
@@ -333,11 +366,13 @@ fn run(cli: Cli) -> Result<i32> {
             file,
             json,
             last,
+            range,
             debug,
             ..
         } => {
             views::report(
                 &file,
+                &range.range(),
                 json,
                 last.unwrap_or(0),
                 &debug.dirs,
@@ -349,22 +384,34 @@ fn run(cli: Cli) -> Result<i32> {
             file,
             format,
             output,
+            range,
             debug,
         } => {
-            views::export::export(&file, &format, &output, &debug.dirs)?;
+            views::export::export(&file, &range.range(), &format, &output, &debug.dirs)?;
             Ok(0)
         }
         Cmd::Flamegraph {
             file,
             output,
             title,
+            range,
             debug,
         } => {
-            views::flamegraph::flamegraph(&file, &output, title.as_deref(), &debug.dirs)?;
+            views::flamegraph::flamegraph(
+                &file,
+                &range.range(),
+                &output,
+                title.as_deref(),
+                &debug.dirs,
+            )?;
             Ok(0)
         }
-        Cmd::Dump { file } => {
-            views::dump::dump(&file, &mut BufWriter::new(std::io::stdout().lock()))?;
+        Cmd::Dump { file, range } => {
+            views::dump::dump(
+                &file,
+                &range.range(),
+                &mut BufWriter::new(std::io::stdout().lock()),
+            )?;
             Ok(0)
         }
     }

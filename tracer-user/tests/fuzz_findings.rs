@@ -45,19 +45,29 @@ fn fuzz_findings_pass_every_view() {
 fn check_readers(trace: &Path, records: u64) {
     let what = trace.display();
     let mut text = Vec::new();
-    views::report(trace, false, 3, &[], &mut text).unwrap_or_else(|e| panic!("{what}: {e:#}"));
+    views::report(
+        trace,
+        &tracer_user::TimeRange::ALL,
+        false,
+        3,
+        &[],
+        &mut text,
+    )
+    .unwrap_or_else(|e| panic!("{what}: {e:#}"));
     let text = String::from_utf8(text).unwrap();
     assert!(
         text.contains(&format!("records: {records} ")),
         "{what}: {text}"
     );
     let mut json = Vec::new();
-    views::report(trace, true, 3, &[], &mut json).unwrap_or_else(|e| panic!("{what}: {e:#}"));
+    views::report(trace, &tracer_user::TimeRange::ALL, true, 3, &[], &mut json)
+        .unwrap_or_else(|e| panic!("{what}: {e:#}"));
     let json: serde_json::Value = serde_json::from_slice(&json).expect("report --json");
     assert_eq!(json["records"], records, "{what}");
     assert_eq!(json["read_errors"], 0, "{what}");
     let mut dump = Vec::new();
-    views::dump::dump(trace, &mut dump).unwrap_or_else(|e| panic!("{what}: {e:#}"));
+    views::dump::dump(trace, &tracer_user::TimeRange::ALL, &mut dump)
+        .unwrap_or_else(|e| panic!("{what}: {e:#}"));
     let lines = dump
         .split(|&b| b == b'\n')
         .filter(|l| !l.is_empty())
@@ -71,7 +81,7 @@ fn check_exports(trace: &Path, out: &Path) {
     let what = trace.display();
     for format in ["chrome", "perfetto"] {
         let file = out.join(format);
-        views::export::export(trace, format, &file, &[])
+        views::export::export(trace, &tracer_user::TimeRange::ALL, format, &file, &[])
             .unwrap_or_else(|e| panic!("{what}: {e:#}"));
         assert!(
             std::fs::metadata(&file).unwrap().len() > 0,
@@ -82,7 +92,7 @@ fn check_exports(trace: &Path, out: &Path) {
         serde_json::from_slice(&std::fs::read(out.join("chrome")).unwrap()).expect("chrome JSON");
     assert!(chrome.is_object() || chrome.is_array(), "{what}");
     let svg = out.join("svg");
-    match views::flamegraph::flamegraph(trace, &svg, None, &[]) {
+    match views::flamegraph::flamegraph(trace, &tracer_user::TimeRange::ALL, &svg, None, &[]) {
         Ok(()) => assert!(std::fs::read_to_string(&svg).unwrap().contains("<svg")),
         Err(e) => assert!(
             format!("{e:#}").contains("no completed function calls"),

@@ -225,13 +225,13 @@ fn write_trace(dir: &Path, time_mode: TimeMode, pairs: bool) -> (PathBuf, u64) {
 
 fn dump(trace: &Path) -> String {
     let mut out = Vec::new();
-    views::dump::dump(trace, &mut out).unwrap();
+    views::dump::dump(trace, &tracer_user::TimeRange::ALL, &mut out).unwrap();
     String::from_utf8(out).unwrap()
 }
 
 fn report(trace: &Path, json: bool) -> String {
     let mut out = Vec::new();
-    views::report(trace, json, 4, &[], &mut out).unwrap();
+    views::report(trace, &tracer_user::TimeRange::ALL, json, 4, &[], &mut out).unwrap();
     String::from_utf8(out).unwrap()
 }
 
@@ -311,14 +311,21 @@ fn pairs_read_as_the_single_records_they_hold() {
             let out = |t: &Path| {
                 let file = dir.join(format!("{format}.out"));
                 let _ = std::fs::remove_dir_all(&file);
-                views::export::export(t, format, &file, &[]).unwrap();
+                views::export::export(t, &tracer_user::TimeRange::ALL, format, &file, &[]).unwrap();
                 contents(&file)
             };
             assert!(out(&pairs) == out(&singles), "{mode:?}: export {format}");
         }
         let svg = |t: &Path| {
             let file = dir.join("flame.svg");
-            views::flamegraph::flamegraph(t, &file, Some("walk"), &[]).unwrap();
+            views::flamegraph::flamegraph(
+                t,
+                &tracer_user::TimeRange::ALL,
+                &file,
+                Some("walk"),
+                &[],
+            )
+            .unwrap();
             uncoloured(&std::fs::read_to_string(&file).unwrap())
         };
         assert_eq!(svg(&pairs), svg(&singles), "{mode:?}: flame graph");

@@ -20,6 +20,7 @@ use crate::{
         coarse::Timeline,
         lang::{Lang, LangCall},
         names::Names,
+        range::{TimeRange, Window},
     },
     tracefile::{self, Chunk, FinalStats, Reader, Section, clock::Calibration},
 };
@@ -99,13 +100,21 @@ impl Threads {
     }
 }
 
-/// Every real record of a trace, in delivery order, with its names and time; the
-/// file's stats section (if any) at the end. `names` also learns load biases.
+/// Every real record of a trace in `range`, in delivery order, with its names and time;
+/// the file's stats section (if any) at the end. `names` also learns load biases.
 pub(crate) fn each_record(
     path: &Path,
+    range: &TimeRange,
     names: &mut Names,
     mut f: impl FnMut(&Event, &Names),
 ) -> Result<Option<FinalStats>> {
+    // Known once the session header (its start) is read.
+    let window = std::cell::Cell::new(Window::ALL);
+    let mut f = |ev: &Event, names: &Names| {
+        if window.get().contains(ev.time_ns) {
+            f(ev, names)
+        }
+    };
     let end = tracefile::read_stats(path)?.and_then(|s| s.clock_end);
     let mut timeline = Timeline::scan(path)?;
     let mut r = Reader::open(path)?;
@@ -119,7 +128,10 @@ pub(crate) fn each_record(
     let mut stats = None;
     while let Some(section) = r.next_section()? {
         match section {
-            Section::Session(s) => clock = Some(s.clock.refined(end)),
+            Section::Session(s) => {
+                window.set(range.window(s.clock.anchor.monotonic_ns));
+                clock = Some(s.clock.refined(end));
+            }
             Section::Binary(b) => names.add(&b),
             s @ (Section::Comm(..) | Section::String(_)) => threads.section(s),
             Section::Load(pid, id, bias) => names.loaded_at(pid, id, bias),

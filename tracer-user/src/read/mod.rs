@@ -8,4 +8,5 @@ pub(crate) mod coarse;
 pub(crate) mod events;
 pub(crate) mod lang;
 pub(crate) mod names;
+pub(crate) mod range;
 pub(crate) mod symbols;

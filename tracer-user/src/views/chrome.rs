@@ -11,12 +11,19 @@ use std::{
 use anyhow::{Context, Result};
 use serde_json::json;
 
-use crate::read::{calls::Calls, events::each_record, names::Names, symbols::describe};
+use crate::read::{
+    calls::Calls, events::each_record, names::Names, range::TimeRange, symbols::describe,
+};
 
 /// The thread of a thread's interpreted calls: above every Linux tid (pid_max ≤ 2^22).
 const LANG_TID: u32 = 1 << 22;
 
-pub(crate) fn write(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Result<()> {
+pub(crate) fn write(
+    trace: &Path,
+    range: &TimeRange,
+    names: &mut Names,
+    w: &mut BufWriter<File>,
+) -> Result<()> {
     let mut calls = Calls::default();
     let mut named: HashSet<(u32, u32)> = HashSet::new();
     let mut first = true;
@@ -31,7 +38,7 @@ pub(crate) fn write(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) ->
         }
     };
     let us = |ns: u64| ns as f64 / 1000.0;
-    let stats = each_record(trace, names, |ev, names| {
+    let stats = each_record(trace, range, names, |ev, names| {
         last_ns = last_ns.max(ev.time_ns);
         if named.insert((ev.pid, ev.tid)) && !ev.comm.is_empty() {
             put(

@@ -16,7 +16,10 @@ use std::{collections::BTreeMap, io::Write, path::Path, path::PathBuf};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::{read::calls::FunctionTime, views::model};
+use crate::{
+    read::{calls::FunctionTime, range::TimeRange},
+    views::model,
+};
 
 /// One run's numbers of a function.
 #[derive(Serialize, Clone, Copy, Default, Debug, PartialEq, Eq)]
@@ -64,12 +67,13 @@ pub(crate) struct Diff {
 pub fn report_diff(
     old: &Path,
     new: &Path,
+    range: &TimeRange,
     json: bool,
     debug_dirs: &[PathBuf],
     out: &mut impl Write,
 ) -> Result<()> {
     let read = |p: &Path| -> Result<Vec<FunctionTime>> {
-        let r = model::build(p, 0, debug_dirs).with_context(|| p.display().to_string())?;
+        let r = model::build(p, range, 0, debug_dirs).with_context(|| p.display().to_string())?;
         Ok(r.summary.calls.functions)
     };
     let d = diff(old, new, read(old)?, read(new)?);

@@ -11,6 +11,7 @@ use crate::{
         coarse::Timeline,
         events::{time_ns, truncation_warning},
         names::Names,
+        range::{TimeRange, Window},
     },
     tracefile::{self, Reader, Section, clock::Calibration},
 };
@@ -18,16 +19,21 @@ use crate::{
 /// Print one line per record, in delivery order:
 /// `pid tid binary site symbol value aux time_ns flags` (tab separated; value and aux
 /// in 0x-hex; time in CLOCK_MONOTONIC ns; flags in decimal).
-pub fn dump(path: &Path, out: &mut impl Write) -> Result<()> {
+/// Only the records in `range`.
+pub fn dump(path: &Path, range: &TimeRange, out: &mut impl Write) -> Result<()> {
     let end = tracefile::read_stats(path)?.and_then(|s| s.clock_end);
     let mut timeline = Timeline::scan(path)?;
     let mut r = Reader::open(path)?;
     let mut names = Names::new(&[]);
     let mut clock: Option<Calibration> = None;
     let mut stats = None;
+    let mut window = Window::ALL;
     while let Some(section) = r.next_section()? {
         match section {
-            Section::Session(s) => clock = Some(s.clock.refined(end)),
+            Section::Session(s) => {
+                window = range.window(s.clock.anchor.monotonic_ns);
+                clock = Some(s.clock.refined(end));
+            }
             Section::Binary(b) => names.add(&b),
             Section::Load(pid, id, bias) => names.loaded_at(pid, id, bias),
             Section::Chunk(mut c) => {
@@ -36,6 +42,10 @@ pub fn dump(path: &Path, out: &mut impl Write) -> Result<()> {
                 let h = c.header;
                 let bin = names.binary(h.binary_id);
                 for rec in c.records.iter().filter(|r| names.is_record(h.binary_id, r)) {
+                    let t = time_ns(rec, clock.as_ref());
+                    if !window.contains(t) {
+                        continue;
+                    }
                     writeln!(
                         out,
                         "{}\t{}\t{}\t{}\t{}\t{:#x}\t{:#x}\t{}\t{}",
@@ -46,7 +56,7 @@ pub fn dump(path: &Path, out: &mut impl Write) -> Result<()> {
                         names.raw_symbol(h.binary_id, rec.site),
                         rec.value,
                         rec.aux,
-                        time_ns(rec, clock.as_ref()),
+                        t,
                         rec.flags
                     )?;
                 }

@@ -20,7 +20,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    read::names::Names,
+    read::{names::Names, range::TimeRange},
     views::{chrome, parquet, perfetto},
 };
 
@@ -97,13 +97,19 @@ fn parquet_files(out: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Write `trace` as `format` to `out`.
-pub fn export(trace: &Path, format: &str, out: &Path, debug_dirs: &[PathBuf]) -> Result<()> {
+pub fn export(
+    trace: &Path,
+    range: &TimeRange,
+    format: &str,
+    out: &Path,
+    debug_dirs: &[PathBuf],
+) -> Result<()> {
     let mut names = Names::new(debug_dirs);
     match format {
-        "chrome" => write_atomically(out, |w| chrome::write(trace, &mut names, w)),
-        "perfetto" => write_atomically(out, |w| perfetto::write(trace, &mut names, w)),
+        "chrome" => write_atomically(out, |w| chrome::write(trace, range, &mut names, w)),
+        "perfetto" => write_atomically(out, |w| perfetto::write(trace, range, &mut names, w)),
         "parquet" => write_all_atomically(&parquet_files(out)?, |ws| match ws {
-            [records, calls] => parquet::write(trace, &mut names, records, calls),
+            [records, calls] => parquet::write(trace, range, &mut names, records, calls),
             _ => bail!("internal error: two outputs expected"),
         }),
         _ => bail!("unknown export format {format:?} (supported: chrome, perfetto, parquet)"),

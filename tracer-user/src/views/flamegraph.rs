@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    read::{calls::Calls, events::each_record, names::Names},
+    read::{calls::Calls, events::each_record, names::Names, range::TimeRange},
     views::export::write_atomically,
 };
 
@@ -16,13 +16,14 @@ const MAX_TOTAL: u64 = 1 << 53;
 /// `tracer flamegraph`: an SVG of self time per call stack (entry/exit pairs).
 pub fn flamegraph(
     trace: &Path,
+    range: &TimeRange,
     out: &Path,
     title: Option<&str>,
     debug_dirs: &[PathBuf],
 ) -> Result<()> {
     let mut names = Names::new(debug_dirs);
     let mut calls = Calls::folding();
-    each_record(trace, &mut names, |ev, _| {
+    each_record(trace, range, &mut names, |ev, _| {
         calls.event(ev);
     })?;
     let tree = calls.folded.take().unwrap_or_default();

@@ -19,15 +19,18 @@ use std::{io::Write, path::Path, path::PathBuf};
 
 use anyhow::Result;
 
+use crate::read::range::TimeRange;
+
 /// `tracer report`: per-function and per-thread counts, as text or one JSON object.
 pub fn report(
     path: &Path,
+    range: &TimeRange,
     json: bool,
     last: usize,
     debug_dirs: &[PathBuf],
     out: &mut impl Write,
 ) -> Result<()> {
-    let r = model::build(path, last, debug_dirs)?;
+    let r = model::build(path, range, last, debug_dirs)?;
     if json {
         json::write(out, &r)
     } else {

@@ -19,12 +19,14 @@ use crate::{
     read::{
         accesses,
         calls::{Calls, FunctionTime},
-        events::{each_record, truncation_warning},
+        coarse::Timeline,
+        events::{each_record, time_ns, truncation_warning},
         lang::StringStats,
         names::{Names, kind_is_call_edge},
+        range::{TimeRange, Window},
         symbols::{Frame, describe},
     },
-    tracefile::{BinaryInfo, FinalStats, Reader, Section, SessionInfo},
+    tracefile::{BinaryInfo, FinalStats, Reader, Section, SessionInfo, clock::Calibration},
     views::memory::{Memory, MemoryCounts},
 };
 
@@ -225,11 +227,16 @@ pub(crate) struct Report {
 /// Read the trace twice: first calls and times (each record with its time), then the
 /// counts and `--last` records (whose callers need the load biases the first pass
 /// learned).
-pub(crate) fn build(path: &Path, last: usize, debug_dirs: &[std::path::PathBuf]) -> Result<Report> {
+pub(crate) fn build(
+    path: &Path,
+    range: &TimeRange,
+    last: usize,
+    debug_dirs: &[std::path::PathBuf],
+) -> Result<Report> {
     let mut names = Names::new(debug_dirs);
     let mut calls = Calls::default();
-    let times = ThreadTimes::read(path, &mut names, &mut calls)?;
-    let (mut summary, session) = summarize(path, last, &mut names)?;
+    let times = ThreadTimes::read(path, range, &mut names, &mut calls)?;
+    let (mut summary, session) = summarize(path, range, last, &mut names)?;
     times.fill(&mut summary.threads, &calls);
     summary.calls = call_times(calls, &names);
     Ok(Report { summary, session })
@@ -251,11 +258,16 @@ struct ThreadTimes {
 }
 
 impl ThreadTimes {
-    fn read(path: &Path, names: &mut Names, calls: &mut Calls) -> Result<ThreadTimes> {
+    fn read(
+        path: &Path,
+        range: &TimeRange,
+        names: &mut Names,
+        calls: &mut Calls,
+    ) -> Result<ThreadTimes> {
         let mut times: Vec<Times> = Vec::new();
         let mut index: HashMap<(u32, u32), usize> = HashMap::new();
         let mut recent: Option<((u32, u32), usize)> = None;
-        each_record(path, names, |ev, _| {
+        each_record(path, range, names, |ev, _| {
             let key = (ev.pid, ev.tid);
             // Records come a chunk (one thread) at a time.
             let i = match recent {
@@ -359,12 +371,16 @@ struct Counts {
 }
 
 impl Counts {
-    fn read(path: &Path, last: usize, names: &mut Names) -> Result<Counts> {
+    fn read(path: &Path, range: &TimeRange, last: usize, names: &mut Names) -> Result<Counts> {
         let mut c = Counts::default();
+        let mut within = Within::new(path, range)?;
         let mut r = Reader::open(path)?;
         while let Some(section) = r.next_section()? {
             match section {
-                Section::Session(s) => c.session = Some(s),
+                Section::Session(s) => {
+                    within.session(&s);
+                    c.session = Some(s);
+                }
                 Section::Binary(b) => {
                     names.add(&b);
                     let meta = b.metadata().ok();
@@ -390,7 +406,11 @@ impl Counts {
                 // Named in the call pass (`each_record`).
                 Section::String(_) => {}
                 Section::Chunk(mut chunk) => {
-                    let pairs = accesses::expand(&mut chunk, names);
+                    let mut pairs = accesses::expand(&mut chunk, names);
+                    if within.cut(&mut chunk) {
+                        // A pair's accesses are two records from here on.
+                        pairs = 0;
+                    }
                     c.chunk(&chunk, pairs, last, names);
                 }
                 Section::Stats(s) => c.stats = Some(s),
@@ -626,6 +646,54 @@ fn books(st: Option<&FinalStats>) -> Books {
     }
 }
 
+/// The count pass's `--since/--until`: records outside are cut from each chunk (with
+/// their times as `dump` gives them).
+struct Within {
+    range: TimeRange,
+    window: Window,
+    clock: Option<Calibration>,
+    end: Option<crate::tracefile::clock::Anchor>,
+    /// Made only for a range.
+    timeline: Option<Timeline>,
+}
+
+impl Within {
+    fn new(path: &Path, range: &TimeRange) -> Result<Within> {
+        let cut = *range != TimeRange::ALL;
+        Ok(Within {
+            range: *range,
+            window: Window::ALL,
+            clock: None,
+            end: if cut {
+                crate::tracefile::read_stats(path)?.and_then(|s| s.clock_end)
+            } else {
+                None
+            },
+            timeline: if cut {
+                Some(Timeline::scan(path)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    fn session(&mut self, s: &SessionInfo) {
+        self.window = self.range.window(s.clock.anchor.monotonic_ns);
+        self.clock = Some(s.clock.refined(self.end));
+    }
+
+    /// Cut the records of `c` (pairs expanded) outside the range; whether it could have.
+    fn cut(&mut self, c: &mut crate::tracefile::Chunk) -> bool {
+        let Some(t) = &mut self.timeline else {
+            return false;
+        };
+        t.apply(c);
+        let (w, clock) = (self.window, self.clock.as_ref());
+        c.records.retain(|r| w.contains(time_ns(r, clock)));
+        true
+    }
+}
+
 /// How the session ended, as far as the file says.
 fn session_end(c: &Counts) -> SessionEnd {
     match &c.stats {
@@ -640,10 +708,11 @@ fn session_end(c: &Counts) -> SessionEnd {
 /// The second pass: counts per site and thread, `--last` records, books, binaries.
 fn summarize(
     path: &Path,
+    range: &TimeRange,
     last: usize,
     names: &mut Names,
 ) -> Result<(Summary, Option<SessionInfo>)> {
-    let mut c = Counts::read(path, last, names)?;
+    let mut c = Counts::read(path, range, last, names)?;
     let functions = function_counts(&c.functions, names);
     let threads = thread_counts(&c);
     let last = last_records(&c.recent, names);

@@ -28,6 +28,7 @@ use crate::read::{
     calls::{Calls, Slice},
     events::{Event, each_record},
     names::Names,
+    range::TimeRange,
 };
 
 /// Rows buffered before they are written as a row group.
@@ -333,6 +334,7 @@ impl<W: Write + Send> Writer<W> {
 /// Write `trace`'s records and calls to `records` and `calls`.
 pub(crate) fn write(
     trace: &Path,
+    range: &TimeRange,
     names: &mut Names,
     records: &mut BufWriter<File>,
     calls_out: &mut BufWriter<File>,
@@ -346,7 +348,7 @@ pub(crate) fn write(
     };
     let mut calls = Calls::default();
     let mut err: Option<anyhow::Error> = None;
-    each_record(trace, names, |ev, names| {
+    each_record(trace, range, names, |ev, names| {
         if err.is_some() {
             return;
         }

@@ -29,6 +29,7 @@ use crate::read::{
     calls::Calls,
     events::{Event, each_record},
     names::Names,
+    range::TimeRange,
     symbols::Frame,
 };
 
@@ -469,13 +470,18 @@ pub(crate) enum EventKind {
 }
 
 /// `tracer export --format perfetto`: every record of `trace` through a [`Writer`].
-pub(crate) fn write(trace: &Path, names: &mut Names, w: &mut BufWriter<File>) -> Result<()> {
+pub(crate) fn write(
+    trace: &Path,
+    range: &TimeRange,
+    names: &mut Names,
+    w: &mut BufWriter<File>,
+) -> Result<()> {
     let mut calls = Calls::default();
     let mut p = Writer::new(w);
     p.start()?;
     let mut err: Option<anyhow::Error> = None;
     let (mut first_ns, mut last_ns) = (u64::MAX, 0u64);
-    let stats = each_record(trace, names, |ev, names| {
+    let stats = each_record(trace, range, names, |ev, names| {
         if err.is_some() {
             return;
         }
