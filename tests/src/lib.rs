@@ -17,7 +17,8 @@
 //! what its attack did before), `skip` (a missing tool fails a test unless `cargo xtask test
 //! --allow-skip TOOL`), `derived` (site-count floors binutils derive from the binary under
 //! test), `lackey` (valgrind's lackey: executions of memory sites on the original),
-//! `bench_sqlite` (the bench's sqlite3 and a workload for it).
+//! `bench_sqlite` (the bench's sqlite3 and a workload for it); `rewriter` also builds
+//! diff_runs.c (two runs to compare, time ranges).
 //!
 //! The integration tests stay one binary per file, run one after another: system-wide
 //! sessions, the tracer-kill, stress and signal tests would otherwise run at the same time

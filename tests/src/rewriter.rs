@@ -221,6 +221,26 @@ pub fn function_symbol(path: &Path, name: &str) -> FuncSym {
         .unwrap_or_else(|| panic!("no function symbol {name} in {}", path.display()))
 }
 
+/// tests/fixtures/diff_runs.c built with gcc -O2 into `dir` and rewritten with entry
+/// and exit sites of fa, fb, fc and main: (original, rewritten, its metadata).
+pub fn diff_runs_traced(dir: &Path) -> (PathBuf, PathBuf, Metadata) {
+    let (orig, traced) = (dir.join("diff_runs"), dir.join("diff_runs.traced"));
+    crate::compile::compile(
+        "gcc",
+        &[crate::paths::fixture("diff_runs.c")],
+        &["-O2"],
+        &orig,
+    );
+    let mut args: Vec<&OsStr> = vec![orig.as_os_str(), "-o".as_ref(), traced.as_os_str()];
+    for f in ["fa", "fb", "fc", "main"] {
+        args.extend([OsStr::new("--functions"), OsStr::new(f)]);
+    }
+    args.extend(["--sites", "entry,exit"].map(OsStr::new));
+    rewriter(&args).ok();
+    let meta = metadata(&traced);
+    (orig, traced, meta)
+}
+
 #[cfg(test)]
 mod unit {
     use super::*;

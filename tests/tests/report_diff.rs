@@ -6,7 +6,6 @@
 //! new only, the order by the change of total time; then the text.
 
 use std::collections::HashMap;
-use std::ffi::OsStr;
 use std::path::Path;
 use std::process::Command;
 
@@ -71,15 +70,7 @@ fn record(
 #[test]
 fn two_runs_compared_function_by_function() {
     let tmp = TempDir::new("report-diff");
-    let (orig, traced) = (tmp.join("diff_runs"), tmp.join("diff_runs.traced"));
-    compile("gcc", &[fixture("diff_runs.c")], &["-O2"], &orig);
-    let mut args: Vec<&OsStr> = vec![orig.as_os_str(), "-o".as_ref(), traced.as_os_str()];
-    for f in ["fa", "fb", "fc", "main"] {
-        args.extend([OsStr::new("--functions"), OsStr::new(f)]);
-    }
-    args.extend(["--sites", "entry,exit"].map(OsStr::new));
-    rewriter(&args).ok();
-    let meta = metadata(&traced);
+    let (orig, traced, meta) = diff_runs_traced(tmp.path());
     let old = record(&tmp, &orig, &traced, "old.utrace", &OLD);
     let new = record(&tmp, &orig, &traced, "new.utrace", &NEW);
     let (a, b) = (from_dump(&dump(&old), &meta), from_dump(&dump(&new), &meta));

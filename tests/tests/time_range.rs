@@ -24,18 +24,8 @@ fn fields(line: &str) -> Vec<&str> {
 #[test]
 fn a_time_range_reads_exactly_the_records_inside_it() {
     let tmp = TempDir::new("time-range");
-    let (orig, traced, trace) = (
-        tmp.join("diff_runs"),
-        tmp.join("diff_runs.traced"),
-        tmp.join("t.utrace"),
-    );
-    compile("gcc", &[fixture("diff_runs.c")], &["-O2"], &orig);
-    let mut args: Vec<&OsStr> = vec![orig.as_os_str(), "-o".as_ref(), traced.as_os_str()];
-    for f in ["fa", "fb", "fc", "main"] {
-        args.extend([OsStr::new("--functions"), OsStr::new(f)]);
-    }
-    args.extend(["--sites", "entry,exit"].map(OsStr::new));
-    rewriter(&args).ok();
+    let (orig, traced, meta) = diff_runs_traced(tmp.path());
+    let trace = tmp.join("t.utrace");
     let run_args = ["3000", "300", "300"];
     let want = run(Command::new(&orig).args(run_args), RUN_TIMEOUT).ok();
     let got = tracer_record(&trace, &traced, &run_args, &[]);
@@ -108,7 +98,6 @@ fn a_time_range_reads_exactly_the_records_inside_it() {
 
     // fa() calls wholly inside: each call's time its exit's minus its entry's (fa is a
     // leaf, and one thread runs).
-    let meta = metadata(&traced);
     let kind: HashMap<u32, (&str, bool)> = meta
         .sites
         .iter()
