@@ -439,6 +439,12 @@ fn live_view_on_a_terminal_only() {
         last.contains(&records),
         "{records:?} in the last frame: {last}"
     );
+    let size = std::fs::metadata(&trace).unwrap().len();
+    let written = format!(" {:.1} MB written", size as f64 / 1e6);
+    assert!(
+        last.contains(&written),
+        "{written:?} (the file's size) in the last frame: {last}"
+    );
     // The calls table: calls, self, total, function (binary).
     let calls_table: Vec<&str> = last
         .split("self ms")

@@ -46,6 +46,8 @@ const REDRAW: Duration = Duration::from_secs(1);
 #[derive(Default)]
 struct Tally {
     records: u64,
+    /// Bytes of the trace file written so far (what the copy brought).
+    bytes: u64,
     /// (binary id, site) → records.
     sites: HashMap<(u64, u32), u64>,
     /// (binary id, site) → (binary, kind, function), for the frames.
@@ -147,6 +149,9 @@ fn read_loop(rx: Receiver<Vec<u8>>, tally: &Mutex<Tally>) {
                 }
                 Section::Stats(_) | Section::Unknown(_) => {}
             }
+            if let Ok(mut t) = tally.lock() {
+                t.bytes = r.offset();
+            }
         }
     }
     if let Ok(mut t) = tally.lock() {
@@ -196,11 +201,12 @@ fn render(t: &Tally, before: &mut Before, start: Instant, dropped: u64) -> Strin
         .max(1e-3);
     let rate = |now: u64, then: u64| (now.saturating_sub(then)) as f64 / dt;
     let mut out = format!(
-        "utrace live  {:.0} s  {} records  {:.0}/s  {} dropped{}\n\n",
+        "utrace live  {:.0} s  {} records  {:.0}/s  {} dropped  {:.1} MB written{}\n\n",
         start.elapsed().as_secs_f64(),
         t.records,
         rate(t.records, before.records),
         dropped,
+        t.bytes as f64 / 1e6,
         if t.ended { "  (session ended)" } else { "" }
     );
     out += &format!(
