@@ -14,7 +14,7 @@ use tracer_common::{FLAG_INTERPOLATED, FLAG_KTIME, meta::TimeMode};
 
 use crate::{
     read::accesses::expanded_len,
-    tracefile::{Chunk, Reader, Section},
+    tracefile::{Chunk, Next, Reader, Section},
 };
 
 type Key = (u32, u32, u64);
@@ -39,7 +39,13 @@ impl Timeline {
         // Coarse binaries: which of their site ids are memory accesses (pairs).
         let mut memory: HashMap<u64, Vec<bool>> = HashMap::new();
         let mut drains: HashMap<Key, Vec<(u64, u64)>> = HashMap::new();
-        while let Some(section) = r.next_section()? {
+        // Only the chunks of coarse binaries are counted: the others are not decoded.
+        while let Some(next) =
+            r.next_section_unless(|hs| !hs.iter().any(|h| coarse.contains(&h.binary_id)))?
+        {
+            let Next::Section(section) = next else {
+                continue;
+            };
             match section {
                 Section::Binary(b)
                     if b.metadata().is_ok_and(|m| m.time_mode == TimeMode::Block) =>
@@ -91,6 +97,11 @@ impl Timeline {
             drains,
             cursor: HashMap::new(),
         })
+    }
+
+    /// Whether the records of `binary` take their times from here (coarse, block).
+    pub(crate) fn interpolated(&self, binary: u64) -> bool {
+        self.coarse.contains(&binary) || self.block_mode.contains_key(&binary)
     }
 
     /// Give the records of `c` (the next chunk in file order, its pairs expanded) their

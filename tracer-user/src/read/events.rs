@@ -20,9 +20,9 @@ use crate::{
         coarse::Timeline,
         lang::{Lang, LangCall},
         names::Names,
-        range::{TimeRange, Window},
+        range::{RangeSkip, TimeRange, Window},
     },
-    tracefile::{self, Chunk, FinalStats, Reader, Section, clock::Calibration},
+    tracefile::{self, Chunk, FinalStats, Next, Reader, Section, clock::Calibration},
 };
 
 /// Say on stderr what a trace without its end is: the file of a session that did not
@@ -126,9 +126,16 @@ pub(crate) fn each_record(
     let mut clock: Option<Calibration> = None;
     let mut threads = Threads::default();
     let mut stats = None;
-    while let Some(section) = r.next_section()? {
+    let mut skip = RangeSkip::new(range);
+    while let Some(next) =
+        r.next_section_unless(|hs| skip.skip(hs, |b| timeline.interpolated(b)))?
+    {
+        let Next::Section(section) = next else {
+            continue;
+        };
         match section {
             Section::Session(s) => {
+                skip.session(s.clock.anchor.monotonic_ns);
                 window.set(range.window(s.clock.anchor.monotonic_ns));
                 clock = Some(s.clock.refined(end));
             }
@@ -136,6 +143,7 @@ pub(crate) fn each_record(
             s @ (Section::Comm(..) | Section::String(_)) => threads.section(s),
             Section::Load(pid, id, bias) => names.loaded_at(pid, id, bias),
             Section::Chunk(mut c) => {
+                skip.note(&c.header);
                 bar.set_position(r.offset());
                 accesses::expand(&mut c, names);
                 timeline.apply(&mut c);

@@ -5,11 +5,22 @@
 //! in ns after `@` (`@123456789000`). A call cut by a bound keeps its part inside (an
 //! exit without its entry counts as the report's "exits with no open call").
 //!
+//!
+//! Reading a range decodes only the sections of chunks that may hold a record inside
+//! it ([`RangeSkip`]): a chunk's records were written between its thread's previous
+//! drain and its own (the drains' clock samples are in the chunk headers, which are
+//! read without unpacking), give or take [`margin_ns`] for the cycle counter's
+//! calibration. Binaries whose record times come from the drains (coarse, block) are
+//! always decoded.
+//!
 //! ```text
 //! $ tracer report --since 2s --until 2.5s app.utrace
 //! ```
 
+use std::collections::HashMap;
+
 use anyhow::{Result, bail};
+use tracer_common::{CHUNK_KIND_RECORDS, ChunkHeader};
 
 /// One bound of a range, as given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,6 +99,90 @@ impl Window {
 
     pub(crate) fn contains(&self, t: u64) -> bool {
         self.lo <= t && t < self.hi
+    }
+
+    /// Whether `[lo, hi]` meets the window.
+    fn meets(&self, lo: u64, hi: u64) -> bool {
+        lo < self.hi && hi >= self.lo
+    }
+}
+
+/// How far a record's time, from the cycle counter and the session's calibration, may
+/// stray from the drain samples around it (kernel time): 50 ms and 0.1 % of the time
+/// since the start (clock slew).
+fn margin_ns(t: u64, start_ns: u64) -> u64 {
+    50_000_000 + t.saturating_sub(start_ns) / 1000
+}
+
+/// Which sections of chunks a reader of a range need not decode (see the module
+/// documentation). Sees every chunk header of the file in order, decoded or not.
+pub(crate) struct RangeSkip {
+    range: TimeRange,
+    window: Window,
+    start_ns: u64,
+    /// Per (pid, tid, binary): the times of its last drain and of the one before.
+    drains: HashMap<(u32, u32, u64), (u64, u64)>,
+}
+
+impl RangeSkip {
+    pub(crate) fn new(range: &TimeRange) -> RangeSkip {
+        RangeSkip {
+            range: *range,
+            window: Window::ALL,
+            start_ns: 0,
+            drains: HashMap::new(),
+        }
+    }
+
+    /// The session header: when the session started.
+    pub(crate) fn session(&mut self, start_ns: u64) {
+        self.start_ns = start_ns;
+        self.window = self.range.window(start_ns);
+    }
+
+    /// A chunk read: its drain is its thread's last. Returns the time of the drain
+    /// before it (None: its thread's first).
+    pub(crate) fn note(&mut self, h: &ChunkHeader) -> Option<u64> {
+        let key = (h.pid, h.tid, h.binary_id);
+        let (last, before) = self
+            .drains
+            .get(&key)
+            .copied()
+            .map_or((None, None), |(l, b)| {
+                (Some(l), (b != u64::MAX).then_some(b))
+            });
+        // Chunks of one drain share its time: the drain before is the one before that.
+        let prev = if last == Some(h.time) { before } else { last };
+        self.drains.insert(key, (h.time, prev.unwrap_or(u64::MAX)));
+        prev
+    }
+
+    /// Whether no chunk of `headers` (a section, noted here) can hold a record in the
+    /// range; `interpolated(binary)`: its records take their times from the drains.
+    pub(crate) fn skip(
+        &mut self,
+        headers: &[ChunkHeader],
+        interpolated: impl Fn(u64) -> bool,
+    ) -> bool {
+        let mut skip = self.range != TimeRange::ALL;
+        for h in headers {
+            let prev = self.note(h);
+            let lo = match (h.kind == CHUNK_KIND_RECORDS, prev) {
+                (true, Some(p)) => p,
+                // A uprobe site's chunk: its records are of its own time.
+                (false, _) => h.time,
+                (true, None) => 0,
+            };
+            let m = margin_ns(h.time, self.start_ns);
+            if interpolated(h.binary_id)
+                || self
+                    .window
+                    .meets(lo.saturating_sub(m), h.time.saturating_add(m))
+            {
+                skip = false;
+            }
+        }
+        skip
     }
 }
 

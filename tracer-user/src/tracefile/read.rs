@@ -45,6 +45,17 @@ pub enum Section {
     Unknown(u32),
 }
 
+/// What [`Reader::next_section_unless`] hands out: a section, or the headers of a
+/// section of chunks it did not decode.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "handed out one at a time, like `Section`; a box would cost an allocation per chunk"
+)]
+pub enum Next {
+    Section(Section),
+    Skipped(Vec<ChunkHeader>),
+}
+
 /// A string section: in process `pid`, `ptr` held `text` when thread `tid`'s records
 /// were drained at `drain_time` (`status`: `STRING_OK`, `STRING_TRUNCATED` to its first
 /// bytes, `STRING_UNREADABLE` with no text; or'ed with `STRING_CHANGED`).
@@ -177,8 +188,22 @@ impl<R: Read> Reader<R> {
 
     /// The next complete section, or None at the end (check [`Reader::truncated`]).
     pub fn next_section(&mut self) -> Result<Option<Section>> {
+        Ok(match self.next_section_unless(|_| false)? {
+            Some(Next::Section(s)) => Some(s),
+            // Nothing is skipped here.
+            Some(Next::Skipped(_)) | None => None,
+        })
+    }
+
+    /// The next section, except that a section of chunks whose headers `skip` answers
+    /// true for is not decoded (unpacking is what reading costs): its headers instead.
+    /// The chunks of a group already decoded come one by one, never skipped.
+    pub fn next_section_unless(
+        &mut self,
+        skip: impl FnOnce(&[ChunkHeader]) -> bool,
+    ) -> Result<Option<Next>> {
         if let Some(c) = self.pending.pop_front() {
-            return Ok(Some(Section::Chunk(c)));
+            return Ok(Some(Next::Section(Section::Chunk(c))));
         }
         if self.truncated.is_some() {
             return Ok(None);
@@ -188,7 +213,33 @@ impl<R: Read> Reader<R> {
         };
         let at = format!("{} at byte {}", self.path.display(), self.offset);
         self.offset += (SECTION_HEADER_LEN + payload.len()) as u64;
-        self.decode(kind, &payload, &at).map(Some)
+        if let Some(headers) = self.chunk_headers(kind, &payload)
+            && skip(&headers)
+        {
+            return Ok(Some(Next::Skipped(headers)));
+        }
+        self.decode(kind, &payload, &at)
+            .map(|s| Some(Next::Section(s)))
+    }
+
+    /// The chunk headers of a section of chunks (None: another kind, or malformed, which
+    /// decoding will report).
+    fn chunk_headers(&self, kind: u32, payload: &[u8]) -> Option<Vec<ChunkHeader>> {
+        match kind {
+            SECTION_CHUNK | SECTION_CHUNK_PACKED => Some(vec![chunk_header(payload)?]),
+            SECTION_CHUNKS_PACKED if self.version >= 5 => {
+                let n = u32_at(payload.get(..4)?, 0) as usize;
+                if !(1..=GROUP_CHUNKS_MAX).contains(&n) {
+                    return None;
+                }
+                payload
+                    .get(8..8 + n * CHUNK_HEADER_BYTES)?
+                    .chunks_exact(CHUNK_HEADER_BYTES)
+                    .map(chunk_header)
+                    .collect()
+            }
+            _ => None,
+        }
     }
 
     /// The next section's kind and payload, unchecked; None at the end of the file or

@@ -11,9 +11,9 @@ use crate::{
         coarse::Timeline,
         events::{time_ns, truncation_warning},
         names::Names,
-        range::{TimeRange, Window},
+        range::{RangeSkip, TimeRange, Window},
     },
-    tracefile::{self, Reader, Section, clock::Calibration},
+    tracefile::{self, Next, Reader, Section, clock::Calibration},
 };
 
 /// Print one line per record, in delivery order:
@@ -28,15 +28,28 @@ pub fn dump(path: &Path, range: &TimeRange, out: &mut impl Write) -> Result<()> 
     let mut clock: Option<Calibration> = None;
     let mut stats = None;
     let mut window = Window::ALL;
-    while let Some(section) = r.next_section()? {
+    let mut skip = RangeSkip::new(range);
+    let mut skipped = 0usize;
+    while let Some(next) =
+        r.next_section_unless(|hs| skip.skip(hs, |b| timeline.interpolated(b)))?
+    {
+        let section = match next {
+            Next::Section(s) => s,
+            Next::Skipped(hs) => {
+                skipped += hs.len();
+                continue;
+            }
+        };
         match section {
             Section::Session(s) => {
+                skip.session(s.clock.anchor.monotonic_ns);
                 window = range.window(s.clock.anchor.monotonic_ns);
                 clock = Some(s.clock.refined(end));
             }
             Section::Binary(b) => names.add(&b),
             Section::Load(pid, id, bias) => names.loaded_at(pid, id, bias),
             Section::Chunk(mut c) => {
+                skip.note(&c.header);
                 accesses::expand(&mut c, &names);
                 timeline.apply(&mut c);
                 let h = c.header;
@@ -67,6 +80,7 @@ pub fn dump(path: &Path, range: &TimeRange, out: &mut impl Write) -> Result<()> 
         }
     }
     out.flush()?;
+    log::debug!("{skipped} chunks outside the range not decoded");
     truncation_warning(path, &r, stats.as_ref());
     Ok(())
 }

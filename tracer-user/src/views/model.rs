@@ -10,7 +10,7 @@ use std::{
 use anyhow::Result;
 use serde::Serialize;
 use tracer_common::{
-    FLAG_UPROBE, FLAG_USDT_MORE, Record,
+    ChunkHeader, FLAG_UPROBE, FLAG_USDT_MORE, Record,
     meta::{FallbackReason, Metadata, SiteMode},
 };
 
@@ -23,10 +23,10 @@ use crate::{
         events::{each_record, time_ns, truncation_warning},
         lang::StringStats,
         names::{Names, kind_is_call_edge},
-        range::{TimeRange, Window},
+        range::{RangeSkip, TimeRange, Window},
         symbols::{Frame, describe},
     },
-    tracefile::{BinaryInfo, FinalStats, Reader, Section, SessionInfo, clock::Calibration},
+    tracefile::{BinaryInfo, FinalStats, Next, Reader, Section, SessionInfo, clock::Calibration},
     views::memory::{Memory, MemoryCounts},
 };
 
@@ -375,7 +375,15 @@ impl Counts {
         let mut c = Counts::default();
         let mut within = Within::new(path, range)?;
         let mut r = Reader::open(path)?;
-        while let Some(section) = r.next_section()? {
+        while let Some(next) = r.next_section_unless(|hs| within.skip(hs))? {
+            let section = match next {
+                Next::Section(s) => s,
+                // Counted, for the chunks the kernel numbered that never arrived.
+                Next::Skipped(hs) => {
+                    c.chunks += hs.len() as u64;
+                    continue;
+                }
+            };
             match section {
                 Section::Session(s) => {
                     within.session(&s);
@@ -655,6 +663,7 @@ struct Within {
     end: Option<crate::tracefile::clock::Anchor>,
     /// Made only for a range.
     timeline: Option<Timeline>,
+    sections: RangeSkip,
 }
 
 impl Within {
@@ -674,10 +683,20 @@ impl Within {
             } else {
                 None
             },
+            sections: RangeSkip::new(range),
         })
     }
 
+    /// Whether a section of chunks with these headers can be left undecoded.
+    fn skip(&mut self, headers: &[ChunkHeader]) -> bool {
+        let Some(t) = &self.timeline else {
+            return false;
+        };
+        self.sections.skip(headers, |b| t.interpolated(b))
+    }
+
     fn session(&mut self, s: &SessionInfo) {
+        self.sections.session(s.clock.anchor.monotonic_ns);
         self.window = self.range.window(s.clock.anchor.monotonic_ns);
         self.clock = Some(s.clock.refined(self.end));
     }
@@ -687,6 +706,7 @@ impl Within {
         let Some(t) = &mut self.timeline else {
             return false;
         };
+        self.sections.note(&c.header);
         t.apply(c);
         let (w, clock) = (self.window, self.clock.as_ref());
         c.records.retain(|r| w.contains(time_ns(r, clock)));
