@@ -24,8 +24,8 @@
 //! and the per-record cost of the in-kernel filters (`--no-drain`: skip it).
 //!
 //! Then the readers (`readers.rs`): `report`, `export --format perfetto` and
-//! `flamegraph` of a trace of `--readers-records` records: time, records/s, peak memory
-//! (`--no-readers`: skip it).
+//! `flamegraph` of a trace of `--readers-records` records: time, records/s, peak memory;
+//! `report` of a tenth of it by `--since/--until` (`--no-readers`: skip it).
 //!
 //! Then a real program (`real/`): the sqlite3 CLI with every function's entry and exit
 //! traced, end to end under `tracer record`, side by side with uftrace in one run (wall,

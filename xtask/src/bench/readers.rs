@@ -3,7 +3,9 @@
 //! memory must stay flat whatever the trace's size) and `tracer flamegraph`, on one trace of
 //! `--readers-records` records (xtask/bench/calls.c: nested calls, every entry and exit
 //! traced). Per reader: wall time, CPU time, peak RSS (the child's own `wait4` rusage),
-//! records per second and output bytes per record. Then `tracer report` of a trace of as
+//! records per second and output bytes per record; then `tracer report --since --until`
+//! of the middle tenth of the records' time span (its records a second per row: how much
+//! of the full read a range costs). Then `tracer report` of a trace of as
 //! many records where 10 % of the calls are left by a `longjmp` and end where it lands
 //! (the landing record at `setjmp`'s return in `main`; xtask/bench/unwind.c): target
 //! ≥ 5 M records/s.
@@ -48,12 +50,51 @@ pub(super) fn readers(records: u64) -> Result<()> {
         trace_bytes as f64 / 1e6,
         iterations * 3
     );
-    time_readers(&dir, &trace, n)?;
+    let span = v["threads"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| Some((t["first_ns"].as_u64()?, t["last_ns"].as_u64()?)))
+        .fold(None, |acc: Option<(u64, u64)>, (a, b)| {
+            Some(acc.map_or((a, b), |(x, y)| (x.min(a), y.max(b))))
+        })
+        .context("report --json: no thread time span")?;
+    time_readers(&dir, &trace, n, span)?;
     unwound(records)
 }
 
+/// `tracer report` of the middle tenth of `span` (CLOCK_MONOTONIC ns): wall and CPU
+/// time, and its records (from its `--json`).
+fn time_range(trace: &Path, (first, last): (u64, u64), n: u64) -> Result<()> {
+    let tenth = (last - first) / 10;
+    let (since, until) = (
+        format!("@{}", first + 9 * tenth / 2),
+        format!("@{}", first + 11 * tenth / 2),
+    );
+    let mut c = cmd(crate::tracer_bin());
+    c.args(["report", "--json", "--since", &since, "--until", &until])
+        .arg(trace);
+    let u = measured(&mut c)?;
+    let v: serde_json::Value = serde_json::from_str(&u.stdout).context("report --json")?;
+    let k = v["records"].as_u64().unwrap_or(0);
+    println!(
+        "{:<22} {:>9.2} {:>9.2} {:>12.2} {:>12.1} {:>12}",
+        "report, a tenth",
+        u.wall_s,
+        u.all_cpu_s,
+        k as f64 / u.wall_s / 1e6,
+        u.max_rss_kib as f64 / 1024.0,
+        "-"
+    );
+    println!(
+        "  (--since/--until: {k} of {n} records, {:.1} %)",
+        k as f64 * 100.0 / n.max(1) as f64
+    );
+    Ok(())
+}
+
 /// Each reader of `trace` (`n` records) timed, a row each; the big outputs removed.
-fn time_readers(dir: &Path, trace: &Path, n: u64) -> Result<()> {
+fn time_readers(dir: &Path, trace: &Path, n: u64, span: (u64, u64)) -> Result<()> {
     println!(
         "{:<22} {:>9} {:>9} {:>12} {:>12} {:>12}",
         "reader", "wall s", "CPU s", "M rec/s", "peak RSS MB", "out B/rec"
@@ -113,6 +154,7 @@ fn time_readers(dir: &Path, trace: &Path, n: u64) -> Result<()> {
             out_per_rec
         );
     }
+    time_range(trace, span, n)?;
     // The big outputs are not kept.
     for p in [trace, pftrace.as_path()] {
         let _ = std::fs::remove_file(p);
