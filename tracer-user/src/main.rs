@@ -126,6 +126,16 @@ struct RecordArgs {
     /// Trace file to write.
     #[arg(short, long, default_value = record::default_output().as_os_str())]
     output: PathBuf,
+    /// Write the trace in segments OUTPUT.1, OUTPUT.2, ..., a new one every SIZE bytes
+    /// (suffixes K, M, G) or every TIME (suffixes s, m, h); each is readable on its own,
+    /// and readers given OUTPUT read them all as one trace.
+    #[arg(long, value_name = "SIZE|TIME", value_parser = parse_split)]
+    split: Option<Split>,
+    /// Keep the newest segments within SIZE (suffixes K, M, G): the oldest are removed
+    /// whole and their records counted as "rotated out" (segments of a quarter of SIZE
+    /// unless --split says).
+    #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
+    max_size: Option<u64>,
     /// Size of the kernel ring buffer (power of two; suffixes K, M, G).
     #[arg(long, value_parser = parse_size, default_value_t = DEFAULT_RING_BYTES)]
     ring_bytes: u32,
@@ -212,16 +222,46 @@ struct DebugDirs {
     dirs: Vec<PathBuf>,
 }
 
-fn parse_size(s: &str) -> Result<u32, String> {
+/// `--split`: a size or a time.
+#[derive(Clone, Copy, Debug)]
+enum Split {
+    Bytes(u64),
+    Every(std::time::Duration),
+}
+
+fn parse_split(s: &str) -> Result<Split, String> {
+    let time = [("s", 1.0), ("m", 60.0), ("h", 3600.0)]
+        .iter()
+        .find_map(|(unit, secs)| Some((s.strip_suffix(unit)?.parse::<f64>().ok()?, *secs)));
+    match time {
+        Some((v, secs)) if v > 0.0 && v.is_finite() => {
+            Ok(Split::Every(std::time::Duration::from_secs_f64(v * secs)))
+        }
+        Some(_) => Err(format!("{s:?} is not a time above 0")),
+        None => parse_bytes(s).map(Split::Bytes),
+    }
+}
+
+/// A count of bytes with an optional suffix K, M or G.
+fn bytes_with_suffix(s: &str) -> Option<u64> {
     let (num, mult) = match s.char_indices().last() {
         Some((i, 'k' | 'K')) => (&s[..i], 1u64 << 10),
         Some((i, 'm' | 'M')) => (&s[..i], 1 << 20),
         Some((i, 'g' | 'G')) => (&s[..i], 1 << 30),
         _ => (s, 1),
     };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
+    num.parse::<u64>().ok()?.checked_mul(mult)
+}
+
+/// A size in bytes (suffixes K, M, G), at least 64 KiB.
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    bytes_with_suffix(s)
+        .filter(|&n| n >= 64 << 10)
+        .ok_or_else(|| format!("{s:?} is not a size of at least 64K"))
+}
+
+fn parse_size(s: &str) -> Result<u32, String> {
+    bytes_with_suffix(s)
         .and_then(|n| u32::try_from(n).ok())
         .ok_or_else(|| format!("{s:?} is not a size below 4G"))
 }
@@ -230,6 +270,8 @@ fn parse_size(s: &str) -> Result<u32, String> {
 fn run_record(args: RecordArgs) -> Result<i32> {
     let RecordArgs {
         output,
+        split,
+        max_size,
         ring_bytes,
         on_full,
         pid,
@@ -244,6 +286,17 @@ fn run_record(args: RecordArgs) -> Result<i32> {
         run_as,
         command,
     } = args;
+    let rotation = tracer_user::tracefile::Rotation {
+        split_bytes: match split {
+            Some(Split::Bytes(b)) => Some(b),
+            _ => None,
+        },
+        split_every: match split {
+            Some(Split::Every(d)) => Some(d),
+            _ => None,
+        },
+        max_bytes: max_size,
+    };
     let mut untouched: Vec<record::Untouched> = uprobes
         .iter()
         .map(|spec| record::Untouched::parse_uprobe(spec))
@@ -277,6 +330,7 @@ fn run_record(args: RecordArgs) -> Result<i32> {
         }
         let opts = RecordOptions {
             output,
+            rotation,
             ring_bytes,
             on_full,
             target: Target::Exec(command.clone()),
@@ -296,6 +350,7 @@ fn run_record(args: RecordArgs) -> Result<i32> {
     };
     record::record(RecordOptions {
         output,
+        rotation,
         ring_bytes,
         on_full,
         target,

@@ -33,6 +33,14 @@ pub(crate) fn truncation_warning<R: std::io::Read>(
     stats: Option<&FinalStats>,
 ) {
     let unfinished = r.incomplete() && stats.is_none();
+    if let (Some(n), None, false, None) = (r.segment(), stats, unfinished, r.truncated()) {
+        eprintln!(
+            "utrace: note: {} is segment {n} of a trace that goes on in the next; the trace's \
+             name without `.{n}` reads all of it",
+            path.display()
+        );
+        return;
+    }
     let what = if unfinished {
         "the session writing it did not finish (the tracer was killed, or is still running)"
     } else {

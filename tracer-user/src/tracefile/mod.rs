@@ -57,6 +57,8 @@
 //!   its chunk headers, then the bytes before the NUL, at most `STRING_BYTES` − 1),
 //!   before the first chunk that uses it; again, marked `STRING_CHANGED`, when they
 //!   change.
+//! - `SECTION_SEGMENT` (10, first, in a trace written in segments): JSON `SegmentInfo`,
+//!   then the sections it repeats (`segments.rs`).
 //! - `SECTION_STATS` (4, last, once): JSON [`FinalStats`] — kernel-side counters
 //!   (delivered, dropped, read errors), what the consumer received, the end clock anchor
 //!   and the traced command's exit status.
@@ -83,10 +85,12 @@ pub mod clock;
 mod direct;
 mod pack;
 mod read;
+mod segments;
 mod write;
 
 pub use pack::GroupPacker;
 pub use read::*;
+pub use segments::{Rotation, SegmentInfo, segment_path, segments_of};
 pub use write::*;
 
 use anyhow::{Context, Result, ensure};
@@ -125,6 +129,8 @@ pub const SECTION_LOAD: u32 = 6;
 pub const SECTION_CHUNK_PACKED: u32 = 7;
 pub const SECTION_STRING: u32 = 8;
 pub const SECTION_CHUNKS_PACKED: u32 = 9;
+/// A segment's number and repeated sections (`segments.rs`).
+pub const SECTION_SEGMENT: u32 = 10;
 /// Most chunks in one `SECTION_CHUNKS_PACKED` (the tracer writes up to `GROUP_CHUNKS`).
 pub const GROUP_CHUNKS_MAX: usize = 64;
 /// Chunks the tracer packs together at most: eight flushes of the default 4,096-record
@@ -213,6 +219,16 @@ pub struct FinalStats {
     /// Instrumented binaries that joined the running session.
     #[serde(default)]
     pub binaries_added: u64,
+    /// Segments of a trace written in segments (`segments.rs`; 0: one file).
+    #[serde(default)]
+    pub segments: u32,
+    /// Of `records_received`: those in segments removed to keep under `--max-size`.
+    #[serde(default)]
+    pub records_rotated_out: u64,
+    #[serde(default)]
+    pub segments_rotated_out: u64,
+    #[serde(default)]
+    pub chunks_rotated_out: u64,
     pub threads: u64,
     /// Counter/clock anchor at the end of the session.
     pub clock_end: Option<Anchor>,

@@ -2,7 +2,6 @@
 //! up to its last whole section and says where it stopped.
 
 use std::{
-    fs::File,
     io::{BufReader, Cursor, ErrorKind, Read},
     path::{Path, PathBuf},
 };
@@ -18,9 +17,10 @@ use super::{
     BinaryInfo, FILE_FLAGS_AT, FILE_HEADER_LEN, FILE_INCOMPLETE, FORMAT_VERSION, FinalStats,
     GROUP_CHUNKS_MAX, MAGIC, MAX_SECTION, OLDEST_READABLE, SECTION_BINARY, SECTION_CHUNK,
     SECTION_CHUNK_PACKED, SECTION_CHUNKS_PACKED, SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD,
-    SECTION_SESSION, SECTION_STATS, SECTION_STRING, STRING_SECTION_FIXED, SessionInfo,
-    chunk_header,
+    SECTION_SEGMENT, SECTION_SESSION, SECTION_STATS, SECTION_STRING, STRING_SECTION_FIXED,
+    SessionInfo, chunk_header,
     pack::{GroupUnpacker, unpack_version},
+    segments::Source,
     u32_at, u64_at,
 };
 
@@ -77,7 +77,7 @@ pub struct Truncation {
 }
 
 /// Streaming reader: sections one at a time, so huge traces need no memory.
-pub struct Reader<R = BufReader<File>> {
+pub struct Reader<R = BufReader<Source>> {
     r: R,
     path: PathBuf,
     offset: u64,
@@ -86,6 +86,8 @@ pub struct Reader<R = BufReader<File>> {
     version: u32,
     /// The header's flags (`FILE_INCOMPLETE`).
     flags: u32,
+    /// The first segment section's number (a trace written in segments).
+    segment: Option<u32>,
     /// Chunks of a `SECTION_CHUNKS_PACKED` not handed out yet, in order.
     pending: std::collections::VecDeque<Chunk>,
     /// Made at the first chunk group (its table is large).
@@ -107,9 +109,11 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
 }
 
 impl Reader {
+    /// The trace at `path`: a file, or the segments `path.1`, `path.2`, ... of a trace
+    /// written in segments, read as one.
     pub fn open(path: &Path) -> Result<Self> {
-        let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-        Self::from_reader(path, BufReader::with_capacity(1 << 20, file))
+        let source = Source::open(path)?;
+        Self::from_reader(path, BufReader::with_capacity(1 << 20, source))
     }
 }
 
@@ -157,6 +161,7 @@ impl<R: Read> Reader<R> {
             truncated: None,
             version,
             flags: u32_at(&h, FILE_FLAGS_AT),
+            segment: None,
             pending: Default::default(),
             groups: None,
         })
@@ -172,6 +177,12 @@ impl<R: Read> Reader<R> {
     /// killed, or is still running).
     pub fn incomplete(&self) -> bool {
         self.flags & FILE_INCOMPLETE != 0
+    }
+
+    /// The number of the segment the trace starts with, if it was written in segments
+    /// (`segments.rs`).
+    pub fn segment(&self) -> Option<u32> {
+        self.segment
     }
 
     pub fn truncated(&self) -> Option<&Truncation> {
@@ -303,6 +314,14 @@ impl<R: Read> Reader<R> {
             SECTION_COMM => comm_section(payload, at)?,
             SECTION_LOAD => load_section(payload, at)?,
             SECTION_STRING => string_section(payload, at)?,
+            SECTION_SEGMENT => {
+                if self.segment.is_none() {
+                    self.segment = serde_json::from_slice::<super::SegmentInfo>(payload)
+                        .ok()
+                        .map(|s| s.index);
+                }
+                Section::Unknown(kind)
+            }
             SECTION_STATS => Section::Stats(
                 serde_json::from_slice(payload)
                     .with_context(|| format!("{at}: bad stats section"))?,

@@ -27,9 +27,10 @@ use super::direct::DirectWriter;
 use super::{
     BinaryInfo, FILE_FLAGS_AT, FILE_HEADER_LEN, FILE_INCOMPLETE, FORMAT_VERSION, FinalStats,
     GROUP_CHUNKS, MAGIC, SECTION_BINARY, SECTION_CHUNK_PACKED, SECTION_CHUNKS_PACKED, SECTION_COMM,
-    SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SESSION, SECTION_STATS, SECTION_STRING,
-    STRING_SECTION_FIXED, SessionInfo, chunk_header,
+    SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SEGMENT, SECTION_SESSION, SECTION_STATS,
+    SECTION_STRING, STRING_SECTION_FIXED, SessionInfo, chunk_header,
     pack::{GroupPacker, pack},
+    segments::{Replay, Rotation, SegmentInfo, segment_path, segments_of},
     u32_at, u64_at,
 };
 
@@ -293,6 +294,71 @@ pub struct Writer {
     checkpointed: std::time::Instant,
     /// A copy of the file's bytes for a live view, whole sections at a time.
     tee: Option<Tee>,
+    /// A trace in segments (`segments.rs`): None for one file.
+    segments: Option<Segments>,
+}
+
+/// The state of a trace written in segments.
+struct Segments {
+    /// The name asked for: segments are `base.N`.
+    base: PathBuf,
+    rotation: Rotation,
+    /// The current segment's number.
+    index: u32,
+    started: std::time::Instant,
+    /// Bytes, chunks and records of the current segment.
+    bytes: u64,
+    chunks: u64,
+    records: u64,
+    replay: Replay,
+    /// Finished segments still on disk, oldest first: (path, bytes, chunks, records).
+    kept: std::collections::VecDeque<(PathBuf, u64, u64, u64)>,
+    /// Removed: (segments, chunks, records).
+    rotated_out: (u64, u64, u64),
+}
+
+impl Segments {
+    /// Sections written to the current segment.
+    fn note(&mut self, bytes: &[u8]) {
+        let (chunks, records) = self.replay.note(bytes);
+        self.chunks += chunks;
+        self.records += records;
+    }
+}
+
+/// A new file at `dest`: created 0600 with `O_EXCL` at its temporary name.
+fn create_file(dest: &Path) -> Result<(DirectWriter, PathBuf)> {
+    let tmp = temporary_for(dest)?;
+    refuse_directory(dest)?;
+    if let Some(name) = dest.file_name() {
+        remove_stale_temporaries(dest, name);
+    }
+    // 0600: a trace holds arguments, return values and memory addresses of the
+    // traced programs. create_new: never write through a planted file or link.
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+    }
+    .with_context(|| format!("cannot create {}", tmp.display()))?;
+    Ok((DirectWriter::new(file), tmp))
+}
+
+/// The bytes a segment starts with after its file header: its segment section, then
+/// the sections it repeats.
+fn segment_start(index: u32, replay: &[u8]) -> Result<Vec<u8>> {
+    let info = serde_json::to_vec(&SegmentInfo {
+        index,
+        replay_bytes: replay.len() as u64,
+    })?;
+    let mut out = Vec::with_capacity(SECTION_HEADER_LEN + info.len() + replay.len());
+    push_section_header(&mut out, SECTION_SEGMENT, info.len() as u64);
+    out.extend_from_slice(&info);
+    out.extend_from_slice(replay);
+    Ok(out)
 }
 
 /// Where a live view (`record --live`) gets a copy of the trace as it is written:
@@ -312,32 +378,42 @@ impl Tee {
 
 impl Writer {
     pub fn create(dest: &Path) -> Result<Self> {
-        let tmp = temporary_for(dest)?;
-        refuse_directory(dest)?;
-        if let Some(name) = dest.file_name() {
-            remove_stale_temporaries(dest, name);
-        }
-        // 0600: a trace holds arguments, return values and memory addresses of the
-        // traced programs. create_new: never write through a planted file or link.
-        let file = {
-            use std::os::unix::fs::OpenOptionsExt;
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&tmp)
-        }
-        .with_context(|| format!("cannot create {}", tmp.display()))?;
+        Self::create_with(dest, Rotation::default())
+    }
+
+    /// A trace at `dest`, in segments `dest.1`, `dest.2`, ... if `rotation` is on.
+    pub fn create_with(dest: &Path, rotation: Rotation) -> Result<Self> {
+        let first = if rotation.on() {
+            segment_path(dest, 1)
+        } else {
+            dest.to_path_buf()
+        };
+        let (out, tmp) = create_file(&first)?;
         let mut w = Writer {
-            out: DirectWriter::new(file),
+            out,
             tmp,
-            dest: dest.to_path_buf(),
+            dest: first,
             published: false,
             done: false,
             checkpointed: std::time::Instant::now(),
             tee: None,
+            segments: rotation.on().then(|| Segments {
+                base: dest.to_path_buf(),
+                rotation,
+                index: 1,
+                started: std::time::Instant::now(),
+                bytes: 0,
+                chunks: 0,
+                records: 0,
+                replay: Replay::default(),
+                kept: Default::default(),
+                rotated_out: (0, 0, 0),
+            }),
         };
         w.put(&file_header(FILE_INCOMPLETE))?;
+        if w.segments.is_some() {
+            w.put(&segment_start(1, &[])?)?;
+        }
         Ok(w)
     }
 
@@ -356,6 +432,18 @@ impl Writer {
         std::fs::rename(&self.tmp, &self.dest)
             .with_context(|| format!("cannot put the trace at {}", self.dest.display()))?;
         self.published = true;
+        if let Some(s) = &self.segments
+            && s.index == 1
+        {
+            // This trace replaces an older one of the name: its file or its other
+            // segments would be read with it.
+            let _ = std::fs::remove_file(&s.base);
+            for (n, path) in segments_of(&s.base) {
+                if n > 1 {
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+        }
         Ok(())
     }
 
@@ -364,7 +452,7 @@ impl Writer {
         if self.checkpointed.elapsed() >= CHECKPOINT_EVERY {
             self.checkpoint()?;
         }
-        Ok(())
+        self.rotate_if_due()
     }
 
     fn checkpoint(&mut self) -> Result<()> {
@@ -390,6 +478,9 @@ impl Writer {
         if let Some(t) = &mut self.tee {
             t.send(&h);
         }
+        if let Some(s) = &mut self.segments {
+            s.note(&h);
+        }
         self.put(&h)
     }
 
@@ -406,12 +497,81 @@ impl Writer {
         if let Some(t) = &mut self.tee {
             t.send(bytes);
         }
-        self.put(bytes)
+        if let Some(s) = &mut self.segments {
+            s.note(bytes);
+        }
+        self.put(bytes)?;
+        self.rotate_if_due()
     }
 
     fn put(&mut self, bytes: &[u8]) -> Result<()> {
         if let Err(e) = self.out.write_all(bytes) {
             return Err(e).with_context(|| format!("cannot write {}", self.path().display()));
+        }
+        if let Some(s) = &mut self.segments {
+            s.bytes += bytes.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Go on in a new segment if the current one is full or old enough.
+    fn rotate_if_due(&mut self) -> Result<()> {
+        let Some(s) = &self.segments else {
+            return Ok(());
+        };
+        let full = s.rotation.segment_bytes().is_some_and(|b| s.bytes >= b);
+        let old = s
+            .rotation
+            .split_every
+            .is_some_and(|d| s.started.elapsed() >= d);
+        if full || old { self.rotate() } else { Ok(()) }
+    }
+
+    /// End the current segment (complete, no stats) and start the next one, which
+    /// repeats the sections readers need; then remove the oldest while over the size.
+    fn rotate(&mut self) -> Result<()> {
+        let Some(mut s) = self.segments.take() else {
+            return Ok(());
+        };
+        let at = self.path().to_path_buf();
+        let end = |w: &mut Self| -> std::io::Result<()> {
+            w.out.finish()?;
+            w.out.patch(FILE_FLAGS_AT as u64, &0u32.to_le_bytes())
+        };
+        end(self).with_context(|| format!("cannot write {}", at.display()))?;
+        s.kept.push_back((at, s.bytes, s.chunks, s.records));
+        s.index += 1;
+        let next = segment_path(&s.base, s.index);
+        let (out, tmp) = create_file(&next)?;
+        (self.out, self.tmp, self.dest, self.published) = (out, tmp, next, false);
+        let start = segment_start(s.index, &s.replay.bytes())?;
+        (s.bytes, s.chunks, s.records) = (0, 0, 0);
+        s.started = std::time::Instant::now();
+        self.segments = Some(s);
+        self.put(&file_header(FILE_INCOMPLETE))?;
+        self.put(&start)?;
+        self.publish()?;
+        self.remove_oldest()
+    }
+
+    /// `--max-size`: the oldest segments removed while all of them hold more.
+    fn remove_oldest(&mut self) -> Result<()> {
+        let Some(s) = &mut self.segments else {
+            return Ok(());
+        };
+        let Some(max) = s.rotation.max_bytes else {
+            return Ok(());
+        };
+        let mut total: u64 = s.bytes + s.kept.iter().map(|k| k.1).sum::<u64>();
+        while total > max
+            && let Some((path, bytes, chunks, records)) = s.kept.pop_front()
+        {
+            std::fs::remove_file(&path)
+                .with_context(|| format!("cannot remove {}", path.display()))?;
+            total -= bytes;
+            s.rotated_out.0 += 1;
+            s.rotated_out.1 += chunks;
+            s.rotated_out.2 += records;
         }
         Ok(())
     }
@@ -419,7 +579,16 @@ impl Writer {
     /// Append the stats section, clear the incomplete flag, and put the file in place
     /// if it is not yet.
     pub fn finish(mut self, stats: &FinalStats) -> Result<PathBuf> {
-        self.section(SECTION_STATS, &serde_json::to_vec(stats)?)?;
+        let mut stats = stats.clone();
+        if let Some(s) = &self.segments {
+            stats.segments = s.index;
+            (
+                stats.segments_rotated_out,
+                stats.chunks_rotated_out,
+                stats.records_rotated_out,
+            ) = s.rotated_out;
+        }
+        self.section(SECTION_STATS, &serde_json::to_vec(&stats)?)?;
         // The view's copy ends with the file.
         self.tee = None;
         let at = self.path().to_path_buf();
@@ -439,7 +608,10 @@ impl Writer {
                 )
             })?;
         }
-        Ok(self.dest.clone())
+        Ok(match &self.segments {
+            Some(s) => s.base.clone(),
+            None => self.dest.clone(),
+        })
     }
 }
 

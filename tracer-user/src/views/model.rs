@@ -140,6 +140,9 @@ pub(crate) struct Books {
     /// Lost before attach: programs that waited in vain for the tracer to attach their
     /// binary (their records are in none of the counters above).
     pub unattached: u64,
+    /// Of `received`: in the segments removed to keep under `--max-size`.
+    pub rotated_out: u64,
+    pub segments_rotated_out: u64,
 }
 
 /// How a trace's session ended, as far as its file says.
@@ -154,6 +157,9 @@ pub(crate) enum SessionEnd {
     DidNotFinish,
     /// No end and no such flag: a truncated copy.
     Truncated,
+    /// A segment of a trace written in segments, not its last: the session goes on in
+    /// the next.
+    Continued { segment: u32 },
 }
 
 #[derive(Serialize)]
@@ -368,6 +374,8 @@ struct Counts {
     truncated: bool,
     /// The header says the session did not finish.
     unfinished: bool,
+    /// The first segment's number (a trace in segments).
+    segment: Option<u32>,
 }
 
 impl Counts {
@@ -428,6 +436,7 @@ impl Counts {
         truncation_warning(path, &r, c.stats.as_ref());
         c.truncated = r.truncated().is_some();
         c.unfinished = r.incomplete();
+        c.segment = r.segment();
         Ok(c)
     }
 
@@ -651,6 +660,8 @@ fn books(st: Option<&FinalStats>) -> Books {
         holds: st.holds,
         at_stop: st.records_at_stop,
         unattached: st.unattached,
+        rotated_out: st.records_rotated_out,
+        segments_rotated_out: st.segments_rotated_out,
     }
 }
 
@@ -721,7 +732,11 @@ fn session_end(c: &Counts) -> SessionEnd {
             exit_code: st.exit_code,
         },
         None if c.unfinished => SessionEnd::DidNotFinish,
-        None => SessionEnd::Truncated,
+        None if c.truncated => SessionEnd::Truncated,
+        None => match c.segment {
+            Some(segment) => SessionEnd::Continued { segment },
+            None => SessionEnd::Truncated,
+        },
     }
 }
 
@@ -754,7 +769,16 @@ fn summarize(
         inline: c.inline,
         uprobe: c.uprobe,
         read_errors: st.read_errors,
-        chunks_lost: st.seq_issued.saturating_sub(c.chunks),
+        // Known when the file read starts at the first segment kept (or is one file).
+        chunks_lost: if c
+            .segment
+            .is_none_or(|n| n as u64 == st.segments_rotated_out + 1)
+        {
+            st.seq_issued
+                .saturating_sub(c.chunks + st.chunks_rotated_out)
+        } else {
+            0
+        },
         truncated: c.truncated,
         functions,
         calls: CallTimes::default(),

@@ -95,6 +95,10 @@ fn write_end(out: &mut impl Write, end: SessionEnd, s: &Summary) -> Result<()> {
              the file holds {} records",
             s.records
         ),
+        SessionEnd::Continued { segment } => format!(
+            "goes on in the next segment (this is segment {segment}; the trace's name \
+             without `.{segment}` reads all of it)"
+        ),
         SessionEnd::Truncated => format!(
             "unknown: the file has no end (a truncated copy); it holds {} records",
             s.records
@@ -108,7 +112,7 @@ fn write_books(out: &mut impl Write, b: &Books) -> Result<()> {
     if !b.known {
         writeln!(
             out,
-            "books: unknown: the session did not finish (its counters were never written)"
+            "books: unknown here: the session's counters are written at its end"
         )?;
         return Ok(());
     }
@@ -125,6 +129,13 @@ fn write_books(out: &mut impl Write, b: &Books) -> Result<()> {
             "NOT balanced"
         }
     )?;
+    if b.rotated_out > 0 {
+        writeln!(
+            out,
+            "rotated out: {} records of the delivered, in the {} oldest segments (--max-size)",
+            b.rotated_out, b.segments_rotated_out
+        )?;
+    }
     if b.unattached > 0 {
         writeln!(
             out,

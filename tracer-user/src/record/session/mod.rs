@@ -207,6 +207,7 @@ struct Outputs {
     ring: RingBuf<MapData>,
     logger: Option<Logger>,
     output: PathBuf,
+    rotation: crate::tracefile::Rotation,
     infos: Vec<BinaryInfo>,
     /// "New code mapped" notices to the session loop.
     mapped: Option<mpsc::Sender<(u32, u32)>>,
@@ -217,7 +218,7 @@ struct Outputs {
 impl Outputs {
     /// Create the file (session and binary sections) and start consuming.
     fn start(self, session: &SessionInfo) -> Result<Pipeline> {
-        let mut w = Writer::create(&self.output)?;
+        let mut w = Writer::create_with(&self.output, self.rotation)?;
         if let Some(t) = self.tee {
             w.tee_to(t);
         }
@@ -261,6 +262,7 @@ fn outputs(opts: &RecordOptions, live: &mut Live) -> Result<(Outputs, SessionInf
         ring,
         logger,
         output: opts.output.clone(),
+        rotation: opts.rotation,
         infos: binary_infos(&live.binaries),
         mapped: None,
         tee: None,

@@ -141,5 +141,10 @@ pub(super) fn final_stats(
         threads: consumed.threads.len() as u64,
         clock_end: Some(clock_end),
         exit_code,
+        // The writer's to say.
+        segments: 0,
+        records_rotated_out: 0,
+        segments_rotated_out: 0,
+        chunks_rotated_out: 0,
     })
 }

@@ -26,6 +26,8 @@ pub enum Target {
 
 pub struct RecordOptions {
     pub output: PathBuf,
+    /// `--split`, `--max-size`: the trace in segments (`tracefile::Rotation`).
+    pub rotation: crate::tracefile::Rotation,
     pub ring_bytes: u32,
     pub on_full: OnFull,
     pub target: Target,

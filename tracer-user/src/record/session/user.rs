@@ -39,7 +39,7 @@ pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
     drop(theirs);
     userdrain::seize(child.pid)?;
 
-    let mut writer = Writer::create(&opts.output)?;
+    let mut writer = Writer::create_with(&opts.output, opts.rotation)?;
     writer.write_session(&session_info(&argv, child.pid))?;
     for b in binary_infos(binaries.iter().map(|t| &t.binary)) {
         writer.write_binary(&b)?;
