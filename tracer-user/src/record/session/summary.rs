@@ -39,6 +39,16 @@ pub(super) fn print_summary(consumed: &Consumed, stats: &FinalStats, path: &Path
         stats.records_dropped,
         path.display()
     );
+    let segments = crate::tracefile::segments_of(path);
+    if let (false, Some(first), Some(last)) = (path.exists(), segments.first(), segments.last()) {
+        eprintln!(
+            "utrace: in {} segments, {} to {} (readers given {} read them as one)",
+            segments.len(),
+            first.1.display(),
+            last.1.display(),
+            path.display()
+        );
+    }
     if stats.read_errors > 0 {
         eprintln!(
             "utrace: warning: {} buffer reads failed (records lost)",
