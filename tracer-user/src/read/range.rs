@@ -7,7 +7,7 @@
 //!
 //!
 //! Reading a range decodes only the sections of chunks that may hold a record inside
-//! it ([`RangeSkip`]): a chunk's records were written between its thread's previous
+//! it ([`RangeSkip`]; the others a file reader seeks over): a chunk's records were written between its thread's previous
 //! drain and its own (the drains' clock samples are in the chunk headers, which are
 //! read without unpacking), give or take [`margin_ns`] for the cycle counter's
 //! calibration. Binaries whose record times come from the drains (coarse, block) are

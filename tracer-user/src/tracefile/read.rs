@@ -76,6 +76,9 @@ pub struct Truncation {
     pub what: &'static str,
 }
 
+/// How a reader of a file moves forward in it (`BufReader::seek_relative`).
+type SeekFn<R> = fn(&mut R, i64) -> std::io::Result<()>;
+
 /// Streaming reader: sections one at a time, so huge traces need no memory.
 pub struct Reader<R = BufReader<Source>> {
     r: R,
@@ -92,6 +95,9 @@ pub struct Reader<R = BufReader<Source>> {
     pending: std::collections::VecDeque<Chunk>,
     /// Made at the first chunk group (its table is large).
     groups: Option<GroupUnpacker>,
+    /// A file: its length and how to move forward in it, for payloads not decoded (other
+    /// readers read them through).
+    seek: Option<(u64, SeekFn<R>)>,
 }
 
 /// Read exactly `buf.len()` bytes; Ok(false) on a clean or partial end of file.
@@ -113,7 +119,13 @@ impl Reader {
     /// written in segments, read as one.
     pub fn open(path: &Path) -> Result<Self> {
         let source = Source::open(path)?;
-        Self::from_reader(path, BufReader::with_capacity(1 << 20, source))
+        let len = match &source {
+            Source::File(f) => Some(f.metadata()?.len()),
+            Source::Segments(_) => None,
+        };
+        let mut r = Self::from_reader(path, BufReader::with_capacity(1 << 20, source))?;
+        r.seek = len.map(|l| (l, BufReader::seek_relative as SeekFn<_>));
+        Ok(r)
     }
 }
 
@@ -164,6 +176,7 @@ impl<R: Read> Reader<R> {
             segment: None,
             pending: Default::default(),
             groups: None,
+            seek: None,
         })
     }
 
@@ -219,18 +232,47 @@ impl<R: Read> Reader<R> {
         if self.truncated.is_some() {
             return Ok(None);
         }
-        let Some((kind, payload)) = self.next_raw()? else {
+        let Some((kind, len)) = self.next_header()? else {
             return Ok(None);
         };
         let at = format!("{} at byte {}", self.path.display(), self.offset);
-        self.offset += (SECTION_HEADER_LEN + payload.len()) as u64;
+        // The chunk headers first: a section left undecoded need not be read.
+        let Some(mut payload) = self.payload_part(len, self.first_part(kind))? else {
+            return Ok(None);
+        };
+        if kind == SECTION_CHUNKS_PACKED && self.version >= 5 && payload.len() == 8 {
+            let n = (u32_at(&payload, 0) as usize).min(GROUP_CHUNKS_MAX);
+            let Some(heads) = self.payload_part(len - 8, n * CHUNK_HEADER_BYTES)? else {
+                return Ok(None);
+            };
+            payload.extend_from_slice(&heads);
+        }
         if let Some(headers) = self.chunk_headers(kind, &payload)
             && skip(&headers)
         {
+            if !self.pass_over(len, payload.len() as u64)? {
+                return self.stop("section payload");
+            }
+            self.offset += SECTION_HEADER_LEN as u64 + len;
             return Ok(Some(Next::Skipped(headers)));
         }
+        let Some(rest) = self.payload_part(len - payload.len() as u64, usize::MAX)? else {
+            return Ok(None);
+        };
+        payload.extend_from_slice(&rest);
+        self.offset += SECTION_HEADER_LEN as u64 + len;
         self.decode(kind, &payload, &at)
             .map(|s| Some(Next::Section(s)))
+    }
+
+    /// How much of a payload of `kind` to read first: a chunk's header, a group's count
+    /// (its headers next); all of other sections.
+    fn first_part(&self, kind: u32) -> usize {
+        match kind {
+            SECTION_CHUNK | SECTION_CHUNK_PACKED => CHUNK_HEADER_BYTES,
+            SECTION_CHUNKS_PACKED if self.version >= 5 => 8,
+            _ => usize::MAX,
+        }
     }
 
     /// The chunk headers of a section of chunks (None: another kind, or malformed, which
@@ -253,9 +295,9 @@ impl<R: Read> Reader<R> {
         }
     }
 
-    /// The next section's kind and payload, unchecked; None at the end of the file or
-    /// at a truncated section (then [`Reader::truncated`] says so).
-    fn next_raw(&mut self) -> Result<Option<(u32, Vec<u8>)>> {
+    /// The next section's kind and payload length; None at the end of the file or at a
+    /// truncated header (then [`Reader::truncated`] says so).
+    fn next_header(&mut self) -> Result<Option<(u32, u64)>> {
         let ctx = |r: &Self| format!("{} at byte {}", r.path.display(), r.offset);
         let mut h = [0u8; SECTION_HEADER_LEN];
         let n = read_full(&mut self.r, &mut h).with_context(|| ctx(self))?;
@@ -265,23 +307,50 @@ impl<R: Read> Reader<R> {
         if n < SECTION_HEADER_LEN {
             return self.stop("section header");
         }
-        let kind = u32_at(&h, 0);
-        let len = u64_at(&h, 8);
+        let (kind, len) = (u32_at(&h, 0), u64_at(&h, 8));
         ensure!(
             len <= MAX_SECTION,
             "{}: section of {len} bytes is implausible (corrupt file)",
             ctx(self)
         );
+        Ok(Some((kind, len)))
+    }
+
+    /// The next `min(len, most)` bytes of a payload with `len` bytes left; None (and
+    /// truncated) when the file ends first.
+    fn payload_part(&mut self, len: u64, most: usize) -> Result<Option<Vec<u8>>> {
+        let want = len.min(most as u64);
         // Grown as bytes arrive: a corrupt length costs no memory the file lacks.
-        let mut payload = Vec::with_capacity((len as usize).min(1 << 20));
+        let mut part = Vec::with_capacity((want as usize).min(1 << 20));
+        let at = self.offset;
         (&mut self.r)
-            .take(len)
-            .read_to_end(&mut payload)
-            .with_context(|| ctx(self))?;
-        if payload.len() as u64 != len {
+            .take(want)
+            .read_to_end(&mut part)
+            .with_context(|| format!("{} at byte {at}", self.path.display()))?;
+        if part.len() as u64 != want {
             return self.stop("section payload");
         }
-        Ok(Some((kind, payload)))
+        Ok(Some(part))
+    }
+
+    /// Move over the rest of the payload of `len` bytes of the section at `offset`,
+    /// `done` of them read, without decoding it: a seek in a file, a read elsewhere.
+    /// False when the file ends first.
+    fn pass_over(&mut self, len: u64, done: u64) -> Result<bool> {
+        let at = self.offset;
+        let ctx = || format!("{} at byte {at}", self.path.display());
+        let n = len - done;
+        if let Some((total, seek)) = self.seek {
+            // The payload ends within the file, or the file is truncated there.
+            if at + SECTION_HEADER_LEN as u64 + len > total {
+                return Ok(false);
+            }
+            seek(&mut self.r, n as i64).with_context(ctx)?;
+            return Ok(true);
+        }
+        let got =
+            std::io::copy(&mut (&mut self.r).take(n), &mut std::io::sink()).with_context(ctx)?;
+        Ok(got == n)
     }
 
     /// The section of `kind` whose payload is `payload`, found `at` (for messages).
