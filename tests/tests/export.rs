@@ -439,6 +439,11 @@ fn live_view_on_a_terminal_only() {
         last.contains(&records),
         "{records:?} in the last frame: {last}"
     );
+    assert!(
+        last.contains("then: tracer report [--since S --until U] TRACE; tracer report --diff")
+            && last.contains("--split SIZE|TIME, --max-size SIZE"),
+        "no help line in the last frame: {last}"
+    );
     let size = std::fs::metadata(&trace).unwrap().len();
     let written = format!(" {:.1} MB written", size as f64 / 1e6);
     assert!(

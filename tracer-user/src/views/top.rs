@@ -41,6 +41,9 @@ const LAG_BATCHES: usize = 64;
 /// Rows per table.
 const ROWS: usize = 10;
 const REDRAW: Duration = Duration::from_secs(1);
+/// The last line of a frame: what to do with the trace (and how to keep it small).
+const HELP: &str = "\nthen: tracer report [--since S --until U] TRACE; tracer report --diff OLD NEW; \
+                    smaller: record --split SIZE|TIME, --max-size SIZE\n";
 
 /// What the reader thread has counted so far.
 #[derive(Default)]
@@ -259,6 +262,7 @@ fn render(t: &Tally, before: &mut Before, start: Instant, dropped: u64) -> Strin
             rate(*n, then)
         );
     }
+    out += HELP;
     *before = Before {
         at: Some(now),
         records: t.records,
