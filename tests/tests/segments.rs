@@ -4,7 +4,8 @@
 //! - Split by size: every segment reads on its own (`report --json`: all but the last
 //!   "continued", the last "finished"); the segments' dumps one after another are the
 //!   dump of `T` (the set read as one), whose sites are those of an unsplit run; a new
-//!   session into the same name in fewer segments leaves none of the older ones.
+//!   session into the same name in fewer segments leaves none of the older ones; a
+//!   segment another user plants after the last, or one past a gap, is not read.
 //! - `--max-size`: the segments left hold at most the maximum plus one segment; they
 //!   are the newest: `T` dumps as the tail of the unsplit run, its records plus the
 //!   books' "rotated out" are the records delivered, and no chunk counts as lost.
@@ -99,6 +100,35 @@ fn traces_in_segments_read_alone_and_as_one() {
     let fewer = segments(&split);
     assert!(fewer.len() < parts.len(), "{fewer:?} after {parts:?}");
     assert_eq!(sites(&split), all, "the set after a second session");
+    // Segments planted beside it: one by another user right after the last, one of
+    // root's past a gap. Neither is read, and each is named in a warning.
+    let n = fewer.len();
+    let planted = tmp.join(format!("split.utrace.{}", n + 1));
+    std::fs::copy(&fewer[0], &planted).unwrap();
+    LocalUser::hostile().own(&planted);
+    let stray = tmp.join(format!("split.utrace.{}", n + 5));
+    std::fs::copy(&fewer[0], &stray).unwrap();
+    assert_eq!(
+        sites(&split),
+        all,
+        "the set with planted segments beside it"
+    );
+    let o = run(
+        Command::new(tracer_bin()).arg("report").arg(&split),
+        TRACE_TIMEOUT,
+    )
+    .ok();
+    for (p, why) in [(&planted, "its owner"), (&stray, "does not follow")] {
+        let said = format!("{} is not read as part of the trace: ", p.display());
+        assert!(
+            o.stderr_str()
+                .lines()
+                .any(|l| l.contains(&said) && l.contains(why)),
+            "no warning for {}: {}",
+            p.display(),
+            o.describe()
+        );
+    }
 
     // Within a maximum size.
     let kept = tmp.join("kept.utrace");

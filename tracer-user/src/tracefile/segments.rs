@@ -218,7 +218,7 @@ impl Chain {
     fn open(segments: &[(u32, PathBuf)]) -> Result<Chain> {
         let mut header = [0u8; FILE_HEADER_LEN];
         let mut files = std::collections::VecDeque::new();
-        for (i, (_, path)) in segments.iter().enumerate() {
+        for (i, path) in one_set(segments)?.iter().enumerate() {
             let mut f =
                 File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
             let mut h = [0u8; FILE_HEADER_LEN];
@@ -243,6 +243,45 @@ impl Chain {
             files,
         })
     }
+}
+
+/// The segments of one trace: those the reader owns (if it owns none, those of the
+/// first segment's owner), numbered on without a gap from the first of them. A segment
+/// someone else put in the directory, or one of another session past a gap, is not
+/// read, and a warning says so.
+fn one_set(segments: &[(u32, PathBuf)]) -> Result<Vec<PathBuf>> {
+    use std::os::unix::fs::MetadataExt;
+    let mut owned = Vec::with_capacity(segments.len());
+    for (n, p) in segments {
+        let m =
+            std::fs::symlink_metadata(p).with_context(|| format!("cannot read {}", p.display()))?;
+        owned.push((*n, p, m.uid()));
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let uid = if owned.iter().any(|o| o.2 == me) {
+        me
+    } else {
+        owned.first().map_or(me, |o| o.2)
+    };
+    let mut set: Vec<PathBuf> = Vec::new();
+    let mut next = None;
+    for (n, p, owner) in owned {
+        let why = if owner != uid {
+            "its owner is not the trace's"
+        } else if next.is_some_and(|want| n != want) {
+            "it does not follow the segment before it"
+        } else {
+            set.push(p.clone());
+            next = Some(n + 1);
+            continue;
+        };
+        eprintln!(
+            "utrace: warning: {} is not read as part of the trace: {why}",
+            p.display()
+        );
+    }
+    Ok(set)
 }
 
 /// Read a segment's segment section (at the file's position); the bytes of sections
