@@ -34,8 +34,16 @@ pub const STAT_HOLDS: u32 = 8;
 /// process's user already holds `ebpf::TABLES_PER_UID` entries (its threads are not
 /// drained at exit; counted at each such flush).
 pub const STAT_TABLE_SHARE: u32 = 9;
+/// Entries held by the duration filter (counted filtered when drained) and written
+/// later, when a call that lasted long enough ended (`duration`): delivered or dropped
+/// then, so the records filtered are `STAT_RECORDS_FILTERED` minus these.
+pub const STAT_RECORDS_RELEASED: u32 = 10;
+/// Calls the duration filter dropped (entry and exit) as shorter than its threshold.
+pub const STAT_CALLS_SHORT: u32 = 11;
+/// Entries the duration filter passed unjudged: deeper than `duration::CALL_DEPTH`.
+pub const STAT_CALLS_DEEP: u32 = 12;
 /// Entries of `STATS`.
-pub const STAT_COUNT: u32 = 10;
+pub const STAT_COUNT: u32 = 13;
 
 /// The record counters of a session, summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -95,6 +95,19 @@ pub const MAP_STRINGS: &str = "STRINGS";
 pub const MAX_STRINGS: u32 = 32768;
 /// Bytes read to tell whether a string changed: 31 and the NUL.
 pub const STRING_PROBE_BYTES: usize = 32;
+/// `HashMap<[u64; 2] = duration::call_site_key(..), u64>`: the call sites the duration
+/// filter judges (`duration::call_site_info`), filled by the tracer; sized by it (1
+/// entry without `--min-duration`).
+pub const MAP_CALL_SITES: &str = "CALL_SITES";
+/// `LruHashMap<[u64; 2] = duration::call_stack_key(..), duration::CallStack>`: the
+/// open calls of each thread and binary; `MAX_CALL_STACKS` entries with
+/// `--min-duration`, else 1.
+pub const MAP_CALL_STACKS: &str = "CALL_STACKS";
+/// Threads (times binaries) the duration filter follows at once (2.3 KiB each); beyond,
+/// the stack used least lately is evicted.
+pub const MAX_CALL_STACKS: u32 = 4096;
+/// Room in `CALL_SITES` beyond the first binaries' sites, for binaries that join.
+pub const SPARE_CALL_SITES: u32 = 1 << 18;
 /// Entries of `FILTER_SITES` by default (both generations; 64 sites each).
 pub const DEFAULT_FILTER_SITE_WORDS: u32 = 1 << 16;
 

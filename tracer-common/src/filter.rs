@@ -40,10 +40,13 @@ pub const F_SITES: u32 = 1 << 5;
 pub const F_VALUE: u32 = 1 << 6;
 /// Keep one record in `sample` (per CPU).
 pub const F_SAMPLE: u32 = 1 << 7;
+/// Keep only calls that lasted at least `min_duration` cycle-counter ticks (see
+/// `duration`); entries wait for their exits in `CALL_STACKS`.
+pub const F_DURATION: u32 = 1 << 8;
 /// The tests that run once per drain.
 pub const F_PER_THREAD: u32 = F_PID | F_TID | F_UID | F_CGROUP | F_COMM;
 /// The tests that run once per record.
-pub const F_PER_RECORD: u32 = F_SITES | F_VALUE | F_SAMPLE;
+pub const F_PER_RECORD: u32 = F_SITES | F_VALUE | F_SAMPLE | F_DURATION;
 
 /// Process-name patterns per filter.
 pub const MAX_COMMS: usize = 4;
@@ -75,6 +78,8 @@ pub struct FilterConfig {
     pub value_max: u64,
     /// Keep 1 in `sample` records (F_SAMPLE; 0 and 1 keep all).
     pub sample: u64,
+    /// F_DURATION: the threshold in cycle-counter ticks (0: every call passes).
+    pub min_duration: u64,
     /// Number of `comm` patterns in use.
     pub ncomm: u32,
     pub _pad: u32,
@@ -85,7 +90,7 @@ pub struct FilterConfig {
     pub comm_mask: [[u64; 2]; MAX_COMMS],
 }
 
-const _: () = assert!(core::mem::size_of::<FilterConfig>() == 176);
+const _: () = assert!(core::mem::size_of::<FilterConfig>() == 184);
 
 impl FilterConfig {
     /// Whether thread name `comm` (NUL-padded, as the kernel keeps it) matches

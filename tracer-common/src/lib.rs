@@ -10,6 +10,7 @@ pub mod books;
 #[cfg(feature = "std")]
 pub mod c_header;
 pub mod chunk;
+pub mod duration;
 pub mod ebpf;
 pub mod filter;
 pub mod layout;

@@ -50,14 +50,15 @@ use tracer_common::{
     CHUNK_HEADER_BYTES, CHUNK_KIND_RECORDS, CHUNK_RECORDS, ChunkHeader, RECORD_SIZE,
     SMALL_CHUNK_RECORDS, STAT_READ_ERRORS, STAT_RECORDS_FILTERED, STAT_RECORDS_PRODUCED,
     ebpf::MAX_DRAIN_BYTES,
-    filter::{F_PER_RECORD, FilterConfig},
+    filter::{F_DURATION, F_PER_RECORD, FilterConfig},
 };
 
 use crate::{
     atomic,
     books::{next_seq, settle, stat_add},
+    duration,
     filter::{active, announce_comm, record_passes, thread_passes},
-    maps::{EVENTS, FILTER_BLOCK, SCRATCH, SMALL_CHUNKS},
+    maps::{EVENTS, FILTER_BLOCK, SCRATCH, SMALL_CHUNKS, Scratch},
     strings,
 };
 
@@ -78,11 +79,11 @@ struct DrainCtx {
     binary_id: u64,
     cause: u32,
     /// A chunk could not be read (the rest of the drain is dropped).
-    failed: u32,
+    failed: u8,
     /// 1 = stop at the first chunk without room (see `DrainReq::hold`).
-    hold: u32,
+    hold: u8,
     /// Stopped there.
-    held: u32,
+    held: u8,
     /// Records of the chunks done (delivered or dropped).
     taken: u64,
     /// The drain's clock sample, the same in all of its chunks.
@@ -90,6 +91,8 @@ struct DrainCtx {
     delivered: u64,
     dropped: u64,
     chunks: u64,
+    /// Held entries written (counted filtered when held, see `duration`).
+    released: u64,
 }
 
 /// What to drain: the records `[spans[0], spans[1])` then `[spans[2], spans[3])` of
@@ -144,12 +147,26 @@ pub(crate) fn drain<const S: bool>(req: &mut DrainReq) -> i64 {
     };
     let n = n1 + n2;
     req.taken = n;
+    drain_records::<S>(req, n, n1, n2)
+}
+
+/// [`drain`] once its spans are known good: `n` records, `n1` in the first span.
+#[inline(always)]
+fn drain_records<const S: bool>(req: &mut DrainReq, n: u64, n1: u64, n2: u64) -> i64 {
+    let (binary_id, pid_tid) = (req.binary_id, req.pid_tid);
+    let cfg = active();
     if n == 0 {
+        // A thread's last drain with nothing left: its stack of open calls goes (a
+        // drain with records does that in `duration::store`).
+        // SAFETY: a live FILTER value.
+        if cfg.is_some_and(|(cfg, _)| unsafe { (*cfg).flags } & F_DURATION != 0) {
+            duration::forget_at(req.cause as u32, pid_tid, binary_id);
+        }
         return 0;
     }
-    let (binary_id, pid_tid) = (req.binary_id, req.pid_tid);
+    let [a0, _, b0, _] = req.spans;
     let mut per_record = false;
-    if let Some((cfg, _)) = active() {
+    if let Some((cfg, _)) = cfg {
         // SAFETY: a live FILTER value.
         let cfg = unsafe { &*cfg };
         if !thread_passes(cfg, pid_tid) {
@@ -177,13 +194,14 @@ pub(crate) fn drain<const S: bool>(req: &mut DrainReq) -> i64 {
         binary_id,
         cause: req.cause as u32,
         failed: 0,
-        hold: (req.hold != 0 && !per_record) as u32,
+        hold: (req.hold != 0 && !per_record) as u8,
         held: 0,
         taken: 0,
         time,
         delivered: 0,
         dropped: 0,
         chunks: 0,
+        released: 0,
     };
     if per_record {
         filtered_drain::<S>(&mut c, with_strings);
@@ -204,7 +222,7 @@ pub(crate) fn drain<const S: bool>(req: &mut DrainReq) -> i64 {
     let taken = if c.held != 0 { c.taken } else { n };
     req.taken = taken;
     stat_add(STAT_RECORDS_PRODUCED, taken);
-    settle(taken, c.delivered, c.dropped, c.chunks);
+    settle(taken + c.released, c.delivered, c.dropped, c.chunks);
     if c.failed != 0 {
         stat_add(STAT_READ_ERRORS, 1);
         return E_READ;
@@ -479,6 +497,10 @@ fn filtered_drain<const S: bool>(c: &mut DrainCtx, with_strings: bool) {
         }
         (*s).filter.binary_id = c.binary_id;
         (*s).filter.word = 0;
+        let durations = (*s).filter.cfg.flags & F_DURATION != 0;
+        if durations {
+            duration::load(s, c.pid_tid, c.binary_id);
+        }
         (*s).strings.on = with_strings as u64;
         strings::begin(&mut (*s).strings, c.pid_tid, c.binary_id, (c.cause, c.time));
         (*s).kept = 0;
@@ -488,6 +510,10 @@ fn filtered_drain<const S: bool>(c: &mut DrainCtx, with_strings: bool) {
             (c as *mut DrainCtx).cast(),
             0,
         );
+        if durations {
+            duration::store(s, c.pid_tid, c.binary_id, c.cause);
+            c.released = (*s).calls.released;
+        }
         (*s).busy = 0;
     }
 }
@@ -531,7 +557,12 @@ extern "C" fn filter_one<const S: bool>(index: u64, ctx: *mut c_void) -> i64 {
         // The record stays in the scratch (no copy on the stack: the verifier's
         // 512-byte chain, callbacks included on Linux 6.1, is nearly full here).
         let r = &raw const (*s).input[(j & mask) as usize];
-        if record_passes(&mut (*s).filter, &*r) {
+        let mut keep = record_passes(&mut (*s).filter, &*r);
+        let durations = (*s).filter.cfg.flags & F_DURATION != 0;
+        if keep && durations {
+            keep = duration::duration_step(j) != 0;
+        }
+        if keep {
             if (*s).strings.on != 0 {
                 strings::name_strings(&raw mut (*s).strings, r);
             }
@@ -539,23 +570,45 @@ extern "C" fn filter_one<const S: bool>(index: u64, ctx: *mut c_void) -> i64 {
             (*s).records[(k & mask) as usize] = *r;
             (*s).kept = k + 1;
         }
+        // With the duration filter the next record may release up to STEP_ROOM - 1
+        // held entries before itself: the chunk is written while it lacks that room.
+        let full = if durations {
+            FILTER_BLOCK as u64 - duration::STEP_ROOM
+        } else {
+            FILTER_BLOCK as u64 - 1
+        };
         let kept = (*s).kept;
-        if kept == FILTER_BLOCK as u64 || (index + 1 == c.n && kept != 0) {
-            (*s).kept = 0;
-            (*s).header = header(c, kept, next_seq());
-            let size =
-                CHUNK_HEADER_BYTES + (bounded(kept, FILTER_BLOCK as u64) as usize) * RECORD_SIZE;
-            let bytes = core::slice::from_raw_parts((&raw const (*s).header).cast::<u8>(), size);
-            if EVENTS
-                .output::<[u8]>(bytes, wakeup(size as u64, false))
-                .is_ok()
-            {
-                c.delivered += kept;
-                c.chunks += 1;
-            } else {
-                c.dropped += kept;
-            }
+        if kept > full || (index + 1 == c.n && kept != 0) {
+            write_chunk(c, s);
         }
     }
     0
+}
+
+/// Write the scratch's chunk of kept records into the ring buffer.
+///
+/// # Safety
+/// `s` is this CPU's scratch, held by the drain `c` (busy).
+#[inline(always)]
+unsafe fn write_chunk(c: &mut DrainCtx, s: *mut Scratch) {
+    // SAFETY: per the caller.
+    unsafe {
+        let kept = (*s).kept;
+        if kept == 0 {
+            return;
+        }
+        (*s).kept = 0;
+        (*s).header = header(c, kept, next_seq());
+        let size = CHUNK_HEADER_BYTES + (bounded(kept, FILTER_BLOCK as u64) as usize) * RECORD_SIZE;
+        let bytes = core::slice::from_raw_parts((&raw const (*s).header).cast::<u8>(), size);
+        if EVENTS
+            .output::<[u8]>(bytes, wakeup(size as u64, false))
+            .is_ok()
+        {
+            c.delivered += kept;
+            c.chunks += 1;
+        } else {
+            c.dropped += kept;
+        }
+    }
 }

@@ -94,6 +94,7 @@ mod arch;
 mod atomic;
 mod books;
 mod drain;
+mod duration;
 mod filter;
 mod maps;
 mod programs;

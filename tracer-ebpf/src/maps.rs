@@ -12,6 +12,7 @@ use aya_ebpf::{
 };
 use tracer_common::{
     ChunkHeader, Record, STAT_COUNT,
+    duration::CallStack,
     ebpf::{
         DEFAULT_FILTER_SITE_WORDS, DEFAULT_RING_BYTES, MAX_BINARIES, MAX_DRAINED, MAX_EXIT_WORK,
         MAX_FILTER_IDS, MAX_PROCESSES, MAX_STRING_SITES, MAX_STRINGS, MAX_TARGETS,
@@ -62,6 +63,16 @@ pub(crate) static STRINGS: LruHashMap<[u64; 2], [u64; STRING_PROBE_BYTES / 8]> =
 #[map]
 pub(crate) static COMMS: LruHashMap<u64, [u8; COMM_LEN]> =
     LruHashMap::with_max_entries(MAX_TARGETS, 0);
+
+/// `duration::call_site_key(..)` → `duration::call_site_info(..)`: the call sites of
+/// the binaries the duration filter judges (filled and sized by the loader).
+#[map]
+pub(crate) static CALL_SITES: HashMap<[u64; 2], u64> = HashMap::with_max_entries(1, 0);
+
+/// `duration::call_stack_key(..)` → the open calls of a thread in a binary (sized by
+/// the loader; removed at the thread's exit).
+#[map]
+pub(crate) static CALL_STACKS: LruHashMap<[u64; 2], CallStack> = LruHashMap::with_max_entries(1, 0);
 
 /// Per-CPU scratch of filtered drains.
 #[map]
@@ -191,8 +202,28 @@ pub(crate) struct Scratch {
     pub input: [Record; FILTER_BLOCK],
     pub filter: RecordFilter,
     pub strings: StringState,
+    pub calls: CallState,
     pub kept: u64,
     pub busy: u64,
+}
+
+/// Entries of [`CallState::sites`] (a power of two).
+pub(crate) const CALL_SITE_CACHE: usize = 32;
+
+/// The duration filter's state in a drain (`duration.rs`): the thread's stack, copied
+/// in from `CALL_STACKS` and back, a cache of `CALL_SITES`, and what to count.
+#[repr(C)]
+pub(crate) struct CallState {
+    pub stack: CallStack,
+    /// `[tag, info]` direct-mapped by site; tag = drain number << 33 | site + 1.
+    pub sites: [[u64; 2]; CALL_SITE_CACHE],
+    /// Drains on this CPU (tags the cache).
+    pub drains: u64,
+    /// A `CALL_SITES` key (map keys must be in memory, and the stack is full).
+    pub key: [u64; 2],
+    pub released: u64,
+    pub short: u64,
+    pub deep: u64,
 }
 
 /// Per-record state of a filtered drain (lives in the per-CPU scratch, not on the

@@ -38,9 +38,13 @@ use crate::maps::{
 /// Whether sites of `binary_id` have string arguments (one lookup per drain).
 #[inline(always)]
 pub(crate) fn binary_has_strings(binary_id: u64) -> bool {
-    STRING_SITES
-        .get_ptr(&[binary_id, STRING_SITES_ANY])
-        .is_some()
+    // The marker's value (1), not the pointer: LLVM would otherwise fold the null test
+    // into arithmetic on the pointer, which the verifier refuses.
+    match STRING_SITES.get_ptr(&[binary_id, STRING_SITES_ANY]) {
+        // SAFETY: a live map value.
+        Some(p) => (unsafe { core::ptr::read_volatile(p) }) != 0,
+        None => false,
+    }
 }
 
 /// Start the string pass of a drain (`cause`: `CAUSE_*`, `time`: its clock sample) of

@@ -321,8 +321,13 @@ fn run_record(args: RecordArgs) -> Result<i32> {
     } else {
         record::credentials::RunAs::for_record(run_as.as_deref())?
     };
-    if user && !filter.is_empty() {
-        bail!("filters run in the eBPF drain: not with --user");
+    // The user drain has the duration filter only.
+    let kernel_only = FilterSpec {
+        min_duration: None,
+        ..filter.clone()
+    };
+    if user && !kernel_only.is_empty() {
+        bail!("filters run in the eBPF drain: not with --user (only --min-duration)");
     }
     if user {
         if command.is_empty() {

@@ -229,6 +229,13 @@ pub struct FinalStats {
     pub segments_rotated_out: u64,
     #[serde(default)]
     pub chunks_rotated_out: u64,
+    /// The duration filter (`--min-duration`): calls it dropped as shorter than its
+    /// threshold (entry and exit, within `records_filtered`), and entries it passed
+    /// unjudged as deeper than its stacks.
+    #[serde(default)]
+    pub calls_short: u64,
+    #[serde(default)]
+    pub calls_deep: u64,
     pub threads: u64,
     /// Counter/clock anchor at the end of the session.
     pub clock_end: Option<Anchor>,

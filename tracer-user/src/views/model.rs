@@ -143,6 +143,11 @@ pub(crate) struct Books {
     /// Of `received`: in the segments removed to keep under `--max-size`.
     pub rotated_out: u64,
     pub segments_rotated_out: u64,
+    /// The duration filter: calls dropped as shorter than its threshold (their entries
+    /// and exits are in `filtered`), and entries passed unjudged (deeper than its
+    /// stacks).
+    pub calls_short: u64,
+    pub calls_deep: u64,
 }
 
 /// How a trace's session ended, as far as its file says.
@@ -662,6 +667,8 @@ fn books(st: Option<&FinalStats>) -> Books {
         unattached: st.unattached,
         rotated_out: st.records_rotated_out,
         segments_rotated_out: st.segments_rotated_out,
+        calls_short: st.calls_short,
+        calls_deep: st.calls_deep,
     }
 }
 

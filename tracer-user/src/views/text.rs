@@ -151,6 +151,16 @@ fn write_books(out: &mut impl Write, b: &Books) -> Result<()> {
             b.at_stop
         )?;
     }
+    if b.calls_short > 0 || b.calls_deep > 0 {
+        writeln!(
+            out,
+            "duration filter: {} calls shorter than --min-duration not kept (in filtered); \
+             {} entries deeper than {} open calls kept unjudged",
+            b.calls_short,
+            b.calls_deep,
+            tracer_common::duration::CALL_DEPTH
+        )?;
+    }
     if b.holds > 0 {
         writeln!(
             out,

@@ -80,6 +80,7 @@ use tracer_common::{
 };
 
 use super::{
+    duration::{DurationCounts, DurationFilter},
     remote::{event_msg, ptrace, read_mem, write_mem},
     target_data::{
         Message, Refused, SlotSpan, check_sender, check_slot_owner, encode_records, parse_message,
@@ -173,6 +174,10 @@ struct State {
     /// (process, binary id) pairs whose mappings were looked at.
     scanned: HashSet<(u32, u64)>,
     refused: RefusedCount,
+    /// `--min-duration`.
+    duration: Option<DurationFilter>,
+    /// Records taken out of buffers (before the duration filter).
+    produced: u64,
     records: u64,
     chunks: u64,
     bad: u64,
@@ -195,6 +200,10 @@ pub(crate) type FindMapped = Box<dyn FnMut(u32) -> Vec<(Found, u64)>>;
 /// What the drain took out of the buffers, for the file's stats and the summary.
 pub(crate) struct Drained {
     pub writer: Writer,
+    /// Records taken out of buffers; `records` of them were written.
+    pub produced: u64,
+    /// What the duration filter counted (all 0 without one).
+    pub duration: DurationCounts,
     pub records: u64,
     pub chunks: u64,
     pub bad_entries: u64,
@@ -210,8 +219,13 @@ pub(crate) struct UserDrain {
 
 impl UserDrain {
     /// A drain writing to `writer`, which describes `known` binaries already ((binary id,
-    /// buffer bytes), in ordinal order).
-    pub(crate) fn new(writer: Writer, known: &[(u64, u64)], mapped_in: FindMapped) -> UserDrain {
+    /// buffer bytes), in ordinal order), through the duration filter if any.
+    pub(crate) fn new(
+        writer: Writer,
+        known: &[(u64, u64)],
+        mapped_in: FindMapped,
+        duration: Option<DurationFilter>,
+    ) -> UserDrain {
         let st = State {
             writer,
             mapped_in,
@@ -222,6 +236,8 @@ impl UserDrain {
             sealed: HashSet::new(),
             scanned: HashSet::new(),
             refused: RefusedCount::default(),
+            duration,
+            produced: 0,
             records: 0,
             chunks: 0,
             bad: 0,
@@ -252,6 +268,8 @@ impl UserDrain {
         st.report_refused();
         Ok(Drained {
             writer: st.writer,
+            produced: st.produced,
+            duration: st.duration.map(|d| d.counts).unwrap_or_default(),
             records: st.records,
             chunks: st.chunks,
             bad_entries: st.bad,
@@ -487,6 +505,10 @@ impl State {
             !list.is_empty()
         });
         self.scanned.retain(|&(p, _)| p != pid);
+        if let Some(d) = self.duration.as_mut() {
+            // The old image's open calls never return.
+            d.forget_process(pid);
+        }
         if dropped > 0 {
             log::debug!("process {pid} exec'ed: {dropped} slots of its old image dropped");
         }
@@ -605,6 +627,15 @@ impl State {
                 ordinal: self.binaries.len() as u32,
                 ..found.info
             };
+            if let (Some(d), Ok(meta)) = (self.duration.as_mut(), info.metadata())
+                && let Err(mode) = d.add_binary(id, &meta)
+            {
+                log::warn!(
+                    "{}: rewritten with --time {}: --min-duration cannot judge its calls; they all pass",
+                    info.path,
+                    mode.name()
+                );
+            }
             self.writer.write_binary(&info)?;
             self.writer.write_raw(&encode_load(pid, id, bias))?;
             self.binaries.push(id);
@@ -614,6 +645,17 @@ impl State {
 
     /// Write records as chunk sections of at most CHUNK_RECORDS (what readers expect).
     fn records_out(&mut self, h: ChunkHeader, records: &[u8]) -> Result<()> {
+        let whole = records.len() - records.len() % RECORD_SIZE;
+        self.produced += (whole / RECORD_SIZE) as u64;
+        let kept;
+        let records = match self.duration.as_mut() {
+            Some(d) => {
+                let pid_tid = (u64::from(h.pid) << 32) | u64::from(h.tid);
+                kept = d.filter(pid_tid, h.binary_id, &records[..whole]);
+                &kept[..]
+            }
+            None => records,
+        };
         let mut out = Vec::new();
         let n = encode_records(h, records, &mut out);
         self.records += n.records;
@@ -729,7 +771,11 @@ impl State {
             release[8..].copy_from_slice(&slot.start.to_le_bytes());
             let _ = write_mem(through, addr, &release);
         }
-        if !unread.is_empty() {
+        if unread.is_empty() {
+            if let Some(d) = self.duration.as_mut() {
+                d.forget_thread(tid);
+            }
+        } else {
             self.slots.insert(tid, unread);
         }
         Ok(())

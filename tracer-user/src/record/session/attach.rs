@@ -29,12 +29,12 @@ use aya::{
 use tracer_common::{
     ebpf::{
         GLOBAL_EXIT_GROUP_DEAD_OFF, GLOBAL_FORK_CHILD_PID_OFF, GLOBAL_ON_FULL, GLOBAL_SMALL_CHUNKS,
-        GLOBAL_SYSTEM_WIDE, GLOBAL_TP_OFFSET, GLOBAL_WRITE_USER, MAP_BINARIES, MAP_EVENTS,
-        MAP_EXIT_STEPS, MAP_OPERANDS, MAP_STRING_SITES, MAP_TARGETS, MAX_BINARIES, PROG_EXEC,
-        PROG_EXIT_STEP, PROG_FLUSH, PROG_FLUSH_SLEEPABLE, PROG_FORK, PROG_GROUP_EXIT, PROG_KILLED,
-        PROG_MMAP, PROG_SITE, PROG_TASK_EXIT, PROG_THREAD_EXIT, SEL_BLOCK, SEL_CALL, SEL_ENTRY,
-        SEL_EXIT, SEL_MEMORY, SEL_USDT, SMALL_RING_BYTES, STRING_SITES_ANY, operand_key,
-        site_cookie,
+        GLOBAL_SYSTEM_WIDE, GLOBAL_TP_OFFSET, GLOBAL_WRITE_USER, MAP_BINARIES, MAP_CALL_SITES,
+        MAP_CALL_STACKS, MAP_EVENTS, MAP_EXIT_STEPS, MAP_OPERANDS, MAP_STRING_SITES, MAP_TARGETS,
+        MAX_BINARIES, MAX_CALL_STACKS, PROG_EXEC, PROG_EXIT_STEP, PROG_FLUSH, PROG_FLUSH_SLEEPABLE,
+        PROG_FORK, PROG_GROUP_EXIT, PROG_KILLED, PROG_MMAP, PROG_SITE, PROG_TASK_EXIT,
+        PROG_THREAD_EXIT, SEL_BLOCK, SEL_CALL, SEL_ENTRY, SEL_EXIT, SEL_MEMORY, SEL_USDT,
+        SMALL_RING_BYTES, SPARE_CALL_SITES, STRING_SITES_ANY, operand_key, site_cookie,
     },
     meta::{SiteKind, SiteMode},
     operand::OperandSet,
@@ -140,6 +140,7 @@ impl Live {
         on_full: OnFull,
         system_wide: bool,
         initial: &[Traced],
+        durations: bool,
     ) -> Result<Self> {
         let write_user = kernel::probe_write_user_allowed();
         if !write_user {
@@ -152,11 +153,20 @@ impl Live {
             .map(|t| operand_sets(&[&t.binary], 0).len())
             .sum::<usize>()
             + SPARE_OPERAND_SETS;
+        // The duration filter's maps are sized only for a session that asks for it.
+        let call_sites = durations.then(|| {
+            initial
+                .iter()
+                .map(|t| tracer_common::duration::call_sites(&t.binary.meta).len() as u32)
+                .sum::<u32>()
+                .saturating_add(SPARE_CALL_SITES)
+        });
         let globals = Globals {
             ring_bytes,
             write_user,
             wait: on_full == OnFull::Wait,
             system_wide,
+            call_sites,
         };
         let mut ebpf = load(&globals, sets)?;
         // The sleepable flush where the kernel has sleepable uprobes, else the plain one.
@@ -182,7 +192,7 @@ impl Live {
                 verified(name, || p.load())?;
             }
         }
-        let filters = Filters::take(&mut ebpf)?;
+        let filters = Filters::take(&mut ebpf, durations)?;
         Ok(Live {
             ebpf,
             write_user,
@@ -500,6 +510,8 @@ pub(super) struct Globals {
     /// `--on-full wait`.
     pub wait: bool,
     pub system_wide: bool,
+    /// `--min-duration`: room for this many call sites (and `MAX_CALL_STACKS` stacks).
+    pub call_sites: Option<u32>,
 }
 
 /// Load the eBPF object with this machine's globals; `OPERANDS` gets room for
@@ -530,6 +542,15 @@ pub(super) fn load(g: &Globals, operand_sets: usize) -> Result<Ebpf> {
         .override_global(GLOBAL_EXIT_GROUP_DEAD_OFF, &group_dead, true)
         .map_max_entries(MAP_EVENTS, g.ring_bytes)
         .map_max_entries(MAP_OPERANDS, operand_entries)
+        .map_max_entries(MAP_CALL_SITES, g.call_sites.unwrap_or(1))
+        .map_max_entries(
+            MAP_CALL_STACKS,
+            if g.call_sites.is_some() {
+                MAX_CALL_STACKS
+            } else {
+                1
+            },
+        )
         .load(EBPF_OBJECT)
         .context("cannot load the eBPF object")
 }

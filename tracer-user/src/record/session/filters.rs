@@ -12,11 +12,13 @@ use aya::{
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use tracer_common::{
-    ebpf::{MAP_FILTER, MAP_FILTER_ACTIVE, MAP_FILTER_IDS, MAP_FILTER_SITES},
+    duration::{call_site_key, call_sites},
+    ebpf::{MAP_CALL_SITES, MAP_FILTER, MAP_FILTER_ACTIVE, MAP_FILTER_IDS, MAP_FILTER_SITES},
     filter::{
-        COMM_LEN, F_CGROUP, F_COMM, F_PID, F_SAMPLE, F_SITES, F_TID, F_UID, F_VALUE, FilterConfig,
-        ID_PID, ID_TID, MAX_COMMS, id_key, site_key,
+        COMM_LEN, F_CGROUP, F_COMM, F_DURATION, F_PID, F_SAMPLE, F_SITES, F_TID, F_UID, F_VALUE,
+        FilterConfig, ID_PID, ID_TID, MAX_COMMS, id_key, site_key,
     },
+    meta::TimeMode,
 };
 
 use crate::record::session::binaries::Instrumented;
@@ -57,6 +59,11 @@ pub struct FilterSpec {
     #[arg(long = "sample", value_name = "N")]
     #[serde(default)]
     pub sample: Option<u64>,
+    /// Keep a call's entry and exit only when the call took at least this long (10us,
+    /// 1.5ms, 500ns; 0 keeps every call), decided as the kernel drains the buffers.
+    #[arg(long = "min-duration", value_name = "TIME")]
+    #[serde(default)]
+    pub min_duration: Option<String>,
 }
 
 impl FilterSpec {
@@ -64,9 +71,22 @@ impl FilterSpec {
         *self == FilterSpec::default()
     }
 
-    /// The configuration entry (without the site and id sets).
-    fn config(&self) -> Result<FilterConfig> {
+    /// `--min-duration` in ns.
+    pub fn min_duration_ns(&self) -> Result<Option<u64>> {
+        self.min_duration
+            .as_deref()
+            .map(parse_duration_ns)
+            .transpose()
+    }
+
+    /// The configuration entry (without the site and id sets); `tsc_hz` converts
+    /// `--min-duration` into cycle-counter ticks.
+    fn config(&self, tsc_hz: f64) -> Result<FilterConfig> {
         let mut c = FilterConfig::default();
+        if let Some(ns) = self.min_duration_ns()? {
+            c.flags |= F_DURATION;
+            c.min_duration = (ns as f64 * tsc_hz / 1e9).ceil() as u64;
+        }
         if !self.functions.is_empty() {
             c.flags |= F_SITES;
         }
@@ -123,7 +143,7 @@ impl FilterSpec {
 
     /// Check everything that can be checked without the binaries.
     pub fn validate(&self) -> Result<()> {
-        self.config()?;
+        self.config(1e9)?;
         for g in &self.functions {
             glob::Pattern::new(g).with_context(|| format!("--functions {g:?}"))?;
         }
@@ -161,6 +181,9 @@ impl FilterSpec {
         if let Some(n) = self.sample {
             parts.push(format!("1 in {n}"));
         }
+        if let Some(d) = &self.min_duration {
+            parts.push(format!("calls of at least {d}"));
+        }
         parts.join(", ")
     }
 }
@@ -172,6 +195,22 @@ fn parse_u64(s: &str) -> Result<u64> {
         None => s.parse::<i64>().map(|v| v as u64).or_else(|_| s.parse()),
     }
     .with_context(|| format!("{s:?} is not a number"))
+}
+
+/// A duration with its unit (`10us`, `1.5ms`, `500ns`, `2s`), or `0`, in ns.
+fn parse_duration_ns(s: &str) -> Result<u64> {
+    let t = s.trim();
+    if t == "0" {
+        return Ok(0);
+    }
+    let (num, scale) = [("ns", 1.0), ("us", 1e3), ("ms", 1e6), ("s", 1e9)]
+        .iter()
+        .find_map(|(unit, scale)| t.strip_suffix(unit).map(|n| (n, *scale)))
+        .with_context(|| format!("--min-duration {s:?}: give a unit: 10us, 1.5ms, 500ns, 2s"))?;
+    match num.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..1e12).contains(&(v * scale)) => Ok((v * scale) as u64),
+        _ => bail!("--min-duration {s:?}: expected a duration such as 10us, 1.5ms, 500ns"),
+    }
 }
 
 fn parse_range(s: &str) -> Result<(u64, u64)> {
@@ -232,16 +271,47 @@ pub struct Filters {
     spec: FilterSpec,
     /// Sites matched per binary, for the summary.
     matched: BTreeMap<u64, usize>,
+    /// The duration filter's call sites; `None`: the session was loaded without
+    /// `--min-duration` (its maps have no room).
+    call_sites: Option<HashMap<MapData, [u64; 2], u64>>,
+    /// Binaries whose call sites are in `call_sites`.
+    judged: std::collections::BTreeSet<u64>,
+    /// Cycle-counter ticks per second (`--min-duration` is given in ns).
+    tsc_hz: f64,
+}
+
+/// A binary the duration filter cannot judge (its records carry no clock at calls).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{path}: --min-duration needs the cycle counter in every record, and this binary was \
+     rewritten with --time {mode}: rewrite it with --time record"
+)]
+pub struct NoCallTimes {
+    pub path: String,
+    pub mode: &'static str,
 }
 
 impl Filters {
     /// Take the filter maps out of the loaded object.
-    pub fn take(ebpf: &mut Ebpf) -> Result<Self> {
+    /// `durations`: the session was loaded for `--min-duration`.
+    pub fn take(ebpf: &mut Ebpf, durations: bool) -> Result<Self> {
         let mut take = |name: &str| {
             ebpf.take_map(name)
                 .with_context(|| format!("no {name} map in the eBPF object"))
         };
+        let call_sites = if durations {
+            Some(HashMap::try_from(take(MAP_CALL_SITES)?)?)
+        } else {
+            None
+        };
         Ok(Filters {
+            call_sites,
+            judged: Default::default(),
+            tsc_hz: if durations {
+                crate::record::host::clock::calibrate(std::time::Duration::from_millis(20)).tsc_hz
+            } else {
+                1e9
+            },
             config: Array::try_from(take(MAP_FILTER)?)?,
             active: Array::try_from(take(MAP_FILTER_ACTIVE)?)?,
             ids: HashMap::try_from(take(MAP_FILTER_IDS)?)?,
@@ -259,7 +329,18 @@ impl Filters {
     /// Put `spec` in force for `binaries`: fill the inactive generation, then flip.
     /// Returns the number of sites the function globs matched.
     pub fn set(&mut self, spec: &FilterSpec, binaries: &[&Instrumented]) -> Result<usize> {
-        let config = spec.config()?;
+        let config = spec.config(self.tsc_hz)?;
+        if spec.min_duration.is_some() {
+            if self.call_sites.is_none() {
+                bail!(
+                    "--min-duration: this session was started without it (start it with \
+                     --min-duration to change the threshold while it runs)"
+                );
+            }
+            for b in binaries {
+                self.judge_calls(b)?;
+            }
+        }
         let globs = spec
             .functions
             .iter()
@@ -297,6 +378,14 @@ impl Filters {
 
     /// A binary that joined the session: its sites under the filter in force.
     pub fn add_binary(&mut self, b: &Instrumented) -> Result<()> {
+        if self.spec.min_duration.is_some() {
+            match self.judge_calls(b) {
+                Ok(()) => {}
+                // Its calls pass unjudged; the others' filter goes on.
+                Err(e) if e.is::<NoCallTimes>() => log::warn!("{e:#}; its calls all pass"),
+                Err(e) => return Err(e),
+            }
+        }
         if self.spec.functions.is_empty() {
             return Ok(());
         }
@@ -337,6 +426,34 @@ impl Filters {
         }
         *self.matched.entry(b.meta.binary_id).or_default() += n;
         Ok(n)
+    }
+
+    /// Put `b`'s call sites in `CALL_SITES` (once per binary).
+    fn judge_calls(&mut self, b: &Instrumented) -> Result<()> {
+        let Some(map) = self.call_sites.as_mut() else {
+            return Ok(());
+        };
+        if self.judged.contains(&b.meta.binary_id) {
+            return Ok(());
+        }
+        if b.meta.time_mode != TimeMode::Record {
+            return Err(NoCallTimes {
+                path: b.path.display().to_string(),
+                mode: b.meta.time_mode.name(),
+            }
+            .into());
+        }
+        for (site, info) in call_sites(&b.meta) {
+            map.insert(call_site_key(b.meta.binary_id, site), info, 0)
+                .with_context(|| {
+                    format!(
+                        "{}: the duration filter's call-site map is full",
+                        b.path.display()
+                    )
+                })?;
+        }
+        self.judged.insert(b.meta.binary_id);
+        Ok(())
     }
 
     fn clear_generation(&mut self, generation: u32) -> Result<()> {

@@ -116,7 +116,14 @@ pub fn record(mut opts: RecordOptions) -> Result<i32> {
 
     let system_wide = matches!(opts.target, Target::SystemWide { .. });
     let (initial, exe) = initial_binaries(&opts)?;
-    let mut live = Live::load(opts.ring_bytes, opts.on_full, system_wide, &initial)?;
+    let durations = opts.filter.min_duration.is_some();
+    let mut live = Live::load(
+        opts.ring_bytes,
+        opts.on_full,
+        system_wide,
+        &initial,
+        durations,
+    )?;
     let mut seen = live.add_initial(&initial)?;
     live.attach_tracepoints()?;
     live.set_initial_filter(&opts)?;

@@ -9,9 +9,9 @@ use aya::{
     maps::{Array, PerCpuArray},
 };
 use tracer_common::{
-    STAT_CHUNKS, STAT_COUNT, STAT_HOLDS, STAT_READ_ERRORS, STAT_RECORDS_DELIVERED,
-    STAT_RECORDS_DROPPED, STAT_RECORDS_FILTERED, STAT_RECORDS_PRODUCED, STAT_RECORDS_SKIPPED,
-    STAT_TABLE_FULL, STAT_TABLE_SHARE,
+    STAT_CALLS_DEEP, STAT_CALLS_SHORT, STAT_CHUNKS, STAT_COUNT, STAT_HOLDS, STAT_READ_ERRORS,
+    STAT_RECORDS_DELIVERED, STAT_RECORDS_DROPPED, STAT_RECORDS_FILTERED, STAT_RECORDS_PRODUCED,
+    STAT_RECORDS_RELEASED, STAT_RECORDS_SKIPPED, STAT_TABLE_FULL, STAT_TABLE_SHARE,
     ebpf::{MAP_SEQ, MAP_STATS, TABLE_BINARIES, TABLES_PER_UID},
 };
 
@@ -129,7 +129,10 @@ pub(super) fn final_stats(
         .collect();
     Ok(FinalStats {
         records_produced: stat(STAT_RECORDS_PRODUCED),
-        records_filtered: stat(STAT_RECORDS_FILTERED),
+        // Entries the duration filter held (counted filtered) and wrote later.
+        records_filtered: stat(STAT_RECORDS_FILTERED).wrapping_sub(stat(STAT_RECORDS_RELEASED)),
+        calls_short: stat(STAT_CALLS_SHORT),
+        calls_deep: stat(STAT_CALLS_DEEP),
         records_at_stop: 0,
         dropped_per_cpu,
         filter: String::new(),

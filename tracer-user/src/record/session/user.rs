@@ -22,6 +22,7 @@ use crate::{
     record::{
         drain::{
             consumer::Consumed,
+            duration::DurationFilter,
             userdrain::{self, Drained, Found, UserDrain},
         },
         host::clock,
@@ -33,6 +34,8 @@ use crate::{
 pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
     let run_as = opts.run_as.as_ref();
     let (binaries, exe) = discover_command(&argv, &opts.binaries, run_as)?;
+    let session = session_info(&argv);
+    let duration = duration_filter(&opts, &binaries, session.clock.tsc_hz)?;
     let (ours, theirs) = seqpacket_pair()?;
     userdrain::pass_credentials(&ours)?;
     let mut child = GatedChild::spawn_with_drain(&exe, &argv, Some(theirs.as_raw_fd()), run_as)?;
@@ -40,29 +43,56 @@ pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
     userdrain::seize(child.pid)?;
 
     let mut writer = Writer::create_with(&opts.output, opts.rotation)?;
-    writer.write_session(&session_info(&argv, child.pid))?;
+    writer.write_session(&SessionInfo {
+        pids: vec![child.pid],
+        ..session
+    })?;
     for b in binary_infos(binaries.iter().map(|t| &t.binary)) {
         writer.write_binary(&b)?;
     }
     writer.publish()?;
     let known: Vec<(u64, u64)> = binaries.iter().map(|t| geometry(&t.binary)).collect();
-    let mut drain = UserDrain::new(writer, &known, Box::new(mapped_in));
+    let mut drain = UserDrain::new(writer, &known, Box::new(mapped_in), duration);
 
     drain.hold(child.pid);
     gate::ignore_terminal_signals();
     child.release().with_context(|| exe.display().to_string())?;
     let drained = drain.serve(&ours, child.pid)?;
-    finish(drained)
+    finish(drained, opts.filter.describe())
 }
 
-/// What the trace file says about the session of `argv`, run as `pid`.
-fn session_info(argv: &[OsString], pid: u32) -> SessionInfo {
+/// `--min-duration`'s filter for the command's `binaries`, with the threshold in ticks
+/// of a counter running at `tsc_hz`.
+fn duration_filter(
+    opts: &RecordOptions,
+    binaries: &[super::discover::Traced],
+    tsc_hz: f64,
+) -> Result<Option<DurationFilter>> {
+    let Some(ns) = opts.filter.min_duration_ns()? else {
+        return Ok(None);
+    };
+    let mut filter = DurationFilter::new((ns as f64 * tsc_hz / 1e9).ceil() as u64);
+    for t in binaries {
+        let b = &t.binary;
+        if let Err(mode) = filter.add_binary(b.meta.binary_id, &b.meta) {
+            return Err(super::filters::NoCallTimes {
+                path: b.path.display().to_string(),
+                mode: mode.name(),
+            }
+            .into());
+        }
+    }
+    Ok(Some(filter))
+}
+
+/// What the trace file says about the session of `argv` (its pid once it runs).
+fn session_info(argv: &[OsString]) -> SessionInfo {
     SessionInfo {
         command: argv
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect(),
-        pids: vec![pid],
+        pids: Vec::new(),
         mode: "user".into(),
         arch: std::env::consts::ARCH.into(),
         record_version: RECORD_VERSION,
@@ -76,12 +106,16 @@ fn session_info(argv: &[OsString], pid: u32) -> SessionInfo {
 }
 
 /// The file's stats and the summary; returns the command's exit code.
-fn finish(mut d: Drained) -> Result<i32> {
+fn finish(mut d: Drained, filter: String) -> Result<i32> {
     // Every record taken out of a buffer (sent, or read at a thread's exit) is
-    // delivered: this drain neither filters nor drops.
+    // delivered or filtered (`--min-duration`): this drain never drops.
     let stats = FinalStats {
-        records_produced: d.records,
+        records_produced: d.produced,
         records_delivered: d.records,
+        records_filtered: d.duration.filtered - d.duration.released,
+        calls_short: d.duration.calls_short,
+        calls_deep: d.duration.calls_deep,
+        filter,
         chunks: d.chunks,
         records_received: d.records,
         chunks_received: d.chunks,
