@@ -441,7 +441,7 @@ fn live_view_on_a_terminal_only() {
     );
     assert!(
         last.contains("then: tracer report [--since S --until U] TRACE; tracer report --diff")
-            && last.contains("--split SIZE|TIME, --max-size SIZE"),
+            && last.contains("--split SIZE|TIME, --max-size SIZE, --min-duration T"),
         "no help line in the last frame: {last}"
     );
     let size = std::fs::metadata(&trace).unwrap().len();

@@ -558,8 +558,9 @@ extern "C" fn filter_one<const S: bool>(index: u64, ctx: *mut c_void) -> i64 {
         // 512-byte chain, callbacks included on Linux 6.1, is nearly full here).
         let r = &raw const (*s).input[(j & mask) as usize];
         let mut keep = record_passes(&mut (*s).filter, &*r);
-        let durations = (*s).filter.cfg.flags & F_DURATION != 0;
-        if keep && durations {
+        // The flags are read again where needed, not kept: this frame is in the
+        // verifier's 512-byte chain (Linux 6.1 rounds each frame up to 32 bytes).
+        if keep && (*s).filter.cfg.flags & F_DURATION != 0 {
             keep = duration::duration_step(j) != 0;
         }
         if keep {
@@ -572,7 +573,7 @@ extern "C" fn filter_one<const S: bool>(index: u64, ctx: *mut c_void) -> i64 {
         }
         // With the duration filter the next record may release up to STEP_ROOM - 1
         // held entries before itself: the chunk is written while it lacks that room.
-        let full = if durations {
+        let full = if (*s).filter.cfg.flags & F_DURATION != 0 {
             FILTER_BLOCK as u64 - duration::STEP_ROOM
         } else {
             FILTER_BLOCK as u64 - 1

@@ -70,13 +70,17 @@ pub(crate) fn thread_passes(cfg: &FilterConfig, pid_tid: u64) -> bool {
     true
 }
 
-/// Whether site `site` is selected (`FILTER_SITES`), through the one-word cache.
-#[inline(always)]
+/// Whether site `site` is selected (`FILTER_SITES`), through the one-word cache. Not
+/// inlined: the values a map lookup keeps across it, twice over (a pair's two sites),
+/// would grow the per-record callback's frame past the verifier's 512-byte chain.
+#[inline(never)]
 fn site_selected(f: &mut RecordFilter, site: u32) -> bool {
     let word = (site / 64) as u64 + 1;
     if f.word != word {
-        let key = site_key(f.binary_id, f.generation as u32, site);
-        f.bits = match FILTER_SITES.get_ptr(key) {
+        // The key in the scratch, not on the stack: the drain's call chain is nearly
+        // at the verifier's 512 bytes.
+        f.key = site_key(f.binary_id, f.generation as u32, site);
+        f.bits = match FILTER_SITES.get_ptr(&f.key) {
             // SAFETY: a live map value, read at once.
             Some(p) => unsafe { *p },
             None => 0,

@@ -240,6 +240,8 @@ pub(crate) struct RecordFilter {
     pub last_keep: u64,
     /// Records seen on this CPU, for 1-in-N sampling.
     pub sampled: u64,
+    /// A `FILTER_SITES` key (map keys must be in memory).
+    pub key: [u64; 2],
 }
 
 /// Entries of [`StringState::sites`] and [`StringState::seen`] (powers of two).

@@ -43,7 +43,7 @@ const ROWS: usize = 10;
 const REDRAW: Duration = Duration::from_secs(1);
 /// The last line of a frame: what to do with the trace (and how to keep it small).
 const HELP: &str = "\nthen: tracer report [--since S --until U] TRACE; tracer report --diff OLD NEW; \
-                    smaller: record --split SIZE|TIME, --max-size SIZE\n";
+                    smaller: record --split SIZE|TIME, --max-size SIZE, --min-duration T\n";
 
 /// What the reader thread has counted so far.
 #[derive(Default)]

@@ -71,7 +71,7 @@ pub(super) fn print(
         .arg(&data)
         .arg("--")
         .arg(tracer);
-    super::record_args(&mut c, dir, &trace, traced);
+    super::record_args(&mut c, dir, &trace, traced, &[]);
     args(&mut c);
     let out = c.output().context("perf record")?;
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -142,7 +142,7 @@ fn session_cost(env: &Env, bin: &Path, rounds: usize) -> Result<f64> {
     let mut walls = Vec::new();
     for _ in 0..rounds.max(1) {
         let mut c = cmd(env.tracer);
-        record_args(&mut c, env.dir, &trace, bin);
+        record_args(&mut c, env.dir, &trace, bin, &[]);
         c.args([":memory:", "select 1;"]);
         walls.push(measured(&mut c)?.wall_s);
         let _ = std::fs::remove_file(&trace);
@@ -258,7 +258,7 @@ fn traced(
     let trace = env.dir.join("memtrace.utrace");
     let _ = std::fs::remove_file(&trace);
     let mut c = cmd(env.tracer);
-    record_args(&mut c, env.dir, &trace, bin);
+    record_args(&mut c, env.dir, &trace, bin, &[]);
     env.args(&mut c);
     let run = measured(&mut c)?;
     let (records, lost) = summary_line(&run.stderr)?;

@@ -6,7 +6,8 @@
 //! 16-byte records through an initial-exec TLS pointer, with and without the TSC, no
 //! drain); per mode (entry+exit with time stamps, coarse time, entries only) the
 //! rewritten binary with no tracer (its stubs alone: the flush code resets the buffer)
-//! and under `tracer record`; `uftrace record` of a `-pg` build (its default lossless
+//! and under `tracer record`; the headline mode under `--min-duration 0` and `10us`
+//! (the duration filter judging every call); `uftrace record` of a `-pg` build (its default lossless
 //! mode); LTTng-UST's cyg-profile-fast (`lttng.rs`); LLVM XRay in FDR and basic modes
 //! (`xray.rs`). Every row runs `--real-rounds` times, interleaved, and shows its median.
 //! Per row: wall time, slowdown, records, records lost, trace bytes per record, the
@@ -166,8 +167,22 @@ fn cases<'a>(
         let name = format!("{}{mode}{}", ratios::TRACED, t.label);
         cases.push((
             name.clone(),
-            Box::new(move || Ok(Some(utrace(dir, t, bin, &name, args)?))),
+            Box::new(move || Ok(Some(utrace(dir, t, bin, &name, &[], args)?))),
         ));
+    }
+    // The duration filter on the headline binary: judging every call (0 keeps them
+    // all), and keeping the calls of 10 us and more.
+    if let Some((mode, t, bin)) = stubs.first() {
+        for threshold in ["0", "10us"] {
+            let name = format!("{}{mode}, --min-duration {threshold}", ratios::TRACED);
+            cases.push((
+                name.clone(),
+                Box::new(move || {
+                    let flags = ["--min-duration", threshold];
+                    Ok(Some(utrace(dir, t, bin, &name, &flags, args)?))
+                }),
+            ));
+        }
     }
     match util::which("uftrace") {
         Some(_) => cases.push((
@@ -260,12 +275,13 @@ fn utrace(
     tools: &Tools,
     traced: &Path,
     name: &str,
+    flags: &[&str],
     args: impl Fn(&mut Command),
 ) -> Result<Row> {
     let trace = dir.join("sqlite3.utrace");
     let _ = std::fs::remove_file(&trace);
     let mut c = cmd(&tools.tracer);
-    record_args(&mut c, dir, &trace, traced);
+    record_args(&mut c, dir, &trace, traced, flags);
     args(&mut c);
     let run = measured(&mut c)?;
     let (records, dropped) = summary_line(&run.stderr)?;
@@ -280,9 +296,11 @@ fn utrace(
     })
 }
 
-/// `record -o TRACE -- TRACED` (the program's arguments follow), for a tracer command.
-fn record_args(c: &mut Command, dir: &Path, trace: &Path, traced: &Path) {
+/// `record FLAGS -o TRACE -- TRACED` (the program's arguments follow), for a tracer
+/// command.
+fn record_args(c: &mut Command, dir: &Path, trace: &Path, traced: &Path, flags: &[&str]) {
     c.arg("record")
+        .args(flags)
         .arg("-o")
         .arg(trace)
         .env("UTRACE_DEBUG_CACHE", dir.join("debug-cache"))
