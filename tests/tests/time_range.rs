@@ -3,7 +3,8 @@
 //! fb() and fc()): the window is the middle third of the records' times, as absolute
 //! CLOCK_MONOTONIC ns (`@NS`). `dump` prints exactly the full dump's lines inside the
 //! window, and leaves sections of chunks outside it undecoded (its debug log says how
-//! many); `report` counts exactly those per site; Parquet's records table (read by
+//! many, and how many the file's index let it pass over unread; the same file without
+//! its index reads the same); `report` counts exactly those per site; Parquet's records table (read by
 //! DuckDB) holds as many rows; the flame graph's fa() time is the sum of the fa() calls
 //! that begin and end inside it. Relative bounds: from 0 s every record, from 1000 s none.
 
@@ -20,6 +21,16 @@ fn tracer(args: &[&OsStr]) -> Out {
 /// The fields of a dump line (tab separated).
 fn fields(line: &str) -> Vec<&str> {
     line.split('\t').collect()
+}
+
+/// `tracer dump TRACE RANGE...` with its debug log on stderr.
+fn dump_with_log(trace: &OsStr, range: &[&OsStr]) -> Out {
+    let mut c = Command::new(tracer_bin());
+    c.arg("dump")
+        .arg(trace)
+        .args(range)
+        .env("RUST_LOG", "debug");
+    run(&mut c, TRACE_TIMEOUT).ok()
 }
 
 #[test]
@@ -54,13 +65,7 @@ fn a_time_range_reads_exactly_the_records_inside_it() {
         until.as_ref(),
     ];
 
-    let mut a: Vec<&OsStr> = vec!["dump".as_ref(), t];
-    a.extend(range);
-    let cut = run(
-        Command::new(tracer_bin()).args(a).env("RUST_LOG", "debug"),
-        TRACE_TIMEOUT,
-    )
-    .ok();
+    let cut = dump_with_log(t, &range);
     assert_eq!(
         cut.stdout_str().lines().collect::<Vec<_>>(),
         inside,
@@ -79,6 +84,53 @@ fn a_time_range_reads_exactly_the_records_inside_it() {
         })
         .unwrap_or_else(|| panic!("no count of chunks not decoded: {}", cut.describe()));
     assert!(skipped > 0, "every chunk decoded: {}", cut.describe());
+    let unread = |o: &Out| -> u64 {
+        o.stderr_str()
+            .lines()
+            .find_map(|l| {
+                l.split(" of them passed over unread by the file's index")
+                    .next()?
+                    .rsplit(' ')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no count of chunks unread: {}", o.describe()))
+    };
+    assert!(
+        unread(&cut) > 0,
+        "the index passed nothing over: {}",
+        cut.describe()
+    );
+
+    // The same trace without its index (the file cut where the index begins, as its
+    // trailer says) reads the same: the range, and the whole report.
+    let bytes = std::fs::read(&trace).unwrap();
+    assert_eq!(&bytes[bytes.len() - 8..], b"UTRCINDX", "no index trailer");
+    let at = u64::from_le_bytes(
+        bytes[bytes.len() - 24..bytes.len() - 16]
+            .try_into()
+            .unwrap(),
+    );
+    let plain = tmp.join("plain.utrace");
+    std::fs::write(&plain, &bytes[..at as usize]).unwrap();
+    let cut_plain = dump_with_log(plain.as_os_str(), &range);
+    assert_eq!(
+        cut_plain.stdout_str(),
+        cut.stdout_str(),
+        "dump of the range without the index"
+    );
+    assert_eq!(unread(&cut_plain), 0, "{}", cut_plain.describe());
+    let report = |p: &std::path::Path| {
+        tracer(&["report".as_ref(), "--json".as_ref(), p.as_os_str()])
+            .ok()
+            .stdout_str()
+    };
+    assert_eq!(
+        report(&plain).replace("plain.utrace", "t.utrace"),
+        report(&trace),
+        "report without the index"
+    );
 
     let mut a: Vec<&OsStr> = vec!["report".as_ref(), "--json".as_ref(), t];
     a.extend(range);

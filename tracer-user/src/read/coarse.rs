@@ -34,6 +34,8 @@ pub(crate) struct Timeline {
 impl Timeline {
     pub(crate) fn scan(path: &Path) -> Result<Self> {
         let mut r = Reader::open(path)?;
+        // By the file's index, the other sections of chunks are not even looked at.
+        r.only(|e| e.interpolated());
         let mut coarse = Vec::new();
         let mut block_mode = HashMap::new();
         // Coarse binaries: which of their site ids are memory accesses (pairs).

@@ -144,6 +144,9 @@ pub(crate) fn each_record(
         match section {
             Section::Session(s) => {
                 skip.session(s.clock.anchor.monotonic_ns);
+                if let Some(keep) = skip.keeps() {
+                    r.only(keep);
+                }
                 window.set(range.window(s.clock.anchor.monotonic_ns));
                 clock = Some(s.clock.refined(end));
             }

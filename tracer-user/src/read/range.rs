@@ -7,20 +7,23 @@
 //!
 //!
 //! Reading a range decodes only the sections of chunks that may hold a record inside
-//! it ([`RangeSkip`]; the others a file reader seeks over): a chunk's records were written between its thread's previous
-//! drain and its own (the drains' clock samples are in the chunk headers, which are
-//! read without unpacking), give or take [`margin_ns`] for the cycle counter's
-//! calibration. Binaries whose record times come from the drains (coarse, block) are
-//! always decoded.
+//! it ([`RangeSkip`]; the others a file reader seeks over): a chunk's records were
+//! written between its thread's previous drain and its own (the drains' clock samples
+//! are in the chunk headers, which are read without unpacking), give or take
+//! [`margin_ns`] for the cycle counter's calibration. A finished trace in one file has
+//! that span of every section of chunks in its index (`tracefile/index.rs`): those
+//! outside the range are passed over without reading even their headers, so a range
+//! costs its own sections, the file's other sections (binaries, names) and the index.
+//! Binaries whose record times come from the drains (coarse, block) are always decoded.
 //!
 //! ```text
 //! $ tracer report --since 2s --until 2.5s app.utrace
 //! ```
 
-use std::collections::HashMap;
-
 use anyhow::{Result, bail};
-use tracer_common::{CHUNK_KIND_RECORDS, ChunkHeader};
+use tracer_common::ChunkHeader;
+
+use crate::tracefile::{Drains, IndexEntry};
 
 /// One bound of a range, as given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,13 +118,15 @@ fn margin_ns(t: u64, start_ns: u64) -> u64 {
 }
 
 /// Which sections of chunks a reader of a range need not decode (see the module
-/// documentation). Sees every chunk header of the file in order, decoded or not.
+/// documentation). Sees every chunk header of the file in order, decoded or not, except
+/// those of sections the file's index let the reader pass over ([`RangeSkip::keeps`]):
+/// a drain it does not see leaves the next chunk of its thread an older drain before
+/// it, so a wider span, never a narrower one.
 pub(crate) struct RangeSkip {
     range: TimeRange,
     window: Window,
     start_ns: u64,
-    /// Per (pid, tid, binary): the times of its last drain and of the one before.
-    drains: HashMap<(u32, u32, u64), (u64, u64)>,
+    drains: Drains,
 }
 
 impl RangeSkip {
@@ -130,7 +135,7 @@ impl RangeSkip {
             range: *range,
             window: Window::ALL,
             start_ns: 0,
-            drains: HashMap::new(),
+            drains: Drains::default(),
         }
     }
 
@@ -140,21 +145,9 @@ impl RangeSkip {
         self.window = self.range.window(start_ns);
     }
 
-    /// A chunk read: its drain is its thread's last. Returns the time of the drain
-    /// before it (None: its thread's first).
-    pub(crate) fn note(&mut self, h: &ChunkHeader) -> Option<u64> {
-        let key = (h.pid, h.tid, h.binary_id);
-        let (last, before) = self
-            .drains
-            .get(&key)
-            .copied()
-            .map_or((None, None), |(l, b)| {
-                (Some(l), (b != u64::MAX).then_some(b))
-            });
-        // Chunks of one drain share its time: the drain before is the one before that.
-        let prev = if last == Some(h.time) { before } else { last };
-        self.drains.insert(key, (h.time, prev.unwrap_or(u64::MAX)));
-        prev
+    /// A chunk read: its drain is its thread's last.
+    pub(crate) fn note(&mut self, h: &ChunkHeader) {
+        self.drains.note(h);
     }
 
     /// Whether no chunk of `headers` (a section, noted here) can hold a record in the
@@ -166,23 +159,29 @@ impl RangeSkip {
     ) -> bool {
         let mut skip = self.range != TimeRange::ALL;
         for h in headers {
-            let prev = self.note(h);
-            let lo = match (h.kind == CHUNK_KIND_RECORDS, prev) {
-                (true, Some(p)) => p,
-                // A uprobe site's chunk: its records are of its own time.
-                (false, _) => h.time,
-                (true, None) => 0,
-            };
-            let m = margin_ns(h.time, self.start_ns);
-            if interpolated(h.binary_id)
-                || self
-                    .window
-                    .meets(lo.saturating_sub(m), h.time.saturating_add(m))
-            {
+            let (lo, hi) = self.drains.span(h);
+            if interpolated(h.binary_id) || self.meets(lo, hi) {
                 skip = false;
             }
         }
         skip
+    }
+
+    /// Whether records of times `[lo, hi]` (drain samples) may be in the range.
+    fn meets(&self, lo: u64, hi: u64) -> bool {
+        let m = margin_ns(hi, self.start_ns);
+        self.window
+            .meets(lo.saturating_sub(m), hi.saturating_add(m))
+    }
+
+    /// For [`crate::tracefile::Reader::only`], once the session header is read: the sections of chunks
+    /// of a file's index to read (None: all of them, no range).
+    pub(crate) fn keeps(&self) -> Option<impl Fn(&IndexEntry) -> bool + 'static> {
+        let (window, start_ns) = (self.window, self.start_ns);
+        (self.range != TimeRange::ALL).then_some(move |e: &IndexEntry| {
+            let m = margin_ns(e.hi, start_ns);
+            e.interpolated() || window.meets(e.lo.saturating_sub(m), e.hi.saturating_add(m))
+        })
     }
 }
 

@@ -59,9 +59,13 @@
 //!   change.
 //! - `SECTION_SEGMENT` (10, first, in a trace written in segments): JSON `SegmentInfo`,
 //!   then the sections it repeats (`segments.rs`).
-//! - `SECTION_STATS` (4, last, once): JSON [`FinalStats`] — kernel-side counters
+//! - `SECTION_STATS` (4, once, at the end): JSON [`FinalStats`] — kernel-side counters
 //!   (delivered, dropped, read errors), what the consumer received, the end clock anchor
 //!   and the traced command's exit status.
+//! - `SECTION_INDEX` (11, last, after the stats, in a trace written as one file): each
+//!   section of chunks with its offset and the times its records can have, and a
+//!   trailer that ends the file (`index.rs`): a range, or the stats, read without
+//!   walking the file.
 //!
 //! Unknown section kinds are skipped by readers (forward compatibility within a
 //! version). The tracer creates the file as a temporary in the destination directory
@@ -83,11 +87,13 @@
 
 pub mod clock;
 mod direct;
+mod index;
 mod pack;
 mod read;
 mod segments;
 mod write;
 
+pub use index::{Drains, IndexEntry};
 pub use pack::GroupPacker;
 pub use read::*;
 pub use segments::{Rotation, SegmentInfo, segment_path, segments_of};
@@ -131,6 +137,8 @@ pub const SECTION_STRING: u32 = 8;
 pub const SECTION_CHUNKS_PACKED: u32 = 9;
 /// A segment's number and repeated sections (`segments.rs`).
 pub const SECTION_SEGMENT: u32 = 10;
+/// Where the sections of chunks are and their times (`index.rs`), after the stats.
+pub const SECTION_INDEX: u32 = 11;
 /// Most chunks in one `SECTION_CHUNKS_PACKED` (the tracer writes up to `GROUP_CHUNKS`).
 pub const GROUP_CHUNKS_MAX: usize = 64;
 /// Chunks the tracer packs together at most: eight flushes of the default 4,096-record
@@ -297,6 +305,26 @@ fn u64_at(b: &[u8], o: usize) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[o..o + 8]);
     u64::from_le_bytes(a)
+}
+
+/// The chunk headers of a section of `kind` in a file of format `version` (None:
+/// another kind, or malformed).
+fn chunk_headers_of(kind: u32, version: u32, payload: &[u8]) -> Option<Vec<ChunkHeader>> {
+    match kind {
+        SECTION_CHUNK | SECTION_CHUNK_PACKED => Some(vec![chunk_header(payload)?]),
+        SECTION_CHUNKS_PACKED if version >= 5 => {
+            let n = u32_at(payload.get(..4)?, 0) as usize;
+            if !(1..=GROUP_CHUNKS_MAX).contains(&n) {
+                return None;
+            }
+            payload
+                .get(8..8 + n * CHUNK_HEADER_BYTES)?
+                .chunks_exact(CHUNK_HEADER_BYTES)
+                .map(chunk_header)
+                .collect()
+        }
+        _ => None,
+    }
 }
 
 /// Decode a `ChunkHeader` from the start of `b` (at least 48 bytes).

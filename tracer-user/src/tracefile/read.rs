@@ -2,7 +2,8 @@
 //! up to its last whole section and says where it stopped.
 
 use std::{
-    io::{BufReader, Cursor, ErrorKind, Read},
+    fs::File,
+    io::{BufReader, Cursor, ErrorKind, Read, Seek},
     path::{Path, PathBuf},
 };
 
@@ -18,7 +19,8 @@ use super::{
     GROUP_CHUNKS_MAX, MAGIC, MAX_SECTION, OLDEST_READABLE, SECTION_BINARY, SECTION_CHUNK,
     SECTION_CHUNK_PACKED, SECTION_CHUNKS_PACKED, SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD,
     SECTION_SEGMENT, SECTION_SESSION, SECTION_STATS, SECTION_STRING, STRING_SECTION_FIXED,
-    SessionInfo, chunk_header,
+    SessionInfo, chunk_header, chunk_headers_of,
+    index::{self, IndexEntry},
     pack::{GroupUnpacker, unpack_version},
     segments::Source,
     u32_at, u64_at,
@@ -54,6 +56,9 @@ pub enum Section {
 pub enum Next {
     Section(Section),
     Skipped(Vec<ChunkHeader>),
+    /// Sections holding this many chunks passed over by the file's index (see
+    /// [`Reader::only`]): not a byte of them read.
+    Unread(u64),
 }
 
 /// A string section: in process `pid`, `ptr` held `text` when thread `tid`'s records
@@ -98,6 +103,16 @@ pub struct Reader<R = BufReader<Source>> {
     /// A file: its length and how to move forward in it, for payloads not decoded (other
     /// readers read them through).
     seek: Option<(u64, SeekFn<R>)>,
+    /// The file's index and which of its sections to read ([`Reader::only`]).
+    index: Option<IndexCursor>,
+}
+
+/// A file's index as a reader walks it.
+struct IndexCursor {
+    entries: Vec<IndexEntry>,
+    /// The first entry not behind the reader.
+    next: usize,
+    keep: Box<dyn Fn(&IndexEntry) -> bool>,
 }
 
 /// Read exactly `buf.len()` bytes; Ok(false) on a clean or partial end of file.
@@ -126,6 +141,37 @@ impl Reader {
         let mut r = Self::from_reader(path, BufReader::with_capacity(1 << 20, source))?;
         r.seek = len.map(|l| (l, BufReader::seek_relative as SeekFn<_>));
         Ok(r)
+    }
+
+    /// Read only the sections of chunks that `keep` answers true for, by the file's
+    /// index; the others are passed over unread ([`Next::Unread`]). Whether the file
+    /// has an index (a trace in one file whose session finished): without one every
+    /// section is read.
+    pub fn only(&mut self, keep: impl Fn(&IndexEntry) -> bool + 'static) -> bool {
+        if let Some(ix) = &mut self.index {
+            ix.keep = Box::new(keep);
+            return true;
+        }
+        let Some((len, _)) = self.seek else {
+            return false;
+        };
+        let Some(index) = File::open(&self.path)
+            .ok()
+            .and_then(|mut f| index::read_index(&mut f, len))
+        else {
+            return false;
+        };
+        log::debug!(
+            "{}: an index of {} sections of chunks",
+            self.path.display(),
+            index.entries.len()
+        );
+        self.index = Some(IndexCursor {
+            entries: index.entries,
+            next: 0,
+            keep: Box::new(keep),
+        });
+        true
     }
 }
 
@@ -177,6 +223,7 @@ impl<R: Read> Reader<R> {
             pending: Default::default(),
             groups: None,
             seek: None,
+            index: None,
         })
     }
 
@@ -210,13 +257,17 @@ impl<R: Read> Reader<R> {
         Ok(None)
     }
 
-    /// The next complete section, or None at the end (check [`Reader::truncated`]).
+    /// The next complete section, or None at the end (check [`Reader::truncated`]);
+    /// sections [`Reader::only`] passes over are not handed out.
     pub fn next_section(&mut self) -> Result<Option<Section>> {
-        Ok(match self.next_section_unless(|_| false)? {
-            Some(Next::Section(s)) => Some(s),
-            // Nothing is skipped here.
-            Some(Next::Skipped(_)) | None => None,
-        })
+        loop {
+            return Ok(match self.next_section_unless(|_| false)? {
+                Some(Next::Section(s)) => Some(s),
+                Some(Next::Unread(_)) => continue,
+                // Nothing is skipped here.
+                Some(Next::Skipped(_)) | None => None,
+            });
+        }
     }
 
     /// The next section, except that a section of chunks whose headers `skip` answers
@@ -231,6 +282,9 @@ impl<R: Read> Reader<R> {
         }
         if self.truncated.is_some() {
             return Ok(None);
+        }
+        if let Some(chunks) = self.pass_unkept()? {
+            return Ok(Some(Next::Unread(chunks)));
         }
         let Some((kind, len)) = self.next_header()? else {
             return Ok(None);
@@ -265,6 +319,35 @@ impl<R: Read> Reader<R> {
             .map(|s| Some(Next::Section(s)))
     }
 
+    /// Pass over the sections of chunks at the reader's position that the index says
+    /// not to read; the chunks they hold (None: none passed over).
+    fn pass_unkept(&mut self) -> Result<Option<u64>> {
+        let (Some(ix), Some((_, seek))) = (&mut self.index, self.seek) else {
+            return Ok(None);
+        };
+        let (mut to, mut chunks) = (self.offset, 0u64);
+        while let Some(e) = ix.entries.get(ix.next) {
+            if e.offset < to {
+                ix.next += 1;
+                continue;
+            }
+            if e.offset > to || (ix.keep)(e) {
+                break;
+            }
+            to = e.offset + SECTION_HEADER_LEN as u64 + e.len;
+            chunks += u64::from(e.chunks);
+            ix.next += 1;
+        }
+        if to == self.offset {
+            return Ok(None);
+        }
+        let at = self.offset;
+        seek(&mut self.r, (to - at) as i64)
+            .with_context(|| format!("{} at byte {at}", self.path.display()))?;
+        self.offset = to;
+        Ok(Some(chunks))
+    }
+
     /// How much of a payload of `kind` to read first: a chunk's header, a group's count
     /// (its headers next); all of other sections.
     fn first_part(&self, kind: u32) -> usize {
@@ -278,21 +361,7 @@ impl<R: Read> Reader<R> {
     /// The chunk headers of a section of chunks (None: another kind, or malformed, which
     /// decoding will report).
     fn chunk_headers(&self, kind: u32, payload: &[u8]) -> Option<Vec<ChunkHeader>> {
-        match kind {
-            SECTION_CHUNK | SECTION_CHUNK_PACKED => Some(vec![chunk_header(payload)?]),
-            SECTION_CHUNKS_PACKED if self.version >= 5 => {
-                let n = u32_at(payload.get(..4)?, 0) as usize;
-                if !(1..=GROUP_CHUNKS_MAX).contains(&n) {
-                    return None;
-                }
-                payload
-                    .get(8..8 + n * CHUNK_HEADER_BYTES)?
-                    .chunks_exact(CHUNK_HEADER_BYTES)
-                    .map(chunk_header)
-                    .collect()
-            }
-            _ => None,
-        }
+        chunk_headers_of(kind, self.version, payload)
     }
 
     /// The next section's kind and payload length; None at the end of the file or at a
@@ -525,9 +594,13 @@ fn chunk_group(payload: &[u8], unpacker: &mut GroupUnpacker) -> Result<Vec<Chunk
         .collect())
 }
 
-/// The stats section of a trace, found by skipping over all other payloads (so a
-/// streaming pass can use the end-of-session clock anchor from the start).
+/// The stats section of a trace: where its index says, or found by skipping over all
+/// other payloads (so a streaming pass can use the end-of-session clock anchor from the
+/// start).
 pub fn read_stats(path: &Path) -> Result<Option<FinalStats>> {
+    if let Some(stats) = indexed_stats(path) {
+        return Ok(Some(stats));
+    }
     let mut r = Reader::open(path)?;
     let mut stats = None;
     loop {
@@ -556,6 +629,23 @@ pub fn read_stats(path: &Path) -> Result<Option<FinalStats>> {
         }
         r.offset += SECTION_HEADER_LEN as u64 + len;
     }
+}
+
+/// The stats of a trace file with an index, read where it says.
+fn indexed_stats(path: &Path) -> Option<FinalStats> {
+    let mut f = File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    let index = index::read_index(&mut f, len)?;
+    let mut h = [0u8; SECTION_HEADER_LEN];
+    f.seek(std::io::SeekFrom::Start(index.stats_at)).ok()?;
+    f.read_exact(&mut h).ok()?;
+    let n = u64_at(&h, 8);
+    if u32_at(&h, 0) != SECTION_STATS || n > MAX_SECTION {
+        return None;
+    }
+    let mut payload = vec![0u8; n as usize];
+    f.read_exact(&mut payload).ok()?;
+    serde_json::from_slice(&payload).ok()
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ use tracer_common::{
 };
 
 use super::direct::DirectWriter;
+use super::index::IndexBuilder;
 use super::{
     BinaryInfo, FILE_FLAGS_AT, FILE_HEADER_LEN, FILE_INCOMPLETE, FORMAT_VERSION, FinalStats,
     GROUP_CHUNKS, MAGIC, SECTION_BINARY, SECTION_CHUNK_PACKED, SECTION_CHUNKS_PACKED, SECTION_COMM,
@@ -296,6 +297,8 @@ pub struct Writer {
     tee: Option<Tee>,
     /// A trace in segments (`segments.rs`): None for one file.
     segments: Option<Segments>,
+    /// The index of a trace in one file (`index.rs`), written after the stats.
+    index: Option<IndexBuilder>,
 }
 
 /// The state of a trace written in segments.
@@ -409,6 +412,7 @@ impl Writer {
                 kept: Default::default(),
                 rotated_out: (0, 0, 0),
             }),
+            index: (!rotation.on()).then(IndexBuilder::default),
         };
         w.put(&file_header(FILE_INCOMPLETE))?;
         if w.segments.is_some() {
@@ -481,6 +485,9 @@ impl Writer {
         if let Some(s) = &mut self.segments {
             s.note(&h);
         }
+        if let Some(ix) = &mut self.index {
+            ix.note(&h);
+        }
         self.put(&h)
     }
 
@@ -499,6 +506,9 @@ impl Writer {
         }
         if let Some(s) = &mut self.segments {
             s.note(bytes);
+        }
+        if let Some(ix) = &mut self.index {
+            ix.note(bytes);
         }
         self.put(bytes)?;
         self.rotate_if_due()
@@ -591,6 +601,9 @@ impl Writer {
         self.section(SECTION_STATS, &serde_json::to_vec(&stats)?)?;
         // The view's copy ends with the file.
         self.tee = None;
+        if let Some(index) = self.index.take().and_then(|ix| ix.section()) {
+            self.put(&index)?;
+        }
         let at = self.path().to_path_buf();
         let complete = |w: &mut Self| -> std::io::Result<()> {
             w.out.finish()?;

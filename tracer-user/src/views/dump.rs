@@ -29,7 +29,7 @@ pub fn dump(path: &Path, range: &TimeRange, out: &mut impl Write) -> Result<()> 
     let mut stats = None;
     let mut window = Window::ALL;
     let mut skip = RangeSkip::new(range);
-    let mut skipped = 0usize;
+    let (mut skipped, mut unread) = (0usize, 0u64);
     while let Some(next) =
         r.next_section_unless(|hs| skip.skip(hs, |b| timeline.interpolated(b)))?
     {
@@ -39,10 +39,18 @@ pub fn dump(path: &Path, range: &TimeRange, out: &mut impl Write) -> Result<()> 
                 skipped += hs.len();
                 continue;
             }
+            Next::Unread(n) => {
+                skipped += n as usize;
+                unread += n;
+                continue;
+            }
         };
         match section {
             Section::Session(s) => {
                 skip.session(s.clock.anchor.monotonic_ns);
+                if let Some(keep) = skip.keeps() {
+                    r.only(keep);
+                }
                 window = range.window(s.clock.anchor.monotonic_ns);
                 clock = Some(s.clock.refined(end));
             }
@@ -81,6 +89,7 @@ pub fn dump(path: &Path, range: &TimeRange, out: &mut impl Write) -> Result<()> 
     }
     out.flush()?;
     log::debug!("{skipped} chunks outside the range not decoded");
+    log::debug!("{unread} of them passed over unread by the file's index");
     truncation_warning(path, &r, stats.as_ref());
     Ok(())
 }

@@ -396,10 +396,17 @@ impl Counts {
                     c.chunks += hs.len() as u64;
                     continue;
                 }
+                Next::Unread(n) => {
+                    c.chunks += n;
+                    continue;
+                }
             };
             match section {
                 Section::Session(s) => {
                     within.session(&s);
+                    if let Some(keep) = within.keeps() {
+                        r.only(keep);
+                    }
                     c.session = Some(s);
                 }
                 Section::Binary(b) => {
@@ -711,6 +718,12 @@ impl Within {
             return false;
         };
         self.sections.skip(headers, |b| t.interpolated(b))
+    }
+
+    /// The sections of chunks of the file's index to read (see [`RangeSkip::keeps`]).
+    fn keeps(&self) -> Option<impl Fn(&crate::tracefile::IndexEntry) -> bool + 'static> {
+        self.timeline.as_ref()?;
+        self.sections.keeps()
     }
 
     fn session(&mut self, s: &SessionInfo) {
