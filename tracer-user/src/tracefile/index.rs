@@ -189,18 +189,16 @@ impl IndexBuilder {
         .encode(&mut self.entries);
     }
 
-    /// The `SECTION_INDEX` section, once the stats are written (None before).
-    pub(super) fn section(&self) -> Option<Vec<u8>> {
+    /// The payload of the `SECTION_INDEX` that comes next, once the stats are written
+    /// (None before).
+    pub(super) fn payload(&self) -> Option<Vec<u8>> {
         let stats = self.stats_at?;
         let mut payload = Vec::with_capacity(self.entries.len() + TRAILER_LEN);
         payload.extend_from_slice(&self.entries);
         payload.extend_from_slice(&self.offset.to_le_bytes());
         payload.extend_from_slice(&stats.to_le_bytes());
         payload.extend_from_slice(&INDEX_MAGIC);
-        let mut out = Vec::with_capacity(SECTION_HEADER_LEN + payload.len());
-        super::write::push_section_header(&mut out, SECTION_INDEX, payload.len() as u64);
-        out.extend_from_slice(&payload);
-        Some(out)
+        Some(payload)
     }
 }
 

@@ -28,8 +28,8 @@ use super::index::IndexBuilder;
 use super::{
     BinaryInfo, FILE_FLAGS_AT, FILE_HEADER_LEN, FILE_INCOMPLETE, FORMAT_VERSION, FinalStats,
     GROUP_CHUNKS, MAGIC, SECTION_BINARY, SECTION_CHUNK_PACKED, SECTION_CHUNKS_PACKED, SECTION_COMM,
-    SECTION_HEADER_LEN, SECTION_LOAD, SECTION_SEGMENT, SECTION_SESSION, SECTION_STATS,
-    SECTION_STRING, STRING_SECTION_FIXED, SessionInfo, chunk_header,
+    SECTION_HEADER_LEN, SECTION_INDEX, SECTION_LOAD, SECTION_SEGMENT, SECTION_SESSION,
+    SECTION_STATS, SECTION_STRING, STRING_SECTION_FIXED, SessionInfo, chunk_header,
     pack::{GroupPacker, pack},
     segments::{Replay, Rotation, SegmentInfo, segment_path, segments_of},
     u32_at, u64_at,
@@ -601,8 +601,8 @@ impl Writer {
         self.section(SECTION_STATS, &serde_json::to_vec(&stats)?)?;
         // The view's copy ends with the file.
         self.tee = None;
-        if let Some(index) = self.index.take().and_then(|ix| ix.section()) {
-            self.put(&index)?;
+        if let Some(index) = self.index.take().and_then(|ix| ix.payload()) {
+            self.section(SECTION_INDEX, &index)?;
         }
         let at = self.path().to_path_buf();
         let complete = |w: &mut Self| -> std::io::Result<()> {
