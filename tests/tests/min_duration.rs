@@ -78,8 +78,8 @@ fn calls(recs: &[Rec], meta: &Metadata) -> Vec<Call> {
 }
 
 /// The fixture, and its rewritten copy with entry and exit sites in its functions
-/// (`time`: the rewriter's `--time`).
-fn build(dir: &Path, time: &str) -> (PathBuf, PathBuf, Metadata) {
+/// (`time`: the rewriter's `--time`; `extra`: more rewriter options).
+fn build(dir: &Path, time: &str, extra: &[&str]) -> (PathBuf, PathBuf, Metadata) {
     let (orig, traced) = (
         dir.join("min_duration"),
         dir.join(format!("md_{time}.traced")),
@@ -89,10 +89,11 @@ fn build(dir: &Path, time: &str) -> (PathBuf, PathBuf, Metadata) {
     }
     let mut args: Vec<std::ffi::OsString> =
         vec![orig.clone().into(), "-o".into(), traced.clone().into()];
-    for f in ["quick", "slow", "mid", "deep", "main"] {
+    for f in ["quick", "slow", "mid", "deep", "wait_for", "main"] {
         args.extend(["--functions".into(), f.into()]);
     }
     args.extend(["--sites", "entry,exit", "--time", time].map(Into::into));
+    args.extend(extra.iter().map(Into::into));
     let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
     rewriter(&args).ok();
     let meta = metadata(&traced);
@@ -171,7 +172,7 @@ fn check(all_trace: &Path, kept_trace: &Path, meta: &Metadata, what: &str) {
 #[test]
 fn only_calls_at_least_this_long_are_kept_in_both_drains() {
     let tmp = TempDir::new("min-duration");
-    let (orig, traced, meta) = build(tmp.path(), "record");
+    let (orig, traced, meta) = build(tmp.path(), "record", &[]);
     let d = tmp.path();
     let all = record(d, &orig, &traced, "all.utrace", &[]);
     let kept = record(
@@ -197,7 +198,7 @@ fn only_calls_at_least_this_long_are_kept_in_both_drains() {
 #[test]
 fn binaries_without_a_clock_at_calls_are_refused() {
     let tmp = TempDir::new("min-duration-coarse");
-    let (_, traced, _) = build(tmp.path(), "coarse");
+    let (_, traced, _) = build(tmp.path(), "coarse", &[]);
     let trace = tmp.join("t.utrace");
     for flags in [
         &["--min-duration", "1ms"][..],
@@ -249,34 +250,45 @@ fn filter(session: u32, args: &[&str]) -> Out {
 #[test]
 fn the_threshold_changes_while_the_session_runs() {
     let tmp = TempDir::new("min-duration-live");
-    let (orig, traced, meta) = build(tmp.path(), "record");
-    let all = record(tmp.path(), &orig, &traced, "all.utrace", &[]);
+    // 64-record buffers: main's entry and 31 quick() calls, then wait_for()'s entry
+    // fills the first buffer, drained under the first filter before the change.
+    let (_, traced, meta) = build(tmp.path(), "record", &["--buffer-records", "64"]);
     let (trace, go) = (tmp.join("t.utrace"), tmp.join("go"));
+    std::fs::write(&go, "").unwrap();
+    let all = tmp.join("all.utrace");
+    let args = [ROUNDS, go.to_str().unwrap()];
+    tracer_record_with(&[], &all, &traced, &args, &[]).ok();
+    std::fs::remove_file(&go).unwrap();
     let _g = tracing_lock();
-    // Nothing lasts 10 s; lowered to 0 before the first call, every call is kept.
+    // Nothing lasts 10 s: the 31 quick() calls go, main's entry is held. The filter
+    // cleared, the stacks go on with threshold 0: every later call is kept, and main's
+    // entry is written before its exit, not lost.
     let mut tracer = waiting_session(&["--min-duration", "10s"], &trace, &traced, &go);
-    let out = filter(tracer.id(), &["--min-duration", "0"]).ok();
+    let out = filter(tracer.id(), &["--clear"]).ok();
     assert!(
-        out.stdout_str().contains("calls of at least 0"),
+        out.stdout_str().contains("filter: none"),
         "{}",
         out.describe()
     );
     std::fs::write(&go, "").unwrap();
     assert!(tracer.wait().unwrap().success());
     let (a, b) = (calls(&dump(&all), &meta), calls(&dump(&trace), &meta));
-    // main's first argument (argc) counts GO too.
+    // wait_for's argument is a pointer (to GO, on the stack).
     let key = |c: &Call| {
         (
             c.function.clone(),
-            if c.function == "main" { 0 } else { c.arg },
+            if c.function == "wait_for" { 0 } else { c.arg },
         )
     };
+    let warmup = |c: &&Call| c.function == "quick" && c.arg < 31;
+    assert_eq!(a.iter().filter(warmup).count(), 31);
     assert_eq!(
         b.iter().map(key).collect::<Vec<_>>(),
-        a.iter().map(key).collect::<Vec<_>>()
+        a.iter().filter(|c| !warmup(c)).map(key).collect::<Vec<_>>()
     );
     let r = report_json(&trace);
     assert_eq!(r["books"]["filter_changes"], 1, "{}", r["books"]);
+    assert_eq!(r["books"]["calls_short"], 31, "{}", r["books"]);
 
     // A session started without it has no room for it: said, and nothing changes.
     std::fs::remove_file(&go).unwrap();

@@ -28,7 +28,6 @@ pub(crate) unsafe fn load(s: *mut Scratch, pid_tid: u64, binary_id: u64) {
     // SAFETY: per the caller; the map value is a CallStack.
     unsafe {
         let c = &raw mut (*s).calls;
-        (*c).drains += 1;
         (*c).released = 0;
         (*c).short = 0;
         (*c).deep = 0;
@@ -168,7 +167,7 @@ pub(crate) extern "C" fn duration_step(index: u64) -> i64 {
 /// one record can release, and the record.
 pub(crate) const STEP_ROOM: u64 = CALL_DEPTH as u64 + 1;
 
-/// The `CALL_SITES` value of `site` (0: not a call site), through the drain's cache.
+/// The `CALL_SITES` value of `site` (0: not a call site), through the CPU's cache.
 ///
 /// # Safety
 /// `c` is the scratch's call state.
@@ -176,18 +175,18 @@ pub(crate) const STEP_ROOM: u64 = CALL_DEPTH as u64 + 1;
 unsafe fn site_info(c: *mut CallState, binary_id: u64, site: u32) -> u64 {
     // SAFETY: per the caller; the index is masked.
     unsafe {
-        let tag = (*c).drains << 33 | (site as u64 + 1);
+        let tag = (site as u64 + 1) << 32;
         let slot = &raw mut (*c).sites[site as usize & (CALL_SITE_CACHE - 1)];
-        if (*slot)[0] == tag {
-            return (*slot)[1];
+        if (*slot)[0] == binary_id && (*slot)[1] >> 32 == site as u64 + 1 {
+            return (*slot)[1] & 0xffff_ffff;
         }
         // The key in the scratch: the stack of the drain's call chain is nearly full.
         (*c).key = call_site_key(binary_id, site);
         let info = match CALL_SITES.get_ptr(&(*c).key) {
-            Some(p) => *p,
+            Some(p) => *p & 0xffff_ffff,
             None => 0,
         };
-        *slot = [tag, info];
+        *slot = [binary_id, tag | info];
         info
     }
 }

@@ -208,17 +208,17 @@ pub(crate) struct Scratch {
 }
 
 /// Entries of [`CallState::sites`] (a power of two).
-pub(crate) const CALL_SITE_CACHE: usize = 32;
+pub(crate) const CALL_SITE_CACHE: usize = 512;
 
 /// The duration filter's state in a drain (`duration.rs`): the thread's stack, copied
 /// in from `CALL_STACKS` and back, a cache of `CALL_SITES`, and what to count.
 #[repr(C)]
 pub(crate) struct CallState {
     pub stack: CallStack,
-    /// `[tag, info]` direct-mapped by site; tag = drain number << 33 | site + 1.
+    /// `CALL_SITES` as looked up on this CPU, direct-mapped by site: `[binary_id,
+    /// (site + 1) << 32 | info]` (an entry never changes once the loader wrote it, so
+    /// the cache lasts across drains).
     pub sites: [[u64; 2]; CALL_SITE_CACHE],
-    /// Drains on this CPU (tags the cache).
-    pub drains: u64,
     /// A `CALL_SITES` key (map keys must be in memory, and the stack is full).
     pub key: [u64; 2],
     pub released: u64,

@@ -278,6 +278,8 @@ pub struct Filters {
     judged: std::collections::BTreeSet<u64>,
     /// Cycle-counter ticks per second (`--min-duration` is given in ns).
     tsc_hz: f64,
+    /// A filter was put in force (the session's first is `record`'s options).
+    set_once: bool,
 }
 
 /// A binary the duration filter cannot judge (its records carry no clock at calls).
@@ -307,6 +309,7 @@ impl Filters {
         Ok(Filters {
             call_sites,
             judged: Default::default(),
+            set_once: false,
             tsc_hz: if durations {
                 crate::record::host::clock::calibrate(std::time::Duration::from_millis(20)).tsc_hz
             } else {
@@ -329,8 +332,15 @@ impl Filters {
     /// Put `spec` in force for `binaries`: fill the inactive generation, then flip.
     /// Returns the number of sites the function globs matched.
     pub fn set(&mut self, spec: &FilterSpec, binaries: &[&Instrumented]) -> Result<usize> {
-        let config = spec.config(self.tsc_hz)?;
-        if spec.min_duration.is_some() {
+        let mut config = spec.config(self.tsc_hz)?;
+        if self.call_sites.is_some() && config.flags & F_DURATION == 0 {
+            // A session started with --min-duration keeps its stacks going (threshold
+            // 0: every call passes): entries held when the filter changed are written
+            // before their exits, not lost.
+            config.flags |= F_DURATION;
+            config.min_duration = 0;
+        }
+        if config.flags & F_DURATION != 0 {
             if self.call_sites.is_none() {
                 bail!(
                     "--min-duration: this session was started without it (start it with \
@@ -338,7 +348,12 @@ impl Filters {
                 );
             }
             for b in binaries {
-                self.judge_calls(b)?;
+                match self.judge_calls(b) {
+                    Ok(()) => {}
+                    // Said when the binary joined; refused only as the session starts.
+                    Err(e) if e.is::<NoCallTimes>() && self.set_once => {}
+                    Err(e) => return Err(e),
+                }
             }
         }
         let globs = spec
@@ -370,6 +385,7 @@ impl Filters {
         self.config.set(next, config, 0)?;
         self.active.set(0, next, 0)?;
         self.generation = next;
+        self.set_once = true;
         // The old generation's site words stay until the next change: a drain that
         // took the old configuration just before the flip still finds them.
         self.spec = spec.clone();
@@ -378,7 +394,7 @@ impl Filters {
 
     /// A binary that joined the session: its sites under the filter in force.
     pub fn add_binary(&mut self, b: &Instrumented) -> Result<()> {
-        if self.spec.min_duration.is_some() {
+        if self.call_sites.is_some() {
             match self.judge_calls(b) {
                 Ok(()) => {}
                 // Its calls pass unjudged; the others' filter goes on.
