@@ -322,7 +322,12 @@ fn damaged_trace_files() {
     let secs = sections(&full);
     let kinds: Vec<u32> = secs.iter().map(|s| s.1).collect();
     assert_eq!(kinds.first(), Some(&1), "session first: {kinds:?}");
-    assert_eq!(kinds.last(), Some(&4), "stats last: {kinds:?}");
+    // The stats, then the index (`SECTION_INDEX`, 11) ends the file.
+    assert_eq!(
+        kinds[kinds.len().saturating_sub(2)..],
+        [4, 11],
+        "stats, index last: {kinds:?}"
+    );
     let chunks: usize = secs
         .iter()
         .map(|&(o, k, _)| chunk_headers(&full, o, k).len())
@@ -463,7 +468,19 @@ fn damaged_trace_files() {
     b.extend_from_slice(&full[bin.0..]);
     let v = check(&b, "chunk before the binary section");
     assert_eq!(v.codes, [0, 0, 0], "{:?}", v.errors);
-    let stats = secs.last().unwrap();
+    // An index that is not believed (its trailer's magic spoilt) reads the same; one
+    // whose first entry lies about its section's length fails clearly or reads.
+    let mut b = full.clone();
+    let n = b.len();
+    b[n - 1] ^= 1;
+    let v = check(&b, "index trailer spoilt");
+    assert_eq!(v.codes, [0, 0, 0], "{:?}", v.errors);
+    assert_eq!(timeless(&v.dump), base_dump);
+    let index = secs.iter().find(|s| s.1 == 11).unwrap();
+    let mut b = full.clone();
+    b[index.0 + 16 + 8] ^= 0x10;
+    check(&b, "index entry of a wrong length");
+    let stats = secs.iter().find(|s| s.1 == 4).unwrap();
     let mut b = full.clone();
     b.extend_from_slice(&full[stats.0..]);
     assert_eq!(check(&b, "stats twice").codes, [0, 0, 0]);
@@ -491,7 +508,8 @@ fn damaged_trace_files() {
     b[boff + 4..boff + 8].copy_from_slice(&u32::MAX.to_le_bytes());
     assert_eq!(check(&b, "binary path too long").codes, [1, 1, 1]);
     // Session and stats JSON that does not parse.
-    for (i, what) in [(0, "session"), (secs.len() - 1, "stats")] {
+    let stats_at = secs.iter().position(|s| s.1 == 4).unwrap();
+    for (i, what) in [(0, "session"), (stats_at, "stats")] {
         let mut b = full.clone();
         b[secs[i].0 + 16] = b'#';
         assert!(check(&b, &format!("bad {what} JSON")).codes.contains(&1));

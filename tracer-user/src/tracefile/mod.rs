@@ -553,10 +553,13 @@ mod tests {
         );
         assert!(r.truncated().is_none());
 
-        // Cut inside the last section: everything before it still reads.
+        // The index ends the file; cut inside the stats before it: everything before
+        // them still reads.
         let full = std::fs::read(&dest).unwrap();
+        assert_eq!(&full[full.len() - 8..], b"UTRCINDX");
+        let index_at = u64_at(&full, full.len() - 24) as usize;
         let cut = dir.join("cut.utrace");
-        std::fs::write(&cut, &full[..full.len() - 3]).unwrap();
+        std::fs::write(&cut, &full[..index_at - 3]).unwrap();
         let mut r = Reader::open(&cut).unwrap();
         let mut n = 0;
         while r.next_section().unwrap().is_some() {

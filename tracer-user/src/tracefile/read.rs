@@ -17,9 +17,9 @@ use tracer_common::{
 use super::{
     BinaryInfo, FILE_FLAGS_AT, FILE_HEADER_LEN, FILE_INCOMPLETE, FORMAT_VERSION, FinalStats,
     GROUP_CHUNKS_MAX, MAGIC, MAX_SECTION, OLDEST_READABLE, SECTION_BINARY, SECTION_CHUNK,
-    SECTION_CHUNK_PACKED, SECTION_CHUNKS_PACKED, SECTION_COMM, SECTION_HEADER_LEN, SECTION_LOAD,
-    SECTION_SEGMENT, SECTION_SESSION, SECTION_STATS, SECTION_STRING, STRING_SECTION_FIXED,
-    SessionInfo, chunk_header, chunk_headers_of,
+    SECTION_CHUNK_PACKED, SECTION_CHUNKS_PACKED, SECTION_COMM, SECTION_HEADER_LEN, SECTION_INDEX,
+    SECTION_LOAD, SECTION_SEGMENT, SECTION_SESSION, SECTION_STATS, SECTION_STRING,
+    STRING_SECTION_FIXED, SessionInfo, chunk_header, chunk_headers_of,
     index::{self, IndexEntry},
     pack::{GroupUnpacker, unpack_version},
     segments::Source,
@@ -286,8 +286,18 @@ impl<R: Read> Reader<R> {
         if let Some(chunks) = self.pass_unkept()? {
             return Ok(Some(Next::Unread(chunks)));
         }
-        let Some((kind, len)) = self.next_header()? else {
-            return Ok(None);
+        let (kind, len) = loop {
+            let Some((kind, len)) = self.next_header()? else {
+                return Ok(None);
+            };
+            if kind != SECTION_INDEX {
+                break (kind, len);
+            }
+            // The index serves `only` and `read_stats`, which find it by the trailer.
+            if !self.pass_over(len, 0)? {
+                return self.stop("section payload");
+            }
+            self.offset += SECTION_HEADER_LEN as u64 + len;
         };
         let at = format!("{} at byte {}", self.path.display(), self.offset);
         // The chunk headers first: a section left undecoded need not be read.
