@@ -165,7 +165,7 @@ pub fn judge(stack: &mut CallStack, r: &Record, info: u64, threshold: u64) -> Ve
 #[inline(always)]
 fn push(stack: &mut CallStack, r: &Record, func: u64, threshold: u64) -> Verdict {
     if stack.over > 0 || stack.depth >= CALL_DEPTH as u64 {
-        stack.over += 1;
+        stack.over = stack.over.saturating_add(1);
         return Verdict::Deep;
     }
     let d = (stack.depth & MASK) as usize;

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use tracer_common::{
     RECORD_SIZE, Record,
     duration::{CallStack, Verdict, call_sites, judge},
+    ebpf::MAX_CALL_STACKS,
     meta::{Metadata, TimeMode},
 };
 
@@ -19,6 +20,8 @@ pub(crate) struct DurationCounts {
     pub released: u64,
     pub calls_short: u64,
     pub calls_deep: u64,
+    /// Records passed unjudged: their thread found the stacks full.
+    pub unjudged: u64,
 }
 
 pub(crate) struct DurationFilter {
@@ -58,9 +61,16 @@ impl DurationFilter {
         let Some(sites) = self.sites.get(&binary_id) else {
             return records.to_vec();
         };
+        let key = (pid_tid, binary_id);
+        // A message's tid is the sender's label: a hostile program could name a new
+        // thread in each. Beyond the eBPF drain's bound, new threads pass unjudged.
+        if !self.stacks.contains_key(&key) && self.stacks.len() >= MAX_CALL_STACKS as usize {
+            self.counts.unjudged += (records.len() / RECORD_SIZE) as u64;
+            return records.to_vec();
+        }
         let stack = self
             .stacks
-            .entry((pid_tid, binary_id))
+            .entry(key)
             .or_insert_with(|| Box::new(CallStack::EMPTY));
         let mut out = Vec::with_capacity(records.len());
         for raw in records.chunks_exact(RECORD_SIZE) {
@@ -111,4 +121,54 @@ impl DurationFilter {
 fn record_bytes(r: &Record) -> &[u8] {
     // SAFETY: Record is repr(C) plain data without padding, RECORD_SIZE bytes.
     unsafe { std::slice::from_raw_parts((r as *const Record).cast(), RECORD_SIZE) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracer_common::meta::{Site, SiteKind, SiteMode};
+
+    fn record(site: u32, time: u64) -> [u8; RECORD_SIZE] {
+        let r = Record {
+            site,
+            flags: 0,
+            time,
+            value: 0,
+            aux: 0,
+        };
+        record_bytes(&r).try_into().unwrap()
+    }
+
+    #[test]
+    fn thread_labels_cannot_grow_the_stacks_without_bound() {
+        let site = |id, kind| Site {
+            id,
+            vaddr: 0,
+            file_off: 0,
+            name: "f".into(),
+            kind,
+            mode: SiteMode::Inline,
+            nargs: 0,
+        };
+        let meta = Metadata {
+            sites: vec![
+                site(0, SiteKind::FunctionEntry),
+                site(1, SiteKind::FunctionExit),
+            ],
+            ..Default::default()
+        };
+        let mut d = DurationFilter::new(100);
+        d.add_binary(7, &meta).unwrap();
+        // An entry held per label, 10,000 labels.
+        for tid in 0..10_000u64 {
+            assert!(d.filter(tid, 7, &record(0, 1)).is_empty() || tid >= MAX_CALL_STACKS as u64);
+        }
+        assert_eq!(d.stacks.len(), MAX_CALL_STACKS as usize);
+        assert_eq!(d.counts.unjudged, 10_000 - u64::from(MAX_CALL_STACKS));
+        // A known thread goes on: its long call releases its entry before the exit.
+        let out = d.filter(3, 7, &record(1, 500));
+        assert_eq!(out.len(), 2 * RECORD_SIZE);
+        d.forget_thread(3);
+        assert_eq!(d.stacks.len(), MAX_CALL_STACKS as usize - 1);
+    }
 }

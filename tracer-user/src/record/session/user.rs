@@ -107,6 +107,13 @@ fn session_info(argv: &[OsString]) -> SessionInfo {
 
 /// The file's stats and the summary; returns the command's exit code.
 fn finish(mut d: Drained, filter: String) -> Result<i32> {
+    if d.duration.unjudged > 0 {
+        eprintln!(
+            "utrace: warning: {} records of threads beyond the duration filter's {} stacks passed unjudged",
+            d.duration.unjudged,
+            tracer_common::ebpf::MAX_CALL_STACKS
+        );
+    }
     // Every record taken out of a buffer (sent, or read at a thread's exit) is
     // delivered or filtered (`--min-duration`): this drain never drops.
     let stats = FinalStats {
