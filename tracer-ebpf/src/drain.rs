@@ -486,6 +486,9 @@ fn filtered_drain<const S: bool>(c: &mut DrainCtx, with_strings: bool) {
     unsafe {
         if atomic::cmpxchg(&raw mut (*s).busy, 0, 1) != 0 {
             c.dropped += c.n;
+            // The thread's stack goes all the same at its last drain (its held
+            // entries, never released, stay filtered).
+            duration::forget_at(c.cause, c.pid_tid, c.binary_id);
             return;
         }
         match active() {
