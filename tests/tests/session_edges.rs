@@ -1,7 +1,9 @@
 //! Session edge cases: records still buffered when the program calls exec are
-//! delivered (the image they live in is about to go); trace files are private (0600).
+//! delivered (the image they live in is about to go); trace files are private (0600); a
+//! trace asked for in a directory that does not exist is refused before anything runs.
 
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::process::Command;
 
 use tests::*;
@@ -40,4 +42,22 @@ fn exec_delivers_buffered_records() {
     );
     let mode = std::fs::metadata(&trace).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "trace file mode {mode:o}");
+}
+
+#[test]
+fn a_trace_in_a_missing_directory_is_refused_before_the_command_runs() {
+    let tmp = TempDir::new("missing-dir");
+    let (trace, marker) = (tmp.join("no/such/dir/t.utrace"), tmp.join("ran"));
+    for flags in [&[][..], &["--user"]] {
+        let _g = tracing_lock();
+        let mut c = record_command(flags, &trace, Path::new("touch"));
+        let o = run(c.arg(&marker), RUN_TIMEOUT);
+        assert_ne!(o.code, Some(0), "{flags:?}: {}", o.describe());
+        let err = o.stderr_str();
+        assert!(
+            err.contains("there is no directory") && err.contains("no/such/dir"),
+            "{flags:?}: {err}"
+        );
+        assert!(!marker.exists(), "{flags:?}: the command ran");
+    }
 }

@@ -628,6 +628,23 @@ impl Writer {
     }
 }
 
+/// Check, before a session loads anything, that a trace can be written at `dest`: its
+/// directory exists, and `dest` is not a directory.
+pub fn check_destination(dest: &Path) -> Result<()> {
+    let dir = match dest.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        bail!(
+            "cannot write the trace to {}: there is no directory {}",
+            dest.display(),
+            dir.display()
+        );
+    }
+    refuse_directory(dest)
+}
+
 /// Fail before a session starts when `dest` is a directory (the rename at the end
 /// could not replace it). A symbolic link there is replaced, not followed.
 fn refuse_directory(dest: &Path) -> Result<()> {

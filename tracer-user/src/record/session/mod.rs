@@ -111,6 +111,7 @@ use seed::all_pids;
 pub fn record(mut opts: RecordOptions) -> Result<i32> {
     target::check_ring_bytes(opts.ring_bytes)?;
     opts.filter.validate()?;
+    crate::tracefile::check_destination(&opts.output)?;
     kernel::ensure_tracefs()?;
     kernel::raise_memlock();
 

@@ -32,6 +32,7 @@ use crate::{
 
 /// Run `argv` under the user drain; returns the command's exit code.
 pub fn record(opts: RecordOptions, argv: Vec<OsString>) -> Result<i32> {
+    crate::tracefile::check_destination(&opts.output)?;
     let run_as = opts.run_as.as_ref();
     let (binaries, exe) = discover_command(&argv, &opts.binaries, run_as)?;
     let session = session_info(&argv);
