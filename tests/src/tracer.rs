@@ -110,16 +110,43 @@ pub fn start_session(flags: &[&str], trace: &Path) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let sock = PathBuf::from(format!("/run/utrace/{}.sock", child.id()));
+    wait_for_control_socket(&child);
+    child
+}
+
+/// Wait until the control socket of session `tracer` (a `tracer record` child) exists:
+/// the session is set up (at most 60 s).
+pub fn wait_for_control_socket(tracer: &Child) {
+    let sock = PathBuf::from(format!("/run/utrace/{}.sock", tracer.id()));
     let t0 = Instant::now();
     while !sock.exists() {
         assert!(
             t0.elapsed() < Duration::from_secs(60),
             "session did not start"
         );
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(10));
     }
-    child
+}
+
+/// `tracer record FLAGS -o TRACE -- TRACED ARGS`, whose output and exit status must be
+/// those of `ORIG ARGS` run alone (`what` names the case in messages).
+pub fn record_as_original(
+    flags: &[&str],
+    trace: &Path,
+    orig: &Path,
+    traced: &Path,
+    args: &[&str],
+    what: &str,
+) -> Out {
+    let want = run(Command::new(orig).args(args), crate::command::RUN_TIMEOUT).ok();
+    let got = tracer_record_with(flags, trace, traced, args, &[]);
+    assert_eq!(
+        (got.stdout_str(), got.status()),
+        (want.stdout_str(), want.status()),
+        "{what}: {}",
+        got.describe()
+    );
+    got
 }
 
 /// Wait for a session from [`start_session`]; it must succeed.

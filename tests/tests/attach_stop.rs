@@ -6,7 +6,6 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use tests::*;
 
@@ -62,13 +61,7 @@ fn attach(pid: u32, secs: &str, trace: &Path) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // The control socket appears once the session is set up.
-    let sock = PathBuf::from(format!("/run/utrace/{}.sock", tracer.id()));
-    let t0 = Instant::now();
-    while !sock.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(60), "no control socket");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_control_socket(&tracer);
     tracer
 }
 

@@ -15,7 +15,6 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use tests::*;
 use tracer_common::duration::CALL_DEPTH;
@@ -103,14 +102,7 @@ fn build(dir: &Path, time: &str, extra: &[&str]) -> (PathBuf, PathBuf, Metadata)
 /// Record `traced` with `flags`; its output must be the original's.
 fn record(dir: &Path, orig: &Path, traced: &Path, name: &str, flags: &[&str]) -> PathBuf {
     let trace = dir.join(name);
-    let want = run(Command::new(orig).arg(ROUNDS), RUN_TIMEOUT).ok();
-    let got = tracer_record_with(flags, &trace, traced, &[ROUNDS], &[]);
-    assert_eq!(
-        (got.stdout_str(), got.status()),
-        (want.stdout_str(), 0),
-        "{name}: {}",
-        got.describe()
-    );
+    record_as_original(flags, &trace, orig, traced, &[ROUNDS], name);
     trace
 }
 
@@ -229,12 +221,7 @@ fn waiting_session(flags: &[&str], trace: &Path, traced: &Path, go: &Path) -> st
         .unwrap();
     let mut lines = BufReader::new(tracer.stdout.as_mut().unwrap()).lines();
     assert_eq!(lines.next().unwrap().unwrap(), "waiting");
-    let sock = PathBuf::from(format!("/run/utrace/{}.sock", tracer.id()));
-    let t0 = Instant::now();
-    while !sock.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(60), "no control socket");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_control_socket(&tracer);
     tracer
 }
 

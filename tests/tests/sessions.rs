@@ -5,7 +5,6 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use tests::*;
 
@@ -268,13 +267,7 @@ fn filter_changed_while_the_session_runs() {
         .unwrap();
     let mut lines = BufReader::new(tracer.stdout.take().unwrap()).lines();
     assert_eq!(lines.next().unwrap().unwrap(), "phase1");
-    // The control socket appears once the session is set up.
-    let sock = PathBuf::from(format!("/run/utrace/{}.sock", tracer.id()));
-    let t0 = Instant::now();
-    while !sock.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(60), "no control socket");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for_control_socket(&tracer);
     let out = run(
         Command::new(tracer_bin()).args([
             "filter",
